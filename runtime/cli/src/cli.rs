@@ -1,0 +1,68 @@
+//! The command line, in one place: every flag is documented by its doc comment, which `--help` shows.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Reinforcement fine-tuning of LLMs: explorer, buffer, trainer and synchronizer in one native binary.
+///
+/// Configs are Trinity-RFT's YAML files: same keys, same meaning.
+#[derive(Debug, Parser)]
+#[command(name = "trinity", version, propagate_version = true)]
+pub(crate) struct Cli {
+    /// Log verbosity; `RUST_LOG` (e.g. `trinity=debug`) takes precedence when set.
+    #[arg(long, global = true, value_enum, default_value_t = LogLevel::Info)]
+    pub(crate) log_level: LogLevel,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Load, validate and run a config.
+    Run(RunArgs),
+    /// Per-token logprobs of responses under a model (HF directory or GGUF file).
+    Score(crate::score::ScoreArgs),
+    /// Convert a GGUF file into a Hugging Face model directory.
+    Convert(crate::convert::ConvertArgs),
+    /// List algorithm components, or evaluate them offline on a recorded batch.
+    Algorithm(crate::algorithm::AlgorithmArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// The Trinity-RFT YAML config.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub(crate) config: PathBuf,
+
+    /// Override one key, typed like YAML (e.g. `--set algorithm.optimizer.lr=1e-5`); repeatable, applied in
+    /// order after the file is read and before `${oc.env:...}` interpolation.
+    #[arg(long = "set", value_name = "KEY.PATH=VALUE")]
+    pub(crate) overrides: Vec<String>,
+
+    /// Load, interpolate and validate the config, print it with every default filled in, and exit.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub(crate) fn directive(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}

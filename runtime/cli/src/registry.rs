@@ -1,0 +1,33 @@
+//! Every registered component, as one [`Catalog`] for config resolution.
+//!
+//! Today that is the built-in algorithm components; workflows, rewards, operators and plugin files join here
+//! as their crates land, so config validation sees one registry whatever a name's origin.
+
+use serde_json::{Map, Value};
+use trinity_algorithm::BuiltinCatalog;
+use trinity_config::{Catalog, ComponentKind, Preset};
+
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    algorithms: BuiltinCatalog,
+}
+
+impl Registry {
+    pub(crate) fn builtin() -> Self {
+        Registry::default()
+    }
+}
+
+impl Catalog for Registry {
+    fn names(&self, kind: ComponentKind) -> Vec<String> {
+        self.algorithms.names(kind)
+    }
+
+    fn preset(&self, algorithm_type: &str) -> Option<Preset> {
+        self.algorithms.preset(algorithm_type)
+    }
+
+    fn default_args(&self, kind: ComponentKind, name: &str) -> Option<Map<String, Value>> {
+        self.algorithms.default_args(kind, name)
+    }
+}

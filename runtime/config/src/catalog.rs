@@ -1,0 +1,98 @@
+//! What the configuration needs to know about registered components, without depending on them.
+//!
+//! Algorithms, workflows and rewards live in crates that link libtorch or wasmtime. The configuration only
+//! needs their names, the presets' component choices and the default arguments, so those crates implement
+//! [`Catalog`] and the CLI hands it to [`crate::Config::resolve`]. A change to config parsing then never
+//! relinks the heavy crates.
+
+use serde_json::{Map, Value};
+
+/// The kinds of named component a config refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ComponentKind {
+    /// `algorithm.algorithm_type`: a preset bundling the components below.
+    AlgorithmType,
+    /// `algorithm.advantage_fn`.
+    AdvantageFn,
+    /// `algorithm.policy_loss_fn`.
+    PolicyLossFn,
+    /// `algorithm.kl_penalty_fn` and `algorithm.kl_loss_fn` share one set of KL functions.
+    KlFn,
+    /// `algorithm.entropy_loss_fn`.
+    EntropyLossFn,
+    /// `algorithm.sample_strategy`.
+    SampleStrategy,
+    /// `default_workflow_type` and friends.
+    Workflow,
+    /// `default_reward_fn_type`.
+    RewardFn,
+    /// Experience pipeline operators.
+    Operator,
+}
+
+impl ComponentKind {
+    /// The word used in messages and in `trinity plugins list`.
+    pub fn label(self) -> &'static str {
+        match self {
+            ComponentKind::AlgorithmType => "algorithm type",
+            ComponentKind::AdvantageFn => "advantage function",
+            ComponentKind::PolicyLossFn => "policy loss",
+            ComponentKind::KlFn => "KL function",
+            ComponentKind::EntropyLossFn => "entropy loss",
+            ComponentKind::SampleStrategy => "sample strategy",
+            ComponentKind::Workflow => "workflow",
+            ComponentKind::RewardFn => "reward function",
+            ComponentKind::Operator => "operator",
+        }
+    }
+}
+
+/// The defaults an `algorithm_type` preset contributes (Trinity-RFT's `AlgorithmType.default_config()`).
+///
+/// `None` means the preset leaves the global fallback in place.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Preset {
+    pub repeat_times: Option<u32>,
+    pub sample_strategy: Option<String>,
+    pub advantage_fn: Option<String>,
+    pub policy_loss_fn: Option<String>,
+    pub kl_penalty_fn: Option<String>,
+    pub kl_loss_fn: Option<String>,
+    pub entropy_loss_fn: Option<String>,
+    pub loss_agg_mode: Option<String>,
+    /// Arguments the preset sets for its components, merged over the component defaults.
+    pub advantage_fn_args: Option<Map<String, Value>>,
+    pub policy_loss_fn_args: Option<Map<String, Value>>,
+    /// The preset trains a critic (value head); PPO.
+    pub use_critic: bool,
+    /// The preset needs reference-model logprobs.
+    pub use_reference: bool,
+    /// The advantage runs in the trainer rather than as the last explorer-side pipeline operator.
+    pub compute_advantage_in_trainer: bool,
+    /// What the experience buffer holds for this preset.
+    pub schema: ExperienceSchema,
+}
+
+/// The row type an algorithm trains on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ExperienceSchema {
+    /// Rollouts with rewards (RL).
+    #[default]
+    Experience,
+    /// Supervised (prompt, response) or message rows.
+    Sft,
+    /// Preference pairs (chosen, rejected).
+    Dpo,
+}
+
+/// Registered components, as seen by the configuration.
+pub trait Catalog {
+    /// Every registered name of one kind, sorted; used for validation and did-you-mean suggestions.
+    fn names(&self, kind: ComponentKind) -> Vec<String>;
+
+    /// The preset of an `algorithm_type`, or `None` when no such preset is registered.
+    fn preset(&self, algorithm_type: &str) -> Option<Preset>;
+
+    /// The default arguments of one component, or `None` when it is not registered.
+    fn default_args(&self, kind: ComponentKind, name: &str) -> Option<Map<String, Value>>;
+}

@@ -1,0 +1,102 @@
+//! Configuration errors. Each names the file, the position where known, and the key path.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::yaml::Position;
+
+/// Where a value came from: a file (with a position when known) or a `--set` override.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A config file.
+    File { path: PathBuf, position: Option<Position> },
+    /// A `--set KEY=VALUE` override on the command line.
+    Override(String),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File { path, position: Some(p) } => write!(f, "{}:{}:{}", path.display(), p.line, p.column),
+            Origin::File { path, position: None } => write!(f, "{}", path.display()),
+            Origin::Override(arg) => write!(f, "--set {arg}"),
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{origin}: invalid YAML: {message}")]
+    Syntax { origin: Origin, message: String },
+    #[error("{origin}: the config is empty; it needs at least `model.model_path` and a taskset")]
+    Empty { origin: Origin },
+    #[error("{origin}: the top level of a config must be a mapping of keys, found {found}")]
+    NotAMapping { origin: Origin, found: &'static str },
+    #[error("{origin}: unknown key `{key}`{}", suggestion_text(.suggestion))]
+    UnknownKey { origin: Origin, key: String, suggestion: Option<String> },
+    #[error("{origin}: `{key}` is a Trinity-RFT key that trinity does not support: {reason}")]
+    Unsupported { origin: Origin, key: String, reason: String },
+    #[error("{origin}: `{key}`: {message}")]
+    Type { origin: Origin, key: String, message: String },
+    #[error("{origin}: `{key}`: environment variable `{var}` is not set and the interpolation gives no default")]
+    MissingEnv { origin: Origin, key: String, var: String },
+    #[error("{origin}: `{key}`: {message}")]
+    Interpolation { origin: Origin, key: String, message: String },
+    #[error("--set {arg}: {message}")]
+    Override { arg: String, message: String },
+    #[error("{origin}: `{key}`: {message}")]
+    Invalid { origin: Origin, key: String, message: String },
+    #[error(
+        "{origin}: `{key}`: unknown {kind} `{name}`{}; registered: {}",
+        suggestion_text(.suggestion),
+        available.join(", ")
+    )]
+    UnknownName {
+        origin: Origin,
+        key: String,
+        kind: &'static str,
+        name: String,
+        suggestion: Option<String>,
+        available: Vec<String>,
+    },
+}
+
+fn suggestion_text(suggestion: &Option<String>) -> String {
+    match suggestion {
+        Some(s) => format!(" (did you mean `{s}`?)"),
+        None => String::new(),
+    }
+}
+
+/// The closest candidate to `wanted`, if one is close enough to be a likely typo.
+pub fn closest<'a>(wanted: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    candidates
+        .into_iter()
+        .map(|c| (strsim::jaro_winkler(wanted, c), c))
+        .filter(|(score, _)| *score > 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_close_names_only() {
+        let keys = ["algorithm_type", "repeat_times", "optimizer"];
+        assert_eq!(closest("algoritm_type", keys).as_deref(), Some("algorithm_type"));
+        assert_eq!(closest("repeat_time", keys).as_deref(), Some("repeat_times"));
+        assert_eq!(closest("zzz", keys), None);
+    }
+
+    #[test]
+    fn origin_shows_file_line_and_column() {
+        let origin = Origin::File { path: "x.yaml".into(), position: Some(Position { line: 3, column: 5 }) };
+        assert_eq!(origin.to_string(), "x.yaml:3:5");
+        assert_eq!(Origin::Override("a.b=1".into()).to_string(), "--set a.b=1");
+    }
+}

@@ -1,0 +1,91 @@
+//! `model:` — the policy model and its length limits.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The model being trained, and the sampling defaults every taskset inherits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// A Hugging Face model directory or a `.gguf` file.
+    pub model_path: String,
+    /// Model the critic (value head) starts from; empty means `model_path`.
+    pub critic_model_path: String,
+    /// Chat template (Jinja) that replaces the model's own.
+    pub custom_chat_template: Option<String>,
+    /// File holding a chat template that replaces the model's own; wins over `custom_chat_template`.
+    pub chat_template_path: Option<String>,
+    /// Default sampling temperature of rollouts.
+    pub temperature: f64,
+    /// Default nucleus-sampling mass of rollouts.
+    pub top_p: f64,
+    /// Default top-k of rollouts; -1 disables it.
+    pub top_k: i64,
+    /// Number of top logprobs returned per token besides the sampled one; only 0 is supported.
+    pub logprobs: u32,
+    /// Longest prompt + response, in tokens. Unset: `max_prompt_tokens + max_response_tokens`.
+    pub max_model_len: Option<u32>,
+    /// Longest prompt, in tokens. Unset: derived from the other two limits.
+    pub max_prompt_tokens: Option<u32>,
+    /// Longest response, in tokens. Unset: derived from the other two limits.
+    pub max_response_tokens: Option<u32>,
+    /// Shortest response before end-of-sequence may be sampled.
+    pub min_response_tokens: u32,
+    /// Cut prompts longer than `max_prompt_tokens` from the left instead of failing the task.
+    pub enable_prompt_truncation: bool,
+    /// Penalty on repeated tokens; only 1.0 (off) is supported.
+    pub repetition_penalty: f64,
+    /// Passed to chat templates that understand it (Qwen3).
+    pub enable_thinking: Option<bool>,
+    /// Overrides the model's `rope_scaling` from config.json.
+    pub rope_scaling: Option<Value>,
+    /// Overrides the model's `rope_theta` from config.json.
+    pub rope_theta: Option<f64>,
+    /// Trinity-RFT lets transformers run model code shipped with a checkpoint; trinity never runs Python,
+    /// so only `false` is accepted.
+    pub trust_remote_code: bool,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            model_path: String::new(),
+            critic_model_path: String::new(),
+            custom_chat_template: None,
+            chat_template_path: None,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            logprobs: 0,
+            max_model_len: None,
+            max_prompt_tokens: None,
+            max_response_tokens: None,
+            min_response_tokens: 0,
+            enable_prompt_truncation: true,
+            repetition_penalty: 1.0,
+            enable_thinking: None,
+            rope_scaling: None,
+            rope_theta: None,
+            trust_remote_code: false,
+        }
+    }
+}
+
+/// `cluster:` — the machines a run uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Trinity-RFT's Ray address; trinity has no Ray, only `auto` is accepted.
+    pub ray_address: String,
+    /// Number of nodes; multi-node runs are not supported yet, so only 1.
+    pub node_num: u32,
+    /// GPUs per node. trinity runs explorer and trainer on one device (colocated), CUDA when present, else CPU.
+    pub gpu_per_node: u32,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig { ray_address: "auto".to_owned(), node_num: 1, gpu_per_node: 8 }
+    }
+}

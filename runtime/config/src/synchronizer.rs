@@ -1,0 +1,57 @@
+//! `synchronizer:` — how and when the trainer's weights reach the explorer.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Weight synchronisation between trainer and explorer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct SynchronizerConfig {
+    /// `memory` (in-place copy, one process), `checkpoint` (safetensors on disk), or `nccl` (Trinity-RFT's
+    /// default; on one device it means `memory`).
+    pub sync_method: SyncMethod,
+    /// `fixed`: every `sync_interval` steps.
+    pub sync_style: SyncStyle,
+    /// Explore steps run on one set of weights.
+    pub sync_interval: u32,
+    /// Explore steps the explorer may run ahead of the trainer (one-step-off-policy with 1).
+    pub sync_offset: u32,
+    /// Seconds to wait for new weights before failing.
+    pub sync_timeout: u64,
+}
+
+impl Default for SynchronizerConfig {
+    fn default() -> Self {
+        SynchronizerConfig {
+            sync_method: SyncMethod::Nccl,
+            sync_style: SyncStyle::Fixed,
+            sync_interval: 1,
+            sync_offset: 0,
+            sync_timeout: 3600,
+        }
+    }
+}
+
+/// Weight transports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMethod {
+    /// Collective broadcast; the same as `memory` when explorer and trainer share one device.
+    Nccl,
+    /// Weights written as a checkpoint and read back (explorer and trainer in separate processes).
+    Checkpoint,
+    /// In-place tensor copy inside one process.
+    Memory,
+}
+
+/// When synchronisation happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncStyle {
+    /// Every `sync_interval` explore steps.
+    Fixed,
+    /// Whenever the explorer finishes its interval and new weights exist.
+    DynamicByExplorer,
+    /// Whenever the trainer finishes a step.
+    DynamicByTrainer,
+}

@@ -1,0 +1,50 @@
+//! `trainer:` — checkpoint cadence and training-engine limits.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The trainer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainerConfig {
+    /// Name used in logs and metrics.
+    pub name: String,
+    /// `verl` (Trinity-RFT's name) and `native` both select trinity's libtorch trainer.
+    pub trainer_type: String,
+    /// `fsdp` and `fsdp2` (Trinity-RFT's names) are accepted; trinity trains on one device.
+    pub trainer_strategy: String,
+    /// Save a checkpoint every this many train steps; 0 saves only at the end.
+    pub save_interval: u64,
+    /// Train steps in all; unset means as many as the explorer produces.
+    pub total_steps: Option<u64>,
+    /// When to also write Hugging Face weights: `last`, `always` or `never`.
+    pub save_hf_checkpoint: String,
+    /// Maximum global gradient norm (same knob as `algorithm.optimizer.clip_grad`; this one wins when set).
+    pub grad_clip: Option<f64>,
+    /// Form micro-batches by token budget instead of a fixed row count.
+    pub use_dynamic_bsz: bool,
+    /// Token budget of one micro-batch; unset means `2 × max_model_len`.
+    pub max_token_len_per_gpu: Option<u32>,
+    /// Keep at most this many checkpoints (oldest deleted first); unset keeps all.
+    pub max_checkpoints_to_keep: Option<u32>,
+    /// Log the best and worst rollouts of each step.
+    pub enable_preview: bool,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig {
+            name: "trainer".to_owned(),
+            trainer_type: "verl".to_owned(),
+            trainer_strategy: "fsdp".to_owned(),
+            save_interval: 0,
+            total_steps: None,
+            save_hf_checkpoint: "last".to_owned(),
+            grad_clip: None,
+            use_dynamic_bsz: true,
+            max_token_len_per_gpu: None,
+            max_checkpoints_to_keep: None,
+            enable_preview: true,
+        }
+    }
+}

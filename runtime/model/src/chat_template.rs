@@ -1,0 +1,262 @@
+//! Chat templates rendered with minijinja the way transformers renders them with Jinja2.
+//!
+//! transformers compiles templates with `trim_blocks=True, lstrip_blocks=True` and loop controls, defines
+//! `raise_exception(msg)` and `strftime_now(fmt)`, overrides `tojson` to Python's `json.dumps(ensure_ascii=False)`
+//! (", " and ": " separators, no HTML escaping, keys in insertion order), and passes `messages`,
+//! `add_generation_prompt`, `tools`, `documents` and the special tokens (`bos_token`, `eos_token`, ...) as
+//! variables. Python string methods (`.strip()`, `.startswith()`, `.split()`, ...) come from minijinja-contrib's
+//! pycompat callback. Templates are compiled once, at construction.
+
+use std::path::Path;
+
+use minijinja::value::{Kwargs, Serde, Value as JValue, ValueKind};
+use minijinja::{Environment, Error as JError, ErrorKind};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{ModelError, Result};
+
+/// One chat message. Extra fields (tool calls, names) can be passed by rendering `serde_json::Value`s instead.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with `role` and `content`.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+/// A compiled chat template plus the special tokens it may refer to.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+const NAME: &str = "chat_template";
+
+impl ChatTemplate {
+    /// Compiles `source`. `bos_token` / `eos_token` are the strings the template sees (empty when absent).
+    pub fn new(source: &str, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<Self> {
+        let mut env = Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<JValue, JError> {
+            Err(JError::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(NAME, source.to_owned()).map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
+        Ok(Self {
+            env,
+            source: source.to_owned(),
+            bos_token: bos_token.unwrap_or_default().to_owned(),
+            eos_token: eos_token.unwrap_or_default().to_owned(),
+        })
+    }
+
+    /// Reads a template from a `chat_template.jinja` file.
+    pub fn from_file(path: &Path, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<Self> {
+        let source = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        Self::new(&source, bos_token, eos_token)
+    }
+
+    /// The template text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders `messages` (role/content pairs).
+    pub fn apply(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let messages: Vec<Value> =
+            messages.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
+        self.render(&messages, add_generation_prompt, None)
+    }
+
+    /// Renders arbitrary JSON messages (tool calls etc.), with optional `tools`.
+    pub fn render(&self, messages: &[Value], add_generation_prompt: bool, tools: Option<&Value>) -> Result<String> {
+        let tmpl = self.env.get_template(NAME).map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
+        let ctx = minijinja::context! {
+            messages => JValue::from(Serde(messages)),
+            add_generation_prompt => add_generation_prompt,
+            tools => tools.map(|t| JValue::from(Serde(t))),
+            bos_token => self.bos_token.as_str(),
+            eos_token => self.eos_token.as_str(),
+        };
+        tmpl.render(ctx).map_err(|e| {
+            let mut msg = e.to_string();
+            if let Some(detail) = e.detail() {
+                msg = format!("{msg}: {detail}");
+            }
+            ModelError::ChatTemplate(msg)
+        })
+    }
+}
+
+/// `strftime_now(fmt)`: only the date formats chat templates use in practice; the date is today's in UTC.
+fn strftime_now(fmt: String) -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let month = MONTHS[(m - 1) as usize];
+    fmt.replace("%Y", &y.to_string())
+        .replace("%m", &format!("{m:02}"))
+        .replace("%d", &format!("{d:02}"))
+        .replace("%B", month)
+        .replace("%b", &month[..3])
+}
+
+/// Days since 1970-01-01 → (year, month, day) (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// Python's `json.dumps(value, ensure_ascii=False, indent=indent)`.
+fn tojson(value: JValue, kwargs: Kwargs) -> std::result::Result<JValue, JError> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    write_json(&value, indent, 0, &mut out)?;
+    Ok(JValue::from(out))
+}
+
+fn write_json(v: &JValue, indent: Option<usize>, depth: usize, out: &mut String) -> std::result::Result<(), JError> {
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let (item_sep, key_sep) = if indent.is_some() { (",", ": ") } else { (", ", ": ") };
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => {
+            if let Some(i) = v.as_i64() {
+                out.push_str(&i.to_string());
+            } else {
+                let f = f64::try_from(v.clone()).unwrap_or(f64::NAN);
+                // Python prints floats with a fractional part ("1.0"), like serde_json.
+                out.push_str(&serde_json::to_string(&f).unwrap_or_else(|_| "NaN".into()));
+            }
+        }
+        ValueKind::String => {
+            let s = v.as_str().unwrap_or_default();
+            out.push_str(
+                &serde_json::to_string(s).map_err(|e| JError::new(ErrorKind::InvalidOperation, e.to_string()))?,
+            );
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<JValue> = v.try_iter()?.collect();
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                write_json(item, indent, depth + 1, out)?;
+            }
+            if !items.is_empty() {
+                newline(out, depth);
+            }
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let keys: Vec<JValue> = v.try_iter()?.collect();
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                let key = k.as_str().map_or_else(|| k.to_string(), str::to_owned);
+                out.push_str(
+                    &serde_json::to_string(&key)
+                        .map_err(|e| JError::new(ErrorKind::InvalidOperation, e.to_string()))?,
+                );
+                out.push_str(key_sep);
+                write_json(&v.get_item(k)?, indent, depth + 1, out)?;
+            }
+            if !keys.is_empty() {
+                newline(out, depth);
+            }
+            out.push('}');
+        }
+        _ => {
+            out.push_str(&serde_json::to_string(&v.to_string()).unwrap_or_default());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn chatml_renders_like_transformers() {
+        let t = ChatTemplate::new(CHATML, None, Some("<|im_end|>")).unwrap();
+        let out = t.apply(&[ChatMessage::new("user", "hi")], true).unwrap();
+        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn trim_blocks_pycompat_raise_and_tojson() {
+        let src = "{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}\n{% for m in messages %}\n  {{ m.content.strip().upper() }}|{{ m | tojson }}\n{% endfor %}";
+        let t = ChatTemplate::new(src, Some("<s>"), None).unwrap();
+        let out = t
+            .render(&[serde_json::json!({"role": "user", "content": " hé <b> ", "n": [1, 2.5]})], false, None)
+            .unwrap();
+        assert_eq!(out, "  HÉ <B>|{\"role\": \"user\", \"content\": \" hé <b> \", \"n\": [1, 2.5]}\n");
+        let err = t.apply(&[ChatMessage::new("system", "x")], false).unwrap_err();
+        assert!(err.to_string().contains("first must be user"), "{err}");
+        let t = ChatTemplate::new("{{ x | tojson(indent=2) }}{{ bos_token }}", Some("<s>"), None).unwrap();
+        let tmpl = t.env.get_template(NAME).unwrap();
+        let out = tmpl
+            .render(minijinja::context! { x => JValue::from(Serde(serde_json::json!({"a": [1]}))), bos_token => "<s>" })
+            .unwrap();
+        assert_eq!(out, "{\n  \"a\": [\n    1\n  ]\n}<s>");
+    }
+
+    #[test]
+    fn syntax_errors_are_reported_at_construction() {
+        assert!(matches!(ChatTemplate::new("{% for %}", None, None), Err(ModelError::ChatTemplate(_))));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+    }
+}

@@ -1,0 +1,442 @@
+//! The architecture description of a decoder: read from Hugging Face `config.json` or GGUF metadata, written
+//! back as a `config.json` that transformers loads.
+//!
+//! One struct covers the three families because they differ only in switches: Qwen2 adds q/k/v biases, Qwen3
+//! adds per-head RMSNorm on q and k, Llama may have biases (`attention_bias`) and llama3 RoPE scaling.
+
+use std::path::Path;
+
+use serde_json::{Map, Value, json};
+
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
+
+/// The model families we implement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// `LlamaForCausalLM` (SmolLM, Llama 2/3).
+    Llama,
+    /// `Qwen2ForCausalLM` (Qwen2, Qwen2.5): biases on q, k, v.
+    Qwen2,
+    /// `Qwen3ForCausalLM`: RMSNorm on q and k per head, no biases.
+    Qwen3,
+}
+
+pub(crate) const SUPPORTED: &str = "llama, qwen2, qwen3";
+
+impl Family {
+    /// From HF `model_type` (or GGUF `general.architecture`, which uses the same words).
+    pub fn from_model_type(model_type: &str) -> Result<Self> {
+        match model_type {
+            "llama" | "mistral" | "smollm" => Ok(Self::Llama),
+            "qwen2" => Ok(Self::Qwen2),
+            "qwen3" => Ok(Self::Qwen3),
+            other => Err(ModelError::UnknownArchitecture { architecture: other.to_owned(), supported: SUPPORTED }),
+        }
+    }
+
+    /// HF `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+        }
+    }
+
+    /// HF `architectures[0]`.
+    pub fn architecture(self) -> &'static str {
+        match self {
+            Self::Llama => "LlamaForCausalLM",
+            Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+}
+
+/// RoPE frequency scaling.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        /// The divisor.
+        factor: f64,
+    },
+    /// Llama 3.1's piecewise frequency scaling.
+    Llama3 {
+        /// Scale for low frequencies.
+        factor: f64,
+        /// Wavelength bound (as a divisor of the original context) below which frequencies are kept.
+        low_freq_factor: f64,
+        /// Wavelength bound above which frequencies are fully scaled.
+        high_freq_factor: f64,
+        /// The context length the model was pre-trained with.
+        original_max_position_embeddings: f64,
+    },
+}
+
+/// Everything the decoder needs to know about its shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Model family.
+    pub family: Family,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: i64,
+    /// Model width.
+    pub hidden_size: i64,
+    /// MLP width.
+    pub intermediate_size: i64,
+    /// Number of decoder layers.
+    pub num_hidden_layers: i64,
+    /// Query heads.
+    pub num_attention_heads: i64,
+    /// Key/value heads (GQA when fewer than query heads).
+    pub num_key_value_heads: i64,
+    /// Per-head width (Qwen3 sets it independently of hidden/heads).
+    pub head_dim: i64,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// RoPE scaling.
+    pub rope_scaling: RopeScaling,
+    /// Context length the model supports.
+    pub max_position_embeddings: i64,
+    /// Whether `lm_head` shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Biases on q, k, v projections.
+    pub qkv_bias: bool,
+    /// Bias on the output projection (Llama `attention_bias` sets both).
+    pub o_bias: bool,
+    /// Biases on the MLP projections (Llama `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Per-head RMSNorm on q and k (Qwen3).
+    pub qk_norm: bool,
+    /// BOS id from the config (informational; the tokenizer decides what to add).
+    pub bos_token_id: Option<i64>,
+    /// EOS ids (a config may list several).
+    pub eos_token_ids: Vec<i64>,
+    /// The dtype the checkpoint declares (`torch_dtype` / `dtype`), e.g. `bfloat16`.
+    pub torch_dtype: Option<String>,
+}
+
+fn get<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a Value> {
+    obj.get(key).ok_or_else(|| ModelError::Metadata { key: key.to_owned(), reason: "absent".into() })
+}
+
+fn get_i64(obj: &Map<String, Value>, key: &str) -> Result<i64> {
+    get(obj, key)?
+        .as_i64()
+        .ok_or_else(|| ModelError::Metadata { key: key.to_owned(), reason: "expected an integer".into() })
+}
+
+fn opt_f64(obj: &Map<String, Value>, key: &str, default: f64) -> Result<f64> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => {
+            v.as_f64().ok_or_else(|| ModelError::Metadata { key: key.to_owned(), reason: "expected a number".into() })
+        }
+    }
+}
+
+fn opt_bool(obj: &Map<String, Value>, key: &str, default: bool) -> Result<bool> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => {
+            v.as_bool().ok_or_else(|| ModelError::Metadata { key: key.to_owned(), reason: "expected a bool".into() })
+        }
+    }
+}
+
+fn ids(v: Option<&Value>) -> Vec<i64> {
+    match v {
+        Some(Value::Number(n)) => n.as_i64().into_iter().collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_i64).collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl ModelConfig {
+    /// Reads a `config.json` file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                ModelError::MissingFile { path: path.to_path_buf() }
+            } else {
+                ModelError::io(path, e)
+            }
+        })?;
+        let value: Value =
+            serde_json::from_str(&text).map_err(|source| ModelError::Json { path: path.to_path_buf(), source })?;
+        Self::from_json(&value)
+    }
+
+    /// Parses a `config.json` value.
+    pub fn from_json(value: &Value) -> Result<Self> {
+        let obj = value.as_object().ok_or_else(|| ModelError::Metadata {
+            key: "config.json".into(),
+            reason: "expected a JSON object".into(),
+        })?;
+        let model_type = get(obj, "model_type")?
+            .as_str()
+            .ok_or_else(|| ModelError::Metadata { key: "model_type".into(), reason: "expected a string".into() })?;
+        let family = Family::from_model_type(model_type)?;
+        let hidden_size = get_i64(obj, "hidden_size")?;
+        let num_attention_heads = get_i64(obj, "num_attention_heads")?;
+        let num_key_value_heads = match obj.get("num_key_value_heads") {
+            Some(Value::Number(n)) => n.as_i64().unwrap_or(num_attention_heads),
+            _ => num_attention_heads,
+        };
+        let head_dim = match obj.get("head_dim") {
+            Some(Value::Number(n)) => n.as_i64().unwrap_or(hidden_size / num_attention_heads),
+            _ => hidden_size / num_attention_heads,
+        };
+        // transformers 5 nests rope settings in `rope_parameters`; older configs use `rope_theta`/`rope_scaling`.
+        let rope_obj = obj.get("rope_parameters").or_else(|| obj.get("rope_scaling")).and_then(Value::as_object);
+        let rope_theta = match rope_obj.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64) {
+            Some(t) => t,
+            None => opt_f64(obj, "rope_theta", 10000.0)?,
+        };
+        let rope_scaling = match rope_obj {
+            None => RopeScaling::None,
+            Some(r) => parse_rope_scaling(r)?,
+        };
+        if opt_bool(obj, "use_sliding_window", false)? {
+            return Err(ModelError::UnsupportedConfig {
+                key: "use_sliding_window".into(),
+                reason: "sliding-window attention is not implemented".into(),
+            });
+        }
+        let attention_bias = opt_bool(obj, "attention_bias", false)?;
+        let (qkv_bias, o_bias) = match family {
+            Family::Qwen2 => (true, false),
+            Family::Llama | Family::Qwen3 => (attention_bias, attention_bias),
+        };
+        Ok(Self {
+            family,
+            vocab_size: get_i64(obj, "vocab_size")?,
+            hidden_size,
+            intermediate_size: get_i64(obj, "intermediate_size")?,
+            num_hidden_layers: get_i64(obj, "num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps: opt_f64(obj, "rms_norm_eps", 1e-6)?,
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: obj.get("max_position_embeddings").and_then(Value::as_i64).unwrap_or(4096),
+            tie_word_embeddings: opt_bool(obj, "tie_word_embeddings", false)?,
+            qkv_bias,
+            o_bias,
+            mlp_bias: opt_bool(obj, "mlp_bias", false)?,
+            qk_norm: family == Family::Qwen3,
+            bos_token_id: obj.get("bos_token_id").and_then(Value::as_i64),
+            eos_token_ids: ids(obj.get("eos_token_id")),
+            torch_dtype: obj.get("dtype").or_else(|| obj.get("torch_dtype")).and_then(Value::as_str).map(str::to_owned),
+        })
+    }
+
+    /// Builds the config from GGUF metadata (`<arch>.block_count` etc.). `tie_word_embeddings` follows from
+    /// whether the file has an `output.weight` tensor: llama.cpp writes it only when it differs from the embedding.
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
+        let arch = gguf.require_str("general.architecture")?.to_owned();
+        let family = Family::from_model_type(&arch)?;
+        let key = |k: &str| format!("{arch}.{k}");
+        let u = |k: &str| -> Result<i64> { Ok(gguf.require_u64(&key(k))? as i64) };
+        // f32 metadata is widened through its shortest decimal form, so 1e-5 stays 1e-5 (not 9.99999974e-6) in
+        // the config.json we write.
+        let f = |k: &str, default: f64| match gguf.get(&key(k)) {
+            Some(crate::gguf::GgufValue::F32(v)) => v.to_string().parse().unwrap_or(f64::from(*v)),
+            Some(v) => v.as_f64().unwrap_or(default),
+            None => default,
+        };
+        let hidden_size = u("embedding_length")?;
+        let num_attention_heads = u("attention.head_count")?;
+        let num_key_value_heads = u("attention.head_count_kv").unwrap_or(num_attention_heads);
+        let head_dim = match gguf.get(&key("attention.key_length")).and_then(|v| v.as_u64()) {
+            Some(d) => d as i64,
+            None => hidden_size / num_attention_heads,
+        };
+        let vocab_size = match u("vocab_size") {
+            Ok(v) => v,
+            Err(_) => gguf
+                .get("tokenizer.ggml.tokens")
+                .and_then(|v| v.as_array())
+                .map(|a| a.len() as i64)
+                .ok_or_else(|| ModelError::Metadata { key: key("vocab_size"), reason: "absent".into() })?,
+        };
+        let rope_scaling = match gguf.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
+            None | Some("none") => RopeScaling::None,
+            Some("linear") => RopeScaling::Linear { factor: f("rope.scaling.factor", 1.0) },
+            Some(other) => {
+                return Err(ModelError::UnsupportedConfig {
+                    key: key("rope.scaling.type"),
+                    reason: format!("rope scaling `{other}` is not implemented"),
+                });
+            }
+        };
+        let tok = |k: &str| gguf.get(k).and_then(|v| v.as_i64());
+        Ok(Self {
+            family,
+            vocab_size,
+            hidden_size,
+            intermediate_size: u("feed_forward_length")?,
+            num_hidden_layers: u("block_count")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps: f("attention.layer_norm_rms_epsilon", 1e-6),
+            rope_theta: f("rope.freq_base", 10000.0),
+            rope_scaling,
+            max_position_embeddings: u("context_length").unwrap_or(4096),
+            tie_word_embeddings: gguf.tensor_info("output.weight").is_none(),
+            qkv_bias: family == Family::Qwen2 || gguf.tensor_info("blk.0.attn_q.bias").is_some(),
+            o_bias: gguf.tensor_info("blk.0.attn_output.bias").is_some(),
+            mlp_bias: gguf.tensor_info("blk.0.ffn_up.bias").is_some(),
+            qk_norm: family == Family::Qwen3,
+            bos_token_id: tok("tokenizer.ggml.bos_token_id"),
+            eos_token_ids: tok("tokenizer.ggml.eos_token_id").into_iter().collect(),
+            torch_dtype: None,
+        })
+    }
+
+    /// Query heads per key/value head.
+    pub fn gqa_groups(&self) -> i64 {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// The `config.json` transformers needs to rebuild this model, with `torch_dtype` set to `dtype`.
+    pub fn to_json(&self, dtype: &str) -> Value {
+        let mut v = json!({
+            "architectures": [self.family.architecture()],
+            "model_type": self.family.model_type(),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "torch_dtype": dtype,
+            "use_cache": true,
+        });
+        let obj = v.as_object_mut();
+        if let Some(obj) = obj {
+            if self.family == Family::Llama {
+                obj.insert("attention_bias".into(), json!(self.o_bias));
+                obj.insert("mlp_bias".into(), json!(self.mlp_bias));
+            }
+            if self.family == Family::Qwen3 {
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+            }
+            if let Some(b) = self.bos_token_id {
+                obj.insert("bos_token_id".into(), json!(b));
+            }
+            match self.eos_token_ids.as_slice() {
+                [] => {}
+                [one] => {
+                    obj.insert("eos_token_id".into(), json!(one));
+                }
+                many => {
+                    obj.insert("eos_token_id".into(), json!(many));
+                }
+            }
+            let scaling = match &self.rope_scaling {
+                RopeScaling::None => Value::Null,
+                RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
+                RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                    json!({
+                        "rope_type": "llama3",
+                        "factor": factor,
+                        "low_freq_factor": low_freq_factor,
+                        "high_freq_factor": high_freq_factor,
+                        "original_max_position_embeddings": original_max_position_embeddings,
+                    })
+                }
+            };
+            obj.insert("rope_scaling".into(), scaling);
+        }
+        v
+    }
+}
+
+fn parse_rope_scaling(r: &Map<String, Value>) -> Result<RopeScaling> {
+    let ty = r.get("rope_type").or_else(|| r.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let num = |k: &str| {
+        r.get(k).and_then(Value::as_f64).ok_or_else(|| ModelError::Metadata {
+            key: format!("rope_scaling.{k}"),
+            reason: "absent or not a number".into(),
+        })
+    };
+    match ty {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear { factor: num("factor")? }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")?,
+        }),
+        other => Err(ModelError::UnsupportedConfig {
+            key: "rope_scaling.rope_type".into(),
+            reason: format!("`{other}` is not implemented (default, linear and llama3 are)"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Value {
+        json!({
+            "model_type": "qwen2", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+            "rope_theta": 1e6, "tie_word_embeddings": true, "eos_token_id": [1, 2]
+        })
+    }
+
+    #[test]
+    fn parses_qwen2_and_round_trips() {
+        let c = ModelConfig::from_json(&base()).unwrap();
+        assert_eq!(c.family, Family::Qwen2);
+        assert!(c.qkv_bias && !c.o_bias && !c.qk_norm);
+        assert_eq!(c.head_dim, 16);
+        assert_eq!(c.gqa_groups(), 2);
+        assert_eq!(c.eos_token_ids, vec![1, 2]);
+        let again = ModelConfig::from_json(&c.to_json("float32")).unwrap();
+        assert_eq!(ModelConfig { torch_dtype: None, ..again }, c);
+    }
+
+    #[test]
+    fn llama3_rope_scaling_and_unknown_architecture() {
+        let mut v = base();
+        v["model_type"] = json!("llama");
+        v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        let c = ModelConfig::from_json(&v).unwrap();
+        assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+        assert_eq!(ModelConfig::from_json(&c.to_json("float32")).unwrap().rope_scaling, c.rope_scaling);
+        v["model_type"] = json!("gpt_neox");
+        let err = ModelConfig::from_json(&v).unwrap_err();
+        assert!(matches!(err, ModelError::UnknownArchitecture { ref architecture, .. } if architecture == "gpt_neox"));
+        v["model_type"] = json!("llama");
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+        assert!(matches!(ModelConfig::from_json(&v), Err(ModelError::UnsupportedConfig { .. })));
+    }
+
+    #[test]
+    fn missing_key_is_named() {
+        let mut v = base();
+        v.as_object_mut().unwrap().remove("hidden_size");
+        let err = ModelConfig::from_json(&v).unwrap_err();
+        assert!(err.to_string().contains("`hidden_size`"), "{err}");
+    }
+}

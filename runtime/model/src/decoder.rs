@@ -1,0 +1,561 @@
+//! The decoder-only transformer (Llama / Qwen2 / Qwen3) on libtorch.
+//!
+//! Parameters live in a [`tch::nn::VarStore`] under their Hugging Face names (`model.layers.0.mlp.up_proj.weight`),
+//! all trainable, so a trainer can run autograd and an optimizer over [`Decoder::var_store`], a synchronizer can
+//! copy weights by name in place ([`Decoder::copy_weights_from`]), and saving writes HF names directly. With tied
+//! embeddings `lm_head` is the embedding tensor itself (one variable).
+//!
+//! Two forward paths share the layer code:
+//! - [`Decoder::forward_hidden`]: whole padded sequences `[B, T]` with a padding mask, differentiable; returns
+//!   hidden states so that the caller can compute logits / log-softmax in vocabulary-sized chunks
+//!   ([`Decoder::token_logprobs`]).
+//! - [`Decoder::forward_with_cache`]: generation. New tokens for several cache slots at once (prefill of several
+//!   prompts, or one decode step for many sequences, each at its own position), writing keys/values into a
+//!   preallocated [`KvCache`] and attending over each slot's valid prefix. Runs under `no_grad`.
+//!
+//! Numerics follow transformers: RMSNorm in f32 then cast back, RoPE tables in f32, attention through
+//! `scaled_dot_product_attention` (GQA handled by the kernel, no repeated k/v).
+
+use std::collections::HashMap;
+
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::rope;
+use crate::weights::{ParamSpec, WeightSource, param_specs};
+
+#[derive(Debug)]
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.f_linear(&self.weight, self.bias.as_ref())?)
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    input_norm: Tensor,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    post_norm: Tensor,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// A decoder-only language model with trainable parameters.
+#[derive(Debug)]
+pub struct Decoder {
+    config: ModelConfig,
+    vs: VarStore,
+    kind: Kind,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    inv_freq: Tensor,
+}
+
+/// Adds `tensor` to the var store under a dotted HF name (tch paths cannot contain dots in one component).
+fn add_var(vs: &VarStore, name: &str, tensor: Tensor) -> Tensor {
+    let mut parts = name.split('.');
+    let last = parts.next_back().unwrap_or(name);
+    let mut path = vs.root();
+    for p in parts {
+        path = path.sub(p);
+    }
+    path.add(last, tensor, true)
+}
+
+fn take(vars: &mut HashMap<String, Tensor>, name: &str) -> Result<Tensor> {
+    vars.remove(name).ok_or_else(|| ModelError::MissingTensor { tensor: name.to_owned() })
+}
+
+fn linear(vars: &mut HashMap<String, Tensor>, prefix: &str, bias: bool) -> Result<Linear> {
+    Ok(Linear {
+        weight: take(vars, &format!("{prefix}.weight"))?,
+        bias: if bias { Some(take(vars, &format!("{prefix}.bias"))?) } else { None },
+    })
+}
+
+impl Decoder {
+    /// Builds the model for `config`, filling every parameter from `source`, in dtype `kind` on `device`.
+    ///
+    /// Each tensor is converted once and becomes the variable (no zero-init pass, no second copy), so peak
+    /// memory is the model plus the largest single tensor in flight.
+    pub fn load(config: ModelConfig, source: &mut dyn WeightSource, kind: Kind, device: Device) -> Result<Self> {
+        if !matches!(kind, Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double) {
+            return Err(ModelError::InvalidInput(format!("model dtype must be a float kind, got {kind:?}")));
+        }
+        if config.num_key_value_heads <= 0 || config.num_attention_heads % config.num_key_value_heads != 0 {
+            return Err(ModelError::UnsupportedConfig {
+                key: "num_key_value_heads".into(),
+                reason: format!(
+                    "{} query heads are not a multiple of {} key/value heads",
+                    config.num_attention_heads, config.num_key_value_heads
+                ),
+            });
+        }
+        let vs = VarStore::new(device);
+        let mut vars = HashMap::new();
+        for ParamSpec { name, shape } in param_specs(&config) {
+            let t = source.load(&name, &shape)?;
+            crate::weights::check_shape(&name, &shape, &t.size())?;
+            let t = t.f_to_dtype_layout((kind, device), false, false)?.f_detach()?;
+            let var = add_var(&vs, &name, t);
+            vars.insert(name, var);
+        }
+        let mut layers = Vec::new();
+        for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let (q_norm, k_norm) = if config.qk_norm {
+                (
+                    Some(take(&mut vars, &format!("{p}.self_attn.q_norm.weight"))?),
+                    Some(take(&mut vars, &format!("{p}.self_attn.k_norm.weight"))?),
+                )
+            } else {
+                (None, None)
+            };
+            layers.push(Layer {
+                input_norm: take(&mut vars, &format!("{p}.input_layernorm.weight"))?,
+                q: linear(&mut vars, &format!("{p}.self_attn.q_proj"), config.qkv_bias)?,
+                k: linear(&mut vars, &format!("{p}.self_attn.k_proj"), config.qkv_bias)?,
+                v: linear(&mut vars, &format!("{p}.self_attn.v_proj"), config.qkv_bias)?,
+                o: linear(&mut vars, &format!("{p}.self_attn.o_proj"), config.o_bias)?,
+                q_norm,
+                k_norm,
+                post_norm: take(&mut vars, &format!("{p}.post_attention_layernorm.weight"))?,
+                gate: linear(&mut vars, &format!("{p}.mlp.gate_proj"), config.mlp_bias)?,
+                up: linear(&mut vars, &format!("{p}.mlp.up_proj"), config.mlp_bias)?,
+                down: linear(&mut vars, &format!("{p}.mlp.down_proj"), config.mlp_bias)?,
+            });
+        }
+        let embed = take(&mut vars, "model.embed_tokens.weight")?;
+        let norm = take(&mut vars, "model.norm.weight")?;
+        let lm_head =
+            if config.tie_word_embeddings { embed.shallow_clone() } else { take(&mut vars, "lm_head.weight")? };
+        let inv_freq = rope::inv_freq(&config, device)?;
+        Ok(Self { config, vs, kind, embed, layers, norm, lm_head, inv_freq })
+    }
+
+    /// The architecture.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The parameter dtype.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The device the parameters live on.
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
+
+    /// The variables, for an optimizer (`nn::AdamW::default().build(model.var_store(), lr)`), for freezing a
+    /// reference model (`var_store_mut().freeze()`), or for reading weights by HF name (`variables()`).
+    pub fn var_store(&self) -> &VarStore {
+        &self.vs
+    }
+
+    /// Mutable access to the variables (freeze/unfreeze).
+    pub fn var_store_mut(&mut self) -> &mut VarStore {
+        &mut self.vs
+    }
+
+    /// Parameters by HF name in [`param_specs`] order (tied `lm_head` not repeated).
+    pub fn named_parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        let vars = self.vs.variables();
+        param_specs(&self.config)
+            .into_iter()
+            .map(|s| {
+                let t = vars.get(&s.name).ok_or_else(|| ModelError::MissingTensor { tensor: s.name.clone() })?;
+                Ok((s.name, t.shallow_clone()))
+            })
+            .collect()
+    }
+
+    /// Copies every parameter of `other` (same config, any dtype/device) into this model's tensors in place,
+    /// under `no_grad`. This is the colocated weight sync: the generation copy keeps its storage (and any
+    /// CUDA graphs or caches referring to it), only values change.
+    pub fn copy_weights_from(&mut self, other: &Decoder) -> Result<()> {
+        if other.config.num_hidden_layers != self.config.num_hidden_layers
+            || other.config.hidden_size != self.config.hidden_size
+        {
+            return Err(ModelError::InvalidInput("copy_weights_from: the two models have different shapes".into()));
+        }
+        let src = other.vs.variables();
+        let mut dst = self.vs.variables();
+        tch::no_grad(|| -> Result<()> {
+            for spec in param_specs(&self.config) {
+                let missing = || ModelError::MissingTensor { tensor: spec.name.clone() };
+                let s = src.get(&spec.name).ok_or_else(missing)?;
+                let d = dst.get_mut(&spec.name).ok_or_else(missing)?;
+                d.f_copy_(s)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn rms_norm(&self, x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+        let xf = x.f_to_kind(Kind::Float)?;
+        let var = xf.f_pow_tensor_scalar(2)?.f_mean_dim(-1, true, Kind::Float)?;
+        let normed = xf * (var + self.config.rms_norm_eps).f_rsqrt()?;
+        Ok(weight * normed.f_to_kind(x.kind())?)
+    }
+
+    /// Embeds token ids `[B, T]` (int64) into `[B, T, hidden]`.
+    pub fn embed(&self, input_ids: &Tensor) -> Result<Tensor> {
+        Ok(Tensor::f_embedding(&self.embed, input_ids, -1, false, false)?)
+    }
+
+    /// Projects hidden states `[..., hidden]` to logits `[..., vocab]` in the model dtype.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(hidden.f_linear::<Tensor>(&self.lm_head, None)?)
+    }
+
+    /// Full-sequence forward for training and scoring: final-normed hidden states `[B, T, hidden]`.
+    ///
+    /// `input_ids`: `[B, T]` int64. `attention_mask`: `[B, T]`, nonzero for real tokens; padding may be on either
+    /// side. Positions count real tokens only (a left-padded row starts at position 0 at its first real token),
+    /// as transformers does when given a mask. Outputs at padding positions are finite but meaningless.
+    /// Differentiable when called with gradients enabled.
+    pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        let size = input_ids.size();
+        let [b, t] = size[..] else {
+            return Err(ModelError::InvalidInput(format!("input_ids must be [B, T], got {size:?}")));
+        };
+        let device = self.device();
+        let input_ids = input_ids.f_to_device(device)?;
+        let (positions, mask) = match attention_mask {
+            None => (Tensor::f_arange(t, (Kind::Int64, device))?.f_unsqueeze(0)?.f_expand([b, t], false)?, None),
+            Some(m) => {
+                let valid = m.f_to_device(device)?.f_ne(0)?;
+                let pos = (valid.f_to_kind(Kind::Int64)?.f_cumsum(1, Kind::Int64)? - 1).f_clamp_min(0)?;
+                let ar = Tensor::f_arange(t, (Kind::Int64, device))?;
+                let causal = ar.f_unsqueeze(0)?.f_le_tensor(&ar.f_unsqueeze(1)?)?; // [T(q), T(k)]: k <= q
+                let key_ok = valid.f_view([b, 1, 1, t])?;
+                let diag = Tensor::f_eye(t, (Kind::Bool, device))?;
+                // A query always sees itself, so rows of padding never go fully masked (NaN in softmax).
+                let mask = causal.f_unsqueeze(0)?.f_unsqueeze(0)?.f_logical_and(&key_ok)?.f_logical_or(&diag)?;
+                (pos, Some(mask))
+            }
+        };
+        let (cos, sin) = rope::cos_sin(&self.inv_freq, &positions, self.kind)?;
+        let mut x = self.embed(&input_ids)?;
+        for layer in &self.layers {
+            let h = self.rms_norm(&x, &layer.input_norm)?;
+            let (q, k, v) = self.qkv(layer, &h, &cos, &sin)?;
+            let q = q.f_transpose(1, 2)?;
+            let k = k.f_transpose(1, 2)?;
+            let v = v.f_transpose(1, 2)?;
+            let attn = match &mask {
+                None => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, 0.0, true, None, true)?,
+                Some(m) => Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(m), 0.0, false, None, true)?,
+            };
+            x = self.finish_layer(layer, x, &attn)?;
+        }
+        self.rms_norm(&x, &self.norm)
+    }
+
+    /// Full-sequence logits `[B, T, vocab]` (see [`Decoder::forward_hidden`]). For long sequences and big
+    /// vocabularies prefer [`Decoder::token_logprobs`], which never materializes all logits at once.
+    pub fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        self.logits(&self.forward_hidden(input_ids, attention_mask)?)
+    }
+
+    /// `log softmax(logits / temperature)[target]` for every position: `hidden` `[B, T, hidden]`, `targets`
+    /// `[B, T]` int64 → `[B, T]` f32. Computed `chunk` positions at a time so only `[B, chunk, vocab]` logits exist
+    /// at once. Differentiable. For next-token scoring pass `hidden[:, :-1]` and `ids[:, 1:]`.
+    pub fn token_logprobs(&self, hidden: &Tensor, targets: &Tensor, temperature: f64, chunk: i64) -> Result<Tensor> {
+        let t = hidden.size().get(1).copied().unwrap_or(0);
+        let chunk = chunk.max(1);
+        let targets = targets.f_to_device(hidden.device())?;
+        let mut parts = Vec::new();
+        let mut start = 0;
+        while start < t {
+            let len = chunk.min(t - start);
+            let logits = self.logits(&hidden.f_narrow(1, start, len)?)?.f_to_kind(Kind::Float)?;
+            let logits = if temperature != 1.0 { logits / temperature } else { logits };
+            let lp = logits.f_log_softmax(-1, Kind::Float)?;
+            let idx = targets.f_narrow(1, start, len)?.f_unsqueeze(-1)?;
+            parts.push(lp.f_gather(-1, &idx, false)?.f_squeeze_dim(-1)?);
+            start += len;
+        }
+        if parts.is_empty() {
+            return Ok(Tensor::f_zeros([hidden.size()[0], 0], (Kind::Float, hidden.device()))?);
+        }
+        Ok(Tensor::f_cat(&parts, 1)?)
+    }
+
+    /// Projections, q/k norm and RoPE: q `[B, T, H, D]`, k and v `[B, T, KVH, D]`.
+    fn qkv(&self, layer: &Layer, h: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let size = h.size();
+        let (b, t) = (size[0], size[1]);
+        let d = self.config.head_dim;
+        let q = layer.q.forward(h)?.f_view([b, t, self.config.num_attention_heads, d])?;
+        let k = layer.k.forward(h)?.f_view([b, t, self.config.num_key_value_heads, d])?;
+        let v = layer.v.forward(h)?.f_view([b, t, self.config.num_key_value_heads, d])?;
+        let q = match &layer.q_norm {
+            Some(w) => self.rms_norm(&q, w)?,
+            None => q,
+        };
+        let k = match &layer.k_norm {
+            Some(w) => self.rms_norm(&k, w)?,
+            None => k,
+        };
+        Ok((rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?, v))
+    }
+
+    /// Output projection, residual, MLP, residual. `attn` is `[B, H, T, D]`.
+    fn finish_layer(&self, layer: &Layer, x: Tensor, attn: &Tensor) -> Result<Tensor> {
+        let size = x.size();
+        let attn = attn.f_transpose(1, 2)?.f_reshape([size[0], size[1], -1])?;
+        let x = x + layer.o.forward(&attn)?;
+        let h = self.rms_norm(&x, &layer.post_norm)?;
+        let mlp = layer.down.forward(&(layer.gate.forward(&h)?.f_silu()? * layer.up.forward(&h)?))?;
+        Ok(x + mlp)
+    }
+
+    /// Generation forward: runs new tokens for several cache slots at once and appends their keys/values.
+    ///
+    /// - `input_ids`: `[B, T]` int64; row `b` holds `new_lens[b]` new tokens for slot `slots[b]`, right-padded
+    ///   to `T` with any id. A prefill of several prompts is one call with `T = longest prompt`; a decode step
+    ///   is `T = 1` with `new_lens` all 1.
+    /// - Row `b`'s tokens get positions `cache.len(slots[b])..+new_lens[b]` and attend to that slot's cached
+    ///   prefix plus themselves (causally). Afterwards `cache.len(slots[b])` has grown by `new_lens[b]`.
+    /// - Returns final-normed hidden states `[B, T, hidden]`; take row `b`'s last real position
+    ///   ([`Decoder::last_hidden`]) and [`Decoder::logits`] to sample the next token.
+    ///
+    /// Errors: a slot out of range or repeated, `new_lens[b]` of 0 or more than `T`, or a slot overflowing the
+    /// cache's capacity. Runs without gradients.
+    pub fn forward_with_cache(
+        &self,
+        input_ids: &Tensor,
+        cache: &mut KvCache,
+        slots: &[usize],
+        new_lens: &[usize],
+    ) -> Result<Tensor> {
+        let size = input_ids.size();
+        let [b, t] = size[..] else {
+            return Err(ModelError::InvalidInput(format!("input_ids must be [B, T], got {size:?}")));
+        };
+        if slots.len() != b as usize || new_lens.len() != b as usize {
+            return Err(ModelError::KvCache(format!(
+                "{b} rows but {} slots and {} lengths",
+                slots.len(),
+                new_lens.len()
+            )));
+        }
+        let capacity = cache.capacity();
+        let mut seen = vec![false; cache.num_slots()];
+        let mut starts = Vec::with_capacity(slots.len());
+        for (&slot, &n) in slots.iter().zip(new_lens) {
+            cache.check_slot(slot)?;
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(ModelError::KvCache(format!("slot {slot} appears twice in one batch")));
+            }
+            if n == 0 || n as i64 > t {
+                return Err(ModelError::KvCache(format!("slot {slot}: {n} new tokens in a row of {t}")));
+            }
+            let start = cache.len(slot);
+            if start + n > capacity {
+                return Err(ModelError::KvCache(format!(
+                    "slot {slot}: {start} cached + {n} new tokens exceed capacity {capacity}"
+                )));
+            }
+            starts.push(start);
+        }
+        let device = self.device();
+        let kmax = starts.iter().zip(new_lens).map(|(s, n)| s + n).max().unwrap_or(0) as i64;
+        // Host-side index tables: positions for RoPE, write columns (padding goes to the scratch column),
+        // and the attention mask over the first `kmax` cached columns.
+        let mut pos = Vec::with_capacity((b * t) as usize);
+        let mut write = Vec::with_capacity((b * t) as usize);
+        let mut mask = Vec::with_capacity((b * t * kmax) as usize);
+        for (&start, &n) in starts.iter().zip(new_lens) {
+            for j in 0..t as usize {
+                pos.push((start + j) as i64);
+                write.push(if j < n { (start + j) as i64 } else { capacity as i64 });
+                let visible = (start + j.min(n - 1)) as i64;
+                mask.extend((0..kmax).map(|c| c <= visible));
+            }
+        }
+        let pos = Tensor::from_slice(&pos).f_view([b, t])?.f_to_device(device)?;
+        let write = Tensor::from_slice(&write).f_view([b, t])?.f_to_device(device)?;
+        let mask = Tensor::from_slice(&mask).f_view([b, 1, t, kmax])?.f_to_device(device)?;
+        let slot_ids: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
+        let contiguous = slot_ids.iter().enumerate().all(|(i, &s)| s == slot_ids[0] + i as i64);
+        let slot_t = Tensor::from_slice(&slot_ids).f_to_device(device)?;
+        let slot_rows = slot_t.f_view([b, 1])?.f_expand([b, t], false)?;
+
+        let hidden = tch::no_grad(|| -> Result<Tensor> {
+            let (cos, sin) = rope::cos_sin(&self.inv_freq, &pos, self.kind)?;
+            let mut x = self.embed(&input_ids.f_to_device(device)?)?;
+            for (i, layer) in self.layers.iter().enumerate() {
+                let h = self.rms_norm(&x, &layer.input_norm)?;
+                let (q, k, v) = self.qkv(layer, &h, &cos, &sin)?;
+                let kc = &mut cache.keys[i];
+                let _ = kc.f_index_put_(&[Some(&slot_rows), None, Some(&write)], &k, false)?;
+                let vc = &mut cache.values[i];
+                let _ = vc.f_index_put_(&[Some(&slot_rows), None, Some(&write)], &v, false)?;
+                let (keys, values) = if contiguous {
+                    (
+                        cache.keys[i].f_narrow(0, slot_ids[0], b)?.f_narrow(2, 0, kmax)?,
+                        cache.values[i].f_narrow(0, slot_ids[0], b)?.f_narrow(2, 0, kmax)?,
+                    )
+                } else {
+                    (
+                        cache.keys[i].f_index_select(0, &slot_t)?.f_narrow(2, 0, kmax)?,
+                        cache.values[i].f_index_select(0, &slot_t)?.f_narrow(2, 0, kmax)?,
+                    )
+                };
+                let q = q.f_transpose(1, 2)?;
+                let attn =
+                    Tensor::f_scaled_dot_product_attention(&q, &keys, &values, Some(&mask), 0.0, false, None, true)?;
+                x = self.finish_layer(layer, x, &attn)?;
+            }
+            self.rms_norm(&x, &self.norm)
+        })?;
+        for ((&slot, &start), &n) in slots.iter().zip(&starts).zip(new_lens) {
+            cache.set_len(slot, start + n);
+        }
+        Ok(hidden)
+    }
+
+    /// Picks each row's hidden state at its last real position: `hidden` `[B, T, H]`, `new_lens[b]` tokens in
+    /// row `b` → `[B, H]`.
+    pub fn last_hidden(&self, hidden: &Tensor, new_lens: &[usize]) -> Result<Tensor> {
+        let idx: Vec<i64> = new_lens.iter().map(|&n| n.saturating_sub(1) as i64).collect();
+        let h = hidden.size()[2];
+        let idx =
+            Tensor::from_slice(&idx).f_to_device(hidden.device())?.f_view([-1, 1, 1])?.f_expand([-1, 1, h], false)?;
+        Ok(hidden.f_gather(1, &idx, false)?.f_squeeze_dim(1)?)
+    }
+
+    /// Allocates a KV cache matching this model's shapes, dtype and device.
+    pub fn new_cache(&self, num_slots: usize, capacity: usize) -> Result<KvCache> {
+        KvCache::new(&self.config, num_slots, capacity, self.kind, self.device())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Family;
+    use crate::weights::RandomWeights;
+
+    fn model(family: Family) -> Decoder {
+        tch::manual_seed(0);
+        let mut c = crate::testing::tiny_config(family);
+        c.tie_word_embeddings = family != Family::Llama;
+        Decoder::load(c, &mut RandomWeights, Kind::Float, Device::Cpu).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[])
+    }
+
+    #[test]
+    fn padding_does_not_change_real_positions() {
+        let m = model(Family::Qwen3);
+        let ids = Tensor::from_slice(&[5i64, 9, 3, 7]).view([1, 4]);
+        let plain = m.forward(&ids, None).unwrap();
+        // Left-padded and right-padded versions of the same row.
+        let left = Tensor::from_slice(&[0i64, 0, 5, 9, 3, 7]).view([1, 6]);
+        let lmask = Tensor::from_slice(&[0i64, 0, 1, 1, 1, 1]).view([1, 6]);
+        let l = m.forward(&left, Some(&lmask)).unwrap().narrow(1, 2, 4);
+        assert!(max_diff(&plain, &l) < 1e-5);
+        let right = Tensor::from_slice(&[5i64, 9, 3, 7, 0, 0]).view([1, 6]);
+        let rmask = Tensor::from_slice(&[1i64, 1, 1, 1, 0, 0]).view([1, 6]);
+        let r = m.forward(&right, Some(&rmask)).unwrap();
+        assert!(max_diff(&plain, &r.narrow(1, 0, 4)) < 1e-5);
+        assert!(bool::try_from(r.isfinite().all()).unwrap());
+    }
+
+    #[test]
+    fn cached_prefill_and_decode_match_full_forward() {
+        for family in [Family::Llama, Family::Qwen2, Family::Qwen3] {
+            let m = model(family);
+            let seqs: [&[i64]; 2] = [&[1, 2, 3, 4, 5, 6, 7, 8], &[7, 8, 9, 10, 11, 12, 13, 14]];
+            let full: Vec<Tensor> =
+                seqs.iter().map(|s| m.forward(&Tensor::from_slice(s).view([1, -1]), None).unwrap()).collect();
+            let mut cache = m.new_cache(3, 16).unwrap();
+            // Ragged prefill: slot 2 gets 3 tokens of seq 0, slot 0 gets 2 tokens of seq 1.
+            let ids = Tensor::from_slice(&[1i64, 2, 3, 7, 8, 0]).view([2, 3]);
+            let h = m.forward_with_cache(&ids, &mut cache, &[2, 0], &[3, 2]).unwrap();
+            let last = m.logits(&m.last_hidden(&h, &[3, 2]).unwrap()).unwrap();
+            assert!(max_diff(&last.get(0), &full[0].get(0).get(2)) < 1e-4);
+            assert!(max_diff(&last.get(1), &full[1].get(0).get(1)) < 1e-4);
+            assert_eq!((cache.len(2), cache.len(0)), (3, 2));
+            // Decode steps at different positions in one batch.
+            let mut p = [3usize, 2];
+            for _ in 0..3 {
+                let ids = Tensor::from_slice(&[seqs[0][p[0]], seqs[1][p[1]]]).view([2, 1]);
+                let h = m.forward_with_cache(&ids, &mut cache, &[2, 0], &[1, 1]).unwrap();
+                let lg = m.logits(&h).unwrap();
+                assert!(max_diff(&lg.get(0).get(0), &full[0].get(0).get(p[0] as i64)) < 1e-4, "{family:?}");
+                assert!(max_diff(&lg.get(1).get(0), &full[1].get(0).get(p[1] as i64)) < 1e-4, "{family:?}");
+                p[0] += 1;
+                p[1] += 1;
+            }
+            // Sharing a prefix: copy slot 2 into slot 1 and continue there.
+            cache.copy_slot(2, 1).unwrap();
+            let ids = Tensor::from_slice(&[seqs[0][p[0]]]).view([1, 1]);
+            let h = m.forward_with_cache(&ids, &mut cache, &[1], &[1]).unwrap();
+            assert!(max_diff(&m.logits(&h).unwrap().get(0).get(0), &full[0].get(0).get(p[0] as i64)) < 1e-4);
+        }
+    }
+
+    #[test]
+    fn cache_misuse_is_an_error() {
+        let m = model(Family::Llama);
+        let mut cache = m.new_cache(2, 4).unwrap();
+        let ids = Tensor::from_slice(&[1i64, 2, 3]).view([1, 3]);
+        assert!(matches!(m.forward_with_cache(&ids, &mut cache, &[5], &[3]), Err(ModelError::KvCache(_))));
+        assert!(matches!(m.forward_with_cache(&ids, &mut cache, &[0], &[0]), Err(ModelError::KvCache(_))));
+        let _ = m.forward_with_cache(&ids, &mut cache, &[0], &[3]).unwrap();
+        let err = m.forward_with_cache(&ids, &mut cache, &[0], &[2]).unwrap_err();
+        assert!(err.to_string().contains("exceed capacity"), "{err}");
+        let two = Tensor::from_slice(&[1i64, 2]).view([2, 1]);
+        assert!(m.forward_with_cache(&two, &mut cache, &[1, 1], &[1, 1]).is_err());
+    }
+
+    #[test]
+    fn gradients_flow_and_weights_copy_in_place() {
+        let m = model(Family::Qwen2);
+        let ids = Tensor::from_slice(&[1i64, 2, 3, 4]).view([1, 4]);
+        let h = m.forward_hidden(&ids, None).unwrap();
+        let lp = m.token_logprobs(&h.narrow(1, 0, 3), &ids.narrow(1, 1, 3), 1.0, 2).unwrap();
+        let full = m.forward(&ids, None).unwrap().log_softmax(-1, Kind::Float);
+        let want = full.narrow(1, 0, 3).gather(-1, &ids.narrow(1, 1, 3).unsqueeze(-1), false).squeeze_dim(-1);
+        assert!(max_diff(&lp, &want) < 1e-5);
+        lp.sum(Kind::Float).backward();
+        let g = m.var_store().variables()["model.layers.0.mlp.up_proj.weight"].grad();
+        assert!(g.abs().sum(Kind::Float).double_value(&[]) > 0.0);
+
+        let mut gen_model = {
+            tch::manual_seed(1);
+            Decoder::load(m.config().clone(), &mut RandomWeights, Kind::BFloat16, Device::Cpu).unwrap()
+        };
+        let before = gen_model.var_store().variables()["model.norm.weight"].data_ptr();
+        gen_model.copy_weights_from(&m).unwrap();
+        let after = &gen_model.var_store().variables()["model.norm.weight"];
+        assert_eq!(before, after.data_ptr());
+        let src = &m.var_store().variables()["model.embed_tokens.weight"];
+        let dst = &gen_model.var_store().variables()["model.embed_tokens.weight"];
+        assert!(max_diff(&src.to_kind(Kind::BFloat16).to_kind(Kind::Float), &dst.to_kind(Kind::Float)) == 0.0);
+    }
+}

@@ -1,0 +1,106 @@
+//! Model layer: decoder-only transformers (Llama, Qwen2/2.5, Qwen3) on libtorch, loaded from Hugging Face
+//! directories or GGUF files, with their tokenizer and chat template, saved back as Hugging Face directories.
+//!
+//! Entry points:
+//! - [`load_model`]: an HF directory or a `.gguf` file → [`LoadedModel`] (decoder + tokenizer + chat template).
+//! - [`Decoder`]: the network. Training uses [`Decoder::forward_hidden`] + [`Decoder::token_logprobs`];
+//!   generation uses [`Decoder::forward_with_cache`] with a [`KvCache`].
+//! - [`score`]: per-token logprobs of responses given prompts.
+//! - [`save_hf_dir`] and [`convert_gguf_to_hf`]: write a directory that transformers loads.
+//!
+//! Training (gradients flow into the `VarStore` variables):
+//! ```text
+//! let m = load_model(path, Kind::BFloat16, Device::Cpu)?;
+//! let hidden = m.decoder.forward_hidden(&ids /*[B,T]*/, Some(&mask /*[B,T]*/))?;
+//! let lp = m.decoder.token_logprobs(&hidden.narrow(1, 0, t - 1), &ids.narrow(1, 1, t - 1), temperature, 256)?;
+//! // loss from lp (masked to response tokens) -> backward -> nn::AdamW over m.decoder.var_store()
+//! ```
+//! Generation (no gradients; slots are sequences, each at its own position):
+//! ```text
+//! let mut cache = m.decoder.new_cache(num_slots, max_model_len)?;
+//! let h = m.decoder.forward_with_cache(&prompts /*[B,Tmax] right-padded*/, &mut cache, &slots, &prompt_lens)?;
+//! let logits = m.decoder.logits(&m.decoder.last_hidden(&h, &prompt_lens)?)?; // [B, vocab] -> sample
+//! cache.copy_slot(slot, other_slot)?; // n samples share one prefill
+//! let h = m.decoder.forward_with_cache(&next /*[B,1]*/, &mut cache, &slots, &[1; B])?; // one decode step
+//! cache.reset(slot)?; // request finished
+//! ```
+//! Weight sync into a generation copy: `gen.decoder.copy_weights_from(&trainer.decoder)` (in place, no_grad).
+
+mod chat_template;
+mod config;
+mod decoder;
+mod dequant;
+mod error;
+mod gguf;
+mod gguf_weights;
+mod hf;
+mod kv_cache;
+mod rope;
+mod safetensors_io;
+mod score;
+mod tokenizer;
+mod weights;
+
+pub use chat_template::{ChatMessage, ChatTemplate};
+pub use config::{Family, ModelConfig, RopeScaling};
+pub use decoder::Decoder;
+pub use dequant::GgmlType;
+pub use error::{ModelError, Result};
+pub use gguf::{GgufFile, GgufTensorInfo, GgufValue};
+pub use gguf_weights::GgufWeights;
+pub use hf::{LoadedModel, convert_gguf_to_hf, load_model, save_hf_dir};
+pub use kv_cache::KvCache;
+pub use safetensors_io::SafetensorsWeights;
+pub use score::{ScoreRequest, ScoredSequence, score};
+pub use tokenizer::Tokenizer;
+pub use weights::{ParamSpec, RandomWeights, WeightSource, param_specs};
+
+/// Parses a dtype name as configs and the CLI spell it (`f32`, `float32`, `bf16`, `bfloat16`, `f16`, `float16`).
+pub fn parse_kind(name: &str) -> Result<tch::Kind> {
+    match name {
+        "f32" | "float32" | "float" => Ok(tch::Kind::Float),
+        "bf16" | "bfloat16" => Ok(tch::Kind::BFloat16),
+        "f16" | "float16" | "half" => Ok(tch::Kind::Half),
+        other => Err(ModelError::InvalidInput(format!("unknown dtype `{other}` (f32, bf16, f16)"))),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::config::{Family, ModelConfig, RopeScaling};
+
+    /// A two-layer model small enough for unit tests.
+    pub(crate) fn tiny_config(family: Family) -> ModelConfig {
+        ModelConfig {
+            family,
+            vocab_size: 32,
+            hidden_size: 32,
+            intermediate_size: 48,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 8,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
+            max_position_embeddings: 128,
+            tie_word_embeddings: true,
+            qkv_bias: family == Family::Qwen2,
+            o_bias: false,
+            mlp_bias: false,
+            qk_norm: family == Family::Qwen3,
+            bos_token_id: None,
+            eos_token_ids: vec![1],
+            torch_dtype: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn libtorch_links() {
+        let t = tch::Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+        assert_eq!(f64::try_from(t.sum(tch::Kind::Float)).unwrap(), 6.0);
+    }
+}

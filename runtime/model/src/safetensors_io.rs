@@ -1,0 +1,215 @@
+//! Reading (memory-mapped, single file or sharded) and writing (streamed) safetensors checkpoints.
+//!
+//! Reading: each file is mapped once and its header parsed once (validated by the `safetensors` crate, so
+//! every tensor's byte range lies inside its file); a tensor is copied exactly once, from the map into the libtorch
+//! tensor that becomes the parameter. Writing: the header is computed from shapes and dtypes first, then tensors
+//! are written one by one, so saving never holds a second copy of the model in memory.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, Metadata};
+use serde_json::{Value, json};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{ModelError, Result};
+use crate::weights::{WeightSource, check_shape};
+
+#[derive(Debug)]
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+    data_start: usize,
+    metadata: Metadata,
+}
+
+/// Weights from `model.safetensors` or from the shards listed in `model.safetensors.index.json`.
+#[derive(Debug)]
+pub struct SafetensorsWeights {
+    shards: Vec<Shard>,
+    by_name: HashMap<String, usize>,
+}
+
+impl SafetensorsWeights {
+    /// Maps the weights of an HF directory: the sharded index when present, else `model.safetensors`.
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
+            let v: Value =
+                serde_json::from_str(&text).map_err(|source| ModelError::Json { path: index.clone(), source })?;
+            let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| ModelError::InvalidFile {
+                path: index.clone(),
+                reason: "no `weight_map` object".into(),
+            })?;
+            let mut files: Vec<&str> = map.values().filter_map(Value::as_str).collect();
+            files.sort_unstable();
+            files.dedup();
+            let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
+            return Self::open_files(&paths);
+        }
+        Self::open_files(&[dir.join("model.safetensors")])
+    }
+
+    /// Maps the given safetensors files; a tensor name must appear in only one of them.
+    pub fn open_files(paths: &[PathBuf]) -> Result<Self> {
+        let mut shards = Vec::new();
+        let mut by_name = HashMap::new();
+        for path in paths {
+            let file = File::open(path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    ModelError::MissingFile { path: path.clone() }
+                } else {
+                    ModelError::io(path, e)
+                }
+            })?;
+            // SAFETY: read-only private map; we assume the checkpoint is not truncated while open, as every
+            // safetensors reader does (that would be a SIGBUS, not a data race in our code).
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+            let (header_len, metadata) = safetensors::SafeTensors::read_metadata(&mmap)
+                .map_err(|e| ModelError::InvalidFile { path: path.clone(), reason: e.to_string() })?;
+            for name in metadata.tensors().keys() {
+                by_name.insert(name.clone(), shards.len());
+            }
+            shards.push(Shard { path: path.clone(), mmap, data_start: 8 + header_len, metadata });
+        }
+        Ok(Self { shards, by_name })
+    }
+
+    /// Names of all tensors, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.by_name.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Whether a tensor is present.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// A tensor as stored (its own dtype), on the CPU.
+    pub fn get(&self, name: &str) -> Result<Tensor> {
+        let missing = || ModelError::MissingTensor { tensor: name.to_owned() };
+        let shard = &self.shards[*self.by_name.get(name).ok_or_else(missing)?];
+        let info = shard.metadata.info(name).ok_or_else(missing)?;
+        let kind = match info.dtype {
+            Dtype::F32 => Kind::Float,
+            Dtype::F16 => Kind::Half,
+            Dtype::BF16 => Kind::BFloat16,
+            Dtype::F64 => Kind::Double,
+            other => {
+                return Err(ModelError::UnsupportedDtype {
+                    tensor: format!("{name} in {}", shard.path.display()),
+                    dtype: format!("{other:?}"),
+                });
+            }
+        };
+        let (start, end) = info.data_offsets;
+        let bytes = &shard.mmap[shard.data_start + start..shard.data_start + end];
+        let shape: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
+        Ok(Tensor::f_from_data_size(bytes, &shape, kind)?)
+    }
+}
+
+impl WeightSource for SafetensorsWeights {
+    fn load(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
+        let t = self.get(name)?;
+        check_shape(name, shape, &t.size())?;
+        Ok(t)
+    }
+}
+
+fn dtype_name(kind: Kind) -> Result<&'static str> {
+    Ok(match kind {
+        Kind::Float => "F32",
+        Kind::Half => "F16",
+        Kind::BFloat16 => "BF16",
+        Kind::Double => "F64",
+        other => return Err(ModelError::InvalidInput(format!("cannot save dtype {other:?} to safetensors"))),
+    })
+}
+
+/// Writes `tensors` (name, tensor on any device) to a safetensors file at `path`, in the given order.
+pub(crate) fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), json!({"format": "pt"}));
+    let mut offset = 0usize;
+    let mut order = BTreeMap::new();
+    for (i, (name, t)) in tensors.iter().enumerate() {
+        let n = t.numel() * t.kind().elt_size_in_bytes();
+        header.insert(
+            name.clone(),
+            json!({"dtype": dtype_name(t.kind())?, "shape": t.size(), "data_offsets": [offset, offset + n]}),
+        );
+        order.insert(i, n);
+        offset += n;
+    }
+    let mut header = serde_json::to_vec(&Value::Object(header))
+        .map_err(|source| ModelError::Json { path: path.to_path_buf(), source })?;
+    while header.len() % 8 != 0 {
+        header.push(b' ');
+    }
+    let io = |e| ModelError::io(path, e);
+    let mut w = BufWriter::new(File::create(path).map_err(io)?);
+    w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&header).map_err(io)?;
+    for (name, t) in tensors {
+        let t = t.f_detach()?.f_to_device(Device::Cpu)?.f_contiguous()?;
+        let n = t.numel() * t.kind().elt_size_in_bytes();
+        let mut buf = vec![0u8; n];
+        t.f_copy_data_u8(&mut buf, t.numel()).map_err(|e| ModelError::InvalidInput(format!("tensor `{name}`: {e}")))?;
+        w.write_all(&buf).map_err(io)?;
+    }
+    w.flush().map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_then_read_is_exact_for_every_float_dtype() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let a = Tensor::randn([3, 5], (Kind::Float, Device::Cpu));
+        let b = a.to_kind(Kind::BFloat16);
+        let c = a.to_kind(Kind::Half).narrow(1, 1, 2); // non-contiguous
+        write_safetensors(
+            &path,
+            &[("a".into(), a.shallow_clone()), ("b".into(), b.shallow_clone()), ("c".into(), c.shallow_clone())],
+        )
+        .unwrap();
+        let mut w = SafetensorsWeights::open_dir(dir.path()).unwrap();
+        assert_eq!(w.names(), ["a", "b", "c"]);
+        assert!(w.get("a").unwrap().equal(&a));
+        assert!(w.get("b").unwrap().equal(&b));
+        assert_eq!(w.get("c").unwrap().kind(), Kind::Half);
+        assert!(w.get("c").unwrap().equal(&c));
+        let err = w.load("a", &[5, 3]).unwrap_err();
+        assert!(matches!(err, ModelError::ShapeMismatch { ref tensor, .. } if tensor == "a"), "{err}");
+        assert!(matches!(w.load("zzz", &[1]), Err(ModelError::MissingTensor { .. })));
+    }
+
+    #[test]
+    fn sharded_index_and_missing_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Tensor::from_slice(&[1.0f32, 2.0]);
+        let b = Tensor::from_slice(&[3.0f32]);
+        write_safetensors(&dir.path().join("s1.safetensors"), &[("a".into(), a)]).unwrap();
+        write_safetensors(&dir.path().join("s2.safetensors"), &[("b".into(), b)]).unwrap();
+        std::fs::write(
+            dir.path().join("model.safetensors.index.json"),
+            r#"{"metadata": {}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}"#,
+        )
+        .unwrap();
+        let w = SafetensorsWeights::open_dir(dir.path()).unwrap();
+        assert_eq!(Vec::<f32>::try_from(w.get("b").unwrap()).unwrap(), vec![3.0]);
+        let empty = tempfile::tempdir().unwrap();
+        let err = SafetensorsWeights::open_dir(empty.path()).unwrap_err();
+        assert!(matches!(err, ModelError::MissingFile { ref path } if path.ends_with("model.safetensors")), "{err}");
+    }
+}

@@ -1,0 +1,122 @@
+//! Where a decoder's parameters come from: the list of parameters an architecture has (with Hugging Face names
+//! and shapes) and the sources that can fill them (safetensors, GGUF, random init).
+//!
+//! A source returns each tensor on the CPU in whatever float dtype it stores; the decoder converts it to the
+//! requested dtype and device once, and that converted tensor *is* the trainable variable (no second copy).
+
+use tch::{Device, Kind, Tensor};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+
+/// One parameter: its Hugging Face name and shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSpec {
+    /// e.g. `model.layers.0.self_attn.q_proj.weight`.
+    pub name: String,
+    /// PyTorch shape.
+    pub shape: Vec<i64>,
+}
+
+/// The parameters of a model built from `config`, in a stable order (embedding, layers, norm, head).
+/// `lm_head.weight` is listed only when the embeddings are untied.
+pub fn param_specs(config: &ModelConfig) -> Vec<ParamSpec> {
+    let h = config.hidden_size;
+    let q_out = config.num_attention_heads * config.head_dim;
+    let kv_out = config.num_key_value_heads * config.head_dim;
+    let ffn = config.intermediate_size;
+    let mut specs = vec![ParamSpec { name: "model.embed_tokens.weight".into(), shape: vec![config.vocab_size, h] }];
+    let mut add = |name: String, shape: Vec<i64>| specs.push(ParamSpec { name, shape });
+    for i in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        add(format!("{p}.input_layernorm.weight"), vec![h]);
+        for (proj, out, bias) in [
+            ("q_proj", q_out, config.qkv_bias),
+            ("k_proj", kv_out, config.qkv_bias),
+            ("v_proj", kv_out, config.qkv_bias),
+        ] {
+            add(format!("{p}.self_attn.{proj}.weight"), vec![out, h]);
+            if bias {
+                add(format!("{p}.self_attn.{proj}.bias"), vec![out]);
+            }
+        }
+        add(format!("{p}.self_attn.o_proj.weight"), vec![h, q_out]);
+        if config.o_bias {
+            add(format!("{p}.self_attn.o_proj.bias"), vec![h]);
+        }
+        if config.qk_norm {
+            add(format!("{p}.self_attn.q_norm.weight"), vec![config.head_dim]);
+            add(format!("{p}.self_attn.k_norm.weight"), vec![config.head_dim]);
+        }
+        add(format!("{p}.post_attention_layernorm.weight"), vec![h]);
+        for (proj, shape) in [("gate_proj", vec![ffn, h]), ("up_proj", vec![ffn, h]), ("down_proj", vec![h, ffn])] {
+            let out = shape[0];
+            add(format!("{p}.mlp.{proj}.weight"), shape);
+            if config.mlp_bias {
+                add(format!("{p}.mlp.{proj}.bias"), vec![out]);
+            }
+        }
+    }
+    add("model.norm.weight".into(), vec![h]);
+    if !config.tie_word_embeddings {
+        add("lm_head.weight".into(), vec![config.vocab_size, h]);
+    }
+    specs
+}
+
+/// Something that can produce parameter tensors by Hugging Face name.
+pub trait WeightSource {
+    /// The tensor named `name` (HF naming), on the CPU, any float dtype; must have shape `shape`, else
+    /// [`ModelError::ShapeMismatch`]; absent is [`ModelError::MissingTensor`].
+    fn load(&mut self, name: &str, shape: &[i64]) -> Result<Tensor>;
+}
+
+/// Checks a loaded tensor's shape against the spec.
+pub(crate) fn check_shape(name: &str, expected: &[i64], found: &[i64]) -> Result<()> {
+    if expected != found {
+        return Err(ModelError::ShapeMismatch {
+            tensor: name.to_owned(),
+            expected: expected.to_vec(),
+            found: found.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// Fresh weights as transformers initializes them: normal(0, 0.02) matrices, ones for norms, zeros for biases.
+/// For tests and for training from scratch; seed with [`tch::manual_seed`] first for determinism.
+#[derive(Debug, Default)]
+pub struct RandomWeights;
+
+impl WeightSource for RandomWeights {
+    fn load(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
+        let opts = (Kind::Float, Device::Cpu);
+        Ok(if name.ends_with("norm.weight") {
+            Tensor::f_ones(shape, opts)?
+        } else if name.ends_with(".bias") {
+            Tensor::f_zeros(shape, opts)?
+        } else {
+            (Tensor::f_randn(shape, opts)? * 0.02).f_contiguous()?
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Family;
+
+    #[test]
+    fn specs_follow_the_family_switches() {
+        let mut c = crate::testing::tiny_config(Family::Qwen2);
+        let names: Vec<String> = param_specs(&c).into_iter().map(|s| s.name).collect();
+        assert!(names.contains(&"model.layers.1.self_attn.k_proj.bias".to_owned()));
+        assert!(!names.iter().any(|n| n.contains("o_proj.bias") || n.contains("q_norm")));
+        assert!(!names.contains(&"lm_head.weight".to_owned()));
+        c.tie_word_embeddings = false;
+        c.qk_norm = true;
+        let names: Vec<String> = param_specs(&c).into_iter().map(|s| s.name).collect();
+        assert!(names.contains(&"lm_head.weight".to_owned()));
+        assert!(names.contains(&"model.layers.0.self_attn.q_norm.weight".to_owned()));
+    }
+}

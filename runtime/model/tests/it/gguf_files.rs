@@ -1,0 +1,43 @@
+//! GGUF: dequantization of every supported type against gguf-py, and a tiny Llama written the way llama.cpp
+//! writes it (permuted q/k rows) against transformers' logits of the original model.
+
+use tch::{Device, Kind};
+use trinity_model::{GgufFile, load_model};
+
+use crate::helpers::*;
+
+#[test]
+fn every_supported_type_dequantizes_like_gguf_py() {
+    let g = GgufFile::open(fixtures().join("quants.gguf")).unwrap();
+    let expected = read_json(&fixtures().join("quants.json"));
+    for (name, want) in expected.as_object().unwrap() {
+        let got = g.dequantize(&format!("t.{name}")).unwrap();
+        let want = floats(want);
+        assert_eq!(got.len(), want.len(), "{name}");
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-5, "{name}: max diff {worst}");
+    }
+}
+
+#[test]
+fn tiny_llama_gguf_matches_transformers_and_its_tokenizer() {
+    let model = load_model(&fixtures().join("tiny_llama.gguf"), Kind::Float, Device::Cpu).unwrap();
+    let config = model.decoder.config();
+    assert!(config.tie_word_embeddings);
+    assert_eq!((config.num_attention_heads, config.num_key_value_heads), (4, 2));
+    let expected = read_json(&fixtures().join("tiny_llama_gguf.json"));
+    let ids = ids_tensor(&expected["input_ids"]);
+    let mask = ids_tensor(&expected["attention_mask"]);
+    let logits = model.decoder.forward(&ids, Some(&mask)).unwrap();
+    let diff = masked_max_diff(&logits, &floats(&expected["logits"]), &expected["attention_mask"]);
+    assert!(diff < 1e-4, "max logit diff {diff}");
+    // Same tokenizer as the HF directory's (built by `tokenizers`), and the same template.
+    let hf = read_json(&fixtures().join("tiny/llama_tied/expected.json"));
+    let text = hf["tokenizer"]["text"].as_str().unwrap();
+    let got: Vec<i64> = model.tokenizer.encode(text, false).unwrap().into_iter().map(i64::from).collect();
+    assert_eq!(got, ints(&hf["tokenizer"]["ids"]));
+    let template = model.chat_template.as_ref().unwrap();
+    let rendered = template.render(hf["chat"]["messages"].as_array().unwrap(), true, None).unwrap();
+    assert_eq!(rendered, hf["chat"]["rendered"].as_str().unwrap());
+    assert_eq!(model.eos_token_ids, vec![2]);
+}

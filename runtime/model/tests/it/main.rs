@@ -1,0 +1,8 @@
+//! Integration tests of trinity-model against transformers-made fixtures (see `../fixtures/make_fixtures.py`).
+
+mod errors;
+mod families;
+mod gguf_files;
+mod helpers;
+mod hf_dirs;
+mod smollm2;

@@ -1,0 +1,254 @@
+//! `trinity run --dry-run`: Trinity-RFT configs load, and malformed ones fail with a named error.
+
+use std::path::Path;
+
+use crate::support::{assert_clean_failure, fixture, stderr, stdout, trinity};
+
+/// A small valid config; the malformed cases below each break one thing in it.
+const BASE: &str = "\
+project: p
+name: n
+algorithm:
+  algorithm_type: grpo
+  repeat_times: 4
+  optimizer:
+    lr: 1e-6
+model:
+  model_path: /models/tiny
+  max_model_len: 256
+  max_response_tokens: 64
+buffer:
+  batch_size: 2
+  explorer_input:
+    taskset:
+      name: train
+      path: /data/train.jsonl
+    eval_tasksets:
+      - name: eval
+        path: /data/eval.jsonl
+";
+
+fn write(dir: &Path, text: &str) -> String {
+    let path = dir.join("config.yaml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+fn dry_run(text: &str, extra: &[&str]) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), text);
+    let mut args = vec!["run", "--config", path.as_str(), "--dry-run"];
+    args.extend_from_slice(extra);
+    trinity(dir.path(), &args)
+}
+
+#[test]
+fn trinity_quickstart_config_loads_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = fixture("configs/gsm8k.yaml");
+    let output = trinity(dir.path(), &["run", "--config", path.to_str().unwrap(), "--dry-run"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let resolved = stdout(&output);
+    for expected in [
+        "algorithm_type: grpo",
+        "repeat_times: 8",
+        "train_batch_size: 1024",
+        "max_prompt_tokens: 1024",
+        "default_workflow_type: math_workflow",
+        "model_path: Qwen/Qwen2.5-1.5B-Instruct",
+        "name: gsm8k-eval",
+    ] {
+        assert!(resolved.contains(expected), "missing {expected:?} in:\n{resolved}");
+    }
+    let root = dir.path().join("checkpoints").canonicalize().unwrap_or(dir.path().join("checkpoints"));
+    assert!(
+        resolved.contains(&format!("checkpoint_root_dir: {}", dir.path().join("checkpoints").display()))
+            || resolved.contains(&format!("checkpoint_root_dir: {}", root.display())),
+        "checkpoint root not made absolute:\n{resolved}"
+    );
+    assert!(stderr(&output).contains("nccl"), "the nccl → memory mapping is reported");
+}
+
+#[test]
+fn resolved_output_is_a_valid_config_itself() {
+    let first = dry_run(BASE, &[]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let second = dry_run(&stdout(&first), &[]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_eq!(stdout(&first), stdout(&second), "resolution is idempotent");
+}
+
+#[test]
+fn environment_interpolation_and_overrides_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = BASE.replace("/models/tiny", "${oc.env:TRINITY_TEST_MODEL,/fallback}");
+    let path = write(dir.path(), &text);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_trinity"))
+        .current_dir(dir.path())
+        .args(["run", "--config", &path, "--dry-run"])
+        .args(["--set", "algorithm.optimizer.lr=3e-5", "--set", "buffer.batch_size=3"])
+        .env("TRINITY_TEST_MODEL", "/from/env")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let resolved = stdout(&output);
+    assert!(resolved.contains("model_path: /from/env"), "{resolved}");
+    assert!(resolved.contains("lr: 3e-5"), "{resolved}");
+    assert!(resolved.contains("train_batch_size: 12"), "3 tasks × 4 repeats:\n{resolved}");
+
+    let output = dry_run(&text, &[]);
+    assert!(stdout(&output).contains("model_path: /fallback"), "{}", stdout(&output));
+}
+
+#[test]
+fn malformed_configs_fail_with_named_errors() {
+    let cases: Vec<(&str, String, Vec<&str>)> = vec![
+        (
+            "typo at the top",
+            BASE.replace("algorithm:", "algoritm:"),
+            vec!["config.yaml:3:1", "unknown key `algoritm`", "did you mean `algorithm`"],
+        ),
+        (
+            "nested typo",
+            BASE.replace("    lr: 1e-6", "    lr: 1e-6\n    weight_decy: 0.1"),
+            vec!["`algorithm.optimizer.weight_decy`", "did you mean `weight_decay`"],
+        ),
+        (
+            "typo in a list item",
+            BASE.replace("        path: /data/eval.jsonl", "        pth: /data/eval.jsonl"),
+            vec!["`buffer.explorer_input.eval_tasksets[0].pth`", "did you mean `path`"],
+        ),
+        ("wrong type", BASE.replace("batch_size: 2", "batch_size: two"), vec!["`buffer.batch_size`", "invalid type"]),
+        ("negative count", BASE.replace("repeat_times: 4", "repeat_times: -4"), vec!["`algorithm.repeat_times`", "-4"]),
+        (
+            "negative learning rate",
+            BASE.replace("lr: 1e-6", "lr: -1e-6"),
+            vec!["config.yaml:7:5", "`algorithm.optimizer.lr`", "must be a positive number"],
+        ),
+        ("zero batch size", BASE.replace("batch_size: 2", "batch_size: 0"), vec!["`buffer.batch_size`", "at least 1"]),
+        (
+            "unset environment variable",
+            BASE.replace("/models/tiny", "${oc.env:TRINITY_TEST_SURELY_UNSET}"),
+            vec!["`model.model_path`", "`TRINITY_TEST_SURELY_UNSET`"],
+        ),
+        (
+            "unsupported interpolation",
+            BASE.replace("/models/tiny", "${project}"),
+            vec!["`model.model_path`", "unsupported interpolation"],
+        ),
+        ("YAML syntax error", BASE.replace("name: n", "name: [n"), vec!["invalid YAML"]),
+        ("duplicate key", format!("{BASE}project: q\n"), vec!["duplicate key `project`"]),
+        ("empty file", String::new(), vec!["the config is empty"]),
+        ("not a mapping", "- a\n- b\n".to_owned(), vec!["must be a mapping", "a list"]),
+        (
+            "unsupported Trinity key",
+            BASE.replace("  model_path: /models/tiny", "  model_path: /models/tiny\n  lora_configs: []"),
+            vec!["`model.lora_configs`", "LoRA"],
+        ),
+        (
+            "unknown enum value",
+            format!("{BASE}synchronizer:\n  sync_method: gloo\n"),
+            vec!["`synchronizer.sync_method`", "gloo"],
+        ),
+        (
+            "sync method not allowed in mode",
+            format!("{BASE}  trainer_input:\n    experience_buffer:\n      path: sqlite:///x.db\nmode: explore\n"),
+            vec!["`synchronizer.sync_method`", "mode `explore`"],
+        ),
+        (
+            "lengths that do not add up",
+            BASE.replace("max_response_tokens: 64", "max_response_tokens: 64\n  max_prompt_tokens: 250"),
+            vec!["`model.max_model_len`", "exceed"],
+        ),
+        (
+            "top_p out of range",
+            BASE.replace(
+                "      path: /data/train.jsonl",
+                "      path: /data/train.jsonl\n      rollout_args:\n        top_p: 1.5",
+            ),
+            vec!["`buffer.explorer_input.taskset.rollout_args.top_p`", "1.5"],
+        ),
+        (
+            "max_tokens above the model limit",
+            BASE.replace(
+                "      path: /data/train.jsonl",
+                "      path: /data/train.jsonl\n      rollout_args:\n        max_tokens: 65",
+            ),
+            vec!["rollout_args.max_tokens`", "65"],
+        ),
+        (
+            "taskset without a path",
+            BASE.replace("      path: /data/train.jsonl\n", ""),
+            vec!["`buffer.explorer_input.taskset.path`", "needs a `path`"],
+        ),
+        (
+            "no taskset at all",
+            BASE.replace("    taskset:\n      name: train\n      path: /data/train.jsonl\n", ""),
+            vec!["`buffer.explorer_input.taskset`", "needs a taskset"],
+        ),
+        ("hosted monitor", format!("{BASE}monitor:\n  monitor_type: wandb\n"), vec!["`monitor.monitor_type`", "wandb"]),
+        (
+            "explore without a shared buffer",
+            format!("{BASE}mode: explore\nsynchronizer:\n  sync_method: checkpoint\n"),
+            vec!["`buffer.trainer_input.experience_buffer.path`", "sqlite:///"],
+        ),
+        (
+            "queue with an unusable path",
+            format!("{BASE}  trainer_input:\n    experience_buffer:\n      path: /tmp/x.txt\n"),
+            vec!["`buffer.trainer_input.experience_buffer.path`"],
+        ),
+        (
+            "model lengths missing",
+            BASE.replace("  max_model_len: 256\n", "").replace("  max_response_tokens: 64\n", ""),
+            vec!["`model.max_model_len`", "set max_model_len"],
+        ),
+        (
+            "unknown selector",
+            BASE.replace(
+                "      name: train\n",
+                "      name: train\n      task_selector:\n        selector_type: shufle\n",
+            ),
+            vec!["selector_type`", "did you mean `shuffle`"],
+        ),
+        ("duplicate taskset names", BASE.replace("name: eval", "name: train"), vec!["two tasksets are named `train`"]),
+    ];
+    assert!(cases.len() >= 15);
+    for (what, text, expected) in cases {
+        let output = dry_run(&text, &[]);
+        let err = stderr(&output);
+        assert!(!output.status.success(), "{what}: accepted:\n{text}");
+        assert!(!err.contains("panicked"), "{what}: panicked:\n{err}");
+        for piece in &expected {
+            assert!(err.contains(piece), "{what}: stderr lacks {piece:?}:\n{err}");
+        }
+    }
+}
+
+#[test]
+fn malformed_overrides_and_missing_files_fail_with_named_errors() {
+    assert_clean_failure(
+        &dry_run(BASE, &["--set", "buffer.batch_size"]),
+        &["--set buffer.batch_size", "KEY.PATH=VALUE"],
+    );
+    assert_clean_failure(
+        &dry_run(BASE, &["--set", "buffer.batch_size=many"]),
+        &["--set buffer.batch_size=many", "`buffer.batch_size`"],
+    );
+    assert_clean_failure(
+        &dry_run(BASE, &["--set", "buffer.batchsize=1"]),
+        &["--set buffer.batchsize=1", "did you mean `batch_size`"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let output = trinity(dir.path(), &["run", "--config", "nowhere.yaml", "--dry-run"]);
+    assert_clean_failure(&output, &["cannot read config file nowhere.yaml"]);
+}
+
+#[test]
+fn a_real_run_says_what_this_build_lacks() {
+    let output = {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), BASE);
+        trinity(dir.path(), &["run", "--config", &path])
+    };
+    assert_clean_failure(&output, &["needs the RFT loop", "--dry-run"]);
+}

@@ -1,0 +1,5 @@
+//! Integration tests: the `trinity` binary run as a user runs it, in temporary directories.
+
+mod cli;
+mod config;
+mod support;

@@ -1,0 +1,44 @@
+//! Small helpers shared by the integration tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The workspace root, for fixtures.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn fixture(relative: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures").join(relative)
+}
+
+/// Runs `trinity` with `args` in `dir`, with a clean, predictable environment.
+pub fn trinity(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_trinity"))
+        .current_dir(dir)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("TRINITY_CHECKPOINT_ROOT_DIR")
+        .env_remove("TRINITY_MODEL_PATH")
+        .env_remove("TRINITY_TASKSET_PATH")
+        .output()
+        .expect("the trinity binary runs")
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Asserts a failed run with a one-line named error and no panic.
+pub fn assert_clean_failure(output: &Output, expected: &[&str]) {
+    let err = stderr(output);
+    assert_eq!(output.status.code(), Some(1), "exit code; stderr:\n{err}");
+    assert!(!err.contains("panicked"), "panic instead of an error:\n{err}");
+    for piece in expected {
+        assert!(err.contains(piece), "stderr lacks {piece:?}:\n{err}");
+    }
+}

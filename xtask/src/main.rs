@@ -1,0 +1,131 @@
+//! `cargo xtask`: everything that is not a plain `cargo build`.
+//!
+//! The two commands the README promises — `cargo xtask quickstart` and `cargo xtask test` — both start with
+//! [`setup`], so a fresh clone needs nothing but a Rust toolchain and python3 with pip.
+
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+use crate::setup::Deps;
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "trinity project automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install libtorch, the wasm32-wasip2 target and the SmolLM2 model into `.deps/` (idempotent).
+    Setup,
+    /// Setup, then `cargo fmt --check`, clippy with `-D warnings`, and every test of the workspace.
+    Test,
+    /// Setup, release build, then run the quickstart job on the embedded default.
+    Quickstart,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root()?;
+    match cli.command {
+        Task::Setup => {
+            Deps::locate(&root).install_all()?;
+        }
+        Task::Test => test(&root)?,
+        Task::Quickstart => quickstart(&root)?,
+    }
+    Ok(())
+}
+
+fn workspace_root() -> Result<PathBuf> {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir.parent().map(Path::to_path_buf).context("xtask must live one level below the workspace root")
+}
+
+fn test(root: &Path) -> Result<()> {
+    let deps = Deps::locate(root);
+    deps.install_all()?;
+    cargo(root, &deps, "format check", &["fmt", "--all", "--check"])?;
+    cargo(root, &deps, "clippy", &["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"])?;
+    cargo(root, &deps, "tests", &["test", "--workspace", "--locked"])?;
+    Ok(())
+}
+
+fn quickstart(root: &Path) -> Result<()> {
+    let deps = Deps::locate(root);
+    deps.install_all()?;
+    cargo(root, &deps, "release build", &["build", "--release", "--locked", "--bin", "trinity"])?;
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let trinity = target_dir.join("release").join("trinity");
+    let model = deps.smollm2_gguf();
+    let input = root.join("examples/quickstart/score.jsonl");
+    let output = root.join("target/quickstart/scores.jsonl");
+    step("quickstart", || {
+        std::fs::create_dir_all(output.parent().context("output has a parent")?)?;
+        let mut command = Command::new(&trinity);
+        command
+            .arg("score")
+            .arg("--model")
+            .arg(&model)
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(&output)
+            .arg("--chat");
+        run(&mut command)?;
+        summarize_scores(&input, &output)
+    })
+}
+
+/// Prints, per scored answer, the question, the answer and its total log-likelihood, so a person sees at a
+/// glance that the model prefers right answers (17 + 25 = 42, Paris) to wrong ones.
+fn summarize_scores(input: &Path, output: &Path) -> Result<()> {
+    let inputs = std::fs::read_to_string(input)?;
+    let outputs = std::fs::read_to_string(output)?;
+    println!(
+        "quickstart: SmolLM2-135M-Instruct, log p(answer | conversation); per-token values in {}",
+        output.display()
+    );
+    for (line, scored) in inputs.lines().zip(outputs.lines()) {
+        let line: serde_json::Value = serde_json::from_str(line)?;
+        let scored: serde_json::Value = serde_json::from_str(scored)?;
+        let messages = line["messages"].as_array().context("quickstart input lines hold `messages`")?;
+        let question = messages.iter().rev().nth(1).and_then(|m| m["content"].as_str()).unwrap_or_default();
+        let answer = messages.last().and_then(|m| m["content"].as_str()).unwrap_or_default();
+        let logprobs = scored["logprobs"].as_array().context("score output lines hold `logprobs`")?;
+        let total: f64 = logprobs.iter().filter_map(serde_json::Value::as_f64).sum();
+        println!("  {total:>9.3}  {question:?} -> {answer:?}");
+    }
+    Ok(())
+}
+
+/// Runs one cargo command with the environment that points torch-sys at the installed libtorch.
+fn cargo(root: &Path, deps: &Deps, what: &str, args: &[&str]) -> Result<()> {
+    step(what, || {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut command = Command::new(cargo);
+        command.current_dir(root).args(args);
+        deps.apply_env(&mut command);
+        run(&mut command)
+    })
+}
+
+/// Wraps a step so that any failure names it: the error is the first line a user reads.
+fn step(name: &str, body: impl FnOnce() -> Result<()>) -> Result<()> {
+    eprintln!("xtask: {name}");
+    body().with_context(|| format!("step `{name}` failed"))
+}
+
+fn run(command: &mut Command) -> Result<()> {
+    let status = command.status().with_context(|| format!("cannot start {:?}", command.get_program()))?;
+    if !status.success() {
+        bail!("{command:?} exited with {status}");
+    }
+    Ok(())
+}

