@@ -210,6 +210,25 @@ fn malformed_configs_fail_with_named_errors() {
             ),
             vec!["selector_type`", "did you mean `shuffle`"],
         ),
+        (
+            "unknown workflow",
+            BASE.replace("  explorer_input:\n", "  explorer_input:\n    default_workflow_type: math_workflw\n"),
+            vec![
+                "`buffer.explorer_input.taskset.default_workflow_type`",
+                "unknown workflow `math_workflw`",
+                "did you mean `math_workflow`",
+            ],
+        ),
+        (
+            "unknown reward function",
+            BASE.replace("  explorer_input:\n", "  explorer_input:\n    default_reward_fn_type: math_rewrd\n"),
+            vec!["unknown reward function `math_rewrd`", "did you mean `math_reward`"],
+        ),
+        (
+            "unknown algorithm type",
+            BASE.replace("algorithm_type: grpo", "algorithm_type: grpoo"),
+            vec!["`algorithm.algorithm_type`", "unknown algorithm type `grpoo`", "did you mean `grpo`"],
+        ),
         ("duplicate taskset names", BASE.replace("name: eval", "name: train"), vec!["two tasksets are named `train`"]),
     ];
     assert!(cases.len() >= 15);
@@ -244,11 +263,40 @@ fn malformed_overrides_and_missing_files_fail_with_named_errors() {
 }
 
 #[test]
-fn a_real_run_says_what_this_build_lacks() {
+fn a_real_run_names_a_missing_model() {
     let output = {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), BASE);
         trinity(dir.path(), &["run", "--config", &path])
     };
-    assert_clean_failure(&output, &["needs the RFT loop", "--dry-run"]);
+    assert_clean_failure(&output, &["/models/tiny"]);
+}
+
+#[test]
+fn modes_that_do_not_run_yet_say_so() {
+    let text = format!(
+        "{BASE}  trainer_input:\n    experience_buffer:\n      path: sqlite:///x.db\nmode: explore\nsynchronizer:\n  sync_method: checkpoint\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), &text);
+    let output = trinity(dir.path(), &["run", "--config", &path]);
+    assert_clean_failure(&output, &["mode `explore` is not supported yet"]);
+}
+
+#[test]
+fn every_example_config_validates() {
+    let examples = crate::support::workspace_root().join("examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        for file in std::fs::read_dir(entry.unwrap().path()).into_iter().flatten() {
+            let path = file.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let dir = tempfile::tempdir().unwrap();
+                let output = trinity(dir.path(), &["run", "--config", path.to_str().unwrap(), "--dry-run"]);
+                assert!(output.status.success(), "{}: {}", path.display(), stderr(&output));
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 1, "no example configs found in {}", examples.display());
 }

@@ -2,4 +2,5 @@
 
 mod cli;
 mod config;
+mod rft;
 mod support;

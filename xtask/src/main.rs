@@ -28,6 +28,21 @@ enum Task {
     Test,
     /// Setup, release build, then run the quickstart job on the embedded default.
     Quickstart,
+    /// Benchmarks that run trinity and the Python reference side by side in one command and print both.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// `trinity generate` vs transformers `generate()`: SmolLM2-135M, 16 chat prompts × 128 forced tokens.
+    Generate {
+        /// CPU threads for both sides.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+    },
 }
 
 fn main() -> Result<()> {
@@ -39,6 +54,7 @@ fn main() -> Result<()> {
         }
         Task::Test => test(&root)?,
         Task::Quickstart => quickstart(&root)?,
+        Task::Bench { which } => bench(&root, which)?,
     }
     Ok(())
 }
@@ -61,8 +77,7 @@ fn quickstart(root: &Path) -> Result<()> {
     let deps = Deps::locate(root);
     deps.install_all()?;
     cargo(root, &deps, "release build", &["build", "--release", "--locked", "--bin", "trinity"])?;
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
-    let trinity = target_dir.join("release").join("trinity");
+    let trinity = target_dir(root).join("release").join("trinity");
     let model = deps.smollm2_gguf();
     let input = root.join("examples/quickstart/score.jsonl");
     let output = root.join("target/quickstart/scores.jsonl");
@@ -81,6 +96,32 @@ fn quickstart(root: &Path) -> Result<()> {
         run(&mut command)?;
         summarize_scores(&input, &output)
     })
+}
+
+fn bench(root: &Path, which: Bench) -> Result<()> {
+    let deps = Deps::locate(root);
+    deps.install_all()?;
+    let python = deps.reference_python()?;
+    match which {
+        Bench::Generate { threads } => {
+            cargo(root, &deps, "release build", &["build", "--release", "--locked", "--bin", "trinity"])?;
+            let trinity = target_dir(root).join("release").join("trinity");
+            step("bench generate", || {
+                run(Command::new(&python)
+                    .arg(root.join("runtime/engine/bench/bench_generate.py"))
+                    .arg("--trinity")
+                    .arg(&trinity)
+                    .arg("--gguf")
+                    .arg(deps.smollm2_gguf())
+                    .arg("--threads")
+                    .arg(threads.to_string()))
+            })
+        }
+    }
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"))
 }
 
 /// Prints, per scored answer, the question, the answer and its total log-likelihood, so a person sees at a

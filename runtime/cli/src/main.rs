@@ -3,6 +3,7 @@
 mod algorithm;
 mod cli;
 mod convert;
+mod generate;
 mod logging;
 mod registry;
 mod run;
@@ -12,16 +13,19 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, LogLevel};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = logging::init(cli.log_level, None).and_then(|_guard| match cli.command {
-        Command::Run(args) => run::run(args),
-        Command::Score(args) => score::run(args),
-        Command::Convert(args) => convert::run(args),
-        Command::Algorithm(args) => algorithm::run(args),
-    });
+    let level = cli.log_level;
+    let result = match cli.command {
+        // `run` starts logging itself once it knows the run directory (the log file goes there).
+        Command::Run(args) => run::run(level, args),
+        Command::Score(args) => with_logging(level, || score::run(args)),
+        Command::Generate(args) => with_logging(level, || generate::run(args)),
+        Command::Convert(args) => with_logging(level, || convert::run(args)),
+        Command::Algorithm(args) => with_logging(level, || algorithm::run(args)),
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -29,4 +33,10 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs a command with console logging.
+fn with_logging(level: LogLevel, command: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let _guard = logging::init(level, None)?;
+    command()
 }

@@ -1,7 +1,7 @@
 //! Every registered component, as one [`Catalog`] for config resolution.
 //!
-//! Today that is the built-in algorithm components; workflows, rewards, operators and plugin files join here
-//! as their crates land, so config validation sees one registry whatever a name's origin.
+//! Built-in algorithm components, workflows and reward functions; WASM plugins and algorithm libraries join
+//! here as they land, so config validation sees one registry whatever a name's origin.
 
 use serde_json::{Map, Value};
 use trinity_algorithm::BuiltinCatalog;
@@ -20,7 +20,11 @@ impl Registry {
 
 impl Catalog for Registry {
     fn names(&self, kind: ComponentKind) -> Vec<String> {
-        self.algorithms.names(kind)
+        match kind {
+            ComponentKind::Workflow => trinity_explorer::workflow_names().into_iter().map(str::to_owned).collect(),
+            ComponentKind::RewardFn => trinity_reward::names().into_iter().map(str::to_owned).collect(),
+            _ => self.algorithms.names(kind),
+        }
     }
 
     fn preset(&self, algorithm_type: &str) -> Option<Preset> {

@@ -1,27 +1,48 @@
 //! `trinity run`: load a config, then run its mode.
 
 use anyhow::{Context, Result, bail};
+use trinity_config::Mode;
 
-use crate::cli::RunArgs;
+use crate::cli::{LogLevel, RunArgs};
+use crate::logging;
 use crate::registry::Registry;
 
-pub(crate) fn run(args: RunArgs) -> Result<()> {
+pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
     let registry = Registry::builtin();
     let cwd = std::env::current_dir().context("cannot read the working directory")?;
     let env = |var: &str| std::env::var(var).ok();
     let options = trinity_config::LoadOptions { overrides: &args.overrides, env: &env, catalog: &registry, cwd: &cwd };
     let loaded = trinity_config::load_file(&args.config, options)?;
+    let config = &loaded.config;
+    if args.dry_run {
+        let _guard = logging::init(log_level, None)?;
+        for note in &loaded.notes {
+            tracing::warn!("{note}");
+        }
+        print!("{}", config.to_yaml());
+        return Ok(());
+    }
+    if !config.stages.is_empty() {
+        bail!("{}: `stages` are not supported yet; run each stage's config on its own", args.config.display());
+    }
+    if !matches!(config.mode, Mode::Both | Mode::Colocate) {
+        bail!(
+            "{}: mode `{}` is not supported yet; modes `both` and `colocate` run (explorer and trainer in one process)",
+            args.config.display(),
+            config.mode.name()
+        );
+    }
+    let job_dir = trinity_rft::job_dir(config);
+    let _guard = logging::init(log_level, Some(&job_dir.join("log")))?;
     for note in &loaded.notes {
         tracing::warn!("{note}");
     }
-    if args.dry_run {
-        print!("{}", loaded.config.to_yaml());
-        return Ok(());
-    }
-    bail!(
-        "{}: mode `{}` needs the RFT loop (explorer, trainer, synchronizer), which this build of trinity does \
-         not have yet; `--dry-run` checks and prints the config",
-        args.config.display(),
-        loaded.config.mode.name()
-    )
+    tracing::info!("config {} → {}", args.config.display(), job_dir.display());
+    let summary = trinity_rft::run_both(config).with_context(|| format!("run {}", job_dir.display()))?;
+    tracing::info!(
+        "finished after {} train steps; metrics in {}",
+        summary.train_steps,
+        job_dir.join("monitor").display()
+    );
+    Ok(())
 }

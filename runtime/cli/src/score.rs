@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use trinity_model::{ScoreRequest, load_model, parse_kind, score};
+use trinity_model::{DeviceRequest, ScoreRequest, load_model, parse_kind, score, select_device};
 
 /// Score responses: for each `{"prompt", "response"}` line (or `{"messages"}` with `--chat`), print the prompt and
 /// response token ids and log p(response token | all earlier tokens).
@@ -27,6 +27,10 @@ pub(crate) struct ScoreArgs {
     /// Accept `{"messages": [...]}` lines, rendered with the model's chat template.
     #[arg(long)]
     pub(crate) chat: bool,
+
+    /// Device: `auto` (CUDA when usable, else CPU), `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "auto")]
+    pub(crate) device: String,
 
     /// Parameter dtype for the forward pass.
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
@@ -50,8 +54,9 @@ pub(crate) fn run(args: ScoreArgs) -> anyhow::Result<()> {
         }
         requests.push(request);
     }
-    let model =
-        load_model(&args.model, kind, tch::Device::Cpu).with_context(|| format!("loading {}", args.model.display()))?;
+    let device = select_device(DeviceRequest::parse(&args.device)?)?;
+    tracing::info!("scoring on {device:?}");
+    let model = load_model(&args.model, kind, device).with_context(|| format!("loading {}", args.model.display()))?;
     let scored = score(&model, &requests)?;
     let out: Box<dyn Write> = match &args.output {
         Some(path) => {

@@ -401,6 +401,8 @@ impl Decoder {
         let slot_t = Tensor::from_slice(&slot_ids).f_to_device(device)?;
         let slot_rows = slot_t.f_view([b, 1])?.f_expand([b, t], false)?;
 
+        let (kv_heads, head_dim) = (self.config.num_key_value_heads, self.config.head_dim);
+        let groups = self.config.num_attention_heads / kv_heads;
         let hidden = tch::no_grad(|| -> Result<Tensor> {
             let (cos, sin) = rope::cos_sin(&self.inv_freq, &pos, self.kind)?;
             let mut x = self.embed(&input_ids.f_to_device(device)?)?;
@@ -423,8 +425,25 @@ impl Decoder {
                     )
                 };
                 let q = q.f_transpose(1, 2)?;
-                let attn =
-                    Tensor::f_scaled_dot_product_attention(&q, &keys, &values, Some(&mask), 0.0, false, None, true)?;
+                let attn = if t == 1 && groups > 1 {
+                    // Decode step: fold each KV head's query heads into the query-length axis ([B, KVH, G, D];
+                    // head h uses KV head h / G) so the kernel runs plain multi-head attention; its GQA path
+                    // costs ~4x more on CPU in bf16. The one-row mask broadcasts over the G "positions".
+                    let qg = q.f_reshape([b, kv_heads, groups, head_dim])?;
+                    let out = Tensor::f_scaled_dot_product_attention(
+                        &qg,
+                        &keys,
+                        &values,
+                        Some(&mask),
+                        0.0,
+                        false,
+                        None,
+                        false,
+                    )?;
+                    out.f_reshape([b, kv_heads * groups, 1, head_dim])?
+                } else {
+                    Tensor::f_scaled_dot_product_attention(&q, &keys, &values, Some(&mask), 0.0, false, None, true)?
+                };
                 x = self.finish_layer(layer, x, &attn)?;
             }
             self.rms_norm(&x, &self.norm)

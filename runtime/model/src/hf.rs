@@ -136,11 +136,23 @@ fn dtype_name(kind: Kind) -> &'static str {
 /// in the model's dtype; a tied `lm_head` is not stored, as transformers does), `generation_config.json`,
 /// `tokenizer.json` and `tokenizer_config.json` (with the chat template).
 pub fn save_hf_dir(model: &LoadedModel, dir: &Path) -> Result<()> {
+    save_hf_parts(&model.decoder, &model.tokenizer, model.chat_template.as_ref(), &model.eos_token_ids, dir)
+}
+
+/// As [`save_hf_dir`], from the parts, for callers whose decoder lives elsewhere (the trainer owns the policy
+/// it checkpoints).
+pub fn save_hf_parts(
+    decoder: &Decoder,
+    tokenizer: &Tokenizer,
+    chat_template: Option<&ChatTemplate>,
+    eos_token_ids: &[i64],
+    dir: &Path,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
-    let config = model.decoder.config();
-    let mut cfg = config.to_json(dtype_name(model.decoder.kind()));
+    let config = decoder.config();
+    let mut cfg = config.to_json(dtype_name(decoder.kind()));
     if let Some(obj) = cfg.as_object_mut() {
-        match model.eos_token_ids.as_slice() {
+        match eos_token_ids {
             [one] => obj.insert("eos_token_id".into(), json!(one)),
             [] => None,
             many => obj.insert("eos_token_id".into(), json!(many)),
@@ -152,18 +164,18 @@ pub fn save_hf_dir(model: &LoadedModel, dir: &Path) -> Result<()> {
         if let Some(b) = config.bos_token_id {
             obj.insert("bos_token_id".into(), json!(b));
         }
-        match model.eos_token_ids.as_slice() {
+        match eos_token_ids {
             [] => None,
             [one] => obj.insert("eos_token_id".into(), json!(one)),
             many => obj.insert("eos_token_id".into(), json!(many)),
         };
-        if let Some(p) = model.tokenizer.pad_token_id() {
+        if let Some(p) = tokenizer.pad_token_id() {
             obj.insert("pad_token_id".into(), json!(p));
         }
     }
     write_json(&dir.join("generation_config.json"), &generation)?;
-    write_safetensors(&dir.join("model.safetensors"), &model.decoder.named_parameters()?)?;
-    model.tokenizer.save(dir, model.chat_template.as_ref().map(ChatTemplate::source))
+    write_safetensors(&dir.join("model.safetensors"), &decoder.named_parameters()?)?;
+    tokenizer.save(dir, chat_template.map(ChatTemplate::source))
 }
 
 fn write_json(path: &Path, v: &Value) -> Result<()> {

@@ -1,0 +1,104 @@
+//! The buffer's error type: every variant names the file, row, key or store that failed.
+
+use std::path::PathBuf;
+
+/// What went wrong while reading tasks or storing experiences.
+#[derive(Debug, thiserror::Error)]
+pub enum BufferError {
+    #[error("cannot read `{path}`: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{path}` line {line}: invalid JSON: {source}")]
+    JsonLine {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("`{path}`: invalid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("`{path}` {location}: a task row must be a JSON object, found {found}")]
+    NotAnObject { path: PathBuf, location: String, found: &'static str },
+    #[error("`{path}`: a JSON taskset must be an array of row objects, found {found}")]
+    NotAnArray { path: PathBuf, found: &'static str },
+    #[error("`{path}` row {row}: cannot read Parquet: {source}")]
+    ParquetRow {
+        path: PathBuf,
+        row: usize,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    #[error("`{path}`: cannot read Parquet: {source}")]
+    Parquet {
+        path: PathBuf,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    #[error("`{path}`: no files for split `{split}`; looked for {looked_for}")]
+    NoSplitFiles { path: PathBuf, split: String, looked_for: String },
+    #[error("`{path}`: unsupported taskset file type (expected .jsonl, .json, .parquet or a dataset directory)")]
+    UnsupportedFile { path: PathBuf },
+    #[error("taskset `{taskset}` is empty (`{path}`)")]
+    EmptyTaskset { taskset: String, path: PathBuf },
+    #[error("taskset `{taskset}`: storage type `{storage}` cannot be read as a taskset here")]
+    UnsupportedStorage { taskset: String, storage: String },
+    #[error("taskset `{taskset}`: selector `{selector}` is not supported yet (use sequential, shuffle or random)")]
+    UnsupportedSelector { taskset: String, selector: String },
+    #[error("taskset `{taskset}` row {row}: field `{key}` {problem}")]
+    BadField { taskset: String, row: usize, key: String, problem: String },
+    #[error("the tasksets hold {rows} rows in all, fewer than batch_size {batch_size}: not one full step")]
+    TooFewRows { rows: usize, batch_size: usize },
+    #[error("scheduler state does not match the tasksets: {reason}")]
+    BadState { reason: String },
+    #[error("SQLite store `{path}`: {source}")]
+    Sqlite {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("SQLite store `{path}` row {id}: stored experience is unreadable: {source}")]
+    CorruptRow {
+        path: String,
+        id: i64,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("`{url}` is not a `sqlite:///` URL")]
+    NotSqliteUrl { url: String },
+    #[error("experience {uid}: cannot serialise: {source}")]
+    Encode {
+        uid: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("experience {uid}: {problem}")]
+    InvalidExperience { uid: String, problem: String },
+    #[error("experience buffer `{name}` is closed")]
+    Closed { name: String },
+    #[error(
+        "experience buffer `{name}`: timed out after {waited_s:.1} s waiting for {wanted} experiences ({available} available, left in the buffer)"
+    )]
+    Timeout { name: String, wanted: usize, available: usize, waited_s: f64 },
+}
+
+/// Shorthand used throughout the crate.
+pub type Result<T, E = BufferError> = std::result::Result<T, E>;
+
+/// The JSON type name used in error messages.
+pub(crate) fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}

@@ -1,0 +1,244 @@
+//! The task scheduler: batches of tasks per explore step from one or several training tasksets.
+//!
+//! Steps: `total_steps` if set, else `total_epochs × N / batch_size` (N = rows of all tasksets; a final partial
+//! batch is dropped, as Trinity drops it for training). Each batch holds `batch_size` tasks.
+//!
+//! Mixing several tasksets — the choice made here is **proportional, shuffled per epoch** (Trinity's
+//! `TasksetScheduler` does the same): one epoch is N draws; in it taskset `k` gets exactly `len_k` draws, at
+//! positions given by a permutation of the membership list seeded by `(seed of the first taskset, epoch)`.
+//! Within its share, each taskset draws rows with its own selector. So every epoch visits each row of every
+//! taskset once (with `sequential`/`shuffle`), and a batch's mix follows the tasksets' sizes. Round-robin was
+//! rejected: it over-samples small tasksets, which repeats their rows within an epoch.
+//!
+//! Resume: [`SchedulerState`] (serialisable) holds the step and the draw counters; [`TaskScheduler::restore`]
+//! followed by [`TaskScheduler::next_batch`] yields exactly the batch the stopped run would have drawn next.
+
+use serde::{Deserialize, Serialize};
+use trinity_config::buffer::BufferConfig;
+
+use crate::error::{BufferError, Result};
+use crate::reader::Taskset;
+use crate::selector::{Selector, SelectorKind, mix, permutation};
+use crate::task::Task;
+
+/// Where a run stands; saved in checkpoints.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedulerState {
+    /// Batches handed out so far (the last batch's `batch_id`).
+    pub step: u64,
+    /// Draws made over all tasksets.
+    pub draws: u64,
+    /// Draws made from each taskset, in taskset order.
+    pub taskset_draws: Vec<u64>,
+}
+
+/// Hands out batches of training tasks.
+#[derive(Debug)]
+pub struct TaskScheduler {
+    tasksets: Vec<Taskset>,
+    selectors: Vec<Selector>,
+    batch_size: usize,
+    total_steps: u64,
+    rows: usize,
+    mix_seed: u64,
+    /// Membership list of the last epoch asked for (several tasksets only).
+    membership: Option<(u64, Vec<usize>)>,
+    state: SchedulerState,
+}
+
+impl TaskScheduler {
+    /// Loads the resolved config's training tasksets (`buffer.explorer_input.tasksets`).
+    pub fn from_config(buffer: &BufferConfig) -> Result<TaskScheduler> {
+        let tasksets = buffer
+            .explorer_input
+            .tasksets
+            .iter()
+            .chain(buffer.explorer_input.taskset.iter())
+            .enumerate()
+            .map(|(i, config)| Taskset::load(config, i, false))
+            .collect::<Result<Vec<_>>>()?;
+        TaskScheduler::new(tasksets, buffer.batch_size as usize, buffer.total_epochs, buffer.total_steps)
+    }
+
+    /// A scheduler over loaded tasksets; their `data_selector` picks each one's selector.
+    pub fn new(
+        tasksets: Vec<Taskset>,
+        batch_size: usize,
+        total_epochs: u32,
+        total_steps: Option<u64>,
+    ) -> Result<TaskScheduler> {
+        let batch_size = batch_size.max(1);
+        let rows: usize = tasksets.iter().map(Taskset::len).sum();
+        let mut selectors = Vec::with_capacity(tasksets.len());
+        for taskset in &tasksets {
+            let selector =
+                taskset.config.data_selector.clone().or(taskset.config.task_selector.clone()).unwrap_or_default();
+            let kind = SelectorKind::parse(taskset.name(), &selector.selector_type)?;
+            selectors.push(Selector::new(kind, taskset.len(), selector.seed));
+        }
+        let total_steps = match total_steps {
+            Some(steps) => steps,
+            None if rows < batch_size => return Err(BufferError::TooFewRows { rows, batch_size }),
+            None => u64::from(total_epochs) * rows as u64 / batch_size as u64,
+        };
+        if rows == 0 {
+            return Err(BufferError::TooFewRows { rows, batch_size });
+        }
+        let mix_seed = tasksets.first().and_then(|t| t.config.data_selector.as_ref().map(|s| s.seed)).unwrap_or(42);
+        let state = SchedulerState { step: 0, draws: 0, taskset_draws: vec![0; tasksets.len()] };
+        Ok(TaskScheduler { tasksets, selectors, batch_size, total_steps, rows, mix_seed, membership: None, state })
+    }
+
+    pub fn total_steps(&self) -> u64 {
+        self.total_steps
+    }
+
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    pub fn tasksets(&self) -> &[Taskset] {
+        &self.tasksets
+    }
+
+    /// The current epoch (0-based): draws made over rows of all tasksets.
+    pub fn epoch(&self) -> u64 {
+        self.state.draws / self.rows as u64
+    }
+
+    /// A copy of the position, to save in a checkpoint.
+    pub fn state(&self) -> SchedulerState {
+        self.state.clone()
+    }
+
+    /// Continues from a saved position; the tasksets must be the same ones (same count).
+    pub fn restore(&mut self, state: SchedulerState) -> Result<()> {
+        if state.taskset_draws.len() != self.tasksets.len() {
+            return Err(BufferError::BadState {
+                reason: format!(
+                    "it has draw counts for {} tasksets, the config has {}",
+                    state.taskset_draws.len(),
+                    self.tasksets.len()
+                ),
+            });
+        }
+        if state.taskset_draws.iter().sum::<u64>() != state.draws {
+            return Err(BufferError::BadState { reason: "taskset draw counts do not add up to `draws`".to_owned() });
+        }
+        self.state = state;
+        Ok(())
+    }
+
+    /// The next batch of `batch_size` tasks (their `batch_id` is the new step number, from 1), or `None` once
+    /// `total_steps` batches were handed out.
+    pub fn next_batch(&mut self) -> Result<Option<Vec<Task>>> {
+        if self.state.step >= self.total_steps {
+            return Ok(None);
+        }
+        let step = self.state.step + 1;
+        let mut batch = Vec::with_capacity(self.batch_size);
+        for _ in 0..self.batch_size {
+            let k = self.taskset_of(self.state.draws);
+            let draw = self.state.taskset_draws[k];
+            let index = self.selectors[k].index(draw);
+            let mut task = self.tasksets[k].task(index)?;
+            task.batch_id = step;
+            batch.push(task);
+            self.state.taskset_draws[k] += 1;
+            self.state.draws += 1;
+        }
+        self.state.step = step;
+        Ok(Some(batch))
+    }
+
+    /// Which taskset global draw `draw` belongs to.
+    fn taskset_of(&mut self, draw: u64) -> usize {
+        if self.tasksets.len() == 1 {
+            return 0;
+        }
+        let rows = self.rows as u64;
+        let epoch = draw / rows;
+        let position = (draw % rows) as usize;
+        if self.membership.as_ref().is_none_or(|(e, _)| *e != epoch) {
+            let members: Vec<usize> =
+                self.tasksets.iter().enumerate().flat_map(|(k, t)| std::iter::repeat_n(k, t.len())).collect();
+            let order = permutation(members.len(), mix(self.mix_seed, epoch));
+            self.membership = Some((epoch, order.into_iter().map(|i| members[i]).collect()));
+        }
+        self.membership.as_ref().map_or(0, |(_, list)| list[position])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::path::Path;
+    use trinity_config::buffer::{SelectorConfig, TasksetConfig};
+
+    fn taskset(name: &str, id: usize, n: usize, selector: &str) -> Taskset {
+        let config = TasksetConfig {
+            name: name.into(),
+            data_selector: Some(SelectorConfig { selector_type: selector.into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let rows = (0..n).map(|i| json!({"prompt": format!("{name}{i}")}).as_object().unwrap().clone()).collect();
+        Taskset::from_rows(&config, rows, id, false, Path::new("mem")).unwrap()
+    }
+
+    fn ids(batch: &[Task]) -> Vec<(usize, usize)> {
+        batch.iter().map(|t| (t.taskset_id, t.index)).collect()
+    }
+
+    #[test]
+    fn steps_from_epochs_drop_the_partial_batch() {
+        let s = TaskScheduler::new(vec![taskset("a", 0, 10, "sequential")], 3, 2, None).unwrap();
+        assert_eq!(s.total_steps(), 6);
+        let err = TaskScheduler::new(vec![taskset("a", 0, 2, "sequential")], 3, 1, None).unwrap_err();
+        assert!(err.to_string().contains("fewer than batch_size 3"));
+        // total_steps wins and may wrap over epochs.
+        let mut s = TaskScheduler::new(vec![taskset("a", 0, 2, "sequential")], 3, 1, Some(2)).unwrap();
+        assert_eq!(ids(&s.next_batch().unwrap().unwrap()), [(0, 0), (0, 1), (0, 0)]);
+        assert_eq!(s.next_batch().unwrap().unwrap()[0].batch_id, 2);
+        assert!(s.next_batch().unwrap().is_none());
+    }
+
+    #[test]
+    fn mixing_is_proportional_per_epoch() {
+        let tasksets = vec![taskset("a", 0, 6, "shuffle"), taskset("b", 1, 2, "sequential")];
+        let mut s = TaskScheduler::new(tasksets, 4, 3, None).unwrap();
+        assert_eq!(s.total_steps(), 6);
+        let mut per_epoch = vec![Vec::new(); 3];
+        let mut step = 0;
+        while let Some(batch) = s.next_batch().unwrap() {
+            per_epoch[step / 2].extend(ids(&batch));
+            step += 1;
+        }
+        for epoch in per_epoch {
+            let mut seen = epoch.clone();
+            seen.sort();
+            assert_eq!(seen, [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (1, 0), (1, 1)]);
+        }
+    }
+
+    #[test]
+    fn restore_rejects_a_state_for_other_tasksets() {
+        let mut s = TaskScheduler::new(vec![taskset("a", 0, 4, "sequential")], 2, 1, None).unwrap();
+        let bad = SchedulerState { step: 1, draws: 2, taskset_draws: vec![1, 1] };
+        assert!(s.restore(bad).unwrap_err().to_string().contains("2 tasksets"));
+        let bad = SchedulerState { step: 1, draws: 3, taskset_draws: vec![2] };
+        assert!(s.restore(bad).is_err());
+    }
+
+    #[test]
+    fn difficulty_based_is_refused() {
+        let config = TasksetConfig {
+            name: "x".into(),
+            data_selector: Some(SelectorConfig { selector_type: "difficulty_based".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let rows = vec![json!({"prompt": "p"}).as_object().unwrap().clone()];
+        let ts = Taskset::from_rows(&config, rows, 0, false, Path::new("mem")).unwrap();
+        assert!(matches!(TaskScheduler::new(vec![ts], 1, 1, None), Err(BufferError::UnsupportedSelector { .. })));
+    }
+}

@@ -1,0 +1,222 @@
+//! Choosing the next token of every sequence in a batch, and its logprob as the trainer will compute it.
+//!
+//! **Logprob definition.** For a sequence sampled with temperature `T` (`T = 1` when greedy), the logprob of the
+//! chosen token `y` is `log_softmax(logits / T)[y]`, computed in f32 from the model's logits (which are in the
+//! model's dtype, exactly as the training forward pass produces them). It ignores top-k / top-p / min-p
+//! filtering and the end-of-sequence masking of `min_tokens`: those shape *which* token is drawn, while the
+//! trainer scores the unfiltered distribution `log_softmax(logits / T)` — the quantity returned here, so the
+//! importance ratio of the first training step on fresh rollouts is 1 up to floating-point error.
+//!
+//! **Selection.** Greedy rows take the argmax (after masking banned ids). Sampled rows filter the tempered
+//! distribution (top-k, then min-p, then top-p, all relative to the tempered probabilities), renormalize, and
+//! invert the cumulative distribution at the row's own uniform number (from [`crate::rng`]). Everything is
+//! row-wise, so a row's choice depends only on its own logits and uniform number.
+//!
+//! One device→host transfer per step: ids and logprobs travel together as one `[2, B]` f32 tensor (token ids
+//! are below 2^24, exact in f32).
+
+use tch::{Kind, Tensor};
+
+use crate::error::Result;
+
+/// How to choose one row's token.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowSpec<'a> {
+    /// Sampling temperature; 0 is greedy.
+    pub(crate) temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 keeps all.
+    pub(crate) top_k: usize,
+    /// Nucleus mass; 1 keeps all.
+    pub(crate) top_p: f32,
+    /// Relative probability floor; 0 keeps all.
+    pub(crate) min_p: f32,
+    /// This row's uniform number in (0, 1) for inverse-CDF sampling.
+    pub(crate) uniform: f64,
+    /// Token ids that must not be chosen this step (end-of-sequence ids before `min_tokens`).
+    pub(crate) banned: &'a [i64],
+}
+
+impl RowSpec<'_> {
+    fn logprob_temperature(&self) -> f32 {
+        if self.temperature == 0.0 { 1.0 } else { self.temperature }
+    }
+}
+
+/// Chosen token ids and their logprobs, one per row.
+#[derive(Debug, Default)]
+pub(crate) struct Sampled {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) logprobs: Vec<f32>,
+}
+
+/// Samples one token per row of `logits` `[B, vocab]` (any float dtype, any device) following `rows`.
+pub(crate) fn sample(logits: &Tensor, rows: &[RowSpec<'_>]) -> Result<Sampled> {
+    let b = rows.len();
+    let device = logits.device();
+    let vocab = logits.size().last().copied().unwrap_or(0);
+    let logits = logits.f_to_kind(Kind::Float)?;
+    let scaled = if rows.iter().all(|r| r.logprob_temperature() == 1.0) {
+        logits
+    } else {
+        let t: Vec<f32> = rows.iter().map(RowSpec::logprob_temperature).collect();
+        logits / Tensor::from_slice(&t).f_view([b as i64, 1])?.f_to_device(device)?
+    };
+    let logp = scaled.f_log_softmax(-1, Kind::Float)?;
+
+    // Selection scores: the tempered log-probabilities with banned ids at -inf.
+    let selection = if rows.iter().any(|r| !r.banned.is_empty()) {
+        let mut row_idx = Vec::new();
+        let mut col_idx = Vec::new();
+        for (r, spec) in rows.iter().enumerate() {
+            for &id in spec.banned {
+                row_idx.push(r as i64);
+                col_idx.push(id);
+            }
+        }
+        let rows_t = Tensor::from_slice(&row_idx).f_to_device(device)?;
+        let cols_t = Tensor::from_slice(&col_idx).f_to_device(device)?;
+        let ninf = Tensor::from(f32::NEG_INFINITY).f_to_device(device)?;
+        logp.f_index_put(&[Some(rows_t), Some(cols_t)], &ninf, false)?
+    } else {
+        logp.shallow_clone()
+    };
+    let mut ids = selection.f_argmax(-1, false)?;
+
+    let sampled: Vec<usize> = (0..b).filter(|&r| rows[r].temperature > 0.0).collect();
+    if !sampled.is_empty() {
+        let specs: Vec<RowSpec<'_>> = sampled.iter().map(|&r| rows[r]).collect();
+        let idx: Vec<i64> = sampled.iter().map(|&r| r as i64).collect();
+        let idx = Tensor::from_slice(&idx).f_to_device(device)?;
+        let chosen = inverse_cdf(&selection.f_index_select(0, &idx)?, &specs, vocab)?;
+        ids = ids.f_index_copy(0, &idx, &chosen)?;
+    }
+
+    let lp = logp.f_gather(-1, &ids.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
+    let both = Tensor::f_stack(&[ids.f_to_kind(Kind::Float)?, lp], 0)?;
+    let host: Vec<f32> = Vec::try_from(both.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
+    let (ids, logprobs) = host.split_at(b);
+    Ok(Sampled { ids: ids.iter().map(|&x| x as u32).collect(), logprobs: logprobs.to_vec() })
+}
+
+/// Filters `s` (`[S, vocab]` tempered log-probabilities, banned ids at -inf) by each row's top-k, min-p and
+/// top-p, and draws one index per row at the row's uniform number.
+fn inverse_cdf(s: &Tensor, specs: &[RowSpec<'_>], vocab: i64) -> Result<Tensor> {
+    let device = s.device();
+    let n = specs.len() as i64;
+    let column = |v: Vec<f32>| -> Result<Tensor> { Ok(Tensor::from_slice(&v).f_view([n, 1])?.f_to_device(device)?) };
+    let mut s = s.shallow_clone();
+    let max_k = specs.iter().map(|r| r.top_k as i64).filter(|&k| k > 0 && k < vocab).max();
+    if let Some(max_k) = max_k {
+        let (values, _) = s.f_topk(max_k, -1, true, true)?;
+        let kth: Vec<i64> =
+            specs.iter().map(|r| if r.top_k > 0 { (r.top_k as i64).min(max_k) - 1 } else { max_k - 1 }).collect();
+        let kth = Tensor::from_slice(&kth).f_view([n, 1])?.f_to_device(device)?;
+        let threshold = values.f_gather(-1, &kth, false)?;
+        let off: Vec<f32> = specs
+            .iter()
+            .map(|r| if r.top_k > 0 && (r.top_k as i64) < vocab { 0.0 } else { f32::NEG_INFINITY })
+            .collect();
+        // A row without top-k gets threshold -inf (k-th value + -inf); a row with it gets its k-th value (+ 0).
+        let threshold = threshold + column(off)?;
+        s = s.f_masked_fill(&s.f_lt_tensor(&threshold)?, f64::NEG_INFINITY)?;
+    }
+    if specs.iter().any(|r| r.min_p > 0.0) {
+        let floor: Vec<f32> =
+            specs.iter().map(|r| if r.min_p > 0.0 { r.min_p.ln() } else { f32::NEG_INFINITY }).collect();
+        let (max, _) = s.f_max_dim(-1, true)?;
+        s = s.f_masked_fill(&s.f_lt_tensor(&(max + column(floor)?))?, f64::NEG_INFINITY)?;
+    }
+    if specs.iter().any(|r| r.top_p < 1.0) {
+        let (sorted, order) = s.f_sort(-1, true)?;
+        let probs = sorted.f_softmax(-1, Kind::Float)?;
+        let before = probs.f_cumsum(-1, Kind::Float)? - &probs;
+        // A token goes when the tokens ranked above it already reach top_p; rows without top-p never drop any.
+        let limit: Vec<f32> = specs.iter().map(|r| if r.top_p < 1.0 { r.top_p } else { f32::INFINITY }).collect();
+        let drop = before.f_ge_tensor(&column(limit)?)?;
+        let sorted = sorted.f_masked_fill(&drop, f64::NEG_INFINITY)?;
+        s = s.f_scatter(-1, &order, &sorted)?;
+    }
+    let cdf = s.f_softmax(-1, Kind::Float)?.f_cumsum(-1, Kind::Float)?;
+    let total = cdf.f_narrow(1, vocab - 1, 1)?;
+    let u: Vec<f32> = specs.iter().map(|r| r.uniform as f32).collect();
+    let target = total * column(u)?;
+    // The first index whose cumulative mass reaches the target; it always has positive probability because the
+    // target is positive and the cumulative sum only grows at such indices.
+    let chosen = cdf.f_lt_tensor(&target)?.f_sum_dim_intlist(-1, false, Kind::Int64)?;
+    Ok(chosen.f_clamp_max(vocab - 1)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(temperature: f32, uniform: f64) -> RowSpec<'static> {
+        RowSpec { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, uniform, banned: &[] }
+    }
+
+    fn logits() -> Tensor {
+        // Probabilities 0.1, 0.2, 0.3, 0.4 on row 0; row 1 prefers token 0.
+        Tensor::from_slice(&[0.1f32, 0.2, 0.3, 0.4, 0.7, 0.1, 0.1, 0.1]).view([2, 4]).log()
+    }
+
+    #[test]
+    fn greedy_takes_argmax_and_reports_the_untempered_logprob() {
+        let out = sample(&logits(), &[spec(0.0, 0.5), spec(0.0, 0.5)]).unwrap();
+        assert_eq!(out.ids, vec![3, 0]);
+        assert!((out.logprobs[0] - 0.4f32.ln()).abs() < 1e-6);
+        assert!((out.logprobs[1] - 0.7f32.ln()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn inverse_cdf_follows_the_uniform_number() {
+        // Row 0 cumulative: 0.1, 0.3, 0.6, 1.0.
+        for (u, want) in [(0.05, 0), (0.25, 1), (0.59, 2), (0.61, 3), (0.999, 3)] {
+            let out = sample(&logits(), &[spec(1.0, u), spec(0.0, 0.5)]).unwrap();
+            assert_eq!(out.ids, vec![want, 0], "u = {u}");
+        }
+    }
+
+    #[test]
+    fn temperature_scales_the_logprob() {
+        let out = sample(&logits(), &[spec(0.5, 0.999), spec(2.0, 0.001)]).unwrap();
+        let p = [0.1f32, 0.2, 0.3, 0.4].map(|p| p * p);
+        let z: f32 = p.iter().sum();
+        assert_eq!(out.ids[0], 3);
+        assert!((out.logprobs[0] - (p[3] / z).ln()).abs() < 1e-5);
+        let q = [0.7f32, 0.1, 0.1, 0.1].map(f32::sqrt);
+        let z: f32 = q.iter().sum();
+        assert_eq!(out.ids[1], 0);
+        assert!((out.logprobs[1] - (q[0] / z).ln()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn filters_restrict_the_support() {
+        let l = logits();
+        let many = |f: &dyn Fn(f64) -> RowSpec<'static>| -> Vec<u32> {
+            (1..100).map(|i| sample(&l, &[f(i as f64 / 100.0), spec(0.0, 0.5)]).unwrap().ids[0]).collect()
+        };
+        let top_k = many(&|u| RowSpec { top_k: 2, ..spec(1.0, u) });
+        assert!(top_k.iter().all(|&t| t == 2 || t == 3) && top_k.contains(&2));
+        // top_p 0.5: 0.4 alone is below 0.5, so {3, 2} stay.
+        let top_p = many(&|u| RowSpec { top_p: 0.5, ..spec(1.0, u) });
+        assert!(top_p.iter().all(|&t| t == 2 || t == 3) && top_p.contains(&2));
+        // min_p 0.6: tokens below 0.24 go.
+        let min_p = many(&|u| RowSpec { min_p: 0.6, ..spec(1.0, u) });
+        assert!(min_p.iter().all(|&t| t == 2 || t == 3) && min_p.contains(&2));
+        let k1 = many(&|u| RowSpec { top_k: 1, ..spec(1.0, u) });
+        assert!(k1.iter().all(|&t| t == 3));
+    }
+
+    #[test]
+    fn banned_ids_are_never_chosen_but_keep_their_logprob_mass() {
+        let banned = [3i64, 0];
+        let out = sample(
+            &logits(),
+            &[RowSpec { banned: &banned[..1], ..spec(0.0, 0.5) }, RowSpec { banned: &banned[1..], ..spec(1.0, 0.01) }],
+        )
+        .unwrap();
+        assert_eq!(out.ids[0], 2);
+        assert!((out.logprobs[0] - 0.3f32.ln()).abs() < 1e-6);
+        assert_ne!(out.ids[1], 0);
+    }
+}

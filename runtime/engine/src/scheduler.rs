@@ -1,0 +1,553 @@
+//! The scheduler: the one thread that owns the model and the KV cache and runs continuous batching.
+//!
+//! Each iteration: take new commands (blocking only when there is nothing to do), drop cancelled requests,
+//! admit waiting requests in arrival order while KV-cache slots and the prefill token budget allow and prefill
+//! them together (one forward pass over their right-padded prompts, one slot each; the other `n - 1` samples of
+//! a request get copies of that slot), then run one decode step for every running sequence. A sequence that
+//! finishes leaves the batch at once and frees its slot; a request is answered when its last sample finishes.
+//! Requests that do not fit wait in the queue (back-pressure); nothing is ever dropped for lack of room.
+//!
+//! Invariants between iterations:
+//! - `running[i].slot == i`: the running sequences occupy slots `0..running.len()`, so every decode step hands
+//!   the model a contiguous slot range and attention reads the cache in place (the model copies the cache
+//!   rows only for a non-contiguous slot list). When sequences finish, the highest-slot survivors move down
+//!   into the holes ([`trinity_model::KvCache::copy_slot`], one copy of each moved sequence, once).
+//! - A free slot has cache length 0.
+//! - Per running sequence, the cache holds `prompt + tokens - 1` positions: the newest token is fed by the next
+//!   decode step. A sample ends (`length`) when `prompt + tokens` reaches `max_model_len`, so the cache never
+//!   needs more than `max_model_len - 1` positions.
+//!
+//! libtorch calls block, so this runs on a dedicated OS thread, never on an async runtime's workers; callers
+//! talk to it through channels (see [`crate::Engine`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tch::Tensor;
+use tokio::sync::oneshot;
+use trinity_model::{Decoder, KvCache, Tokenizer};
+
+use crate::error::{EngineError, Result};
+use crate::request::{Completion, FinishReason, Generation, PendingRequest};
+use crate::rng::uniform;
+use crate::sampling::{RowSpec, sample};
+use crate::sampling_params::SamplingParams;
+use crate::stats::EngineStats;
+use crate::stop::StopStrings;
+
+/// A closure run on the scheduler thread with the model, between steps (weight sync, inspection).
+pub(crate) type DecoderTask = Box<dyn FnOnce(&mut Decoder) + Send>;
+
+/// Messages from [`crate::Engine`] handles to the scheduler.
+pub(crate) enum Command {
+    Generate(PendingRequest),
+    WithDecoder(DecoderTask),
+    Shutdown,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Generate(r) => write!(f, "Generate({})", r.id),
+            Command::WithDecoder(_) => f.write_str("WithDecoder"),
+            Command::Shutdown => f.write_str("Shutdown"),
+        }
+    }
+}
+
+/// A request whose samples are running.
+struct RequestState {
+    params: SamplingParams,
+    seed: u64,
+    prompt_len: usize,
+    /// Most new tokens per sample, all limits applied.
+    max_new: usize,
+    /// Ids masked while a sample is below `min_tokens`: the model's EOS ids (unless ignored) and stop ids.
+    banned: Vec<i64>,
+    completions: Vec<Option<Completion>>,
+    unfinished: usize,
+    reply: oneshot::Sender<Result<Generation>>,
+}
+
+/// One sample being generated.
+struct Sequence {
+    request: u64,
+    sample: usize,
+    slot: usize,
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    stop: Option<StopStrings>,
+}
+
+/// Everything the scheduler thread owns.
+pub(crate) struct Scheduler {
+    decoder: Decoder,
+    cache: KvCache,
+    tokenizer: Option<Tokenizer>,
+    eos: Vec<u32>,
+    max_model_len: usize,
+    max_response_tokens: Option<usize>,
+    max_prefill_tokens: usize,
+    commands: Receiver<Command>,
+    waiting: VecDeque<PendingRequest>,
+    requests: HashMap<u64, RequestState>,
+    running: Vec<Sequence>,
+    stats: Arc<Mutex<EngineStats>>,
+    /// The pass in progress, counted into `stats` as soon as its tokens are sampled (before any reply goes
+    /// out, so a caller that sees its answer also sees it in the stats), or at the end of a failed pass.
+    pass: Option<Pass>,
+}
+
+/// A forward pass being timed.
+struct Pass {
+    started: Instant,
+    kind: PassKind,
+}
+
+enum PassKind {
+    /// Prompt tokens (padding and shared prefixes counted once per prompt).
+    Prefill(u64),
+    /// Sequences in the decode step.
+    Decode(u64),
+}
+
+/// The settings the scheduler needs, resolved by [`crate::Engine::start`].
+pub(crate) struct SchedulerSetup {
+    pub(crate) tokenizer: Option<Tokenizer>,
+    pub(crate) eos: Vec<u32>,
+    pub(crate) max_model_len: usize,
+    pub(crate) max_response_tokens: Option<usize>,
+    pub(crate) max_prefill_tokens: usize,
+}
+
+/// The shortest common prefix worth computing once instead of per prompt.
+const MIN_SHARED_PREFIX: usize = 8;
+
+/// Tokens at the start of every prompt in `requests` that one prefill can share (each prompt keeps at least
+/// its last token for the ragged pass, whose hidden state gives the first token's logits); 0 when not worth it.
+fn shared_prefix(requests: &[PendingRequest]) -> usize {
+    let Some((first, rest)) = requests.split_first() else { return 0 };
+    if rest.is_empty() {
+        return 0;
+    }
+    let mut len = first.prompt.len() - 1;
+    for r in rest {
+        len = len.min(r.prompt.len() - 1);
+        len = first.prompt[..len].iter().zip(&r.prompt).take_while(|(a, b)| a == b).count();
+    }
+    if len >= MIN_SHARED_PREFIX { len } else { 0 }
+}
+
+/// What happened to a sequence after its newest token.
+enum Outcome {
+    Running,
+    Finished(FinishReason, Option<String>),
+}
+
+impl Scheduler {
+    pub(crate) fn new(
+        decoder: Decoder,
+        cache: KvCache,
+        setup: SchedulerSetup,
+        commands: Receiver<Command>,
+        stats: Arc<Mutex<EngineStats>>,
+    ) -> Self {
+        Self {
+            decoder,
+            cache,
+            tokenizer: setup.tokenizer,
+            eos: setup.eos,
+            max_model_len: setup.max_model_len,
+            max_response_tokens: setup.max_response_tokens,
+            max_prefill_tokens: setup.max_prefill_tokens,
+            commands,
+            waiting: VecDeque::new(),
+            requests: HashMap::new(),
+            running: Vec::new(),
+            stats,
+            pass: None,
+        }
+    }
+
+    /// Serves until a shutdown command arrives or every handle is gone; then fails what is left with
+    /// [`EngineError::Stopped`].
+    pub(crate) fn run(mut self) {
+        tch::no_grad(|| {
+            'serve: loop {
+                if self.running.is_empty() && self.waiting.is_empty() {
+                    match self.commands.recv() {
+                        Ok(command) => {
+                            if !self.handle(command) {
+                                break 'serve;
+                            }
+                        }
+                        Err(_) => break 'serve,
+                    }
+                }
+                loop {
+                    match self.commands.try_recv() {
+                        Ok(command) => {
+                            if !self.handle(command) {
+                                break 'serve;
+                            }
+                        }
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => break 'serve,
+                    }
+                }
+                self.drop_cancelled();
+                self.admit();
+                if !self.running.is_empty() {
+                    self.decode_step();
+                }
+                debug_assert!(self.invariants_hold(), "scheduler invariants broken");
+            }
+        });
+        for request in self.waiting.drain(..) {
+            let _ = request.reply.send(Err(EngineError::Stopped));
+        }
+        for (_, state) in self.requests.drain() {
+            let _ = state.reply.send(Err(EngineError::Stopped));
+        }
+    }
+
+    /// Takes one command; `false` means shut down.
+    fn handle(&mut self, command: Command) -> bool {
+        match command {
+            Command::Generate(request) => self.waiting.push_back(request),
+            Command::WithDecoder(task) => task(&mut self.decoder),
+            Command::Shutdown => return false,
+        }
+        true
+    }
+
+    /// Forgets requests whose caller dropped the handle, waiting or running.
+    fn drop_cancelled(&mut self) {
+        self.waiting.retain(|r| !r.reply.is_closed());
+        let cancelled: Vec<u64> =
+            self.requests.iter().filter(|(_, s)| s.reply.is_closed()).map(|(&id, _)| id).collect();
+        if !cancelled.is_empty() {
+            for id in &cancelled {
+                self.requests.remove(id);
+            }
+            let gone: Vec<usize> =
+                (0..self.running.len()).filter(|&i| cancelled.contains(&self.running[i].request)).collect();
+            self.remove_sequences(&gone);
+        }
+    }
+
+    /// Admits waiting requests in arrival order while slots and the prefill budget allow, and prefills them.
+    fn admit(&mut self) {
+        let free = self.cache.num_slots() - self.running.len();
+        let mut slots_needed = 0;
+        let mut longest = 0;
+        let mut admitted = Vec::new();
+        while let Some(front) = self.waiting.front() {
+            let n = front.params.n;
+            let new_longest = longest.max(front.prompt.len());
+            if slots_needed + n > free
+                || (!admitted.is_empty() && new_longest * (admitted.len() + 1) > self.max_prefill_tokens)
+            {
+                break;
+            }
+            slots_needed += n;
+            longest = new_longest;
+            if let Some(request) = self.waiting.pop_front() {
+                admitted.push(request);
+            }
+        }
+        if !admitted.is_empty() {
+            let ids: Vec<u64> = admitted.iter().map(|r| r.id).collect();
+            let prompt_tokens = admitted.iter().map(|r| r.prompt.len() as u64).sum();
+            self.pass = Some(Pass { started: Instant::now(), kind: PassKind::Prefill(prompt_tokens) });
+            if let Err(error) = self.prefill(admitted, longest) {
+                self.fail_requests(&ids, "prefill", &error);
+                // A pass that failed half-way may have set lengths of slots that never got a sequence.
+                for slot in self.running.len()..self.cache.num_slots() {
+                    let _ = self.cache.reset(slot);
+                }
+            }
+            self.count_pass(0);
+        }
+    }
+
+    /// Prefills `admitted` (one slot each, from `running.len()` on), copies each prompt's slot for its other
+    /// samples, samples every sample's first token and adds the sequences to the batch.
+    ///
+    /// A prefix common to all admitted prompts (a system prompt and chat-template header, typically) is run
+    /// once and copied into the other prompts' slots; the rest of each prompt follows as one ragged pass.
+    fn prefill(&mut self, admitted: Vec<PendingRequest>, longest: usize) -> Result<()> {
+        let base = self.running.len();
+        let m = admitted.len();
+        let shared = shared_prefix(&admitted);
+        let device = self.decoder.device();
+        if shared > 0 {
+            let prefix: Vec<i64> = admitted[0].prompt[..shared].iter().map(|&t| i64::from(t)).collect();
+            let prefix = Tensor::from_slice(&prefix).f_view([1, shared as i64])?.f_to_device(device)?;
+            // Only the cache matters here: the prefix's hidden states predict nothing that is sampled.
+            let _ = self.decoder.forward_with_cache(&prefix, &mut self.cache, &[base], &[shared])?;
+            for slot in base + 1..base + m {
+                self.cache.copy_slot(base, slot)?;
+            }
+        }
+        let width = longest - shared;
+        let mut ids = vec![0i64; m * width];
+        let mut lens = Vec::with_capacity(m);
+        let mut samples = Vec::with_capacity(m);
+        for (row, request) in admitted.into_iter().enumerate() {
+            for (j, &token) in request.prompt[shared..].iter().enumerate() {
+                ids[row * width + j] = i64::from(token);
+            }
+            lens.push(request.prompt.len() - shared);
+            samples.push((request.id, request.params.n, request.params.stop.clone()));
+            self.start_request(request);
+        }
+        let ids = Tensor::from_slice(&ids).f_view([m as i64, width as i64])?.f_to_device(device)?;
+        let slots: Vec<usize> = (base..base + m).collect();
+        let hidden = self.decoder.forward_with_cache(&ids, &mut self.cache, &slots, &lens)?;
+        let logits = self.decoder.logits(&self.decoder.last_hidden(&hidden, &lens)?)?;
+
+        // Slots: each request's first sample in its prefill slot (`base + row`), the other samples after all
+        // prefill slots, in request order; `rows` maps each sequence (in slot order) to its prompt's logits row.
+        let mut sequences = Vec::new();
+        let mut extra_slot = base + m;
+        for (row, (request, n, stop)) in samples.into_iter().enumerate() {
+            for sample in 0..n {
+                let slot = if sample == 0 {
+                    base + row
+                } else {
+                    self.cache.copy_slot(base + row, extra_slot)?;
+                    extra_slot += 1;
+                    extra_slot - 1
+                };
+                let stop = (!stop.is_empty()).then(|| StopStrings::new(&stop));
+                sequences.push((
+                    row as i64,
+                    Sequence { request, sample, slot, tokens: Vec::new(), logprobs: Vec::new(), stop },
+                ));
+            }
+        }
+        sequences.sort_by_key(|(_, s)| s.slot);
+        let rows: Vec<i64> = sequences.iter().map(|(row, _)| *row).collect();
+        let rows = Tensor::from_slice(&rows).f_to_device(device)?;
+        let logits = logits.f_index_select(0, &rows)?;
+        self.running.extend(sequences.into_iter().map(|(_, s)| s));
+        self.sample_and_advance(&logits, base)
+    }
+
+    /// Registers an admitted request with its limits resolved.
+    fn start_request(&mut self, request: PendingRequest) {
+        let prompt_len = request.prompt.len();
+        let p = &request.params;
+        // Validation at submission guarantees prompt_len < max_model_len.
+        let room = self.max_model_len - prompt_len;
+        let max_new = [p.max_tokens, self.max_response_tokens].into_iter().flatten().fold(room, usize::min);
+        let mut banned: Vec<i64> = p.stop_token_ids.iter().map(|&t| i64::from(t)).collect();
+        if !p.ignore_eos {
+            banned.extend(self.eos.iter().map(|&t| i64::from(t)));
+        }
+        banned.sort_unstable();
+        banned.dedup();
+        self.requests.insert(
+            request.id,
+            RequestState {
+                completions: vec![None; p.n],
+                unfinished: p.n,
+                params: request.params,
+                seed: request.seed,
+                prompt_len,
+                max_new,
+                banned,
+                reply: request.reply,
+            },
+        );
+    }
+
+    /// One decode step for every running sequence.
+    fn decode_step(&mut self) {
+        let b = self.running.len();
+        self.pass = Some(Pass { started: Instant::now(), kind: PassKind::Decode(b as u64) });
+        let result = (|| -> Result<()> {
+            let last: Vec<i64> = self.running.iter().map(|s| s.tokens.last().map_or(0, |&t| i64::from(t))).collect();
+            let ids = Tensor::from_slice(&last).f_view([b as i64, 1])?.f_to_device(self.decoder.device())?;
+            let slots: Vec<usize> = (0..b).collect();
+            let ones = vec![1usize; b];
+            let hidden = self.decoder.forward_with_cache(&ids, &mut self.cache, &slots, &ones)?;
+            let logits = self.decoder.logits(&hidden.f_squeeze_dim(1)?)?;
+            self.sample_and_advance(&logits, 0)
+        })();
+        if let Err(error) = result {
+            let ids: Vec<u64> = self.running.iter().map(|s| s.request).collect();
+            self.fail_requests(&ids, "decode", &error);
+        }
+        self.count_pass(0);
+    }
+
+    /// Adds the pass in progress (if not yet counted) and `generated` new tokens to the stats.
+    fn count_pass(&mut self, generated: u64) {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.generated_tokens += generated;
+        if let Some(pass) = self.pass.take() {
+            match pass.kind {
+                PassKind::Prefill(tokens) => {
+                    stats.prefill_tokens += tokens;
+                    stats.prefill_time += pass.started.elapsed();
+                }
+                PassKind::Decode(rows) => {
+                    stats.decode_tokens += rows;
+                    stats.decode_steps += 1;
+                    stats.decode_time += pass.started.elapsed();
+                }
+            }
+        }
+    }
+
+    /// Samples a token for `running[first..]` from `logits` (one row each), appends it, finishes the sequences
+    /// that are done and compacts the batch.
+    fn sample_and_advance(&mut self, logits: &Tensor, first: usize) -> Result<()> {
+        let sampled = {
+            let mut specs = Vec::with_capacity(self.running.len() - first);
+            for s in &self.running[first..] {
+                let state = self.requests.get(&s.request).ok_or(EngineError::Stopped)?;
+                let p = &state.params;
+                let step = s.tokens.len();
+                specs.push(RowSpec {
+                    temperature: p.temperature,
+                    top_k: p.top_k,
+                    top_p: p.top_p,
+                    min_p: p.min_p,
+                    uniform: uniform(state.seed, s.sample as u64, step as u64),
+                    banned: if step < p.min_tokens { &state.banned } else { &[] },
+                });
+            }
+            sample(logits, &specs)?
+        };
+        self.count_pass(sampled.ids.len() as u64);
+        let mut finished = Vec::new();
+        for (i, (&token, &logprob)) in sampled.ids.iter().zip(&sampled.logprobs).enumerate() {
+            let index = first + i;
+            match self.advance(index, token, logprob)? {
+                Outcome::Running => {}
+                Outcome::Finished(reason, text) => {
+                    self.finish(index, reason, text)?;
+                    finished.push(index);
+                }
+            }
+        }
+        self.remove_sequences(&finished);
+        Ok(())
+    }
+
+    /// Appends a token to `running[index]` and decides whether the sample is done.
+    fn advance(&mut self, index: usize, token: u32, logprob: f32) -> Result<Outcome> {
+        let seq = &mut self.running[index];
+        let state = self.requests.get(&seq.request).ok_or(EngineError::Stopped)?;
+        let p = &state.params;
+        seq.tokens.push(token);
+        seq.logprobs.push(logprob);
+        let generated = seq.tokens.len();
+        if p.stop_token_ids.contains(&token) {
+            return Ok(Outcome::Finished(FinishReason::Stop, None));
+        }
+        if !p.ignore_eos && self.eos.contains(&token) {
+            return Ok(Outcome::Finished(FinishReason::Eos, None));
+        }
+        if let (Some(stop), Some(tokenizer)) = (seq.stop.as_mut(), self.tokenizer.as_ref())
+            && let Some(text) = stop.push(tokenizer, &seq.tokens, generated >= p.min_tokens)?
+        {
+            return Ok(Outcome::Finished(FinishReason::Stop, Some(text)));
+        }
+        if generated >= state.max_new || state.prompt_len + generated >= self.max_model_len {
+            return Ok(Outcome::Finished(FinishReason::Length, None));
+        }
+        Ok(Outcome::Running)
+    }
+
+    /// Records `running[index]`'s completion and answers its request when it was the last sample.
+    fn finish(&mut self, index: usize, reason: FinishReason, text: Option<String>) -> Result<()> {
+        let seq = &mut self.running[index];
+        let text = match (text, &self.tokenizer) {
+            (Some(text), _) => text,
+            (None, Some(tokenizer)) => tokenizer.decode(&seq.tokens, true)?,
+            (None, None) => String::new(),
+        };
+        let completion = Completion {
+            text,
+            tokens: std::mem::take(&mut seq.tokens),
+            logprobs: std::mem::take(&mut seq.logprobs),
+            finish_reason: reason,
+        };
+        let id = seq.request;
+        let Some(state) = self.requests.get_mut(&id) else { return Ok(()) };
+        state.completions[seq.sample] = Some(completion);
+        state.unfinished -= 1;
+        if state.unfinished == 0
+            && let Some(state) = self.requests.remove(&id)
+        {
+            let completions = state.completions.into_iter().flatten().collect();
+            self.stats.lock().unwrap_or_else(|e| e.into_inner()).requests += 1;
+            let _ = state.reply.send(Ok(Generation { request: id, completions }));
+        }
+        Ok(())
+    }
+
+    /// Answers `ids` with the error and drops all their sequences.
+    fn fail_requests(&mut self, ids: &[u64], phase: &'static str, error: &EngineError) {
+        let reason = error.to_string();
+        tracing::warn!(requests = ?ids, phase, %reason, "generation step failed");
+        for id in ids {
+            if let Some(state) = self.requests.remove(id) {
+                let _ = state.reply.send(Err(EngineError::StepFailed { request: *id, phase, reason: reason.clone() }));
+            }
+        }
+        let gone: Vec<usize> = (0..self.running.len()).filter(|&i| ids.contains(&self.running[i].request)).collect();
+        self.remove_sequences(&gone);
+    }
+
+    /// Removes `running[i]` for every `i` in `gone` (ascending), frees their slots and moves the highest-slot
+    /// survivors into the holes so that `running[i].slot == i` holds again.
+    fn remove_sequences(&mut self, gone: &[usize]) {
+        if gone.is_empty() {
+            return;
+        }
+        let freed: Vec<usize> = gone.iter().map(|&i| self.running[i].slot).collect();
+        for &slot in &freed {
+            // Resetting a slot in range cannot fail; the slot is only ever one the cache handed out.
+            let _ = self.cache.reset(slot);
+        }
+        let mut keep = Vec::with_capacity(self.running.len() - gone.len());
+        for (i, seq) in std::mem::take(&mut self.running).into_iter().enumerate() {
+            if gone.binary_search(&i).is_err() {
+                keep.push(seq);
+            }
+        }
+        let n = keep.len();
+        let mut holes: Vec<usize> = freed.into_iter().filter(|&slot| slot < n).collect();
+        holes.sort_unstable_by(|a, b| b.cmp(a));
+        let mut broken = Vec::new();
+        for seq in keep.iter_mut().filter(|s| s.slot >= n) {
+            let Some(hole) = holes.pop() else { break };
+            let moved = self.cache.copy_slot(seq.slot, hole).and_then(|()| self.cache.reset(seq.slot));
+            if let Err(error) = moved {
+                broken.push((seq.request, EngineError::Model(error)));
+            }
+            seq.slot = hole;
+        }
+        keep.sort_by_key(|s| s.slot);
+        self.running = keep;
+        for (id, error) in broken {
+            self.fail_requests(&[id], "decode", &error);
+        }
+    }
+
+    /// Whether the invariants of the module docs hold (checked after every iteration in debug builds).
+    fn invariants_hold(&self) -> bool {
+        let running_ok = self.running.iter().enumerate().all(|(i, s)| {
+            s.slot == i
+                && self.requests.get(&s.request).is_some_and(|r| self.cache.len(i) + 1 == r.prompt_len + s.tokens.len())
+        });
+        running_ok && (self.running.len()..self.cache.num_slots()).all(|slot| self.cache.len(slot) == 0)
+    }
+}

@@ -1,0 +1,129 @@
+//! Continuous batching: requests that join a running batch, wait for slots, or leave early get exactly the
+//! tokens (and logprobs) they get when run alone.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tch::{Device, Kind};
+use trinity_engine::{Engine, EngineConfig, EngineModel, FinishReason, Generation, SamplingParams};
+
+use crate::helpers::*;
+
+/// Waits until the engine has run `steps` more decode steps than `from` (bounded, so a bug cannot hang).
+fn wait_steps(engine: &Engine, from: u64, steps: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while engine.stats().decode_steps < from + steps && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Runs `requests` one at a time, then with staggered arrivals (each batch of arrivals a few decode steps
+/// after the previous one), and checks both give the same tokens.
+fn alone_equals_staggered(engine: &Engine, requests: &[(Vec<u32>, SamplingParams)], waves: &[usize]) {
+    let alone: Vec<Generation> = requests.iter().map(|(p, s)| run(engine, p.clone(), s.clone())).collect();
+    let mut pending = Vec::new();
+    let mut next = 0;
+    for &wave in waves {
+        let steps = engine.stats().decode_steps;
+        for (p, s) in &requests[next..next + wave] {
+            pending.push(engine.submit(p.clone(), s.clone()).unwrap());
+        }
+        next += wave;
+        wait_steps(engine, steps, 3);
+    }
+    assert_eq!(next, requests.len());
+    for (i, (handle, alone)) in pending.into_iter().zip(&alone).enumerate() {
+        assert_same(&handle.wait().unwrap().completions, &alone.completions, &format!("request {i}"));
+    }
+}
+
+#[test]
+fn requests_arriving_at_different_times_match_running_alone() {
+    // Five slots for eight sequences: some requests also wait for a slot, and early finishers leave holes
+    // that later sequences are moved into.
+    let engine = tiny_engine(EngineConfig { max_model_len: 96, max_num_seqs: 5, ..Default::default() });
+    let lengths = [(3, 30), (17, 6), (9, 21), (1, 12), (25, 4), (6, 40), (12, 9)];
+    let mut requests: Vec<(Vec<u32>, SamplingParams)> =
+        lengths.iter().enumerate().map(|(i, &(p, n))| (prompt(i as u64, p, 97), forced_greedy(n))).collect();
+    // Two greedy samples of one prompt share a prefill and must both equal the lone run.
+    requests[2].1.n = 2;
+    alone_equals_staggered(&engine, &requests, &[2, 1, 3, 1]);
+    let stats = engine.stats();
+    assert_eq!(stats.requests, 14);
+    assert_eq!(stats.generated_tokens, 2 * 143, "{stats:?}");
+}
+
+#[test]
+fn concurrent_async_callers_share_decode_steps() {
+    let engine = Arc::new(tiny_engine(EngineConfig { max_model_len: 64, max_num_seqs: 16, ..Default::default() }));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let results = rt.block_on(async {
+        let tasks: Vec<_> = (0..12u64)
+            .map(|i| {
+                let engine = Arc::clone(&engine);
+                tokio::spawn(
+                    async move { engine.generate(prompt(100 + i, 5 + i as usize, 97), forced_greedy(10)).await },
+                )
+            })
+            .collect();
+        let mut out = Vec::new();
+        for task in tasks {
+            out.push(task.await.unwrap().unwrap());
+        }
+        out
+    });
+    assert!(results.iter().all(|g| g.completions[0].tokens.len() == 10));
+    // Alone, 12 requests of 10 tokens need 12 * 9 decode steps; batched they need far fewer.
+    let steps = engine.stats().decode_steps;
+    assert!(steps < 60, "{steps} decode steps for 12 concurrent requests");
+}
+
+#[test]
+fn dropping_a_pending_generation_cancels_it_and_frees_its_slot() {
+    let engine = tiny_engine(EngineConfig { max_model_len: 512, max_num_seqs: 1, ..Default::default() });
+    let long = engine.submit(prompt(1, 4, 97), forced_greedy(500)).unwrap();
+    wait_steps(&engine, 0, 2);
+    drop(long);
+    // With one slot, this only finishes if the cancelled request left.
+    let short = run(&engine, prompt(2, 4, 97), forced_greedy(3));
+    assert_eq!(short.completions[0].tokens.len(), 3);
+    assert!(engine.stats().decode_steps < 400);
+}
+
+#[test]
+fn smollm2_requests_joining_mid_flight_match_running_alone() {
+    let Some(path) = smollm2_path() else { return };
+    let model = trinity_model::load_model(&path, Kind::Float, Device::Cpu).unwrap();
+    let texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,"];
+    let requests: Vec<(Vec<u32>, SamplingParams)> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (model.tokenizer.encode(t, false).unwrap(), forced_greedy(8 + 2 * i)))
+        .collect();
+    let engine = Engine::start(
+        EngineModel::from(model),
+        EngineConfig { max_model_len: 64, max_num_seqs: 4, ..Default::default() },
+    )
+    .unwrap();
+    alone_equals_staggered(&engine, &requests, &[1, 2, 1]);
+    let g = run(&engine, requests[0].0.clone(), SamplingParams::greedy(8));
+    assert!(g.completions[0].text.to_lowercase().contains("paris"), "{:?}", g.completions[0].text);
+    assert!(matches!(g.completions[0].finish_reason, FinishReason::Eos | FinishReason::Length));
+}
+
+#[test]
+fn prompts_sharing_a_prefix_match_running_alone() {
+    // Admitted together, the common 12-token prefix is prefilled once and copied; one prompt is the prefix
+    // plus a single token, one has a second sample.
+    let engine = tiny_engine(EngineConfig { max_model_len: 64, max_num_seqs: 8, ..Default::default() });
+    let system = prompt(77, 12, 97);
+    let requests: Vec<(Vec<u32>, SamplingParams)> = [5usize, 1, 9, 3]
+        .iter()
+        .enumerate()
+        .map(|(i, &extra)| {
+            let p = [system.clone(), prompt(200 + i as u64, extra, 97)].concat();
+            (p, SamplingParams { n: 1 + (i == 2) as usize, ..forced_greedy(6 + i) })
+        })
+        .collect();
+    alone_equals_staggered(&engine, &requests, &[4]);
+}

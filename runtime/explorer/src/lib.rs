@@ -1,0 +1,20 @@
+//! The explorer: runs workflows against the rollout model and turns their answers into scored experiences.
+//!
+//! * [`RolloutModel`] is what a workflow talks to: chat-template rendering, tokenization and batched generation
+//!   through the [`trinity_engine::Engine`], stamped with the weights' model version.
+//! * [`Workflow`] is the interface every workflow implements — the built-ins here, and WASM workflows later
+//!   through the same trait. Built-ins register by name with `inventory` ([`WorkflowEntry`]).
+//! * [`run_tasks`] runs a batch of tasks with `runner_per_model` workflows in flight, a per-task timeout and
+//!   retries; a task that fails for good is logged and counted, never fatal to the run.
+
+mod countdown_workflow;
+mod error;
+mod math_workflow;
+mod rollout_model;
+mod runner;
+mod workflow;
+
+pub use error::ExplorerError;
+pub use rollout_model::RolloutModel;
+pub use runner::{RunReport, RunnerOptions, TaskFailure, run_tasks};
+pub use workflow::{Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture, lookup_workflow, workflow_names};

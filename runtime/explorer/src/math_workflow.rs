@@ -1,0 +1,164 @@
+//! Single-turn question → answer workflows: `simple_workflow`, `math_workflow`, `math_boxed_workflow`.
+//!
+//! As in Trinity-RFT's `SimpleWorkflow`: messages are `[system?, user: task prompt]` (plus the reply prefix
+//! as the start of the assistant turn), the group's `repeat_times` samples come from one request (one prefill),
+//! each answer is scored by the task's reward function, and the reward components become experience metrics.
+
+use trinity_buffer::{Eid, Experience, Task};
+use trinity_engine::SamplingParams;
+use trinity_model::ChatMessage;
+use trinity_reward::RewardInput;
+
+use crate::error::ExplorerError;
+use crate::workflow::{Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture};
+
+/// Trinity-RFT's `math_workflow` system prompt (DeepSeek-R1 style), used when the taskset gives none.
+pub(crate) const THINK_ANSWER_PROMPT: &str = "A conversation between User and Assistant. The user asks a question, \
+and the Assistant solves it. The assistant first thinks about the reasoning process in the mind and then provides \
+the user with the answer. The reasoning process and answer are enclosed within <think> </think> and <answer> \
+</answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> answer here </answer>.";
+
+/// Trinity-RFT's `math_boxed_workflow` system prompt.
+pub(crate) const BOXED_PROMPT: &str = "Please reason step by step, and put your final answer within \\boxed{}.";
+
+/// A single-turn workflow with its defaults.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SingleTurn {
+    pub(crate) default_system_prompt: Option<&'static str>,
+    pub(crate) default_reward: &'static str,
+}
+
+impl Workflow for SingleTurn {
+    fn run<'a>(&'a self, task: &'a Task, ctx: &'a WorkflowContext) -> WorkflowFuture<'a> {
+        Box::pin(async move {
+            let prompt = task.prompt().ok_or_else(|| ExplorerError::Task {
+                task: describe(task),
+                message: format!("the row has no prompt field `{}`", task.format.prompt_key),
+            })?;
+            let mut messages = Vec::new();
+            if let Some(system) = task.system_prompt().or(self.default_system_prompt.map(str::to_owned)) {
+                messages.push(ChatMessage::new("system", system));
+            }
+            messages.push(ChatMessage::new("user", prompt.clone()));
+            let reward = task.reward_fn.as_deref().unwrap_or(self.default_reward);
+            let truth = task.truth();
+            rollout(task, ctx, &messages, Some(&prompt), reward, truth.as_deref()).await
+        })
+    }
+}
+
+/// Samples the group for one prompt and scores every answer.
+pub(crate) async fn rollout(
+    task: &Task,
+    ctx: &WorkflowContext,
+    messages: &[ChatMessage],
+    prompt_text: Option<&str>,
+    reward: &str,
+    truth: Option<&str>,
+) -> Result<Vec<Experience>, ExplorerError> {
+    let model = &ctx.model;
+    let model_error = |source| ExplorerError::Model { task: describe(task), source };
+    let prompt_tokens = model.chat_prompt(messages, task.reply_prefix()).map_err(model_error)?;
+    let params = sampling_params(task, ctx);
+    let version = model.model_version();
+    let generation = model
+        .generate(prompt_tokens.clone(), params)
+        .await
+        .map_err(|source| ExplorerError::Engine { task: describe(task), source })?;
+    let rendered_prompt = model.decode(&prompt_tokens).map_err(model_error)?;
+    let mut experiences = Vec::with_capacity(generation.completions.len());
+    for (run, completion) in generation.completions.into_iter().enumerate() {
+        let components = trinity_reward::score(
+            reward,
+            &RewardInput { response: &completion.text, truth, prompt: prompt_text, args: &task.reward_fn_args },
+        )
+        .map_err(|source| ExplorerError::Reward { task: describe(task), reward: reward.to_owned(), source })?;
+        let eid = Eid { batch: task.batch_id, task: task.index as u64, run: run as u64, step: 0 };
+        let mut tokens = prompt_tokens.clone();
+        tokens.extend_from_slice(&completion.tokens);
+        let mut experience = Experience::single_turn(eid, tokens, prompt_tokens.len(), completion.logprobs);
+        experience.reward = trinity_reward::total(&components);
+        experience.metrics = components;
+        experience.model_version = version;
+        experience.prompt_text = Some(rendered_prompt.clone());
+        experience.response_text = Some(completion.text);
+        experience.info.insert("finish_reason".to_owned(), format!("{:?}", completion.finish_reason).into());
+        experience.info.insert("taskset".to_owned(), task.taskset.clone().into());
+        experiences.push(experience);
+    }
+    Ok(experiences)
+}
+
+/// The task's rollout arguments as engine sampling parameters.
+///
+/// Every request gets its own seed, derived from the configured seed, the task and the attempt, so that a run
+/// is reproducible while different tasks (and retries) do not share one random stream.
+fn sampling_params(task: &Task, ctx: &WorkflowContext) -> SamplingParams {
+    let args = &task.rollout_args;
+    let base_seed = args.seed.unwrap_or(42);
+    let seed = mix(&[base_seed, task.batch_id, task.taskset_id as u64, task.index as u64, u64::from(ctx.attempt)]);
+    SamplingParams {
+        n: ctx.repeat_times as usize,
+        temperature: args.temperature.unwrap_or(1.0) as f32,
+        top_p: args.top_p.unwrap_or(1.0) as f32,
+        top_k: args.top_k.filter(|k| *k > 0).map_or(0, |k| k as usize),
+        min_p: args.min_p.unwrap_or(0.0) as f32,
+        seed: Some(seed),
+        max_tokens: args.max_tokens.map(|t| t as usize),
+        min_tokens: args.min_tokens.unwrap_or(0) as usize,
+        stop: args.stop.clone(),
+        ..SamplingParams::default()
+    }
+}
+
+/// SplitMix64 over the parts: a cheap, well-mixed seed derivation.
+fn mix(parts: &[u64]) -> u64 {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for part in parts {
+        state = state.wrapping_add(*part).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        state = z ^ (z >> 31);
+    }
+    state
+}
+
+/// A short name of a task for messages: `taskset#index`.
+pub(crate) fn describe(task: &Task) -> String {
+    format!("{}#{}", task.taskset, task.index)
+}
+
+fn simple() -> Box<dyn Workflow> {
+    Box::new(SingleTurn { default_system_prompt: None, default_reward: "math_reward" })
+}
+
+fn math() -> Box<dyn Workflow> {
+    Box::new(SingleTurn { default_system_prompt: Some(THINK_ANSWER_PROMPT), default_reward: "math_reward" })
+}
+
+fn math_boxed() -> Box<dyn Workflow> {
+    Box::new(SingleTurn { default_system_prompt: Some(BOXED_PROMPT), default_reward: "math_boxed_reward" })
+}
+
+inventory::submit! {
+    WorkflowEntry { name: "simple_workflow", description: "one question, one answer, scored by the task's reward", build: simple }
+}
+inventory::submit! {
+    WorkflowEntry { name: "math_workflow", description: "math question with a think/answer system prompt; math_reward", build: math }
+}
+inventory::submit! {
+    WorkflowEntry { name: "math_boxed_workflow", description: "math question, answer in \\boxed{}; math_boxed_reward", build: math_boxed }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_differ_by_task_and_attempt_but_repeat() {
+        assert_eq!(mix(&[42, 1, 0, 3, 0]), mix(&[42, 1, 0, 3, 0]));
+        assert_ne!(mix(&[42, 1, 0, 3, 0]), mix(&[42, 1, 0, 4, 0]));
+        assert_ne!(mix(&[42, 1, 0, 3, 0]), mix(&[42, 1, 0, 3, 1]));
+    }
+}

@@ -1,0 +1,82 @@
+//! The rollout model as workflows see it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use trinity_engine::{Engine, Generation, SamplingParams};
+use trinity_model::{ChatMessage, ChatTemplate, ModelError, Tokenizer};
+
+/// The generation engine plus the text side of the model (tokenizer, chat template) and the version of the
+/// weights it serves. Shared by every running workflow; the engine batches their requests together.
+#[derive(Debug)]
+pub struct RolloutModel {
+    engine: Arc<Engine>,
+    tokenizer: Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    version: AtomicU64,
+}
+
+impl RolloutModel {
+    pub fn new(engine: Arc<Engine>, tokenizer: Tokenizer, chat_template: Option<ChatTemplate>) -> Self {
+        RolloutModel { engine, tokenizer, chat_template, version: AtomicU64::new(0) }
+    }
+
+    /// The engine, for weight synchronisation.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// How many weight updates the served weights include; stamped on every experience.
+    pub fn model_version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Records that the engine now serves weights of `version` (called by the synchronizer after a sync).
+    pub fn set_model_version(&self, version: u64) {
+        self.version.store(version, Ordering::Release);
+    }
+
+    /// Renders `messages` with the chat template and a generation prompt, appends `reply_prefix` (a pre-filled
+    /// start of the assistant's turn), and tokenizes without adding special tokens (the template has them).
+    pub fn chat_prompt(&self, messages: &[ChatMessage], reply_prefix: Option<&str>) -> Result<Vec<u32>, ModelError> {
+        let mut text = match &self.chat_template {
+            Some(template) => template.apply(messages, true)?,
+            // A model without a chat template (a base model) gets the messages as plain lines, the way
+            // Trinity-RFT's `use_base` prompts look.
+            None => {
+                let mut text = String::new();
+                for message in messages {
+                    text.push_str(&format!("{}:\n{}\n", capitalize(&message.role), message.content));
+                }
+                text.push_str("Assistant:\n");
+                text
+            }
+        };
+        if let Some(prefix) = reply_prefix {
+            text.push_str(prefix);
+        }
+        self.tokenizer.encode(&text, false)
+    }
+
+    /// Decodes token ids, keeping special tokens (for prompt texts in experiences).
+    pub fn decode(&self, tokens: &[u32]) -> Result<String, ModelError> {
+        self.tokenizer.decode(tokens, false)
+    }
+
+    /// Generates `params.n` samples of one prompt; the engine batches concurrent calls.
+    pub async fn generate(&self, prompt: Vec<u32>, params: SamplingParams) -> trinity_engine::Result<Generation> {
+        self.engine.generate(prompt, params).await
+    }
+}
+
+fn capitalize(role: &str) -> String {
+    let mut chars = role.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}

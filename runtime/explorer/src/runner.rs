@@ -1,0 +1,131 @@
+//! Running a batch of tasks: `runner_per_model` workflows in flight, a timeout per task, retries.
+//!
+//! A task that fails (workflow error, reward error, timeout) is retried up to `max_retry_times` times with a
+//! fresh sampler seed; after that it is reported in [`RunReport::failures`] and the batch goes on. Results come
+//! back in task order whatever order the workflows finish in.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use trinity_buffer::{Experience, Task};
+
+use crate::error::ExplorerError;
+use crate::math_workflow::describe;
+use crate::rollout_model::RolloutModel;
+use crate::workflow::{WorkflowContext, lookup_workflow, workflow_names};
+
+/// Concurrency and failure handling of one batch.
+#[derive(Debug, Clone)]
+pub struct RunnerOptions {
+    /// Workflows running at once (`explorer.runner_per_model`).
+    pub concurrency: usize,
+    /// Longest one attempt of a task may take (`explorer.max_timeout`).
+    pub timeout: Duration,
+    /// Extra attempts after a failure (`explorer.max_retry_times`).
+    pub max_retries: u32,
+    /// Workflow of tasks that name none.
+    pub default_workflow: String,
+}
+
+/// A task that failed every attempt.
+#[derive(Debug)]
+pub struct TaskFailure {
+    /// `taskset#index`.
+    pub task: String,
+    /// The last attempt's error.
+    pub error: ExplorerError,
+}
+
+/// What a batch produced.
+#[derive(Debug, Default)]
+pub struct RunReport {
+    /// Experiences of every successful task, grouped by task, in task order.
+    pub groups: Vec<Vec<Experience>>,
+    /// Tasks that failed for good.
+    pub failures: Vec<TaskFailure>,
+    /// Attempts that failed but were retried.
+    pub retries: u32,
+}
+
+impl RunReport {
+    /// All experiences, in task order.
+    pub fn experiences(&self) -> impl Iterator<Item = &Experience> {
+        self.groups.iter().flatten()
+    }
+}
+
+/// Runs every task of a batch; `repeat_times` comes from each task.
+pub async fn run_tasks(model: Arc<RolloutModel>, tasks: Vec<Task>, options: &RunnerOptions) -> RunReport {
+    let semaphore = Arc::new(Semaphore::new(options.concurrency.max(1)));
+    let mut set = JoinSet::new();
+    for (position, task) in tasks.into_iter().enumerate() {
+        let model = Arc::clone(&model);
+        let semaphore = Arc::clone(&semaphore);
+        let options = options.clone();
+        set.spawn(async move {
+            // The semaphore is never closed, so acquiring only fails if it were; run unthrottled then.
+            let _permit = semaphore.acquire_owned().await.ok();
+            let (result, retries) = run_with_retries(&model, &task, &options).await;
+            (position, describe(&task), result, retries)
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(result) => results.push(result),
+            // A panicking workflow loses its task, not the batch.
+            Err(error) => tracing::error!("a workflow task panicked or was cancelled: {error}"),
+        }
+    }
+    results.sort_by_key(|(position, ..)| *position);
+    let mut report = RunReport::default();
+    for (_, task, result, retries) in results {
+        report.retries += retries;
+        match result {
+            Ok(group) => report.groups.push(group),
+            Err(error) => {
+                tracing::warn!("{error}");
+                report.failures.push(TaskFailure { task, error });
+            }
+        }
+    }
+    report
+}
+
+async fn run_with_retries(
+    model: &Arc<RolloutModel>,
+    task: &Task,
+    options: &RunnerOptions,
+) -> (Result<Vec<Experience>, ExplorerError>, u32) {
+    let name = task.workflow.as_deref().unwrap_or(&options.default_workflow);
+    let Some(entry) = lookup_workflow(name) else {
+        let error = ExplorerError::UnknownWorkflow {
+            task: describe(task),
+            workflow: name.to_owned(),
+            registered: workflow_names().join(", "),
+        };
+        return (Err(error), 0);
+    };
+    let workflow = (entry.build)();
+    let mut last_error = None;
+    for attempt in 0..=options.max_retries {
+        let ctx = WorkflowContext { model: Arc::clone(model), repeat_times: task.repeat_times, attempt };
+        match tokio::time::timeout(options.timeout, workflow.run(task, &ctx)).await {
+            Ok(Ok(group)) => return (Ok(group), attempt),
+            Ok(Err(error)) => last_error = Some(error),
+            Err(_) => {
+                last_error = Some(ExplorerError::Timeout { task: describe(task), seconds: options.timeout.as_secs() })
+            }
+        }
+        if attempt < options.max_retries
+            && let Some(error) = &last_error
+        {
+            tracing::info!("retrying after: {error}");
+        }
+    }
+    let error =
+        last_error.unwrap_or_else(|| ExplorerError::Task { task: describe(task), message: "no attempt ran".into() });
+    (Err(error), options.max_retries)
+}

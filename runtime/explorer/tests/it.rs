@@ -1,0 +1,109 @@
+//! The explorer on a tiny real model (a two-layer Llama with its own tokenizer and ChatML template).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use trinity_buffer::{Task, Taskset};
+use trinity_config::buffer::{RolloutArgs, TasksetConfig};
+use trinity_engine::{Engine, EngineConfig, EngineModel};
+use trinity_explorer::{ExplorerError, RolloutModel, RunnerOptions, run_tasks};
+
+fn tiny_model_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied")
+}
+
+fn rollout_model() -> Arc<RolloutModel> {
+    let mut loaded = trinity_model::load_model(&tiny_model_dir(), tch::Kind::Float, tch::Device::Cpu).unwrap();
+    let tokenizer = loaded.tokenizer.clone();
+    let template = loaded.chat_template.take();
+    let config = EngineConfig { max_model_len: 64, max_num_seqs: 8, ..EngineConfig::default() };
+    let engine = Engine::start(EngineModel::from(loaded), config).unwrap();
+    Arc::new(RolloutModel::new(Arc::new(engine), tokenizer, template))
+}
+
+fn tasks(rows: Vec<serde_json::Value>, workflow: &str) -> Vec<Task> {
+    let config = TasksetConfig {
+        name: "toy".into(),
+        default_workflow_type: Some(workflow.into()),
+        repeat_times: Some(3),
+        rollout_args: RolloutArgs {
+            temperature: Some(1.0),
+            max_tokens: Some(6),
+            seed: Some(7),
+            ..RolloutArgs::default()
+        },
+        ..TasksetConfig::default()
+    };
+    let rows = rows.into_iter().map(|r| r.as_object().cloned().unwrap()).collect();
+    let taskset = Taskset::from_rows(&config, rows, 0, false, Path::new("toy.jsonl")).unwrap();
+    taskset.all_tasks().unwrap()
+}
+
+fn options(default_workflow: &str) -> RunnerOptions {
+    RunnerOptions {
+        concurrency: 4,
+        timeout: Duration::from_secs(60),
+        max_retries: 1,
+        default_workflow: default_workflow.into(),
+    }
+}
+
+#[tokio::test]
+async fn a_batch_yields_scored_groups_in_task_order() {
+    let model = rollout_model();
+    let rows = vec![json!({"prompt": "ab", "response": "1"}), json!({"prompt": "ba", "response": "2"})];
+    let report = run_tasks(Arc::clone(&model), tasks(rows, "simple_workflow"), &options("simple_workflow")).await;
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!(report.groups.len(), 2);
+    for (t, group) in report.groups.iter().enumerate() {
+        assert_eq!(group.len(), 3, "repeat_times rollouts per task");
+        for (run, experience) in group.iter().enumerate() {
+            experience.validate().unwrap();
+            assert_eq!(experience.eid.task, t as u64);
+            assert_eq!(experience.eid.run, run as u64);
+            assert!(experience.response_length() >= 1 && experience.response_length() <= 6);
+            assert_eq!(experience.logprobs.len(), experience.response_length());
+            assert!(experience.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
+            assert!(experience.metrics.contains_key("accuracy"), "reward components become metrics");
+            assert_eq!(experience.model_version, 0);
+        }
+        // The group shares its prompt.
+        assert!(group.iter().all(|e| e.tokens[..e.prompt_length] == group[0].tokens[..group[0].prompt_length]));
+    }
+}
+
+#[tokio::test]
+async fn failing_tasks_are_counted_and_do_not_stop_the_batch() {
+    let model = rollout_model();
+    let rows = vec![
+        json!({"prompt": "ab", "response": "1"}),
+        json!({"question": "no prompt field", "response": "1"}),
+        json!({"prompt": "cd", "numbers": [1, 2], "target": 3}),
+    ];
+    let mut batch = tasks(rows, "simple_workflow");
+    batch[2].workflow = Some("countdown".into());
+    let report = run_tasks(Arc::clone(&model), batch, &options("simple_workflow")).await;
+    assert_eq!(report.groups.len(), 2, "the first and the countdown task succeed: {:?}", report.failures);
+    assert_eq!(report.failures.len(), 1);
+    assert!(report.failures[0].task.ends_with("#1"), "{:?}", report.failures);
+    assert!(report.failures[0].error.to_string().contains("no prompt field `prompt`"), "{}", report.failures[0].error);
+    assert_eq!(report.retries, 1, "the failing task was retried once");
+    assert!(report.groups[1].iter().all(|e| e.metrics.contains_key("score")), "countdown_reward scored it");
+}
+
+#[tokio::test]
+async fn unknown_workflows_and_timeouts_are_named_failures() {
+    let model = rollout_model();
+    let rows = vec![json!({"prompt": "ab", "response": "1"})];
+    let report = run_tasks(Arc::clone(&model), tasks(rows.clone(), "no_such_workflow"), &options("x")).await;
+    assert!(
+        matches!(&report.failures[0].error, ExplorerError::UnknownWorkflow { workflow, .. } if workflow == "no_such_workflow")
+    );
+    let mut quick = options("simple_workflow");
+    quick.timeout = Duration::from_nanos(1);
+    quick.max_retries = 0;
+    let report = run_tasks(model, tasks(rows, "simple_workflow"), &quick).await;
+    assert!(matches!(report.failures[0].error, ExplorerError::Timeout { .. }), "{:?}", report.failures);
+}

@@ -1,0 +1,25 @@
+//! Errors of the RFT loop; each names the phase and what failed.
+
+#[derive(Debug, thiserror::Error)]
+pub enum RftError {
+    #[error("model {path}: {source}")]
+    Model { path: String, source: trinity_model::ModelError },
+    #[error("generation engine: {0}")]
+    Engine(#[from] trinity_engine::EngineError),
+    #[error("trainer: {0}")]
+    Trainer(#[from] trinity_trainer::TrainerError),
+    #[error("algorithm: {0}")]
+    Algorithm(#[from] trinity_algorithm::AlgorithmError),
+    #[error("buffer: {0}")]
+    Buffer(#[from] trinity_buffer::BufferError),
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] trinity_checkpoint::CheckpointError),
+    #[error("monitor: {0}")]
+    Monitor(#[from] trinity_monitor::MonitorError),
+    #[error("experience pipeline: {0}")]
+    Pipeline(String),
+    #[error("explore step {step}: every task failed; first failure: {first}")]
+    AllTasksFailed { step: u64, first: String },
+    #[error("{0}")]
+    Unsupported(String),
+}

@@ -1,0 +1,13 @@
+//! The RFT loop: explorer, buffer, trainer and synchronizer wired together.
+//!
+//! * [`schedule`]: Trinity-RFT's `sync_interval` / `sync_offset` plan as a pure function.
+//! * [`pipeline`]: the explorer-side experience pipeline (group advantages).
+//! * [`run`]: mode `both` on one device with in-memory weight sync, evaluation, checkpoints and metrics.
+
+pub mod error;
+pub mod pipeline;
+pub mod run;
+pub mod schedule;
+
+pub use error::RftError;
+pub use run::{RunSummary, job_dir, run_both};

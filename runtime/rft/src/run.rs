@@ -1,0 +1,441 @@
+//! Mode `both`: explorer and trainer in one process on one device, weights synchronised in memory.
+//!
+//! The loop follows [`crate::schedule`]: explore whenever the sync plan allows, else train; after every
+//! `sync_interval`-th train step the trainer's weights are copied into the generation engine in place.
+//! Train step `s` trains on exactly the experiences of explore step `s` (whole groups, in order).
+//!
+//! Checkpoints (`save_interval`, and the last step) hold the policy as a Hugging Face directory (`hf/`), the
+//! optimizer state (`trainer/`) and `meta.json` (steps, sync count, taskset position). A resumed run reloads
+//! them and re-explores any step that was explored but not trained before the stop: the in-memory queue did not
+//! survive, and the taskset position saved is the one of the last trained step.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tch::Kind;
+use trinity_algorithm::advantage::AdvantageFn;
+use trinity_algorithm::registry::{self, Kind as ComponentKind};
+use trinity_buffer::{Experience, ExperienceBuffer, JsonlWriter, SchedulerState, TaskScheduler, Taskset};
+use trinity_checkpoint::CheckpointDir;
+use trinity_config::{Config, Mode};
+use trinity_engine::{Engine, EngineConfig, EngineModel};
+use trinity_explorer::{RolloutModel, RunReport, RunnerOptions, run_tasks};
+use trinity_model::{ChatTemplate, DeviceRequest, LoadedModel, load_model, save_hf_parts, select_device};
+use trinity_monitor::{Metrics, Monitor};
+use trinity_trainer::{Components, TrainRow, Trainer, TrainerOptions};
+
+use crate::error::RftError;
+use crate::pipeline::apply_group_advantage;
+use crate::schedule::{Action, SyncSchedule, next_action};
+
+/// What a finished run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSummary {
+    /// The experiment directory (`<checkpoint_root_dir>/<project>/[<group>/]<name>`).
+    pub job_dir: PathBuf,
+    /// The checkpoint the run resumed from, if any.
+    pub resumed_from: Option<u64>,
+    /// Train steps completed in all (including those before a resume).
+    pub train_steps: u64,
+}
+
+/// `meta.json` of a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Meta {
+    train_step: u64,
+    syncs: u64,
+    scheduler: SchedulerState,
+}
+
+/// The experiment directory of a config.
+pub fn job_dir(config: &Config) -> PathBuf {
+    let mut dir = PathBuf::from(&config.checkpoint_root_dir).join(&config.project);
+    if !config.group.is_empty() {
+        dir.push(&config.group);
+    }
+    dir.join(&config.name)
+}
+
+/// Runs a resolved config in mode `both` (or `colocate`, the same on one device).
+pub fn run_both(config: &Config) -> Result<RunSummary, RftError> {
+    if !matches!(config.mode, Mode::Both | Mode::Colocate) {
+        return Err(RftError::Unsupported(format!("mode `{}` is not supported yet", config.mode.name())));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| RftError::Unsupported(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(Run::start(config)?.drive())
+}
+
+struct Run<'a> {
+    config: &'a Config,
+    job_dir: PathBuf,
+    checkpoints: CheckpointDir,
+    monitor: Monitor,
+    trainer: Trainer,
+    rollout: Arc<RolloutModel>,
+    tokenizer: trinity_model::Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    eos_token_ids: Vec<i64>,
+    scheduler: TaskScheduler,
+    eval_tasksets: Vec<Taskset>,
+    advantage: Option<Box<dyn AdvantageFn>>,
+    buffer: ExperienceBuffer,
+    experiences_log: JsonlWriter,
+    schedule: SyncSchedule,
+    total_steps: u64,
+    resumed_from: Option<u64>,
+    explored: u64,
+    trained: u64,
+    syncs: u64,
+    /// Taskset position after each explore step not yet checkpointed, to save with the matching train step.
+    positions: BTreeMap<u64, SchedulerState>,
+    /// Experiences each explore step put in the buffer, and its metrics, until its train step.
+    pending: BTreeMap<u64, (usize, Metrics)>,
+}
+
+impl<'a> Run<'a> {
+    fn start(config: &'a Config) -> Result<Run<'a>, RftError> {
+        let job_dir = job_dir(config);
+        let checkpoints = CheckpointDir::open(&job_dir)?;
+        let latest = if config.continue_from_checkpoint { checkpoints.latest()? } else { None };
+        let (model_path, meta) = match &latest {
+            Some(checkpoint) => {
+                tracing::info!("resuming from {}", checkpoint.path.display());
+                (checkpoint.path.join("hf"), Some(checkpoint.meta::<Meta>()?))
+            }
+            None => (PathBuf::from(&config.model.model_path), None),
+        };
+        let device = select_device(DeviceRequest::Auto).map_err(|source| model_error(&model_path, source))?;
+        if device == tch::Device::Cpu {
+            tracing::info!("no CUDA device: running on the CPU");
+        }
+        let mut policy = load_model(&model_path, Kind::Float, device).map_err(|e| model_error(&model_path, e))?;
+        let chat_template = match custom_template(config, &policy).map_err(|e| model_error(&model_path, e))? {
+            Some(template) => Some(template),
+            None => policy.chat_template.take(),
+        };
+        let tokenizer = policy.tokenizer.clone();
+        let eos_token_ids = policy.eos_token_ids.clone();
+
+        let engine_kind = engine_kind(&config.explorer.rollout_model.dtype);
+        let generation = load_model(&model_path, engine_kind, device).map_err(|e| model_error(&model_path, e))?;
+        let model = &config.model;
+        let engine_config = EngineConfig {
+            max_model_len: model.max_model_len.unwrap_or(2048) as usize,
+            max_num_seqs: (config.explorer.runner_per_model as usize
+                * config.algorithm.repeat_times.unwrap_or(1) as usize)
+                .clamp(1, 256),
+            max_prompt_tokens: model.max_prompt_tokens.map(|t| t as usize),
+            max_response_tokens: model.max_response_tokens.map(|t| t as usize),
+            ..EngineConfig::default()
+        };
+        let engine = Engine::start(EngineModel::from(generation), engine_config)?;
+        let template_copy = match &chat_template {
+            Some(template) => Some(
+                ChatTemplate::new(template.source(), tokenizer.bos_token(), tokenizer.eos_token())
+                    .map_err(|e| model_error(&model_path, e))?,
+            ),
+            None => None,
+        };
+        let rollout = Arc::new(RolloutModel::new(Arc::new(engine), tokenizer.clone(), template_copy));
+
+        let mut scheduler = TaskScheduler::from_config(&config.buffer)?;
+        let total_steps =
+            config.trainer.total_steps.map_or(scheduler.total_steps(), |t| t.min(scheduler.total_steps()));
+        let components = Components::from_config(&config.algorithm)?;
+        let advantage = explorer_side_advantage(config, &components)?;
+        let options = TrainerOptions { total_steps: Some(total_steps), ..TrainerOptions::from_config(config) };
+        let mut trainer = Trainer::new(policy.decoder, components, &config.algorithm.optimizer, options)?;
+        let (mut trained, mut syncs) = (0, 0);
+        if let (Some(meta), Some(checkpoint)) = (&meta, &latest) {
+            trainer.load_state(&checkpoint.path.join("trainer"), meta.train_step)?;
+            scheduler.restore(meta.scheduler.clone())?;
+            trained = meta.train_step;
+            syncs = meta.syncs;
+            rollout.set_model_version(meta.train_step);
+        }
+        let buffer_dir = job_dir.join("buffer");
+        let experience_buffer = config.buffer.trainer_input.experience_buffer.clone().unwrap_or_default();
+        let buffer = ExperienceBuffer::open(&experience_buffer, &buffer_dir)?;
+        let experiences_log = JsonlWriter::open(&job_dir.join("experiences.jsonl"))?;
+        let monitor = Monitor::open(&job_dir.join("monitor"), &config.monitor.monitor_type)?;
+        let eval_tasksets = trinity_buffer::load_eval_tasksets(&config.buffer)?;
+        Ok(Run {
+            config,
+            job_dir,
+            checkpoints,
+            monitor,
+            trainer,
+            rollout,
+            tokenizer,
+            chat_template,
+            eos_token_ids,
+            scheduler,
+            eval_tasksets,
+            advantage,
+            buffer,
+            experiences_log,
+            schedule: SyncSchedule {
+                interval: u64::from(config.synchronizer.sync_interval),
+                offset: u64::from(config.synchronizer.sync_offset),
+            },
+            total_steps,
+            resumed_from: latest.map(|c| c.step),
+            explored: trained,
+            trained,
+            syncs,
+            positions: BTreeMap::new(),
+            pending: BTreeMap::new(),
+        })
+    }
+
+    async fn drive(mut self) -> Result<RunSummary, RftError> {
+        tracing::info!(
+            "run {}: {} steps, sync every {} step(s), offset {}",
+            self.job_dir.display(),
+            self.total_steps,
+            self.schedule.interval,
+            self.schedule.offset
+        );
+        if self.resumed_from.is_none() && self.config.explorer.eval_on_startup && !self.eval_tasksets.is_empty() {
+            let metrics = self.evaluate().await?;
+            self.monitor.record(0, &metrics)?;
+        }
+        loop {
+            match next_action(&self.schedule, self.explored, self.trained, self.syncs, self.total_steps) {
+                Action::Explore(step) => self.explore(step).await?,
+                Action::Train(step) => self.train(step).await?,
+                Action::Done => break,
+            }
+        }
+        self.buffer.close();
+        Ok(RunSummary { job_dir: self.job_dir, resumed_from: self.resumed_from, train_steps: self.trained })
+    }
+
+    async fn explore(&mut self, step: u64) -> Result<(), RftError> {
+        let started = Instant::now();
+        let Some(tasks) = self.scheduler.next_batch()? else {
+            // The tasksets ran out earlier than planned (only possible with total_steps beyond the data).
+            self.total_steps = step - 1;
+            return Ok(());
+        };
+        self.positions.insert(step, self.scheduler.state());
+        let explorer = &self.config.explorer;
+        let options = RunnerOptions {
+            concurrency: explorer.runner_per_model as usize,
+            timeout: Duration::from_secs(explorer.max_timeout),
+            max_retries: explorer.max_retry_times,
+            default_workflow: "simple_workflow".to_owned(),
+        };
+        let report = run_tasks(Arc::clone(&self.rollout), tasks, &options).await;
+        if report.groups.is_empty() {
+            let first = report.failures.first().map(|f| f.error.to_string()).unwrap_or_default();
+            return Err(RftError::AllTasksFailed { step, first });
+        }
+        let mut metrics = rollout_metrics("rollout", &report);
+        let mut experiences: Vec<Experience> = report.groups.into_iter().flatten().collect();
+        if let Some(advantage) = &self.advantage {
+            let (with_advantages, pipeline_metrics) = apply_group_advantage(advantage.as_ref(), experiences)?;
+            experiences = with_advantages;
+            metrics.extend(pipeline_metrics.into_iter().map(|(k, v)| (format!("pipeline/{k}"), v)));
+        }
+        self.experiences_log.write_batch(&experiences)?;
+        let count = experiences.len();
+        let response_tokens: usize = experiences.iter().map(Experience::response_length).sum();
+        if count > 0 {
+            self.buffer.put_batch(experiences).await?;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        metrics.insert("time/explore_s".into(), seconds);
+        metrics.insert("perf/rollout_tokens_per_s".into(), response_tokens as f64 / seconds.max(1e-9));
+        self.pending.insert(step, (count, metrics));
+        self.explored = step;
+        Ok(())
+    }
+
+    async fn train(&mut self, step: u64) -> Result<(), RftError> {
+        let (count, mut metrics) = self.pending.remove(&step).unwrap_or_default();
+        let started = Instant::now();
+        let mut tokens = 0usize;
+        if count > 0 {
+            let timeout = Duration::from_secs_f64(
+                self.config.buffer.trainer_input.experience_buffer.as_ref().map_or(1800.0, |b| b.max_read_timeout),
+            );
+            let batch = self.buffer.get_batch_within(count, timeout, None).await?;
+            let rows: Vec<TrainRow> = batch.iter().map(train_row).collect();
+            tokens = rows.iter().map(|r| r.tokens.len()).sum();
+            let step_metrics = self.trainer.train_step(&rows)?;
+            // The trainer reports veRL's `actor/...` names; the run's metrics are `train/...` (pg_loss, kl_loss,
+            // entropy, grad_norm, lr, ...).
+            metrics.extend(
+                step_metrics.into_iter().map(|(k, v)| (format!("train/{}", k.strip_prefix("actor/").unwrap_or(&k)), v)),
+            );
+        } else {
+            tracing::warn!("explore step {step} kept no experience (every group dropped); train step {step} skipped");
+        }
+        let train_seconds = started.elapsed().as_secs_f64();
+        metrics.insert("time/train_s".into(), train_seconds);
+        metrics.insert("perf/train_tokens_per_s".into(), tokens as f64 / train_seconds.max(1e-9));
+        self.trained = step;
+
+        let mut sync_seconds = 0.0;
+        if self.schedule.syncs_after(step) || step == self.total_steps {
+            let started = Instant::now();
+            let weights = self.trainer.policy().named_parameters().map_err(|e| model_error(Path::new("policy"), e))?;
+            self.rollout.engine().sync_weights(weights).await?;
+            self.rollout.set_model_version(step);
+            self.syncs += 1;
+            sync_seconds = started.elapsed().as_secs_f64();
+        }
+        metrics.insert("time/sync_s".into(), sync_seconds);
+
+        let eval_interval = self.config.explorer.eval_interval;
+        if !self.eval_tasksets.is_empty() && (step.is_multiple_of(eval_interval) || step == self.total_steps) {
+            metrics.extend(self.evaluate().await?);
+        }
+        let save_interval = self.config.trainer.save_interval;
+        if (save_interval > 0 && step.is_multiple_of(save_interval)) || step == self.total_steps {
+            self.save(step)?;
+        }
+        self.monitor.record(step, &metrics)?;
+        tracing::info!(
+            "step {step}/{}: reward {:.3}, pg_loss {:.4}, explore {:.1}s, train {:.1}s",
+            self.total_steps,
+            metrics.get("rollout/reward_mean").copied().unwrap_or(f64::NAN),
+            metrics.get("train/pg_loss").copied().unwrap_or(f64::NAN),
+            metrics.get("time/explore_s").copied().unwrap_or(0.0),
+            train_seconds,
+        );
+        Ok(())
+    }
+
+    async fn evaluate(&mut self) -> Result<Metrics, RftError> {
+        let mut metrics = Metrics::new();
+        let options = RunnerOptions {
+            concurrency: self.config.explorer.runner_per_model as usize,
+            timeout: Duration::from_secs(self.config.explorer.max_timeout),
+            max_retries: self.config.explorer.max_retry_times,
+            default_workflow: "simple_workflow".to_owned(),
+        };
+        for taskset in &self.eval_tasksets {
+            let started = Instant::now();
+            let report = run_tasks(Arc::clone(&self.rollout), taskset.all_tasks()?, &options).await;
+            let prefix = format!("eval/{}", taskset.config.name);
+            let mut taskset_metrics = rollout_metrics(&prefix, &report);
+            let experiences: Vec<&Experience> = report.experiences().collect();
+            let accurate = experiences.iter().filter(|e| is_accurate(e)).count();
+            taskset_metrics.insert(format!("{prefix}/accuracy"), accurate as f64 / experiences.len().max(1) as f64);
+            taskset_metrics.insert(format!("time/eval_{}_s", taskset.config.name), started.elapsed().as_secs_f64());
+            metrics.extend(taskset_metrics);
+        }
+        Ok(metrics)
+    }
+
+    fn save(&mut self, step: u64) -> Result<(), RftError> {
+        let scheduler = self.positions.get(&step).cloned().unwrap_or_else(|| self.scheduler.state());
+        let meta = Meta { train_step: step, syncs: self.syncs, scheduler };
+        let (trainer, tokenizer, template, eos) =
+            (&self.trainer, &self.tokenizer, self.chat_template.as_ref(), &self.eos_token_ids);
+        self.checkpoints.save(step, &meta, |dir| {
+            save_hf_parts(trainer.policy(), tokenizer, template, eos, &dir.join("hf")).map_err(|e| e.to_string())?;
+            let state = dir.join("trainer");
+            std::fs::create_dir_all(&state).map_err(|e| e.to_string())?;
+            trainer.save_state(&state).map_err(|e| e.to_string())
+        })?;
+        if let Some(keep) = self.config.trainer.max_checkpoints_to_keep {
+            self.checkpoints.prune(keep as usize)?;
+        }
+        self.positions.retain(|&s, _| s > step);
+        Ok(())
+    }
+}
+
+/// The trainer's view of an experience.
+fn train_row(experience: &Experience) -> TrainRow {
+    TrainRow {
+        tokens: experience.tokens.iter().map(|&t| i64::from(t)).collect(),
+        prompt_length: experience.prompt_length,
+        action_mask: experience.action_mask.clone(),
+        logprobs: experience.logprobs.clone(),
+        reward: Some(experience.reward as f32),
+        token_level_rewards: experience.token_level_rewards.clone(),
+        advantages: experience.advantages.clone(),
+        teacher_logprobs: experience.teacher_logprobs.clone(),
+        expert: false,
+        group_id: Some(experience.eid.tid()),
+        run_id: Some(format!("{}/{}", experience.eid.tid(), experience.eid.run)),
+        step: Some(experience.eid.batch as i64),
+    }
+}
+
+/// Reward and length statistics of a batch, under `prefix/`.
+fn rollout_metrics(prefix: &str, report: &RunReport) -> Metrics {
+    let rewards: Vec<f64> = report.experiences().map(|e| e.reward).collect();
+    let lengths: Vec<f64> = report.experiences().map(|e| e.response_length() as f64).collect();
+    let mut metrics = Metrics::new();
+    let n = rewards.len().max(1) as f64;
+    let mean = rewards.iter().sum::<f64>() / n;
+    let variance = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
+    metrics.insert(format!("{prefix}/reward_mean"), mean);
+    metrics.insert(format!("{prefix}/reward_std"), variance.sqrt());
+    metrics.insert(format!("{prefix}/reward_max"), rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+    metrics.insert(format!("{prefix}/reward_min"), rewards.iter().copied().fold(f64::INFINITY, f64::min));
+    metrics.insert(format!("{prefix}/response_length_mean"), lengths.iter().sum::<f64>() / n);
+    metrics.insert(format!("{prefix}/failed_tasks"), report.failures.len() as f64);
+    metrics.insert(format!("{prefix}/retries"), f64::from(report.retries));
+    metrics
+}
+
+/// A rollout counts as accurate when its `accuracy` reward component is 1 (math rewards), or, for rewards
+/// without one (countdown's `score`), when its total reward reaches 1.
+fn is_accurate(experience: &Experience) -> bool {
+    match experience.metrics.get("accuracy") {
+        Some(accuracy) => *accuracy >= 1.0,
+        None => experience.reward >= 1.0,
+    }
+}
+
+/// The advantage function the explorer's pipeline runs (group advantages), if the algorithm has one there.
+fn explorer_side_advantage(config: &Config, components: &Components) -> Result<Option<Box<dyn AdvantageFn>>, RftError> {
+    if components.compute_advantage_in_trainer {
+        return Ok(None);
+    }
+    let Some(name) = config.algorithm.advantage_fn.as_deref() else {
+        return Ok(None);
+    };
+    if components.advantage.is_none() {
+        return Ok(None);
+    }
+    let args = registry::resolve_args(ComponentKind::AdvantageFn, name, config.algorithm.advantage_fn_args.as_ref())?;
+    let (function, in_trainer) = registry::advantage_fn(name, &args)?;
+    Ok(if in_trainer { None } else { Some(function) })
+}
+
+fn custom_template(config: &Config, model: &LoadedModel) -> Result<Option<ChatTemplate>, trinity_model::ModelError> {
+    let (bos, eos) = (model.tokenizer.bos_token(), model.tokenizer.eos_token());
+    if let Some(path) = &config.model.chat_template_path {
+        return ChatTemplate::from_file(Path::new(path), bos, eos).map(Some);
+    }
+    match &config.model.custom_chat_template {
+        Some(source) => ChatTemplate::new(source, bos, eos).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn engine_kind(dtype: &str) -> Kind {
+    match dtype {
+        "float32" | "fp32" => Kind::Float,
+        "float16" | "fp16" => Kind::Half,
+        // `bfloat16` (Trinity-RFT's default) and `auto`.
+        _ => Kind::BFloat16,
+    }
+}
+
+fn model_error(path: &Path, source: trinity_model::ModelError) -> RftError {
+    RftError::Model { path: path.display().to_string(), source }
+}

@@ -1,0 +1,136 @@
+//! Mode `both` end to end on a tiny real model (two-layer Llama with tokenizer and chat template).
+
+use std::path::{Path, PathBuf};
+
+use trinity_algorithm::BuiltinCatalog;
+use trinity_config::{Config, LoadOptions};
+
+fn tiny_model_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied")
+}
+
+fn config(dir: &Path, overrides: &[String]) -> Config {
+    let rows: String = (0..10).map(|i| format!("{{\"prompt\": \"ab{i}\", \"response\": \"{i}\"}}\n")).collect();
+    std::fs::write(dir.join("train.jsonl"), &rows).unwrap();
+    let eval: String = rows.lines().take(2).map(|l| format!("{l}\n")).collect();
+    std::fs::write(dir.join("eval.jsonl"), eval).unwrap();
+    let text = format!(
+        "project: t
+name: run
+checkpoint_root_dir: {root}
+algorithm:
+  algorithm_type: grpo
+  repeat_times: 4
+  optimizer:
+    lr: 1e-3
+model:
+  model_path: {model}
+  max_model_len: 48
+  max_response_tokens: 8
+buffer:
+  batch_size: 2
+  explorer_input:
+    taskset:
+      name: toy
+      path: {root}/train.jsonl
+    eval_tasksets:
+      - name: toy-eval
+        path: {root}/eval.jsonl
+    default_workflow_type: simple_workflow
+    default_reward_fn_type: math_reward
+explorer:
+  eval_interval: 2
+  runner_per_model: 4
+trainer:
+  save_interval: 2
+synchronizer:
+  sync_method: memory
+monitor:
+  monitor_type: csv
+",
+        root = dir.display(),
+        model = tiny_model_dir().display()
+    );
+    let env = |_: &str| None;
+    let options = LoadOptions { overrides, env: &env, catalog: &BuiltinCatalog, cwd: dir };
+    trinity_config::load_str(&text, &dir.join("config.yaml"), options).unwrap().config
+}
+
+fn metrics(job: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(job.join("monitor/metrics.jsonl")).unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn trains_checkpoints_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = config(dir.path(), &["buffer.total_steps=2".to_owned()]);
+    let summary = trinity_rft::run_both(&first).unwrap();
+    assert_eq!(summary.train_steps, 2);
+    assert_eq!(summary.resumed_from, None);
+    let job = summary.job_dir;
+    let lines = metrics(&job);
+    let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, vec![0, 1, 2], "eval at step 0, then one line per step");
+    for key in [
+        "rollout/reward_mean",
+        "rollout/reward_std",
+        "rollout/response_length_mean",
+        "train/pg_loss",
+        "train/grad_norm",
+        "train/lr",
+        "perf/rollout_tokens_per_s",
+        "perf/train_tokens_per_s",
+        "time/explore_s",
+        "time/train_s",
+        "time/sync_s",
+    ] {
+        assert!(lines[1].get(key).is_some_and(|v| v.is_number()), "step 1 lacks {key}: {}", lines[1]);
+    }
+    assert!(lines[0]["eval/toy-eval/accuracy"].is_number());
+    assert!(lines[2]["eval/toy-eval/reward_mean"].is_number(), "eval every 2 steps");
+    assert!(job.join("monitor/metrics.csv").exists());
+    let checkpoint = job.join("global_step_2");
+    assert!(checkpoint.join("meta.json").exists());
+    assert!(checkpoint.join("hf/model.safetensors").exists());
+    assert!(checkpoint.join("hf/tokenizer.json").exists());
+    let experiences = std::fs::read_to_string(job.join("experiences.jsonl")).unwrap();
+    assert_eq!(experiences.lines().count(), 2 * 2 * 4, "2 steps × 2 tasks × 4 rollouts");
+
+    // The saved policy differs from the starting weights: training changed them.
+    let start = trinity_model::load_model(&tiny_model_dir(), tch::Kind::Float, tch::Device::Cpu).unwrap();
+    let trained = trinity_model::load_model(&checkpoint.join("hf"), tch::Kind::Float, tch::Device::Cpu).unwrap();
+    let (a, b) = (start.decoder.named_parameters().unwrap(), trained.decoder.named_parameters().unwrap());
+    let moved: f64 =
+        a.iter().zip(&b).map(|((_, x), (_, y))| (x - y).abs().sum(tch::Kind::Double).double_value(&[])).sum();
+    assert!(moved > 0.0, "weights did not change");
+
+    // Same command with more steps: resumes from step 2 and continues at step 3.
+    let second = config(dir.path(), &["buffer.total_steps=3".to_owned()]);
+    let summary = trinity_rft::run_both(&second).unwrap();
+    assert_eq!(summary.resumed_from, Some(2));
+    assert_eq!(summary.train_steps, 3);
+    let steps: Vec<u64> = metrics(&job).iter().map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, vec![0, 1, 2, 3], "no step-0 eval on resume; step numbers continue");
+    assert!(job.join("global_step_3/meta.json").exists());
+}
+
+#[test]
+fn interval_two_offset_one_runs_off_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = ["synchronizer.sync_interval=2", "synchronizer.sync_offset=1", "explorer.eval_on_startup=false"];
+    let config = config(dir.path(), &overrides.map(str::to_owned));
+    let summary = trinity_rft::run_both(&config).unwrap();
+    assert_eq!(summary.train_steps, 5);
+    let experiences = std::fs::read_to_string(summary.job_dir.join("experiences.jsonl")).unwrap();
+    let versions: Vec<(u64, u64)> = experiences
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|e| (e["eid"]["batch"].as_u64().unwrap(), e["model_version"].as_u64().unwrap()))
+        .collect();
+    // E1 E2 E3 T1 T2 sync E4 E5 T3 T4 sync T5: steps 1-3 use the initial weights, 4-5 those after train step 2.
+    for (batch, version) in versions {
+        let expected = if batch <= 3 { 0 } else { 2 };
+        assert_eq!(version, expected, "explore step {batch}");
+    }
+}

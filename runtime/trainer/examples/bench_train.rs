@@ -1,0 +1,175 @@
+//! Training throughput of the engine's core: forward + backward + log-softmax gather over every next-token
+//! position, for SmolLM2-135M on the CPU (8 × 164 tokens by default), in fp32 and in bf16 (bf16 parameters and
+//! compute with fp32 master weights — the trainer's bf16 mode). The computation is the trainer's own path:
+//! `Decoder::forward_hidden` and the chunked head ([`trinity_trainer::logprobs`], by default in the trainer's
+//! head mode, recomputing), with loss = −mean(logprob). No optimizer step (that is outside what PyTorch's `bench_train.py` measures too).
+//!
+//! ```text
+//! cargo run --release -p trinity-trainer --example bench_train -- [--model FILE] [--dtype f32|bf16|both]
+//!     [--batch 8] [--seq 164] [--iters 3] [--threads 2] [--chunk 1024] [--head keep|recompute] [--phases]
+//! ```
+//! The model defaults to `$TRINITY_SMOLLM2_GGUF`. Prints one line per dtype: wall seconds per iteration (best
+//! and mean of `--iters` after one warm-up), tokens/s, and the process CPU seconds per iteration (user + system,
+//! all threads), which is less sensitive than wall time to other processes competing for the cores.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use tch::{Device, Kind, Tensor};
+use trinity_model::load_model;
+use trinity_trainer::TrainerOptions;
+use trinity_trainer::logprobs::{self, HeadMode};
+
+struct Args {
+    model: PathBuf,
+    dtypes: Vec<Kind>,
+    batch: i64,
+    seq: i64,
+    iters: usize,
+    threads: i32,
+    chunk: i64,
+    head: HeadMode,
+    phases: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        model: std::env::var_os("TRINITY_SMOLLM2_GGUF").map(PathBuf::from).unwrap_or_default(),
+        dtypes: vec![Kind::Float, Kind::BFloat16],
+        batch: 8,
+        seq: 164,
+        iters: 3,
+        threads: 2,
+        chunk: 1024,
+        head: TrainerOptions::default().head_mode,
+        phases: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--phases" {
+            args.phases = true;
+            continue;
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let num = |v: &str| v.parse::<i64>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--model" => args.model = PathBuf::from(value),
+            "--dtype" => {
+                args.dtypes = match value.as_str() {
+                    "f32" => vec![Kind::Float],
+                    "bf16" => vec![Kind::BFloat16],
+                    "both" => vec![Kind::Float, Kind::BFloat16],
+                    other => return Err(format!("--dtype {other}: use f32, bf16 or both")),
+                }
+            }
+            "--batch" => args.batch = num(&value)?,
+            "--seq" => args.seq = num(&value)?,
+            "--iters" => args.iters = num(&value)?.max(1) as usize,
+            "--threads" => args.threads = num(&value)? as i32,
+            "--chunk" => args.chunk = num(&value)?,
+            "--head" => {
+                args.head = match value.as_str() {
+                    "keep" => HeadMode::KeepUpTo(i64::MAX),
+                    "recompute" => HeadMode::Recompute,
+                    other => return Err(format!("--head {other}: use keep or recompute")),
+                }
+            }
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if args.model.as_os_str().is_empty() {
+        return Err("no model: pass --model FILE or set TRINITY_SMOLLM2_GGUF".into());
+    }
+    Ok(args)
+}
+
+fn run(args: &Args, kind: Kind) -> Result<(), Box<dyn std::error::Error>> {
+    let model = load_model(&args.model, kind, Device::Cpu)?;
+    let decoder = &model.decoder;
+    tch::manual_seed(0);
+    let vocab = decoder.config().vocab_size;
+    let ids = Tensor::f_randint(vocab, [args.batch, args.seq], (Kind::Int64, Device::Cpu))?;
+    let n = args.seq - 1;
+    let targets = ids.f_narrow(1, 1, n)?;
+    let grad = Tensor::f_full([args.batch, n], -1.0 / (args.batch * n) as f64, (Kind::Float, Device::Cpu))?;
+    let mut times = Vec::new();
+    let mut cpu_start = 0.0;
+    for i in 0..=args.iters {
+        if i == 1 {
+            cpu_start = cpu_seconds();
+        }
+        let start = Instant::now();
+        let mut phases = Vec::new();
+        let mut mark = |name: &'static str| phases.push((name, start.elapsed().as_secs_f64(), cpu_seconds()));
+        mark("start");
+        let hidden = decoder.forward_hidden(&ids, None)?.f_narrow(1, 0, n)?;
+        mark("decoder forward");
+        let pass = logprobs::forward(decoder, &hidden, &targets, 1.0, args.chunk, false, false, args.head)?;
+        let loss = -pass.stats.logprob.f_mean(Kind::Float)?.f_double_value(&[])?;
+        mark("head forward");
+        logprobs::backward(decoder, pass, &hidden, &targets, 1.0, args.chunk, &grad, None)?;
+        mark("backward");
+        let secs = start.elapsed().as_secs_f64();
+        if args.phases {
+            let line: Vec<String> = phases
+                .windows(2)
+                .map(|w| format!("{} {:.2} s wall / {:.2} s cpu", w[1].0, w[1].1 - w[0].1, w[1].2 - w[0].2))
+                .collect();
+            eprintln!("  iteration {i}: {}", line.join(", "));
+        }
+        for (_, mut p) in decoder.named_parameters()? {
+            p.zero_grad();
+        }
+        if i > 0 {
+            times.push(secs);
+        } else {
+            eprintln!("warm-up {secs:.2} s (loss {loss:.4})");
+        }
+    }
+    let cpu = (cpu_seconds() - cpu_start) / args.iters as f64;
+    let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    let tokens = (args.batch * args.seq) as f64;
+    let name = if kind == Kind::Float { "fp32" } else { "bf16 (bf16 params, fp32 masters)" };
+    let logit_bytes = args.batch * (args.seq - 1) * vocab * 4;
+    let head = match args.head {
+        HeadMode::KeepUpTo(limit) if logit_bytes <= limit => "head kept",
+        _ => "head recomputed",
+    };
+    println!(
+        "trinity {name} [{head}] {}x{} tokens: best {best:.2} s, mean {mean:.2} s -> {:.0} tokens/s (best), {:.0} tokens/s (mean); cpu {cpu:.2} s/iter",
+        args.batch,
+        args.seq,
+        tokens / best,
+        tokens / mean
+    );
+    Ok(())
+}
+
+/// User + system CPU seconds of this process (all threads), from `/proc/self/stat` (clock ticks of 1/100 s);
+/// 0 where that file does not exist.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th of them.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn main() {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bench_train: {e}");
+            std::process::exit(2);
+        }
+    };
+    tch::set_num_threads(args.threads);
+    for &kind in &args.dtypes {
+        if let Err(e) = run(&args, kind) {
+            eprintln!("bench_train: {e}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! The PPO critic: a decoder with a value head (`Linear(hidden, 1)`), trained by its own AdamW, as veRL's
+//! `DataParallelPPOCritic` (a separate copy of the backbone, `critic_model_path` defaulting to the policy's).
+//!
+//! The value of response token `t` is read at the hidden state that predicts it (column `P − 1 + t`, the same
+//! columns as the policy's logprobs), so `V_t` is the value of the state before token `t` is generated.
+//!
+//! Value loss (veRL's `compute_value_loss`, `cliprange_value` default 0.5):
+//! ```text
+//! V̂ = clip(V, V_old − c, V_old + c);  L = ½·agg(max((V − R)², (V̂ − R)²), m)
+//! vf_clipfrac = masked_mean((V̂ − R)² > (V − R)²)
+//! ```
+//! Micro-batch losses are scaled like the actor's (rows in micro / rows in step) and accumulated; one
+//! optimizer step per train step with its own gradient clipping and learning-rate schedule.
+
+use tch::{Device, Kind, Tensor};
+use trinity_algorithm::LossAggMode;
+use trinity_algorithm::masked::masked_mean;
+use trinity_algorithm::metrics::Metrics;
+use trinity_model::Decoder;
+
+use crate::batch::{PaddedInputs, TrainRow};
+use crate::error::Result;
+use crate::lr_schedule::LrSchedule;
+use crate::optimizer::{AdamW, AdamWSettings};
+
+/// A value model with its optimizer.
+#[derive(Debug)]
+pub struct Critic {
+    decoder: Decoder,
+    head_weight: Tensor,
+    head_bias: Tensor,
+    optimizer: AdamW,
+    schedule: LrSchedule,
+    grad_clip: f64,
+    cliprange_value: f64,
+}
+
+/// What one critic update reports (veRL's `critic/*` metrics without the prefix).
+#[derive(Debug)]
+pub(crate) struct CriticUpdate {
+    pub metrics: Metrics,
+}
+
+impl Critic {
+    /// Wraps `decoder` (the critic backbone) with a fresh value head (normal(0, 0.02) weights, zero bias, as
+    /// transformers initializes a token-classification head) and an AdamW over both.
+    pub fn new(
+        decoder: Decoder,
+        optimizer: &trinity_config::algorithm::OptimizerConfig,
+        schedule: LrSchedule,
+        cliprange_value: f64,
+    ) -> Result<Self> {
+        let h = decoder.config().hidden_size;
+        let device = decoder.device();
+        let head_weight = (Tensor::f_randn([1, h], (Kind::Float, device))? * 0.02).set_requires_grad(true);
+        let head_bias = Tensor::f_zeros([1], (Kind::Float, device))?.set_requires_grad(true);
+        let mut params = decoder.named_parameters()?;
+        params.push(("score.weight".into(), head_weight.shallow_clone()));
+        params.push(("score.bias".into(), head_bias.shallow_clone()));
+        let optimizer_state = AdamW::new(params, AdamWSettings::from(optimizer))?;
+        Ok(Critic {
+            decoder,
+            head_weight,
+            head_bias,
+            optimizer: optimizer_state,
+            schedule,
+            grad_clip: optimizer.clip_grad,
+            cliprange_value,
+        })
+    }
+
+    /// The backbone.
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+
+    /// The value head's weight `[1, hidden]` and bias `[1]`.
+    pub fn value_head(&self) -> (&Tensor, &Tensor) {
+        (&self.head_weight, &self.head_bias)
+    }
+
+    /// The critic's optimizer (for checkpoints).
+    pub fn optimizer(&self) -> &AdamW {
+        &self.optimizer
+    }
+
+    /// Mutable optimizer (for restoring checkpoints).
+    pub fn optimizer_mut(&mut self) -> &mut AdamW {
+        &mut self.optimizer
+    }
+
+    /// Restores the backbone and head from a safetensors file of named fp32 tensors (as
+    /// [`crate::Trainer::save_state`] writes), in place.
+    pub fn load_weights(&mut self, path: &std::path::Path) -> Result<()> {
+        let saved: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(path)?.into_iter().collect();
+        let mut params = self.decoder.named_parameters()?;
+        params.push(("score.weight".into(), self.head_weight.shallow_clone()));
+        params.push(("score.bias".into(), self.head_bias.shallow_clone()));
+        tch::no_grad(|| -> Result<()> {
+            for (name, mut p) in params {
+                let t = saved.get(&name).ok_or_else(|| crate::error::TrainerError::OptimizerState {
+                    path: path.to_path_buf(),
+                    problem: format!("no critic weight `{name}`"),
+                })?;
+                if t.size() != p.size() {
+                    return Err(crate::error::TrainerError::OptimizerState {
+                        path: path.to_path_buf(),
+                        problem: format!("critic weight `{name}` has shape {:?}, expected {:?}", t.size(), p.size()),
+                    });
+                }
+                p.f_copy_(t)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Values of the response positions of `rows[micro]`, `[b, R]` f32 on the model's device; differentiable
+    /// when gradients are enabled.
+    fn values_of(&self, rows: &[TrainRow], micro: &[usize]) -> Result<Tensor> {
+        let inputs = PaddedInputs::new(rows, micro, self.decoder.device())?;
+        let hidden = self.decoder.forward_hidden(&inputs.input_ids, inputs.attention_mask.as_ref())?;
+        let hidden = inputs.response_hidden(&hidden)?.f_to_kind(Kind::Float)?;
+        Ok(hidden.f_linear(&self.head_weight, Some(&self.head_bias))?.f_squeeze_dim(-1)?)
+    }
+
+    /// Values without gradients, `[b, R]` on the CPU (R = longest response in `micro`).
+    pub fn values(&self, rows: &[TrainRow], micro: &[usize]) -> Result<Tensor> {
+        tch::no_grad(|| Ok(self.values_of(rows, micro)?.f_to_device(Device::Cpu)?))
+    }
+
+    /// One critic update over `micro_batches` (lists of indices into `rows`). `returns`, `old_values` and
+    /// `mask` are `[N, width]` CPU tensors indexed by row (`N = rows.len()`); `active` is the number of rows in
+    /// the step (the loss-scale denominator).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn update(
+        &mut self,
+        rows: &[TrainRow],
+        micro_batches: &[Vec<usize>],
+        returns: &Tensor,
+        old_values: &Tensor,
+        mask: &Tensor,
+        agg: LossAggMode,
+        active: usize,
+        step: u64,
+    ) -> Result<CriticUpdate> {
+        self.optimizer.zero_grad();
+        let width = mask.size()[1];
+        let (mut vf_loss, mut clipfrac, mut vpred) = (0.0, 0.0, 0.0);
+        for micro in micro_batches {
+            let idx = Tensor::from_slice(&micro.iter().map(|&i| i as i64).collect::<Vec<_>>());
+            let v = self.values_of(rows, micro)?.f_to_device(Device::Cpu)?;
+            let v = v.f_constant_pad_nd([0, width - v.size()[1]])?;
+            let (ret, old, m) =
+                (returns.f_index_select(0, &idx)?, old_values.f_index_select(0, &idx)?, mask.f_index_select(0, &idx)?);
+            let clipped =
+                v.f_clamp_tensor(Some(&(&old - self.cliprange_value)), Some(&(&old + self.cliprange_value)))?;
+            let l1 = (&v - &ret).f_square()?;
+            let l2 = (clipped - &ret).f_square()?;
+            let loss = agg.aggregate(&l1.f_maximum(&l2)?, &m, None) * 0.5;
+            clipfrac += masked_mean(&l2.f_gt_tensor(&l1)?.f_to_kind(Kind::Float)?, &m, None).f_double_value(&[])?;
+            vpred += masked_mean(&v.f_detach()?, &m, None).f_double_value(&[])?;
+            vf_loss += loss.f_double_value(&[])?;
+            let scale = micro.len() as f64 / active as f64;
+            if loss.requires_grad() {
+                (loss * scale).f_backward()?;
+            }
+        }
+        let n = micro_batches.len().max(1) as f64;
+        let grad_norm = self.optimizer.clip_grad_norm(self.grad_clip)?;
+        let lr = self.schedule.lr(step);
+        if grad_norm.is_finite() {
+            self.optimizer.step(lr)?;
+        }
+        self.optimizer.zero_grad();
+        let metrics = Metrics::from([
+            ("vf_loss".to_owned(), vf_loss / n),
+            ("vf_clipfrac".to_owned(), clipfrac / n),
+            ("vpred_mean".to_owned(), vpred / n),
+            ("grad_norm".to_owned(), grad_norm),
+            ("lr".to_owned(), lr),
+        ]);
+        Ok(CriticUpdate { metrics })
+    }
+}

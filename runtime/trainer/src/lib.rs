@@ -1,0 +1,43 @@
+//! The training engine of trinity: Trinity-RFT's trainer step (veRL's `update_policy`) on libtorch.
+//!
+//! How the RFT loop drives it:
+//! ```text
+//! let policy = trinity_model::load_model(path, Kind::Float /* or BFloat16: bf16 compute, fp32 masters */, device)?;
+//! let components = Components::from_config(&config.algorithm)?;          // resolved config
+//! let mut trainer = Trainer::new(policy.decoder, components, &config.algorithm.optimizer,
+//!                                TrainerOptions::from_config(&config))?;  // reference/critic made as needed
+//! loop {
+//!     let rows: Vec<TrainRow> = /* experiences of one train step */;
+//!     let metrics = trainer.train_step(&rows)?;                            // one optimizer step
+//!     generation_decoder.copy_weights_from(trainer.policy())?;             // memory sync
+//!     if save { /* HF weights of trainer.policy() */ trainer.save_state(&step_dir)?; }
+//! }
+//! // resume: build the trainer on the checkpoint's weights, then trainer.load_state(&step_dir, step)?
+//! ```
+//!
+//! Modules, one concept each: [`batch`] (rows and padding), [`micro_batch`] (splitting by token budget),
+//! [`logprobs`] (chunked head with a recomputing backward), [`optimizer`] (AdamW, clipping, state file),
+//! [`lr_schedule`], [`reference`], [`critic`], [`components`] (the algorithm from its config) and
+//! [`trainer`] (the step).
+
+pub mod batch;
+pub mod components;
+pub mod critic;
+pub mod error;
+pub mod logprobs;
+pub mod lr_schedule;
+pub mod micro_batch;
+pub mod optimizer;
+pub mod reference;
+pub mod trainer;
+
+pub use batch::TrainRow;
+pub use components::Components;
+pub use critic::Critic;
+pub use error::{Result, TrainerError};
+pub use logprobs::HeadMode;
+pub use lr_schedule::LrSchedule;
+pub use micro_batch::MicroBatching;
+pub use optimizer::{AdamW, AdamWSettings};
+pub use reference::ReferenceModel;
+pub use trainer::{StepMetrics, Trainer, TrainerOptions};

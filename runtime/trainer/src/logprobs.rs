@@ -1,0 +1,301 @@
+//! Response-token logprobs and entropy through the output head, in chunks, with bounded memory.
+//!
+//! The head turns `[B, R, hidden]` into `[B, R, vocab]` logits — for SmolLM2 at 8 × 164 tokens that is 250 MB
+//! in fp32 — and autograd keeps each chunk's logits until the backward pass, so memory would grow with
+//! sequence × vocabulary even when computed in chunks. The loss is therefore differentiated in two halves:
+//!
+//! 1. [`forward`]: chunk by chunk (`chunk_tokens` rows × positions at a time), the logprob of each target,
+//!    `ℓ = z_y − logsumexp(z)`, and optionally the entropy `H = logsumexp(z) − Σ softmax(z)·z`, with
+//!    `z = logits / temperature` in fp32, from a detached copy (a leaf) of the hidden states.
+//! 2. The caller builds its loss on leaf tensors holding ℓ (and H) and gets `∂loss/∂ℓ` (and `∂loss/∂H`).
+//! 3. [`backward`]: backpropagates `Σ ∂loss/∂ℓ · ℓ (+ Σ ∂loss/∂H · H)` through the head — accumulating the
+//!    head's weight gradient and the hidden-state gradient — and then the hidden-state gradient through the
+//!    decoder with one backward call.
+//!
+//! Two ways to get through the head in step 3, chosen per call by the size of the logits ([`HeadMode`]):
+//! - *keep*: step 1 records autograd history, step 3 replays it. No extra compute; the logits of the whole
+//!   micro-batch stay alive in between (`B·R·vocab·4` bytes).
+//! - *recompute*: step 1 runs under `no_grad` and keeps only `[B, R]` results; step 3 recomputes each chunk
+//!   with autograd and backpropagates it before the next. Memory is one chunk; the price is one more head
+//!   forward.
+//!
+//! Both equal plain autograd through the whole head (tested).
+
+use tch::{Kind, Tensor};
+use trinity_model::Decoder;
+
+use crate::error::Result;
+
+/// Logprobs and entropy of the response tokens, `[B, R]` f32, without autograd history.
+#[derive(Debug)]
+pub struct HeadStats {
+    pub logprob: Tensor,
+    pub entropy: Option<Tensor>,
+}
+
+/// How step 3 gets through the head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadMode {
+    /// Keep the autograd history when the micro-batch's fp32 logits take at most this many bytes, else
+    /// recompute.
+    KeepUpTo(i64),
+    /// Always recompute (memory of one chunk).
+    Recompute,
+}
+
+/// What step 1 hands to step 3.
+#[derive(Debug)]
+pub struct HeadPass {
+    /// The values for the loss.
+    pub stats: HeadStats,
+    /// The detached hidden states the head ran on.
+    leaf: Tensor,
+    /// Kept mode: ℓ (and H when its gradient is wanted) with autograd history back to `leaf`.
+    kept: Option<(Tensor, Option<Tensor>)>,
+    entropy_grad: bool,
+}
+
+/// Positions per chunk so that one chunk holds about `chunk_tokens` rows × positions.
+fn positions_per_chunk(hidden: &Tensor, chunk_tokens: i64) -> i64 {
+    let b = hidden.size().first().copied().unwrap_or(1).max(1);
+    (chunk_tokens / b).max(1)
+}
+
+/// ℓ for one chunk, and H when asked: with autograd history when gradients are enabled, except that H has
+/// none unless `entropy_grad`.
+fn chunk(
+    decoder: &Decoder,
+    hidden: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+    entropy: bool,
+    entropy_grad: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let logits = decoder.logits(hidden)?.f_to_kind(Kind::Float)?;
+    let z = if temperature != 1.0 { logits / temperature } else { logits };
+    let lse = z.f_logsumexp([-1], false)?;
+    let picked = z.f_gather(-1, &targets.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
+    let logprob = picked - &lse;
+    let entropy_of = |z: &Tensor, lse: &Tensor| -> Result<Tensor> {
+        let p = z.f_softmax(-1, Kind::Float)?;
+        Ok(lse - (p * z).f_sum_dim_intlist(-1, false, Kind::Float)?)
+    };
+    let entropy = match (entropy, entropy_grad) {
+        (false, _) => None,
+        (true, true) => Some(entropy_of(&z, &lse)?),
+        (true, false) => Some(tch::no_grad(|| entropy_of(&z.detach(), &lse.detach()))?),
+    };
+    Ok((logprob, entropy))
+}
+
+/// Runs `chunk` over all positions and concatenates.
+fn all_chunks(
+    decoder: &Decoder,
+    hidden: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+    chunk_tokens: i64,
+    entropy: bool,
+    entropy_grad: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let r = hidden.size().get(1).copied().unwrap_or(0);
+    let step = positions_per_chunk(hidden, chunk_tokens);
+    let (mut lps, mut ents) = (Vec::new(), Vec::new());
+    let mut start = 0;
+    while start < r {
+        let len = step.min(r - start);
+        let (lp, ent) = chunk(
+            decoder,
+            &hidden.f_narrow(1, start, len)?,
+            &targets.f_narrow(1, start, len)?,
+            temperature,
+            entropy,
+            entropy_grad,
+        )?;
+        lps.push(lp);
+        ents.extend(ent);
+        start += len;
+    }
+    let b = hidden.size().first().copied().unwrap_or(0);
+    let cat = |parts: &[Tensor]| -> Result<Tensor> {
+        if parts.is_empty() {
+            Ok(Tensor::f_zeros([b, 0], (Kind::Float, hidden.device()))?)
+        } else {
+            Ok(Tensor::f_cat(parts, 1)?)
+        }
+    };
+    Ok((cat(&lps)?, if entropy { Some(cat(&ents)?) } else { None }))
+}
+
+/// Step 1 without any gradient: logprobs of `targets` `[B, R]` given `hidden` `[B, R, hidden]` (and the
+/// entropy when asked). For scoring (reference model, rollout logprobs).
+pub fn score(
+    decoder: &Decoder,
+    hidden: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+    chunk_tokens: i64,
+    entropy: bool,
+) -> Result<HeadStats> {
+    let (logprob, entropy) =
+        tch::no_grad(|| all_chunks(decoder, hidden, targets, temperature, chunk_tokens, entropy, false))?;
+    Ok(HeadStats { logprob, entropy })
+}
+
+/// Step 1 for training: as [`score`], remembering what [`backward`] needs. `entropy_grad`: the loss will
+/// depend on H (a nonzero entropy coefficient).
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    decoder: &Decoder,
+    hidden: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+    chunk_tokens: i64,
+    entropy: bool,
+    entropy_grad: bool,
+    mode: HeadMode,
+) -> Result<HeadPass> {
+    let leaf = hidden.f_detach()?.set_requires_grad(true);
+    let size = hidden.size();
+    let logit_bytes =
+        size.first().copied().unwrap_or(0) * size.get(1).copied().unwrap_or(0) * decoder.config().vocab_size * 4;
+    let keep = matches!(mode, HeadMode::KeepUpTo(limit) if logit_bytes <= limit);
+    if keep {
+        let (lp, ent) = all_chunks(decoder, &leaf, targets, temperature, chunk_tokens, entropy, entropy_grad)?;
+        let stats = HeadStats { logprob: lp.f_detach()?, entropy: ent.as_ref().map(Tensor::f_detach).transpose()? };
+        let kept_ent = if entropy_grad { ent } else { None };
+        Ok(HeadPass { stats, leaf, kept: Some((lp, kept_ent)), entropy_grad })
+    } else {
+        let stats = score(decoder, hidden, targets, temperature, chunk_tokens, entropy)?;
+        Ok(HeadPass { stats, leaf, kept: None, entropy_grad })
+    }
+}
+
+/// Step 3: backpropagates `grad_logprob` (and `grad_entropy`), both `[B, R]`, through the head and then through
+/// `hidden` (which must carry the decoder's autograd graph). Accumulates into the parameters' `.grad`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    decoder: &Decoder,
+    pass: HeadPass,
+    hidden: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+    chunk_tokens: i64,
+    grad_logprob: &Tensor,
+    grad_entropy: Option<&Tensor>,
+) -> Result<()> {
+    let device = hidden.device();
+    let grad_logprob = grad_logprob.f_to_device(device)?;
+    let grad_entropy = if pass.entropy_grad { grad_entropy.map(|g| g.f_to_device(device)).transpose()? } else { None };
+    let weighted = |lp: &Tensor, ent: Option<Tensor>, start: i64, len: i64| -> Result<Tensor> {
+        let s = (lp * grad_logprob.f_narrow(1, start, len)?).f_sum(Kind::Float)?;
+        Ok(match (ent, &grad_entropy) {
+            (Some(ent), Some(g)) => s + (ent * g.f_narrow(1, start, len)?).f_sum(Kind::Float)?,
+            _ => s,
+        })
+    };
+    let r = hidden.size().get(1).copied().unwrap_or(0);
+    match pass.kept {
+        Some((lp, ent)) => weighted(&lp, ent, 0, r)?.f_backward()?,
+        None => {
+            let step = positions_per_chunk(hidden, chunk_tokens);
+            let mut start = 0;
+            while start < r {
+                let len = step.min(r - start);
+                let (lp, ent) = chunk(
+                    decoder,
+                    &pass.leaf.f_narrow(1, start, len)?,
+                    &targets.f_narrow(1, start, len)?,
+                    temperature,
+                    grad_entropy.is_some(),
+                    true,
+                )?;
+                weighted(&lp, ent, start, len)?.f_backward()?;
+                start += len;
+            }
+        }
+    }
+    let grad_hidden = pass.leaf.grad();
+    if grad_hidden.defined() && hidden.requires_grad() {
+        (hidden * grad_hidden.f_to_kind(hidden.kind())?).f_sum(Kind::Float)?.f_backward()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+    use trinity_model::{Family, ModelConfig, RandomWeights, RopeScaling};
+
+    pub(crate) fn tiny() -> Decoder {
+        tch::manual_seed(3);
+        let config = ModelConfig {
+            family: Family::Llama,
+            vocab_size: 40,
+            hidden_size: 16,
+            intermediate_size: 24,
+            num_hidden_layers: 2,
+            num_attention_heads: 2,
+            num_key_value_heads: 1,
+            head_dim: 8,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
+            max_position_embeddings: 64,
+            tie_word_embeddings: true,
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+            qk_norm: false,
+            bos_token_id: None,
+            eos_token_ids: vec![1],
+            torch_dtype: None,
+        };
+        Decoder::load(config, &mut RandomWeights, Kind::Float, Device::Cpu).unwrap()
+    }
+
+    fn grads(d: &Decoder) -> Vec<Tensor> {
+        d.named_parameters().unwrap().iter().map(|(_, p)| p.grad().copy()).collect()
+    }
+
+    fn zero(d: &Decoder) {
+        for (_, mut p) in d.named_parameters().unwrap() {
+            p.zero_grad();
+        }
+    }
+
+    /// Two-pass gradients equal plain autograd through the full log-softmax, for logprob and entropy terms.
+    #[test]
+    fn recomputed_backward_equals_autograd() {
+        let d = tiny();
+        let ids = Tensor::from_slice(&[3i64, 7, 9, 11, 2, 5, 8, 13, 21, 34]).view([2, 5]);
+        let targets = ids.narrow(1, 1, 4);
+        let weights = Tensor::from_slice(&[0.3f32, -1.0, 0.5, 2.0, 1.0, 0.0, -0.5, 0.25]).view([2, 4]);
+        let t = 0.7;
+
+        let hidden = d.forward_hidden(&ids, None).unwrap().narrow(1, 0, 4);
+        let z = d.logits(&hidden).unwrap() / t;
+        let lp = z.log_softmax(-1, Kind::Float);
+        let picked = lp.gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1);
+        let ent = -(lp.exp() * &lp).sum_dim_intlist(-1, false, Kind::Float);
+        ((&picked * &weights).sum(Kind::Float) + (&ent * 0.1).sum(Kind::Float)).backward();
+        let want = grads(&d);
+        zero(&d);
+
+        for mode in [HeadMode::Recompute, HeadMode::KeepUpTo(1 << 20), HeadMode::KeepUpTo(0)] {
+            zero(&d);
+            let hidden = d.forward_hidden(&ids, None).unwrap().narrow(1, 0, 4);
+            let pass = forward(&d, &hidden, &targets, t, 3, true, true, mode).unwrap();
+            assert_eq!(pass.kept.is_some(), mode == HeadMode::KeepUpTo(1 << 20));
+            let stats = &pass.stats;
+            assert!((&stats.logprob - picked.detach()).abs().max().double_value(&[]) < 1e-5);
+            assert!((stats.entropy.as_ref().unwrap() - ent.detach()).abs().max().double_value(&[]) < 1e-5);
+            let g_ent = Tensor::full([2, 4], 0.1, (Kind::Float, Device::Cpu));
+            backward(&d, pass, &hidden, &targets, t, 3, &weights, Some(&g_ent)).unwrap();
+            for (a, b) in grads(&d).iter().zip(&want) {
+                assert!((a - b).abs().max().double_value(&[]) < 1e-5, "{mode:?}");
+            }
+        }
+    }
+}

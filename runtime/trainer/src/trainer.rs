@@ -1,0 +1,506 @@
+//! One train step, as Trinity-RFT's veRL trainer runs it (`train_step` + `update_policy`), on one device.
+//!
+//! For a batch of [`TrainRow`]s:
+//! 1. Response-token fields are gathered into an algorithm [`Batch`] of `[N, R]` (R = longest response);
+//!    `old_logprob` is the rollout logprobs (Trinity's default `bypass_mode`, no recomputation).
+//! 2. With a reference model: reference logprobs (`no_grad`). With a critic: values (`no_grad`).
+//! 3. Advantages, unless every row brings its own: trainer-side functions (preset
+//!    `compute_advantage_in_trainer`) after the KL reward penalty; a group (explorer-side) function also runs
+//!    here when the rows arrive without advantages, so a loop without an experience pipeline still trains.
+//!    Rows a group function drops leave the step, duplicated ones count twice.
+//! 4. The critic's update (PPO), then the actor's: micro-batches ([`crate::micro_batch`]); per micro-batch the
+//!    current logprobs with the rollout temperature (and entropy when a coefficient or the metric needs it),
+//!    `loss = pg_loss − entropy_coef·H + kl_coef·KL` from trinity-algorithm's components, scaled by
+//!    `rows_in_micro / rows_in_step` (Trinity's `micro_bsz / ppo_mini_batch_size`) and backpropagated
+//!    through the chunked head ([`crate::logprobs`]); then one optimizer step: global grad-norm clipping
+//!    (a non-finite norm skips the update, as veRL does), AdamW with the scheduled learning rate.
+//!
+//! Metrics use Trinity's names: component metrics under `actor/` (`actor/pg_loss`, `actor/pg_clipfrac`,
+//! `actor/ppo_kl`, `actor/kl_loss`, …; the mean over micro-batches, as veRL reduces them), `actor/entropy`,
+//! `actor/grad_norm`, `actor/lr`, `critic/*` for the critic, trainer-side advantage metrics under
+//! `advantage/`, and `perf/*` (`perf/tokens_per_s` counts prompt + response tokens of the trained rows).
+//!
+//! Precision follows the policy's dtype: fp32 parameters train in fp32; bf16 parameters compute in bf16 while
+//! the optimizer keeps fp32 master weights and moments (FSDP `MixedPrecision(param_dtype=bf16)`, which is what
+//! veRL runs). libtorch's autocast is not reachable on the CPU through tch 0.24, so this is the bf16 mode on
+//! every device.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use tch::{Device, Kind, Tensor};
+use trinity_algorithm::Batch;
+use trinity_algorithm::metrics::Metrics;
+use trinity_config::ExperienceSchema;
+use trinity_config::algorithm::OptimizerConfig;
+use trinity_model::Decoder;
+
+use crate::batch::{PaddedInputs, TrainRow, mask_field, token_field, validate};
+use crate::components::Components;
+use crate::critic::Critic;
+use crate::error::{Result, TrainerError};
+use crate::logprobs::{self, HeadMode};
+use crate::lr_schedule::LrSchedule;
+use crate::micro_batch::{MicroBatching, split};
+use crate::optimizer::{AdamW, AdamWSettings};
+use crate::reference::{ReferenceModel, copy_decoder};
+
+/// Knobs of the training engine that are not part of the algorithm.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainerOptions {
+    /// The rollout temperature; logits are divided by it (Trinity: the first taskset's `rollout_args`).
+    pub temperature: f64,
+    /// How micro-batches are formed.
+    pub micro_batching: MicroBatching,
+    /// Rows × positions per chunk of the output head (memory of one chunk ≈ this × vocab × 4 bytes × 3).
+    pub logit_chunk_tokens: i64,
+    /// Keep the head's autograd history for small micro-batches or recompute it ([`crate::logprobs`]). The
+    /// default recomputes: on the CPU here it measured faster as well as leaner (see the crate's benchmark).
+    pub head_mode: HeadMode,
+    /// Train steps in the run (needed by decaying schedules and warm-up ratios).
+    pub total_steps: Option<u64>,
+    /// Maximum global gradient norm.
+    pub grad_clip: f64,
+    /// Compute the entropy for the `actor/entropy` metric even when its loss coefficient is 0.
+    pub entropy_metric: bool,
+    /// veRL's `critic.cliprange_value`.
+    pub cliprange_value: f64,
+    /// dtype of the frozen reference copy; `None`: the policy's.
+    pub reference_kind: Option<Kind>,
+}
+
+impl Default for TrainerOptions {
+    fn default() -> Self {
+        TrainerOptions {
+            temperature: 1.0,
+            micro_batching: MicroBatching::TokenBudget(16384),
+            logit_chunk_tokens: 1024,
+            head_mode: HeadMode::Recompute,
+            total_steps: None,
+            grad_clip: 1.0,
+            entropy_metric: true,
+            cliprange_value: 0.5,
+            reference_kind: None,
+        }
+    }
+}
+
+impl TrainerOptions {
+    /// Options from a resolved config: temperature of the first training taskset (else `model.temperature`),
+    /// `trainer.use_dynamic_bsz` / `max_token_len_per_gpu` (unset: 2 × `model.max_model_len`, else 16384;
+    /// fixed micro-batches are one row, veRL's `ppo_micro_batch_size_per_gpu` default), `trainer.total_steps`
+    /// and `trainer.grad_clip`.
+    pub fn from_config(config: &trinity_config::Config) -> Self {
+        let input = &config.buffer.explorer_input;
+        let temperature = input
+            .tasksets
+            .first()
+            .or(input.taskset.as_ref())
+            .and_then(|t| t.rollout_args.temperature)
+            .unwrap_or(config.model.temperature);
+        let budget = config
+            .trainer
+            .max_token_len_per_gpu
+            .map(|b| b as usize)
+            .or(config.model.max_model_len.map(|l| 2 * l as usize))
+            .unwrap_or(16384);
+        TrainerOptions {
+            // Temperature 0 means greedy sampling; its logprobs are taken at temperature 1, as veRL does.
+            temperature: if temperature > 0.0 { temperature } else { 1.0 },
+            micro_batching: if config.trainer.use_dynamic_bsz {
+                MicroBatching::TokenBudget(budget)
+            } else {
+                MicroBatching::Rows(1)
+            },
+            total_steps: config.trainer.total_steps,
+            grad_clip: config.trainer.grad_clip.unwrap_or(config.algorithm.optimizer.clip_grad),
+            ..TrainerOptions::default()
+        }
+    }
+}
+
+/// Metric name → value of one train step.
+pub type StepMetrics = Metrics;
+
+/// The training engine: a policy, its optimizer and schedule, and what the algorithm needs besides.
+#[derive(Debug)]
+pub struct Trainer {
+    policy: Decoder,
+    optimizer: AdamW,
+    schedule: LrSchedule,
+    components: Components,
+    reference: Option<ReferenceModel>,
+    critic: Option<Critic>,
+    options: TrainerOptions,
+    global_step: u64,
+}
+
+/// Sums of per-micro-batch metrics, reduced to means at the end (veRL's `reduce_metrics`).
+#[derive(Default)]
+struct MetricMeans(BTreeMap<String, (f64, usize)>);
+
+impl MetricMeans {
+    fn add(&mut self, prefix: &str, metrics: impl IntoIterator<Item = (String, f64)>) {
+        for (k, v) in metrics {
+            let e = self.0.entry(format!("{prefix}{k}")).or_default();
+            e.0 += v;
+            e.1 += 1;
+        }
+    }
+
+    fn into_metrics(self, out: &mut Metrics) {
+        out.extend(self.0.into_iter().map(|(k, (s, n))| (k, s / n as f64)));
+    }
+}
+
+/// Pads `[b, r]` to `[b, width]` with zeros on the right.
+fn pad_to(t: &Tensor, width: i64) -> Result<Tensor> {
+    let r = t.size()[1];
+    Ok(if r == width { t.shallow_clone() } else { t.f_constant_pad_nd([0, width - r])? })
+}
+
+fn indices(micro: &[usize]) -> Tensor {
+    Tensor::from_slice(&micro.iter().map(|&i| i as i64).collect::<Vec<_>>())
+}
+
+impl Trainer {
+    /// Builds a trainer around `policy` (fp32 or bf16 parameters, see the module docs). When the algorithm
+    /// uses a reference model, a frozen copy of `policy` becomes it (replace it with [`Trainer::with_reference`]);
+    /// when it uses a critic, a copy of `policy` in fp32 with a fresh value head becomes it (replace with
+    /// [`Trainer::with_critic`]). The critic's optimizer uses the same settings and schedule.
+    pub fn new(
+        policy: Decoder,
+        components: Components,
+        optimizer: &OptimizerConfig,
+        options: TrainerOptions,
+    ) -> Result<Self> {
+        if !(options.temperature.is_finite() && options.temperature > 0.0) {
+            return Err(TrainerError::setting("temperature", format!("must be positive, got {}", options.temperature)));
+        }
+        if options.logit_chunk_tokens < 1 {
+            return Err(TrainerError::setting("logit_chunk_tokens", "must be at least 1"));
+        }
+        let schedule = LrSchedule::new(optimizer, options.total_steps)?;
+        let adamw = AdamW::new(policy.named_parameters()?, AdamWSettings::from(optimizer))?;
+        let reference = if components.use_reference {
+            Some(ReferenceModel::from_policy(&policy, options.reference_kind.unwrap_or(policy.kind()))?)
+        } else {
+            None
+        };
+        let critic = if components.use_critic {
+            let backbone = copy_decoder(&policy, Kind::Float)?;
+            Some(Critic::new(backbone, optimizer, schedule.clone(), options.cliprange_value)?)
+        } else {
+            None
+        };
+        Ok(Trainer { policy, optimizer: adamw, schedule, components, reference, critic, options, global_step: 0 })
+    }
+
+    /// Uses `reference` as the reference model.
+    pub fn with_reference(mut self, reference: ReferenceModel) -> Self {
+        self.reference = Some(reference);
+        self
+    }
+
+    /// Uses `critic` as the critic.
+    pub fn with_critic(mut self, critic: Critic) -> Self {
+        self.critic = Some(critic);
+        self
+    }
+
+    /// The policy, e.g. for weight sync: `generation_decoder.copy_weights_from(trainer.policy())`.
+    pub fn policy(&self) -> &Decoder {
+        &self.policy
+    }
+
+    /// Takes the policy back.
+    pub fn into_policy(self) -> Decoder {
+        self.policy
+    }
+
+    /// The reference model, when the algorithm has one.
+    pub fn reference(&self) -> Option<&ReferenceModel> {
+        self.reference.as_ref()
+    }
+
+    /// The critic, when the algorithm has one.
+    pub fn critic(&self) -> Option<&Critic> {
+        self.critic.as_ref()
+    }
+
+    /// The policy's optimizer (its fp32 master weights are [`AdamW::master_weights`]).
+    pub fn optimizer(&self) -> &AdamW {
+        &self.optimizer
+    }
+
+    /// The algorithm's components.
+    pub fn components(&self) -> &Components {
+        &self.components
+    }
+
+    /// Train steps taken (the index of the next step's learning rate).
+    pub fn global_step(&self) -> u64 {
+        self.global_step
+    }
+
+    /// The learning rate the next step will use.
+    pub fn current_lr(&self) -> f64 {
+        self.schedule.lr(self.global_step)
+    }
+
+    /// Writes the optimizer state (and the critic's weights and optimizer) into `dir`:
+    /// `optimizer.safetensors`, and with a critic `critic.safetensors` (backbone + `score.*`) and
+    /// `critic_optimizer.safetensors`. The policy weights themselves are the caller's to save (HF format).
+    pub fn save_state(&self, dir: &Path) -> Result<()> {
+        self.optimizer.save(&dir.join("optimizer.safetensors"))?;
+        if let Some(critic) = &self.critic {
+            critic.optimizer().save(&dir.join("critic_optimizer.safetensors"))?;
+            let weights: Vec<(String, Tensor)> = critic
+                .optimizer()
+                .master_weights()
+                .into_iter()
+                .map(|(n, t)| Ok((n, t.f_to_device(Device::Cpu)?)))
+                .collect::<Result<_>>()?;
+            Tensor::write_safetensors(&weights, dir.join("critic.safetensors"))?;
+        }
+        Ok(())
+    }
+
+    /// Restores what [`Trainer::save_state`] wrote and sets the step counter to `global_step` (the
+    /// checkpoint's step, kept in the caller's metadata).
+    pub fn load_state(&mut self, dir: &Path, global_step: u64) -> Result<()> {
+        self.optimizer.load(&dir.join("optimizer.safetensors"))?;
+        if let Some(critic) = &mut self.critic {
+            critic.load_weights(&dir.join("critic.safetensors"))?;
+            critic.optimizer_mut().load(&dir.join("critic_optimizer.safetensors"))?;
+        }
+        self.global_step = global_step;
+        Ok(())
+    }
+
+    /// Runs one train step on `rows` and returns its metrics.
+    pub fn train_step(&mut self, rows: &[TrainRow]) -> Result<StepMetrics> {
+        let start = Instant::now();
+        validate(rows, self.policy.config().vocab_size)?;
+        let n = rows.len();
+        let width = rows.iter().map(TrainRow::response_length).max().unwrap_or(0);
+        let w = width as i64;
+        let (temperature, chunk) = (self.options.temperature, self.options.logit_chunk_tokens);
+        let all: Vec<usize> = (0..n).collect();
+        let mut metrics = Metrics::new();
+
+        let mut batch = Batch::new(mask_field(rows.iter(), width)?);
+        batch.old_logprob = Some(token_field(rows.iter(), width, |r| Some(&r.logprobs[..]))?);
+        let every = |f: fn(&TrainRow) -> bool| rows.iter().all(f);
+        if every(|r| r.advantages.is_some()) {
+            batch.advantages = Some(token_field(rows.iter(), width, |r| r.advantages.as_deref())?);
+        }
+        if every(|r| r.token_level_rewards.is_some()) {
+            batch.token_level_rewards = Some(token_field(rows.iter(), width, |r| r.token_level_rewards.as_deref())?);
+        }
+        if every(|r| r.teacher_logprobs.is_some()) {
+            batch.teacher_logprob = Some(token_field(rows.iter(), width, |r| r.teacher_logprobs.as_deref())?);
+        }
+        if every(|r| r.reward.is_some()) {
+            batch.reward = Some(rows.iter().map(|r| f64::from(r.reward.unwrap_or(0.0))).collect());
+        }
+        if every(|r| r.group_id.is_some()) {
+            batch.group_id = Some(rows.iter().map(|r| r.group_id.clone().unwrap_or_default()).collect());
+        }
+        if every(|r| r.run_id.is_some()) {
+            batch.run_id = Some(rows.iter().map(|r| r.run_id.clone().unwrap_or_default()).collect());
+        }
+        if every(|r| r.step.is_some()) {
+            batch.step = Some(rows.iter().map(|r| r.step.unwrap_or(0)).collect());
+        }
+        batch.expert_mask = Some(rows.iter().map(|r| r.expert).collect());
+
+        // Reference logprobs and critic values for every row, micro-batch by micro-batch, without gradients.
+        let forward_batches = split(rows, &all, self.options.micro_batching)?;
+        if let Some(reference) = &self.reference {
+            let mut out = Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu))?;
+            for micro in &forward_batches {
+                let lp = pad_to(&reference.logprobs(rows, micro, temperature, chunk)?, w)?;
+                out = out.f_index_copy(0, &indices(micro), &lp)?;
+            }
+            batch.ref_logprob = Some(out);
+        }
+        if let Some(critic) = &self.critic {
+            let mut out = Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu))?;
+            for micro in &forward_batches {
+                out = out.f_index_copy(0, &indices(micro), &pad_to(&critic.values(rows, micro)?, w)?)?;
+            }
+            batch.values = Some(out);
+        }
+
+        let (active, returns) = self.advantages(&mut batch, &mut metrics)?;
+        let micro_batches = if self.components.policy_loss.name == "dpo" {
+            // DPO rows come as (chosen, rejected) pairs that must share a micro-batch, in order.
+            split(rows, &active, MicroBatching::Rows(2))?
+        } else {
+            split(rows, &active, self.options.micro_batching)?
+        };
+
+        if let Some(critic) = &mut self.critic {
+            let returns = returns.as_ref().ok_or_else(|| {
+                TrainerError::InvalidBatch("the critic needs returns from a trainer-side advantage function".into())
+            })?;
+            let values = batch.values.as_ref().ok_or_else(|| TrainerError::InvalidBatch("no critic values".into()))?;
+            let update = critic.update(
+                rows,
+                &micro_batches,
+                returns,
+                values,
+                &batch.action_mask,
+                self.components.loss_agg_mode,
+                active.len(),
+                self.global_step,
+            )?;
+            metrics.extend(update.metrics.into_iter().map(|(k, v)| (format!("critic/{k}"), v)));
+        }
+
+        let means = self.update_actor(rows, &batch, &micro_batches, active.len())?;
+        means.into_metrics(&mut metrics);
+        let grad_norm = self.optimizer.clip_grad_norm(self.options.grad_clip)?;
+        let lr = self.schedule.lr(self.global_step);
+        if grad_norm.is_finite() {
+            self.optimizer.step(lr)?;
+        }
+        self.optimizer.zero_grad();
+        self.global_step += 1;
+
+        let tokens: usize = active.iter().map(|&i| rows[i].tokens.len()).sum();
+        let seconds = start.elapsed().as_secs_f64();
+        metrics.insert("actor/grad_norm".into(), grad_norm);
+        metrics.insert("actor/lr".into(), lr);
+        metrics.insert("perf/step_time_s".into(), seconds);
+        metrics.insert("perf/total_num_tokens".into(), tokens as f64);
+        metrics.insert("perf/tokens_per_s".into(), tokens as f64 / seconds.max(1e-9));
+        metrics.insert("perf/micro_batches".into(), micro_batches.len() as f64);
+        metrics.insert("perf/rows".into(), active.len() as f64);
+        Ok(metrics)
+    }
+
+    /// Step 3 of the module docs: fills `batch.advantages` unless present; returns the rows that train (indices
+    /// into the input, repeats allowed) and the returns when an advantage function ran.
+    fn advantages(&mut self, batch: &mut Batch, metrics: &mut Metrics) -> Result<(Vec<usize>, Option<Tensor>)> {
+        let all: Vec<usize> = (0..batch.rows()).collect();
+        if batch.advantages.is_some() || self.components.schema != ExperienceSchema::Experience {
+            return Ok((all, None));
+        }
+        let Some((adv, in_trainer)) = &self.components.advantage else { return Ok((all, None)) };
+        let in_trainer = *in_trainer;
+        if in_trainer && !self.components.compute_advantage_in_trainer {
+            // The preset does not use this (fallback) advantage function; e.g. raft trains with sft.
+            return Ok((all, None));
+        }
+        if in_trainer && let Some(penalty) = self.components.kl_penalty.as_mut() {
+            let scores = batch.token_level_scores(&adv.name)?;
+            let (penalized, m) = penalty.f.apply_penalty(batch, &scores, &penalty.name)?;
+            batch.token_level_rewards = Some(penalized);
+            metrics.extend(m.into_iter().map(|(k, v)| (format!("advantage/{k}"), v)));
+        }
+        let out = tch::no_grad(|| adv.f.compute(batch))?;
+        let prefix = if in_trainer { "advantage/" } else { "" };
+        metrics.extend(out.metrics.into_iter().map(|(k, v)| (format!("{prefix}{k}"), v)));
+        batch.advantages = Some(out.advantages);
+        let active = match out.rows {
+            Some(r) => r.into_iter().map(|i| i as usize).collect(),
+            None => all,
+        };
+        Ok((active, Some(out.returns)))
+    }
+
+    /// Step 4 (actor): accumulates gradients over the micro-batches; returns the mean metrics.
+    fn update_actor(
+        &mut self,
+        rows: &[TrainRow],
+        batch: &Batch,
+        micro_batches: &[Vec<usize>],
+        active: usize,
+    ) -> Result<MetricMeans> {
+        let mut means = MetricMeans::default();
+        let (temperature, chunk) = (self.options.temperature, self.options.logit_chunk_tokens);
+        let width = batch.len() as i64;
+        let c = &self.components;
+        let entropy_coef = c.entropy_coef();
+        let want_entropy = self.options.entropy_metric || entropy_coef != 0.0;
+        self.optimizer.zero_grad();
+        for micro in micro_batches {
+            let idx: Vec<i64> = micro.iter().map(|&i| i as i64).collect();
+            let mut mb = batch.select_rows(&idx);
+            let inputs = PaddedInputs::new(rows, micro, self.policy.device())?;
+            let hidden = self.policy.forward_hidden(&inputs.input_ids, inputs.attention_mask.as_ref())?;
+            let hidden = inputs.response_hidden(&hidden)?;
+            let pass = logprobs::forward(
+                &self.policy,
+                &hidden,
+                &inputs.targets,
+                temperature,
+                chunk,
+                want_entropy,
+                entropy_coef != 0.0,
+                self.options.head_mode,
+            )?;
+            let stats = &pass.stats;
+            let lp_leaf = pad_to(&stats.logprob.f_to_device(Device::Cpu)?, width)?.set_requires_grad(true);
+            mb.logprob = Some(lp_leaf.shallow_clone());
+            let ent_leaf = match &stats.entropy {
+                Some(e) => Some(pad_to(&e.f_to_device(Device::Cpu)?, width)?.set_requires_grad(entropy_coef != 0.0)),
+                None => None,
+            };
+            mb.entropy = ent_leaf.as_ref().map(Tensor::shallow_clone);
+
+            let (pg_loss, m) = c.policy_loss.f.loss(&mb)?;
+            means.add("actor/", m);
+            let entropy_term = match &c.entropy {
+                Some(e) if mb.entropy.is_some() => {
+                    let (scaled, _, m) = e.f.loss(&mb, c.loss_agg_mode, &e.name)?;
+                    means.add("actor/", m);
+                    scaled
+                }
+                _ => Tensor::from(0f32),
+            };
+            let kl_term = match &c.kl_loss {
+                Some(k) => {
+                    let (scaled, _, m) = k.f.loss(&mb, c.loss_agg_mode, &k.name)?;
+                    means.add("actor/", m);
+                    scaled
+                }
+                None => Tensor::from(0f32),
+            };
+            let loss = pg_loss - entropy_term + kl_term;
+            if let Some(e) = &mb.entropy {
+                let h = trinity_algorithm::masked::masked_mean(e, &mb.action_mask, None);
+                means.add("actor/", [("entropy".to_owned(), h.f_double_value(&[])?)]);
+            }
+            means.add("actor/", [("loss".to_owned(), loss.f_double_value(&[])?)]);
+            let scaled = loss * (micro.len() as f64 / active as f64);
+            if !scaled.requires_grad() {
+                continue;
+            }
+            let mut leaves = vec![lp_leaf.shallow_clone()];
+            if entropy_coef != 0.0
+                && let Some(e) = &ent_leaf
+            {
+                leaves.push(e.shallow_clone());
+            }
+            let grads = Tensor::f_run_backward(&[&scaled], &leaves, false, false)?;
+            let r = inputs.response_width;
+            let grad_lp = grads[0].f_narrow(1, 0, r)?;
+            let grad_ent = grads.get(1).map(|g| g.f_narrow(1, 0, r)).transpose()?;
+            logprobs::backward(
+                &self.policy,
+                pass,
+                &hidden,
+                &inputs.targets,
+                temperature,
+                chunk,
+                &grad_lp,
+                grad_ent.as_ref(),
+            )?;
+        }
+        Ok(means)
+    }
+}

@@ -1,0 +1,83 @@
+use serde_json::json;
+use tch::{Kind, Tensor};
+use trinity_algorithm::Batch;
+use trinity_algorithm::registry::{self, Kind as Component};
+use trinity_trainer::{TrainRow, TrainerOptions};
+
+use crate::{algorithm, next_token_probs, tiny_model, trainer};
+
+const PROMPT: [i64; 2] = [1, 2];
+const TARGET: i64 = 7;
+const GROUP: usize = 16;
+
+/// Samples `GROUP` one-token responses from the policy, rewards the target token, and turns the rewards into
+/// advantages with the `grpo` component, as the explorer's pipeline would.
+fn rollout(probs: &Tensor) -> Vec<TrainRow> {
+    let samples = Vec::<i64>::try_from(probs.multinomial(GROUP as i64, true)).unwrap();
+    let logp = probs.log();
+    let rewards: Vec<f64> = samples.iter().map(|&s| if s == TARGET { 1.0 } else { 0.0 }).collect();
+    let mut batch = Batch::new(Tensor::ones([GROUP as i64, 1], (Kind::Float, tch::Device::Cpu)));
+    batch.reward = Some(rewards.clone());
+    batch.group_id = Some(vec!["task-0".to_owned(); GROUP]);
+    let resolved = registry::resolve_args(Component::AdvantageFn, "grpo", json!({}).as_object()).unwrap();
+    let (grpo, in_trainer) = registry::advantage_fn("grpo", &resolved).unwrap();
+    assert!(!in_trainer);
+    let adv = grpo.compute(&batch).unwrap().advantages;
+    samples
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| TrainRow {
+            tokens: vec![PROMPT[0], PROMPT[1], s],
+            prompt_length: 2,
+            action_mask: vec![true],
+            logprobs: vec![logp.double_value(&[s]) as f32],
+            reward: Some(rewards[i] as f32),
+            advantages: Some(vec![adv.double_value(&[i as i64, 0]) as f32]),
+            group_id: Some("task-0".into()),
+            ..TrainRow::default()
+        })
+        .collect()
+}
+
+#[test]
+fn grpo_raises_the_expected_reward() {
+    let mut t = trainer(tiny_model(2, Kind::Float), &algorithm("grpo", |_| {}), 2e-2, TrainerOptions::default());
+    assert!(t.reference().is_some(), "grpo uses a reference model for its k2 KL loss");
+    tch::manual_seed(11);
+    let before = next_token_probs(t.policy(), &PROMPT).double_value(&[TARGET]);
+    let mut last = None;
+    for _ in 0..12 {
+        let probs = next_token_probs(t.policy(), &PROMPT);
+        let rows = rollout(&probs);
+        last = Some(t.train_step(&rows).unwrap());
+    }
+    let after = next_token_probs(t.policy(), &PROMPT).double_value(&[TARGET]);
+    assert!(after > 0.5 && after > 4.0 * before, "p(target) {before} -> {after}");
+    let m = last.unwrap();
+    for key in ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/entropy", "actor/lr"] {
+        assert!(m.get(key).is_some_and(|v| v.is_finite()), "{key} missing in {m:?}");
+    }
+}
+
+/// Rows that arrive with rewards and group ids but no advantages get them from the preset's group function
+/// in the trainer.
+#[test]
+fn group_advantages_are_computed_when_rows_bring_none() {
+    let alg = algorithm("grpo", |a| a.advantage_fn_args = crate::args(json!({"std_threshold": 0.0})));
+    let mut t = trainer(tiny_model(2, Kind::Float), &alg, 1e-3, TrainerOptions::default());
+    let probs = next_token_probs(t.policy(), &PROMPT);
+    let mut rows = rollout(&probs);
+    for (i, r) in rows.iter_mut().enumerate() {
+        r.advantages = None;
+        r.reward = Some((i % 2) as f32);
+    }
+    // A second group with equal rewards is dropped by std_threshold: only the first group trains.
+    let mut flat = rows[0].clone();
+    flat.group_id = Some("task-1".into());
+    flat.reward = Some(1.0);
+    rows.push(flat.clone());
+    rows.push(flat);
+    let m = t.train_step(&rows).unwrap();
+    assert_eq!(m["perf/rows"], GROUP as f64);
+    assert!(m.contains_key("group_advantages/reward_mean/mean"), "{m:?}");
+}

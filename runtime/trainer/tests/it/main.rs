@@ -1,0 +1,96 @@
+//! Integration tests of the training engine on tiny random models (seconds on the CPU, fixed seeds).
+
+mod checkpoint;
+mod grpo;
+mod ppo;
+mod sft;
+
+use serde_json::Map;
+use tch::{Device, Kind, Tensor};
+use trinity_algorithm::registry;
+use trinity_config::algorithm::{AlgorithmConfig, LossAggMode, OptimizerConfig};
+use trinity_model::{Decoder, Family, ModelConfig, RandomWeights, RopeScaling};
+use trinity_trainer::{Components, Trainer, TrainerOptions};
+
+pub(crate) const VOCAB: i64 = 16;
+
+/// A two-layer Llama-style model with random weights, seeded.
+pub(crate) fn tiny_model(seed: i64, kind: Kind) -> Decoder {
+    tch::manual_seed(seed);
+    let config = ModelConfig {
+        family: Family::Llama,
+        vocab_size: VOCAB,
+        hidden_size: 32,
+        intermediate_size: 48,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 8,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10000.0,
+        rope_scaling: RopeScaling::None,
+        max_position_embeddings: 64,
+        tie_word_embeddings: true,
+        qkv_bias: false,
+        o_bias: false,
+        mlp_bias: false,
+        qk_norm: false,
+        bos_token_id: None,
+        eos_token_ids: vec![1],
+        torch_dtype: None,
+    };
+    Decoder::load(config, &mut RandomWeights, kind, Device::Cpu).unwrap()
+}
+
+/// An `algorithm:` section as the config resolver leaves it: the preset's components (Trinity's global
+/// fallback where it is silent) with the preset's arguments; `edit` changes it further.
+pub(crate) fn algorithm(algorithm_type: &str, edit: impl FnOnce(&mut AlgorithmConfig)) -> AlgorithmConfig {
+    let p = registry::preset(algorithm_type).unwrap();
+    let or = |v: Option<String>, d: &str| Some(v.unwrap_or_else(|| d.to_owned()));
+    let mut c = AlgorithmConfig {
+        algorithm_type: algorithm_type.to_owned(),
+        advantage_fn: or(p.advantage_fn, "ppo"),
+        advantage_fn_args: p.advantage_fn_args,
+        policy_loss_fn: or(p.policy_loss_fn, "ppo"),
+        policy_loss_fn_args: p.policy_loss_fn_args,
+        kl_penalty_fn: or(p.kl_penalty_fn, "none"),
+        kl_loss_fn: or(p.kl_loss_fn, "k2"),
+        entropy_loss_fn: or(p.entropy_loss_fn, "default"),
+        loss_agg_mode: Some(LossAggMode::TokenMean),
+        ..AlgorithmConfig::default()
+    };
+    edit(&mut c);
+    c
+}
+
+pub(crate) fn optimizer(lr: f64) -> OptimizerConfig {
+    OptimizerConfig { lr, weight_decay: 0.0, ..OptimizerConfig::default() }
+}
+
+pub(crate) fn trainer(policy: Decoder, algorithm: &AlgorithmConfig, lr: f64, options: TrainerOptions) -> Trainer {
+    Trainer::new(policy, Components::from_config(algorithm).unwrap(), &optimizer(lr), options).unwrap()
+}
+
+/// A map from a JSON object literal.
+pub(crate) fn args(v: serde_json::Value) -> Option<Map<String, serde_json::Value>> {
+    v.as_object().cloned()
+}
+
+/// Largest absolute difference between the parameters of two models.
+pub(crate) fn max_param_diff(a: &Decoder, b: &Decoder) -> f64 {
+    let (pa, pb) = (a.named_parameters().unwrap(), b.named_parameters().unwrap());
+    pa.iter()
+        .zip(&pb)
+        .map(|((_, x), (_, y))| (x.to_kind(Kind::Float) - y.to_kind(Kind::Float)).abs().max().double_value(&[]))
+        .fold(0.0, f64::max)
+}
+
+/// Next-token distribution after `prompt`, `[vocab]` f32.
+pub(crate) fn next_token_probs(model: &Decoder, prompt: &[i64]) -> Tensor {
+    tch::no_grad(|| {
+        let ids = Tensor::from_slice(prompt).view([1, -1]);
+        let hidden = model.forward_hidden(&ids, None).unwrap();
+        let last = hidden.narrow(1, prompt.len() as i64 - 1, 1);
+        model.logits(&last).unwrap().to_kind(Kind::Float).softmax(-1, Kind::Float).view([-1])
+    })
+}
