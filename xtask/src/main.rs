@@ -43,6 +43,13 @@ enum Bench {
         #[arg(long, default_value_t = 2)]
         threads: usize,
     },
+    /// Training forward + backward + log-softmax gather, 8 × 164 tokens of SmolLM2-135M: trinity vs PyTorch eager,
+    /// fp32 and bf16, with each process's peak memory.
+    Train {
+        /// CPU threads for both sides.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+    },
 }
 
 fn main() -> Result<()> {
@@ -117,6 +124,42 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
                     .arg(threads.to_string()))
             })
         }
+        Bench::Train { threads } => {
+            cargo(
+                root,
+                &deps,
+                "release build",
+                &["build", "--release", "--locked", "-p", "trinity-trainer", "--example", "bench_train"],
+            )?;
+            let bench = target_dir(root).join("release").join("examples").join("bench_train");
+            let model = deps.smollm2_gguf();
+            let threads = threads.to_string();
+            for dtype in ["f32", "bf16"] {
+                step(&format!("bench train: trinity {dtype}"), || {
+                    run(peak_memory(&bench).args(["--dtype", dtype, "--threads", &threads]).arg("--model").arg(&model))
+                })?;
+                step(&format!("bench train: PyTorch {dtype}"), || {
+                    run(peak_memory(&python)
+                        .arg(root.join("runtime/trainer/bench/bench_train.py"))
+                        .args(["--dtype", dtype, "--threads", &threads])
+                        .arg("--model")
+                        .arg(&model))
+                })?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A command that reports its peak resident memory when it ends (through GNU time, when installed).
+fn peak_memory(program: &Path) -> Command {
+    let time = Path::new("/usr/bin/time");
+    if time.exists() {
+        let mut command = Command::new(time);
+        command.args(["-f", "  peak memory: %M KiB"]).arg(program);
+        command
+    } else {
+        Command::new(program)
     }
 }
 

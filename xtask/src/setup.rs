@@ -67,21 +67,10 @@ impl Deps {
                     .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
                     .args(args))
             };
+            // Python's torch extension links cuDNN and the other CUDA libraries even on the CPU, so this
+            // environment takes torch with all its dependencies (about 4.6 GB; benchmarks only, never CI).
             let torch = format!("torch=={TORCH_VERSION}");
-            pip(&["--no-deps", &torch])?;
-            pip(&[
-                CUDA_RUNTIME_PACKAGE,
-                "numpy",
-                "sympy",
-                "networkx",
-                "jinja2",
-                "fsspec",
-                "filelock",
-                "typing-extensions",
-                "transformers==5.*",
-                "gguf",
-                "psutil",
-            ])?;
+            pip(&[&torch, "numpy", "transformers==5.*", "gguf", "accelerate", "psutil"])?;
             std::fs::write(&marker, TORCH_VERSION)?;
             Ok(())
         })?;
