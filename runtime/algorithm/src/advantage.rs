@@ -80,3 +80,22 @@ pub(crate) fn mean_f32(values: &[f32]) -> f32 {
 pub(crate) fn broadcast_rows(scores: &[f32], mask: &Tensor) -> Tensor {
     Tensor::from_slice(scores).unsqueeze(-1) * mask
 }
+
+/// The output of a group-relative advantage: one score per row broadcast over its action tokens (returns equal
+/// advantages), the per-group metrics aggregated under `group_advantages/`, and the rows in group order (as
+/// Trinity-RFT concatenates its groups).
+pub(crate) fn group_output(
+    scores: &[f32],
+    mask: &Tensor,
+    groups: &[Vec<usize>],
+    per_group: &[Vec<(&'static str, f64)>],
+) -> AdvantageOutput {
+    let advantages = broadcast_rows(scores, mask);
+    let rows = groups.iter().flatten().map(|&i| i as i64).collect();
+    AdvantageOutput {
+        returns: advantages.copy(),
+        advantages,
+        metrics: crate::metrics::aggregate_groups(per_group, "group_advantages"),
+        rows: Some(rows),
+    }
+}

@@ -16,3 +16,25 @@ pub enum ExplorerError {
     #[error("task {task}: timed out after {seconds} s")]
     Timeout { task: String, seconds: u64 },
 }
+
+impl ExplorerError {
+    /// Whether another attempt could succeed: timeouts and engine failures mid-step may be transient, while a
+    /// malformed row, an unknown workflow, a reward that rejects its reference answer or a prompt that does not
+    /// fit will fail the same way every time.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ExplorerError::Timeout { .. } => true,
+            ExplorerError::Engine { source, .. } => !matches!(
+                source,
+                trinity_engine::EngineError::PromptTooLong { .. }
+                    | trinity_engine::EngineError::EmptyPrompt { .. }
+                    | trinity_engine::EngineError::TooManySamples { .. }
+                    | trinity_engine::EngineError::InvalidParams { .. }
+            ),
+            ExplorerError::Task { .. }
+            | ExplorerError::UnknownWorkflow { .. }
+            | ExplorerError::Reward { .. }
+            | ExplorerError::Model { .. } => false,
+        }
+    }
+}

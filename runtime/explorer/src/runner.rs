@@ -112,18 +112,18 @@ async fn run_with_retries(
     let mut last_error = None;
     for attempt in 0..=options.max_retries {
         let ctx = WorkflowContext { model: Arc::clone(model), repeat_times: task.repeat_times, attempt };
-        match tokio::time::timeout(options.timeout, workflow.run(task, &ctx)).await {
+        let error = match tokio::time::timeout(options.timeout, workflow.run(task, &ctx)).await {
             Ok(Ok(group)) => return (Ok(group), attempt),
-            Ok(Err(error)) => last_error = Some(error),
-            Err(_) => {
-                last_error = Some(ExplorerError::Timeout { task: describe(task), seconds: options.timeout.as_secs() })
-            }
+            Ok(Err(error)) => error,
+            Err(_) => ExplorerError::Timeout { task: describe(task), seconds: options.timeout.as_secs() },
+        };
+        if !error.is_retryable() {
+            return (Err(error), attempt);
         }
-        if attempt < options.max_retries
-            && let Some(error) = &last_error
-        {
+        if attempt < options.max_retries {
             tracing::info!("retrying after: {error}");
         }
+        last_error = Some(error);
     }
     let error =
         last_error.unwrap_or_else(|| ExplorerError::Task { task: describe(task), message: "no attempt ran".into() });

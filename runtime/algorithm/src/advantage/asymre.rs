@@ -4,11 +4,10 @@
 //! Metrics: `group_advantages/group_baseline/…` and `group_advantages/reward_mean/…`, where Trinity-RFT reports
 //! reward_mean = b − shift (so −shift for a group of one).
 
-use crate::advantage::{AdvantageFn, AdvantageFnEntry, AdvantageOutput, broadcast_rows, mean_f32};
+use crate::advantage::{AdvantageFn, AdvantageFnEntry, AdvantageOutput, group_output, mean_f32};
 use crate::args::{ArgDefault, ArgSpec, Args, arg};
 use crate::batch::{Batch, group_rows};
 use crate::error::AlgorithmError;
-use crate::metrics::aggregate_groups;
 
 const NAME: &str = "asymre";
 
@@ -45,14 +44,7 @@ impl AdvantageFn for AsymRe {
             let b = f64::from(baseline);
             per_group.push(vec![("group_baseline", b), ("reward_mean", b - self.baseline_shift)]);
         }
-        let advantages = broadcast_rows(&scores, &batch.action_mask);
-        let rows = groups.iter().flatten().map(|&i| i as i64).collect();
-        Ok(AdvantageOutput {
-            returns: advantages.copy(),
-            advantages,
-            metrics: aggregate_groups(&per_group, "group_advantages"),
-            rows: Some(rows),
-        })
+        Ok(group_output(&scores, &batch.action_mask, &groups, &per_group))
     }
 }
 

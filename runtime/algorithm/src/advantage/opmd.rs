@@ -6,11 +6,10 @@
 
 use tch::Tensor;
 
-use crate::advantage::{AdvantageFn, AdvantageFnEntry, AdvantageOutput, broadcast_rows, mean_f32};
+use crate::advantage::{AdvantageFn, AdvantageFnEntry, AdvantageOutput, group_output, mean_f32};
 use crate::args::{ArgDefault, ArgSpec, Args, arg};
 use crate::batch::{Batch, group_rows};
 use crate::error::AlgorithmError;
-use crate::metrics::aggregate_groups;
 
 const NAME: &str = "opmd";
 
@@ -58,14 +57,7 @@ impl AdvantageFn for Opmd {
             }
             per_group.push(vec![("group_baseline", f64::from(baseline)), ("reward_mean", f64::from(mean))]);
         }
-        let advantages = broadcast_rows(&scores, &batch.action_mask);
-        let rows = groups.iter().flatten().map(|&i| i as i64).collect();
-        Ok(AdvantageOutput {
-            returns: advantages.copy(),
-            advantages,
-            metrics: aggregate_groups(&per_group, "group_advantages"),
-            rows: Some(rows),
-        })
+        Ok(group_output(&scores, &batch.action_mask, &groups, &per_group))
     }
 }
 

@@ -11,11 +11,10 @@
 
 use tch::{Kind, Tensor};
 
-use crate::advantage::{AdvantageFn, AdvantageFnEntry, AdvantageOutput, broadcast_rows, mean_f32};
+use crate::advantage::{AdvantageFn, AdvantageFnEntry, AdvantageOutput, group_output, mean_f32};
 use crate::args::{ArgDefault, ArgSpec, Args, arg};
 use crate::batch::{Batch, group_rows};
 use crate::error::AlgorithmError;
-use crate::metrics::aggregate_groups;
 
 const NAME: &str = "rec";
 
@@ -96,14 +95,7 @@ impl AdvantageFn for Rec {
                 ("reward_std", f64::from(std)),
             ]);
         }
-        let advantages = broadcast_rows(&scores, &batch.action_mask);
-        let rows = groups.iter().flatten().map(|&i| i as i64).collect();
-        Ok(AdvantageOutput {
-            returns: advantages.copy(),
-            advantages,
-            metrics: aggregate_groups(&per_group, "group_advantages"),
-            rows: Some(rows),
-        })
+        Ok(group_output(&scores, &batch.action_mask, &groups, &per_group))
     }
 }
 

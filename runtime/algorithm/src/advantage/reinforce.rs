@@ -2,11 +2,10 @@
 //!
 //! A = R (no baseline). Metric: `group_advantages/reward_mean/…` over task groups.
 
-use crate::advantage::{AdvantageFn, AdvantageFnEntry, AdvantageOutput, broadcast_rows, mean_f32};
+use crate::advantage::{AdvantageFn, AdvantageFnEntry, AdvantageOutput, group_output, mean_f32};
 use crate::args::{ArgSpec, Args};
 use crate::batch::{Batch, group_rows};
 use crate::error::AlgorithmError;
-use crate::metrics::aggregate_groups;
 
 const NAME: &str = "reinforce";
 
@@ -32,14 +31,7 @@ impl AdvantageFn for Reinforce {
                 vec![("reward_mean", f64::from(mean_f32(&r)))]
             })
             .collect();
-        let advantages = broadcast_rows(&rewards, &batch.action_mask);
-        let rows = groups.iter().flatten().map(|&i| i as i64).collect();
-        Ok(AdvantageOutput {
-            returns: advantages.copy(),
-            advantages,
-            metrics: aggregate_groups(&per_group, "group_advantages"),
-            rows: Some(rows),
-        })
+        Ok(group_output(&rewards, &batch.action_mask, &groups, &per_group))
     }
 }
 
