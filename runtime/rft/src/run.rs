@@ -50,17 +50,25 @@ struct Meta {
     scheduler: SchedulerState,
 }
 
-/// The experiment directory of a config.
+/// The experiment directory of a config: `<checkpoint_root_dir>/<project>/[<group>/]<name>`, or, when
+/// `continue_from_checkpoint` is false and that directory is not empty, the same with `_<YYYYmmddHHMMSS>`
+/// appended to the name (Trinity-RFT's rule: a fresh start never mixes with an old run). Call it once per run.
 pub fn job_dir(config: &Config) -> PathBuf {
     let mut dir = PathBuf::from(&config.checkpoint_root_dir).join(&config.project);
     if !config.group.is_empty() {
         dir.push(&config.group);
     }
-    dir.join(&config.name)
+    let plain = dir.join(&config.name);
+    let occupied = std::fs::read_dir(&plain).is_ok_and(|mut entries| entries.next().is_some());
+    if config.continue_from_checkpoint || !occupied {
+        return plain;
+    }
+    dir.join(format!("{}_{}", config.name, timestamp(std::time::SystemTime::now())))
 }
 
-/// Runs a resolved config in mode `both` (or `colocate`, the same on one device).
-pub fn run_both(config: &Config) -> Result<RunSummary, RftError> {
+/// Runs a resolved config in mode `both` (or `colocate`, the same on one device), writing to `job_dir` (see
+/// [`job_dir`]).
+pub fn run_both(config: &Config, job_dir: &Path) -> Result<RunSummary, RftError> {
     if !matches!(config.mode, Mode::Both | Mode::Colocate) {
         return Err(RftError::Unsupported(format!("mode `{}` is not supported yet", config.mode.name())));
     }
@@ -68,7 +76,7 @@ pub fn run_both(config: &Config) -> Result<RunSummary, RftError> {
         .enable_all()
         .build()
         .map_err(|e| RftError::Unsupported(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(Run::start(config)?.drive())
+    runtime.block_on(Run::start(config, job_dir)?.drive())
 }
 
 struct Run<'a> {
@@ -99,8 +107,8 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn start(config: &'a Config) -> Result<Run<'a>, RftError> {
-        let job_dir = job_dir(config);
+    fn start(config: &'a Config, job_dir: &Path) -> Result<Run<'a>, RftError> {
+        let job_dir = job_dir.to_owned();
         let checkpoints = CheckpointDir::open(&job_dir)?;
         let latest = if config.continue_from_checkpoint { checkpoints.latest()? } else { None };
         let (model_path, meta) = match &latest {
@@ -436,6 +444,36 @@ fn engine_kind(dtype: &str) -> Kind {
     }
 }
 
+/// `YYYYmmddHHMMSS` in UTC, as Trinity-RFT suffixes a renamed experiment.
+fn timestamp(time: std::time::SystemTime) -> String {
+    let seconds = time.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rest) = (seconds / 86_400, seconds % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}{month:02}{day:02}{:02}{:02}{:02}", rest / 3600, rest % 3600 / 60, rest % 60)
+}
+
 fn model_error(path: &Path, source: trinity_model::ModelError) -> RftError {
     RftError::Model { path: path.display().to_string(), source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_utc_calendar_time() {
+        let at = |s: u64| timestamp(std::time::UNIX_EPOCH + Duration::from_secs(s));
+        assert_eq!(at(0), "19700101000000");
+        assert_eq!(at(951_782_400), "20000229000000", "leap day");
+        assert_eq!(at(1_700_000_000), "20231114221320");
+    }
 }

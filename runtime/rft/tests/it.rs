@@ -65,7 +65,7 @@ fn metrics(job: &Path) -> Vec<serde_json::Value> {
 fn trains_checkpoints_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let first = config(dir.path(), &["buffer.total_steps=2".to_owned()]);
-    let summary = trinity_rft::run_both(&first).unwrap();
+    let summary = trinity_rft::run_both(&first, &trinity_rft::job_dir(&first)).unwrap();
     assert_eq!(summary.train_steps, 2);
     assert_eq!(summary.resumed_from, None);
     let job = summary.job_dir;
@@ -107,7 +107,7 @@ fn trains_checkpoints_and_resumes() {
 
     // Same command with more steps: resumes from step 2 and continues at step 3.
     let second = config(dir.path(), &["buffer.total_steps=3".to_owned()]);
-    let summary = trinity_rft::run_both(&second).unwrap();
+    let summary = trinity_rft::run_both(&second, &trinity_rft::job_dir(&second)).unwrap();
     assert_eq!(summary.resumed_from, Some(2));
     assert_eq!(summary.train_steps, 3);
     let steps: Vec<u64> = metrics(&job).iter().map(|l| l["step"].as_u64().unwrap()).collect();
@@ -120,7 +120,7 @@ fn interval_two_offset_one_runs_off_policy() {
     let dir = tempfile::tempdir().unwrap();
     let overrides = ["synchronizer.sync_interval=2", "synchronizer.sync_offset=1", "explorer.eval_on_startup=false"];
     let config = config(dir.path(), &overrides.map(str::to_owned));
-    let summary = trinity_rft::run_both(&config).unwrap();
+    let summary = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap();
     assert_eq!(summary.train_steps, 5);
     let experiences = std::fs::read_to_string(summary.job_dir.join("experiences.jsonl")).unwrap();
     let versions: Vec<(u64, u64)> = experiences
@@ -133,4 +133,18 @@ fn interval_two_offset_one_runs_off_policy() {
         let expected = if batch <= 3 { 0 } else { 2 };
         assert_eq!(version, expected, "explore step {batch}");
     }
+}
+
+#[test]
+fn a_fresh_start_never_mixes_with_an_old_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = config(dir.path(), &["buffer.total_steps=1".to_owned()]);
+    let old = trinity_rft::run_both(&first, &trinity_rft::job_dir(&first)).unwrap().job_dir;
+    let fresh = config(dir.path(), &["buffer.total_steps=1".to_owned(), "continue_from_checkpoint=false".to_owned()]);
+    let new = trinity_rft::job_dir(&fresh);
+    assert_ne!(new, old);
+    assert!(new.file_name().unwrap().to_string_lossy().starts_with("run_"), "{}", new.display());
+    let summary = trinity_rft::run_both(&fresh, &new).unwrap();
+    assert_eq!(summary.resumed_from, None);
+    assert!(new.join("global_step_1/meta.json").exists());
 }
