@@ -2,5 +2,6 @@
 
 mod cli;
 mod config;
+mod model_commands;
 mod rft;
 mod support;

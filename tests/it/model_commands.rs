@@ -1,0 +1,69 @@
+//! `trinity generate`, `trinity score` and `trinity convert` on the tiny model the repository ships.
+
+use crate::support::{assert_clean_failure, stderr, stdout, trinity, workspace_root};
+
+fn tiny_model() -> String {
+    workspace_root().join("runtime/model/tests/fixtures/tiny/llama_tied").display().to_string()
+}
+
+#[test]
+fn generate_writes_completions_in_input_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &input,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"ab\"}]}\n{\"messages\": [{\"role\": \"user\", \"content\": \"ba\"}]}\n",
+    )
+    .unwrap();
+    let model = tiny_model();
+    let args = ["generate", "--model", &model, "--input", "prompts.jsonl", "--chat", "--n", "2", "--max-tokens", "4"];
+    let output = trinity(dir.path(), &[&args[..], &["--seed", "3"]].concat());
+    assert!(output.status.success(), "{}", stderr(&output));
+    let lines: Vec<serde_json::Value> = stdout(&output).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2);
+    for line in &lines {
+        let completions = line["completions"].as_array().unwrap();
+        assert_eq!(completions.len(), 2, "--n 2");
+        for completion in completions {
+            let tokens = completion["tokens"].as_array().unwrap();
+            assert!(!tokens.is_empty() && tokens.len() <= 4);
+            assert_eq!(completion["logprobs"].as_array().unwrap().len(), tokens.len());
+            assert!(completion["finish_reason"].is_string());
+        }
+    }
+    assert!(lines[0]["prompt"].to_string().contains("ab"), "input order: {}", lines[0]);
+    assert!(stderr(&output).contains("tok/s"), "the summary reports throughput");
+    let again = trinity(dir.path(), &[&args[..], &["--seed", "3"]].concat());
+    assert_eq!(stdout(&output), stdout(&again), "same seed, same output");
+}
+
+#[test]
+fn score_and_convert_round_trip_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("pairs.jsonl"), "{\"prompt\": \"ab\", \"response\": \"ba\"}\n").unwrap();
+    let model = tiny_model();
+    let scored = trinity(dir.path(), &["score", "--model", &model, "--input", "pairs.jsonl", "--device", "cpu"]);
+    assert!(scored.status.success(), "{}", stderr(&scored));
+    let line: serde_json::Value = serde_json::from_str(stdout(&scored).trim()).unwrap();
+    let logprobs = line["logprobs"].as_array().unwrap();
+    assert_eq!(logprobs.len(), line["response_tokens"].as_array().unwrap().len());
+    assert!(logprobs.iter().all(|l| l.as_f64().unwrap() <= 0.0));
+
+    let missing = trinity(dir.path(), &["score", "--model", "nowhere", "--input", "pairs.jsonl"]);
+    assert_clean_failure(&missing, &["nowhere"]);
+    let chat_without_flag = {
+        std::fs::write(dir.path().join("chat.jsonl"), "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n")
+            .unwrap();
+        trinity(dir.path(), &["score", "--model", &model, "--input", "chat.jsonl"])
+    };
+    assert_clean_failure(&chat_without_flag, &["chat.jsonl:1", "--chat"]);
+
+    // A GGUF file converted to an HF directory scores exactly like the file itself.
+    let gguf = workspace_root().join("runtime/model/tests/fixtures/tiny_llama.gguf").display().to_string();
+    let converted = trinity(dir.path(), &["convert", "--gguf", &gguf, "--output", "hf"]);
+    assert!(converted.status.success(), "{}", stderr(&converted));
+    let from_gguf = trinity(dir.path(), &["score", "--model", &gguf, "--input", "pairs.jsonl", "--device", "cpu"]);
+    let from_hf = trinity(dir.path(), &["score", "--model", "hf", "--input", "pairs.jsonl", "--device", "cpu"]);
+    assert!(from_gguf.status.success() && from_hf.status.success(), "{}{}", stderr(&from_gguf), stderr(&from_hf));
+    assert_eq!(stdout(&from_gguf), stdout(&from_hf));
+}
