@@ -85,24 +85,46 @@ fn quickstart(root: &Path) -> Result<()> {
     deps.install_all()?;
     cargo(root, &deps, "release build", &["build", "--release", "--locked", "--bin", "trinity"])?;
     let trinity = target_dir(root).join("release").join("trinity");
-    let model = deps.smollm2_gguf();
-    let input = root.join("examples/quickstart/score.jsonl");
-    let output = root.join("target/quickstart/scores.jsonl");
-    step("quickstart", || {
-        std::fs::create_dir_all(output.parent().context("output has a parent")?)?;
-        let mut command = Command::new(&trinity);
-        command
-            .arg("score")
-            .arg("--model")
-            .arg(&model)
-            .arg("--input")
-            .arg(&input)
-            .arg("--output")
-            .arg(&output)
-            .arg("--chat");
-        run(&mut command)?;
-        summarize_scores(&input, &output)
-    })
+    let checkpoints = root.join("checkpoints");
+    step("quickstart: GRPO on SmolLM2-135M-Instruct", || {
+        run(Command::new(&trinity)
+            .current_dir(root)
+            .env("TRINITY_SMOLLM2_GGUF", deps.smollm2_gguf())
+            .env("TRINITY_CHECKPOINT_ROOT_DIR", &checkpoints)
+            .args(["run", "--config", "examples/quickstart/quickstart.yaml"]))
+    })?;
+    step("quickstart: summary", || summarize_run(&checkpoints.join("quickstart")))
+}
+
+/// Prints the learning curve of the newest quickstart run: rollout reward per step and held-out accuracy at each
+/// evaluation, so a person sees at a glance whether the model learned.
+fn summarize_run(project_dir: &Path) -> Result<()> {
+    let newest = std::fs::read_dir(project_dir)?
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| entry.path().join("monitor/metrics.jsonl").exists())
+        .max_by_key(|entry| entry.metadata().and_then(|m| m.modified()).ok())
+        .context("no quickstart run with metrics found")?
+        .path();
+    let metrics = std::fs::read_to_string(newest.join("monitor/metrics.jsonl"))?;
+    println!("quickstart: {}", newest.display());
+    println!("  step  rollout reward  eval accuracy");
+    let mut evals = Vec::new();
+    for line in metrics.lines() {
+        let row: serde_json::Value = serde_json::from_str(line)?;
+        let step = row["step"].as_u64().unwrap_or_default();
+        let reward = row["rollout/reward_mean"].as_f64();
+        let accuracy = row["eval/addition-eval/accuracy"].as_f64();
+        let cell = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
+        println!("  {step:>4}  {:>14}  {:>13}", cell(reward), cell(accuracy));
+        if let Some(accuracy) = accuracy {
+            evals.push(accuracy);
+        }
+    }
+    if let (Some(first), Some(last)) = (evals.first(), evals.last()) {
+        println!("  held-out accuracy {first:.3} -> {last:.3} ({:+.3})", last - first);
+    }
+    println!("  TensorBoard: tensorboard --logdir {}", newest.join("monitor/tensorboard").display());
+    Ok(())
 }
 
 fn bench(root: &Path, which: Bench) -> Result<()> {
@@ -165,28 +187,6 @@ fn peak_memory(program: &Path) -> Command {
 
 fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"))
-}
-
-/// Prints, per scored answer, the question, the answer and its total log-likelihood, so a person sees at a
-/// glance that the model prefers right answers (17 + 25 = 42, Paris) to wrong ones.
-fn summarize_scores(input: &Path, output: &Path) -> Result<()> {
-    let inputs = std::fs::read_to_string(input)?;
-    let outputs = std::fs::read_to_string(output)?;
-    println!(
-        "quickstart: SmolLM2-135M-Instruct, log p(answer | conversation); per-token values in {}",
-        output.display()
-    );
-    for (line, scored) in inputs.lines().zip(outputs.lines()) {
-        let line: serde_json::Value = serde_json::from_str(line)?;
-        let scored: serde_json::Value = serde_json::from_str(scored)?;
-        let messages = line["messages"].as_array().context("quickstart input lines hold `messages`")?;
-        let question = messages.iter().rev().nth(1).and_then(|m| m["content"].as_str()).unwrap_or_default();
-        let answer = messages.last().and_then(|m| m["content"].as_str()).unwrap_or_default();
-        let logprobs = scored["logprobs"].as_array().context("score output lines hold `logprobs`")?;
-        let total: f64 = logprobs.iter().filter_map(serde_json::Value::as_f64).sum();
-        println!("  {total:>9.3}  {question:?} -> {answer:?}");
-    }
-    Ok(())
 }
 
 /// Runs one cargo command with the environment that points torch-sys at the installed libtorch.

@@ -71,6 +71,22 @@ fn one_problem(rng: &mut Rng, max: i64) -> ArithmeticProblem {
     ArithmeticProblem { question, answer: answer.to_string() }
 }
 
+/// `count` additions of two numbers in `lo..=hi` from `seed`, asked as `What is A + B? Answer with just the
+/// number.` — the quickstart's task: small models start near zero on it with strict answer checking and learn it
+/// within minutes of GRPO on two CPU cores.
+pub fn addition_problems(seed: u64, count: usize, lo: i64, hi: i64) -> Vec<ArithmeticProblem> {
+    let mut rng = Rng::new(seed);
+    (0..count)
+        .map(|_| {
+            let (a, b) = (rng.range(lo, hi), rng.range(lo, hi));
+            ArithmeticProblem {
+                question: format!("What is {a} + {b}? Answer with just the number."),
+                answer: (a + b).to_string(),
+            }
+        })
+        .collect()
+}
+
 /// JSON Lines text of any rows (one object per line, trailing newline).
 pub fn to_jsonl<T: Serialize>(rows: &[T]) -> Result<String, serde_json::Error> {
     let mut out = String::new();
