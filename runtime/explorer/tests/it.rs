@@ -8,7 +8,30 @@ use serde_json::json;
 use trinity_buffer::{Task, Taskset};
 use trinity_config::buffer::{RolloutArgs, TasksetConfig};
 use trinity_engine::{Engine, EngineConfig, EngineModel};
-use trinity_explorer::{ExplorerError, RolloutModel, RunnerOptions, run_tasks};
+use trinity_explorer::{
+    ExplorerError, RolloutModel, RunnerOptions, Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture, run_tasks,
+};
+
+/// A workflow that never finishes, registered in this test binary like any built-in: the timeout test must not
+/// depend on how fast the real engine answers.
+struct Stalling;
+
+impl Workflow for Stalling {
+    fn run<'a>(&'a self, _task: &'a Task, _ctx: &'a WorkflowContext) -> WorkflowFuture<'a> {
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(Vec::new())
+        })
+    }
+}
+
+fn stalling() -> Box<dyn Workflow> {
+    Box::new(Stalling)
+}
+
+inventory::submit! {
+    WorkflowEntry { name: "stalling_workflow", description: "test: never finishes", build: stalling }
+}
 
 fn tiny_model_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied")
@@ -101,10 +124,10 @@ async fn unknown_workflows_and_timeouts_are_named_failures() {
     assert!(
         matches!(&report.failures[0].error, ExplorerError::UnknownWorkflow { workflow, .. } if workflow == "no_such_workflow")
     );
-    let mut quick = options("simple_workflow");
-    quick.timeout = Duration::from_nanos(1);
+    let mut quick = options("stalling_workflow");
+    quick.timeout = Duration::from_millis(50);
     quick.max_retries = 1;
-    let report = run_tasks(model, tasks(rows, "simple_workflow"), &quick).await;
+    let report = run_tasks(model, tasks(rows, "stalling_workflow"), &quick).await;
     assert!(matches!(report.failures[0].error, ExplorerError::Timeout { .. }), "{:?}", report.failures);
     assert_eq!(report.retries, 1, "a timeout may be transient, so it is retried");
 }
