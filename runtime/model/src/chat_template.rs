@@ -132,8 +132,9 @@ fn strftime_now(fmt: String) -> String {
         .replace("%b", &month[..3])
 }
 
-/// Days since 1970-01-01 → (year, month, day) (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
+/// Days since 1970-01-01 → (year, month, day) (Howard Hinnant's algorithm). Public because run directories
+/// are named with the same UTC calendar date that templates' `strftime_now` renders.
+pub fn civil_from_days(z: i64) -> (i64, i64, i64) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;

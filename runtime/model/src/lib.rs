@@ -42,7 +42,7 @@ mod score;
 mod tokenizer;
 mod weights;
 
-pub use chat_template::{ChatMessage, ChatTemplate};
+pub use chat_template::{ChatMessage, ChatTemplate, civil_from_days};
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use decoder::Decoder;
 pub use dequant::GgmlType;
