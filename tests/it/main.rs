@@ -1,7 +1,9 @@
 //! Integration tests: the `trinity` binary run as a user runs it, in temporary directories.
 
+mod algorithm_plugins;
 mod cli;
 mod config;
 mod model_commands;
+mod plugins;
 mod rft;
 mod support;

@@ -1,11 +1,16 @@
 //! `trinity run` in mode `both` on a tiny model the repository ships (two-layer Llama, own tokenizer).
 
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
 use crate::support::{stderr, trinity, workspace_root};
 
-#[test]
-fn a_grpo_run_writes_metrics_checkpoints_and_a_log() {
+/// A directory with a tiny-model GRPO config (2 tasks × 2 rollouts per step, `steps` steps of tasks) and its
+/// task file. `buffer` goes inside `buffer:` (indented two spaces), `extra` at the top level.
+fn tiny_run_dir(steps: usize, buffer: &str, extra: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let rows: String = (0..4).map(|i| format!("{{\"prompt\": \"ab{i}\", \"response\": \"{i}\"}}\n")).collect();
+    let rows: String = (0..2 * steps).map(|i| format!("{{\"prompt\": \"ab{i}\", \"response\": \"{i}\"}}\n")).collect();
     std::fs::write(dir.path().join("tasks.jsonl"), rows).unwrap();
     let model = workspace_root().join("runtime/model/tests/fixtures/tiny/llama_tied");
     let config = format!(
@@ -25,12 +30,16 @@ buffer:
     taskset:
       path: tasks.jsonl
     default_workflow_type: simple_workflow
-monitor:
-  monitor_type: tensorboard
-",
+{buffer}{extra}",
         model.display()
     );
     std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    dir
+}
+
+#[test]
+fn a_grpo_run_writes_metrics_checkpoints_and_a_log() {
+    let dir = tiny_run_dir(2, "", "monitor:\n  monitor_type: tensorboard\n");
     let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
     assert!(output.status.success(), "{}", stderr(&output));
     let job = dir.path().join("ckpt/p/n");
@@ -41,4 +50,125 @@ monitor:
     assert!(std::fs::read_dir(job.join("monitor/tensorboard")).unwrap().count() == 1);
     let log = std::fs::read_to_string(job.join("log/trinity.log")).unwrap();
     assert!(log.contains("finished after 2 train steps"), "{log}");
+    // Every phase of a step is measured: the time/* parts add up to the step's wall time.
+    for line in metrics.lines() {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        let step_s = row["time/step_s"].as_f64().expect("time/step_s");
+        let parts: f64 = row
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.starts_with("time/") && *k != "time/step_s")
+            .map(|(_, v)| v.as_f64().unwrap())
+            .sum();
+        assert!((step_s - parts).abs() <= 0.1 * step_s + 0.05, "time/* sum {parts} vs step {step_s}: {line}");
+    }
+}
+
+/// A tiny-model GRPO config with a SQLite experience buffer and a checkpoint every 3 steps.
+fn sqlite_run_dir(steps: usize) -> tempfile::TempDir {
+    let buffer = "  trainer_input:
+    experience_buffer:
+      name: experiences
+      storage_type: sql
+      path: sqlite:///experiences.db
+";
+    tiny_run_dir(steps, buffer, "trainer:\n  save_interval: 3\n")
+}
+
+fn metric_steps(job: &Path) -> Vec<u64> {
+    std::fs::read_to_string(job.join("monitor/metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|row| row["step"].as_u64())
+        .collect()
+}
+
+fn checkpoints(job: &Path) -> Vec<u64> {
+    let mut steps: Vec<u64> = std::fs::read_dir(job)
+        .map(|entries| {
+            entries.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("global_step_")?.parse().ok()).collect()
+        })
+        .unwrap_or_default();
+    steps.sort();
+    steps
+}
+
+#[test]
+fn kill_9_mid_run_then_the_same_command_resumes_without_losing_experiences() {
+    const STEPS: u64 = 24;
+    let dir = sqlite_run_dir(STEPS as usize);
+    let job = dir.path().join("ckpt/p/n");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trinity"))
+        .current_dir(dir.path())
+        .args(["run", "--config", "config.yaml"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill once a checkpoint exists and the run has trained past it, so that there is work after the
+    // checkpoint (consumed rows, explored steps) that the rerun must recover rather than lose or repeat.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let done = child.try_wait().unwrap();
+        assert!(done.is_none(), "the run finished before it could be killed; make it longer");
+        let past = checkpoints(&job).last().is_some_and(|&c| metric_steps(&job).iter().any(|&s| s >= c + 2));
+        if past {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no progress: {:?}", metric_steps(&job));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let before = metric_steps(&job);
+    let killed_at = *before.last().unwrap();
+
+    let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let log = std::fs::read_to_string(job.join("log/trinity.log")).unwrap();
+    let resumed = log
+        .lines()
+        .find_map(|l| l.split("resuming from ").nth(1))
+        .and_then(|p| p.trim().rsplit("global_step_").next()?.parse::<u64>().ok())
+        .expect("the rerun resumes from a checkpoint");
+    assert!(resumed + 2 <= killed_at, "resumed from {resumed}, killed after step {killed_at}");
+
+    // Step numbers continue from the checkpoint: the first run's steps, then resumed+1 ..= STEPS.
+    let steps = metric_steps(&job);
+    let (first, second) = steps.split_at(before.len());
+    assert_eq!(first, &before[..]);
+    assert_eq!(second, (resumed + 1..=STEPS).collect::<Vec<_>>());
+    // Every checkpoint is complete.
+    for step in checkpoints(&job) {
+        let ckpt = job.join(format!("global_step_{step}"));
+        assert!(ckpt.join("meta.json").exists() && ckpt.join("hf/model.safetensors").exists(), "{ckpt:?}");
+    }
+    // The buffer: each explore step stored once (nothing explored twice), every row trained exactly once, and
+    // each train step trained on its 4 rows.
+    let db = rusqlite::Connection::open(job.join("buffer/experiences.db")).unwrap();
+    let count = |sql: &str| db.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+    assert_eq!(count("SELECT COUNT(*) FROM explore_steps"), STEPS as i64);
+    assert_eq!(count("SELECT COUNT(*) FROM experiences"), 4 * STEPS as i64);
+    assert_eq!(count("SELECT COUNT(*) FROM experiences WHERE consumed != 1"), 0);
+    assert_eq!(count("SELECT COUNT(DISTINCT train_step) FROM experiences"), STEPS as i64);
+    assert_eq!(count("SELECT COUNT(DISTINCT uid) FROM experiences"), 4 * STEPS as i64);
+}
+
+#[test]
+fn every_sync_method_runs_and_checkpoint_sync_goes_through_disk() {
+    for method in ["memory", "checkpoint", "nccl"] {
+        let dir = sqlite_run_dir(2);
+        let mut config = std::fs::read_to_string(dir.path().join("config.yaml")).unwrap();
+        config.push_str(&format!("synchronizer:\n  sync_method: {method}\n"));
+        std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+        let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
+        assert!(output.status.success(), "{method}: {}", stderr(&output));
+        let job = dir.path().join("ckpt/p/n");
+        assert_eq!(metric_steps(&job), [1, 2], "{method}");
+        let synced = job.join("sync/model.safetensors");
+        assert_eq!(synced.exists(), method == "checkpoint", "{method}: {synced:?}");
+    }
 }

@@ -3,6 +3,10 @@
 //! The two commands the README promises — `cargo xtask quickstart` and `cargo xtask test` — both start with
 //! [`setup`], so a fresh clone needs nothing but a Rust toolchain and python3 with pip.
 
+mod bench_grpo;
+mod new_algorithm;
+mod plot;
+mod plugins;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -26,8 +30,39 @@ enum Task {
     Setup,
     /// Setup, then `cargo fmt --check`, clippy with `-D warnings`, and every test of the workspace.
     Test,
-    /// Setup, release build, then run the quickstart job on the embedded default.
+    /// Setup, release build, then run the quickstart job on the embedded default and plot its learning curve.
     Quickstart,
+    /// Plot rollout reward and eval accuracy per step of any run as a PNG (no setup, no fonts needed).
+    Plot {
+        /// The run's metrics file, `<checkpoint_root_dir>/<project>/<name>/monitor/metrics.jsonl`.
+        #[arg(long)]
+        metrics: PathBuf,
+        /// The PNG to write (its directory is created if needed).
+        #[arg(long)]
+        output: PathBuf,
+        /// The plot's title; defaults to `<project>/<name>` taken from the metrics path.
+        #[arg(long)]
+        title: Option<String>,
+    },
+    /// Scaffold a WASM plugin crate under `plugins/NAME` (with an example and a test) and add it to the workspace.
+    NewPlugin {
+        /// What the plugin provides.
+        #[arg(long, value_enum)]
+        kind: plugins::Kind,
+        /// Crate and plugin name (lowercase, digits, `_`).
+        name: String,
+    },
+    /// Build every WASM plugin under `plugins/` with `cargo build --target wasm32-wasip2 --release`.
+    BuildPlugins,
+    /// Scaffold an algorithm library (a `cdylib` with a working policy loss and its tests) under `plugins/NAME`
+    /// and add it to the workspace.
+    NewAlgorithm {
+        /// Crate name (lowercase letters, digits, `_`, `-`); the policy loss is registered under it with `-` → `_`.
+        name: String,
+        /// The workspace to add it to (default: this one).
+        #[arg(long, value_name = "DIR")]
+        root: Option<PathBuf>,
+    },
     /// Benchmarks that run trinity and the Python reference side by side in one command and print both.
     Bench {
         #[command(subcommand)]
@@ -50,6 +85,16 @@ enum Bench {
         #[arg(long, default_value_t = 2)]
         threads: usize,
     },
+    /// GRPO end to end, whole processes: `trinity run` vs TRL's GRPOTrainer, SmolLM2-135M, 2 prompts × 4 samples ×
+    /// 64 forced tokens per step, no reference model, at bf16 mixed precision and in fp32 (installs TRL on first use).
+    Grpo {
+        /// CPU threads for both sides.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Training steps of each run.
+        #[arg(long, default_value_t = 6)]
+        steps: usize,
+    },
 }
 
 fn main() -> Result<()> {
@@ -61,6 +106,18 @@ fn main() -> Result<()> {
         }
         Task::Test => test(&root)?,
         Task::Quickstart => quickstart(&root)?,
+        Task::Plot { metrics, output, title } => {
+            plot::plot_metrics(&metrics, &output, title.as_deref())?;
+            println!("plot: {}", output.display());
+        }
+        Task::NewPlugin { kind, name } => plugins::new_plugin(&root, kind, &name)?,
+        Task::BuildPlugins => {
+            plugins::build_plugins(&root)?;
+        }
+        Task::NewAlgorithm { name, root: target } => {
+            new_algorithm::scaffold(target.as_deref().unwrap_or(&root), &name)?;
+            new_algorithm::next_steps(&name);
+        }
         Task::Bench { which } => bench(&root, which)?,
     }
     Ok(())
@@ -124,6 +181,9 @@ fn summarize_run(project_dir: &Path) -> Result<()> {
         println!("  held-out accuracy {first:.3} -> {last:.3} ({:+.3})", last - first);
     }
     println!("  TensorBoard: tensorboard --logdir {}", newest.join("monitor/tensorboard").display());
+    let plot = newest.join("monitor/reward_accuracy.png");
+    plot::plot_metrics(&newest.join("monitor/metrics.jsonl"), &plot, None)?;
+    println!("  plot: {}", plot.display());
     Ok(())
 }
 
@@ -170,6 +230,7 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
             }
             Ok(())
         }
+        Bench::Grpo { threads, steps } => bench_grpo::bench(root, &deps, &python, threads, steps),
     }
 }
 

@@ -45,6 +45,20 @@ impl Deps {
     pub(crate) fn apply_env(&self, command: &mut Command) {
         command.env("LIBTORCH", self.libtorch());
         command.env("TRINITY_SMOLLM2_GGUF", self.smollm2_gguf());
+        // Our libtorch crates embed libtorch's run path, but a crate that reaches tch only through feature
+        // unification (a WASM plugin crate whose SDK also has the `algorithm` feature on in a workspace build)
+        // links libtorch without it; its native test binary then needs the library path.
+        let lib = self.libtorch().join("lib");
+        let path = match std::env::var_os("LD_LIBRARY_PATH") {
+            Some(old) if !old.is_empty() => {
+                let mut joined = lib.into_os_string();
+                joined.push(":");
+                joined.push(old);
+                joined
+            }
+            _ => lib.into_os_string(),
+        };
+        command.env("LD_LIBRARY_PATH", path);
     }
 
     /// A Python environment with PyTorch and transformers, for benchmarks that run the Python reference side by

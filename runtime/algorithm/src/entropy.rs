@@ -2,14 +2,19 @@
 //!
 //! default: entropy_coef·agg(H, m, loss_agg_mode); mix: the same over non-expert rows only (needs
 //! `expert_mask`); none: nothing. The term is *subtracted* from the loss, so a positive coefficient raises
-//! entropy. Metric: `entropy_loss` (the unscaled aggregate).
+//! entropy. Metric: `entropy_loss` (the unscaled aggregate). An entropy loss from an algorithm library
+//! ([`EntropyKind::Library`]) computes the unscaled aggregate and its metrics; the coefficient is the host's.
 
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
 use tch::Tensor;
 
 use crate::aggregation::LossAggMode;
 use crate::args::{ArgDefault, ArgSpec, Args, arg};
 use crate::batch::Batch;
 use crate::error::AlgorithmError;
+use crate::library::LibraryComponent;
 use crate::masked::scalar;
 use crate::metrics::Metrics;
 
@@ -19,6 +24,8 @@ pub enum EntropyKind {
     Default,
     Mix,
     None,
+    /// A loaded algorithm library's entropy loss.
+    Library,
 }
 
 /// A registered entropy loss.
@@ -42,11 +49,20 @@ inventory::submit! { EntropyLossFnEntry { name: "none", kind: EntropyKind::None 
 pub struct EntropyLossFn {
     pub kind: EntropyKind,
     pub entropy_coef: f64,
+    /// For [`EntropyKind::Library`]: the library's function and every resolved argument.
+    library: Option<(Arc<LibraryComponent>, Map<String, Value>)>,
 }
 
 impl EntropyLossFn {
     pub fn from_args(kind: EntropyKind, args: &Args) -> Result<Self, AlgorithmError> {
-        Ok(EntropyLossFn { kind, entropy_coef: args.f64("entropy_coef")? })
+        Ok(EntropyLossFn { kind, entropy_coef: args.f64("entropy_coef")?, library: None })
+    }
+
+    /// Builds a loaded library's entropy loss from resolved arguments (`entropy_coef` and its own).
+    pub(crate) fn from_library(component: Arc<LibraryComponent>, args: &Args) -> Result<Self, AlgorithmError> {
+        let mut f = EntropyLossFn::from_args(EntropyKind::Library, args)?;
+        f.library = Some((component, args.values().clone()));
+        Ok(f)
     }
 
     /// `(entropy_coef · aggregate, aggregate, metrics)`; for `none`, zeros and no metrics.
@@ -58,6 +74,14 @@ impl EntropyLossFn {
     ) -> Result<(Tensor, Tensor, Metrics), AlgorithmError> {
         let rows: Vec<i64> = match self.kind {
             EntropyKind::None => return Ok((Tensor::from(0f32), Tensor::from(0f32), Metrics::new())),
+            EntropyKind::Library => {
+                // `from_library` is the only constructor that selects this kind, and it sets `library`.
+                let Some((f, args)) = &self.library else {
+                    return Err(AlgorithmError::InvalidInput(format!("{component}: library entropy loss unset")));
+                };
+                let (agg, metrics) = f.entropy(batch, mode.name(), args)?;
+                return Ok((&agg * self.entropy_coef, agg, metrics));
+            }
             EntropyKind::Default => (0..batch.rows() as i64).collect(),
             EntropyKind::Mix => {
                 let expert = batch

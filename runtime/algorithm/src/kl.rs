@@ -12,15 +12,22 @@
 //! `kl` and `kl_coef` (the coefficient used). With `adaptive`, the coefficient then moves by the proportional
 //! controller e = clip(current_kl/target_kl − 1, −0.2, 0.2), kl_coef ← kl_coef·(1 + e·batch_size/horizon).
 //!
+//! A KL function from an algorithm library ([`KlEstimator::Library`]) supplies only the per-token estimate; the
+//! coefficient, aggregation, reward penalty and adaptive controller above are the host's, as for built-ins.
+//!
 //! Trinity-RFT bug fixed here: its controller calls `torch.clip` on a Python float, which raises `TypeError`,
 //! so `adaptive: true` cannot run there; we run the controller as written, in double precision.
 
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
 use tch::{Kind, Tensor};
 
 use crate::aggregation::LossAggMode;
 use crate::args::{ArgDefault, ArgSpec, Args, arg};
 use crate::batch::Batch;
 use crate::error::AlgorithmError;
+use crate::library::LibraryComponent;
 use crate::masked::{masked_mean, scalar};
 use crate::metrics::Metrics;
 
@@ -34,6 +41,8 @@ pub enum KlEstimator {
     LowVarKl,
     Abs,
     CorrectedK3,
+    /// The estimator of a loaded algorithm library's KL function.
+    Library,
 }
 
 /// A registered KL function.
@@ -67,6 +76,8 @@ pub struct KlFn {
     pub estimator: KlEstimator,
     pub kl_coef: f64,
     adaptive: Option<(f64, f64)>,
+    /// For [`KlEstimator::Library`]: the library's function and every resolved argument.
+    library: Option<(Arc<LibraryComponent>, Map<String, Value>)>,
 }
 
 fn k3(logprob: &Tensor, reference: &Tensor) -> Tensor {
@@ -87,7 +98,14 @@ impl KlFn {
         } else {
             None
         };
-        Ok(KlFn { estimator, kl_coef: args.f64("kl_coef")?, adaptive })
+        Ok(KlFn { estimator, kl_coef: args.f64("kl_coef")?, adaptive, library: None })
+    }
+
+    /// Builds a loaded library's KL function from resolved arguments (the common ones and its own).
+    pub(crate) fn from_library(component: Arc<LibraryComponent>, args: &Args) -> Result<Self, AlgorithmError> {
+        let mut f = KlFn::from_args(KlEstimator::Library, args)?;
+        f.library = Some((component, args.values().clone()));
+        Ok(f)
     }
 
     /// Whether this is the `none` function (no loss term, no penalty, no metrics).
@@ -95,9 +113,15 @@ impl KlFn {
         self.estimator == KlEstimator::None
     }
 
-    /// Per-token KL of `logprob` from `reference`; `old` only matters for `corrected_k3`.
-    pub fn calculate(&self, logprob: &Tensor, reference: &Tensor, old: Option<&Tensor>) -> Tensor {
-        match self.estimator {
+    /// Per-token KL of `logprob` from `reference`; `old` only matters for `corrected_k3` (and for library
+    /// estimators that read it). Only a library estimator can fail.
+    pub fn calculate(
+        &self,
+        logprob: &Tensor,
+        reference: &Tensor,
+        old: Option<&Tensor>,
+    ) -> Result<Tensor, AlgorithmError> {
+        Ok(match self.estimator {
             KlEstimator::None => logprob.zeros_like(),
             KlEstimator::K1 => logprob - reference,
             KlEstimator::K2 => (logprob - reference).square() * 0.5,
@@ -114,7 +138,14 @@ impl KlFn {
                     None => kl,
                 }
             }
-        }
+            KlEstimator::Library => {
+                // `from_library` is the only constructor that selects this estimator, and it sets `library`.
+                let Some((component, args)) = &self.library else {
+                    return Err(AlgorithmError::InvalidInput("a library KL function without its library".into()));
+                };
+                return component.kl(logprob, reference, old, args);
+            }
+        })
     }
 
     /// The KL loss term: `(kl_coef · aggregate, aggregate, metrics)`; for `none`, zeros and no metrics.
@@ -129,7 +160,7 @@ impl KlFn {
         }
         let logprob = batch.need("logprob", &batch.logprob, component)?;
         let reference = batch.need("ref_logprob", &batch.ref_logprob, component)?;
-        let kl = self.calculate(logprob, reference, batch.old_logprob.as_ref());
+        let kl = self.calculate(logprob, reference, batch.old_logprob.as_ref())?;
         let agg = mode.aggregate(&kl, &batch.action_mask, None);
         let mut metrics = Metrics::new();
         metrics.insert("kl_loss".into(), scalar(&agg));
@@ -152,7 +183,7 @@ impl KlFn {
         let mask = &batch.action_mask;
         let old = batch.need("old_logprob", &batch.old_logprob, component)?;
         let reference = batch.need("ref_logprob", &batch.ref_logprob, component)?;
-        let kl = self.calculate(old, reference, None) * mask;
+        let kl = self.calculate(old, reference, None)? * mask;
         let coef = self.kl_coef;
         let rewards = scores - &kl * coef;
         let current_kl = scalar(&masked_mean(&kl, mask, Some(-1)).mean(Kind::Float));

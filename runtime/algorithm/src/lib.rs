@@ -7,6 +7,8 @@
 //!   [`preset::PresetEntry`]); [`registry`] finds them by name and [`registry::BuiltinCatalog`] shows them to
 //!   the configuration.
 //! * Arguments arrive as JSON maps; [`args::Args`] fills defaults (null = default) and rejects unknown names.
+//! * Algorithm libraries (`abi_stable` plugins built with trinity-plugin-sdk) join at run time through
+//!   [`library::register_file`]; the registry consults them after the built-ins.
 //! * [`eval::eval`] runs a set of components on a recorded batch (`trinity algorithm eval`), and
 //!   [`registry::list`] lists everything (`trinity algorithm list`).
 //!
@@ -27,6 +29,7 @@ pub mod entropy;
 pub mod error;
 pub mod eval;
 pub mod kl;
+pub mod library;
 pub mod masked;
 pub mod metrics;
 pub mod policy_loss;

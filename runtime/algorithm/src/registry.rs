@@ -1,5 +1,7 @@
-//! The registry of built-in components, collected with `inventory` from the registration next to each
-//! component, and its [`Catalog`] view for configuration validation.
+//! The registry of components: built-ins, collected with `inventory` from the registration next to each
+//! component, then the components of loaded algorithm libraries ([`crate::library`]); and its [`Catalog`] view
+//! for configuration validation. A library name never shadows a built-in (`library` refuses the clash), so the
+//! lookup order only matters for speed.
 
 use std::fmt;
 
@@ -12,6 +14,7 @@ use crate::args::{ArgDefault, ArgSpec, Args, arg, defaults_map};
 use crate::entropy::{ENTROPY_ARGS, EntropyLossFn, EntropyLossFnEntry};
 use crate::error::AlgorithmError;
 use crate::kl::{KL_ARGS, KlFn, KlFnEntry};
+use crate::library;
 use crate::policy_loss::{PolicyLossFn, PolicyLossFnEntry};
 use crate::preset::PresetEntry;
 
@@ -78,6 +81,10 @@ inventory::submit! {
 
 /// The accepted arguments of a registered component, or `None` when no such component exists.
 pub fn arg_specs(kind: Kind, name: &str) -> Option<&'static [ArgSpec]> {
+    builtin_arg_specs(kind, name).or_else(|| library::find(kind, name).map(|c| c.args))
+}
+
+fn builtin_arg_specs(kind: Kind, name: &str) -> Option<&'static [ArgSpec]> {
     match kind {
         Kind::AlgorithmType => inventory::iter::<PresetEntry>.into_iter().find(|e| e.name == name).map(|_| &[][..]),
         Kind::AdvantageFn => advantage_entry(name).map(|e| e.args),
@@ -90,8 +97,16 @@ pub fn arg_specs(kind: Kind, name: &str) -> Option<&'static [ArgSpec]> {
     }
 }
 
-/// Every registered name of one kind, sorted.
+/// Every registered name of one kind (built-in or from a loaded library), sorted.
 pub fn names(kind: Kind) -> Vec<String> {
+    let mut names = builtin_names(kind);
+    names.extend(library::names(kind));
+    names.sort();
+    names
+}
+
+/// The built-in names of one kind, sorted.
+pub(crate) fn builtin_names(kind: Kind) -> Vec<String> {
     let mut names: Vec<String> = match kind {
         Kind::AlgorithmType => inventory::iter::<PresetEntry>.into_iter().map(|e| e.name.to_owned()).collect(),
         Kind::AdvantageFn => inventory::iter::<AdvantageFnEntry>.into_iter().map(|e| e.name.to_owned()).collect(),
@@ -124,9 +139,19 @@ fn entropy_entry(name: &str) -> Option<&'static EntropyLossFnEntry> {
     inventory::iter::<EntropyLossFnEntry>.into_iter().find(|e| e.name == name)
 }
 
-/// A preset by `algorithm_type`.
+/// A preset by `algorithm_type`. A library preset that cannot be read (an unknown schema) is logged and treated
+/// as absent, so the unknown-name error that follows lists what is available.
 pub fn preset(name: &str) -> Option<Preset> {
-    inventory::iter::<PresetEntry>.into_iter().find(|e| e.name == name).map(|e| (e.preset)())
+    if let Some(e) = inventory::iter::<PresetEntry>.into_iter().find(|e| e.name == name) {
+        return Some((e.preset)());
+    }
+    match library::preset(name)? {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::error!("{e}");
+            None
+        }
+    }
 }
 
 /// Resolves `user` arguments for a registered component (defaults filled, unknown names rejected).
@@ -137,26 +162,37 @@ pub fn resolve_args(kind: Kind, name: &str, user: Option<&Map<String, Value>>) -
 
 /// Builds an advantage function; the flag says whether it runs in the trainer.
 pub fn advantage_fn(name: &str, args: &Args) -> Result<(Box<dyn AdvantageFn>, bool), AlgorithmError> {
-    let entry = advantage_entry(name).ok_or_else(|| unknown(Kind::AdvantageFn, name))?;
-    Ok(((entry.build)(args)?, entry.compute_in_trainer))
+    match advantage_entry(name) {
+        Some(entry) => Ok(((entry.build)(args)?, entry.compute_in_trainer)),
+        None => library::advantage_fn(name, args).ok_or_else(|| unknown(Kind::AdvantageFn, name)),
+    }
 }
 
 /// Builds a policy loss.
 pub fn policy_loss_fn(name: &str, args: &Args) -> Result<Box<dyn PolicyLossFn>, AlgorithmError> {
-    let entry = policy_loss_entry(name).ok_or_else(|| unknown(Kind::PolicyLoss, name))?;
-    (entry.build)(args)
+    match policy_loss_entry(name) {
+        Some(entry) => (entry.build)(args),
+        None => library::policy_loss_fn(name, args).ok_or_else(|| unknown(Kind::PolicyLoss, name)),
+    }
 }
 
 /// Builds a KL function (for the loss or the reward penalty).
 pub fn kl_fn(name: &str, args: &Args) -> Result<KlFn, AlgorithmError> {
-    let entry = kl_entry(name).ok_or_else(|| unknown(Kind::KlFn, name))?;
-    KlFn::from_args(entry.estimator, args)
+    match kl_entry(name) {
+        Some(entry) => KlFn::from_args(entry.estimator, args),
+        None => KlFn::from_library(library::find(Kind::KlFn, name).ok_or_else(|| unknown(Kind::KlFn, name))?, args),
+    }
 }
 
 /// Builds an entropy loss.
 pub fn entropy_loss_fn(name: &str, args: &Args) -> Result<EntropyLossFn, AlgorithmError> {
-    let entry = entropy_entry(name).ok_or_else(|| unknown(Kind::EntropyLoss, name))?;
-    EntropyLossFn::from_args(entry.kind, args)
+    match entropy_entry(name) {
+        Some(entry) => EntropyLossFn::from_args(entry.kind, args),
+        None => EntropyLossFn::from_library(
+            library::find(Kind::EntropyLoss, name).ok_or_else(|| unknown(Kind::EntropyLoss, name))?,
+            args,
+        ),
+    }
 }
 
 /// One line of `trinity algorithm list`.
@@ -166,6 +202,9 @@ pub struct Listing {
     pub name: String,
     /// Every accepted argument with its default (for presets: the preset's choices).
     pub default_args: Map<String, Value>,
+    /// The file of the algorithm library that provides it; absent for built-ins.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub library: Option<std::path::PathBuf>,
 }
 
 /// Every registered component, by kind then name.
@@ -177,7 +216,8 @@ pub fn list() -> Vec<Listing> {
                 Kind::AlgorithmType => preset(&name).map(preset_summary).unwrap_or_default(),
                 _ => arg_specs(kind, &name).map(defaults_map).unwrap_or_default(),
             };
-            out.push(Listing { kind, name, default_args });
+            let library = library::origin(kind, &name);
+            out.push(Listing { kind, name, default_args, library });
         }
     }
     out

@@ -26,7 +26,7 @@ use crate::error::{BufferError, Result};
 use crate::experience::Experience;
 use crate::jsonl_writer::JsonlWriter;
 use crate::queue::ExperienceQueue;
-use crate::sqlite_store::SqliteStore;
+use crate::sqlite_store::{ExploreStep, SqliteStore};
 
 const POLL: Duration = Duration::from_millis(20);
 
@@ -112,7 +112,50 @@ impl ExperienceBuffer {
     ) -> Result<Vec<Experience>> {
         match &self.backend {
             Backend::Memory(queue) => queue.get_batch(n, timeout, min_model_version).await,
-            Backend::Sqlite { store, .. } => store.read_batch(n, timeout, POLL, min_model_version).await,
+            Backend::Sqlite { store, .. } => store.read_batch(n, timeout, POLL, min_model_version, None).await,
+        }
+    }
+
+    /// Takes `n` experiences for train step `step`, waiting up to `timeout`. A persistent buffer records the
+    /// step on the rows, so a run resumed from an earlier checkpoint gets them back ([`Self::resume_after`]).
+    pub async fn get_batch_for_step(&self, n: usize, timeout: Duration, step: u64) -> Result<Vec<Experience>> {
+        match &self.backend {
+            Backend::Memory(queue) => queue.get_batch(n, timeout, None).await,
+            Backend::Sqlite { store, .. } => store.read_batch(n, timeout, POLL, None, Some(step)).await,
+        }
+    }
+
+    /// Adds explore step `step`'s experiences together with the explorer's state after it (`state`, JSON),
+    /// waiting while the buffer is full. A persistent buffer stores both in one transaction.
+    pub async fn put_step(&self, step: u64, batch: Vec<Experience>, state: &str) -> Result<()> {
+        match &self.backend {
+            Backend::Memory(_) => self.put_batch(batch).await,
+            Backend::Sqlite { store, capacity } => {
+                if let Some(copy) = &self.copy {
+                    copy.lock().unwrap_or_else(std::sync::PoisonError::into_inner).write_batch(&batch)?;
+                }
+                while store.unconsumed_count()? >= *capacity {
+                    tokio::time::sleep(POLL).await;
+                }
+                store.write_step(&batch, Some((step, state))).map(drop)
+            }
+        }
+    }
+
+    /// Prepares a persistent buffer for a run resumed from the checkpoint of train step `trained`: rows taken by
+    /// later train steps are handed back, and the explore steps already stored after `trained` are returned
+    /// (oldest first) so the explorer continues after them instead of exploring them again. An in-memory
+    /// buffer has nothing to resume and returns an empty list.
+    pub fn resume_after(&self, trained: u64) -> Result<Vec<ExploreStep>> {
+        match &self.backend {
+            Backend::Memory(_) => Ok(Vec::new()),
+            Backend::Sqlite { store, .. } => {
+                let released = store.release_after(trained)?;
+                if released > 0 {
+                    tracing::info!("buffer {}: {released} experiences of untrained steps handed back", self.name);
+                }
+                store.explored_after(trained)
+            }
         }
     }
 

@@ -71,5 +71,5 @@ pub use crate::queue::ExperienceQueue;
 pub use crate::reader::{Taskset, load_eval_tasksets, read_rows};
 pub use crate::scheduler::{SchedulerState, TaskScheduler};
 pub use crate::selector::{Selector, SelectorKind};
-pub use crate::sqlite_store::{SqliteStore, sqlite_url_path};
+pub use crate::sqlite_store::{ExploreStep, SqliteStore, sqlite_url_path};
 pub use crate::task::{Row, Task};

@@ -10,6 +10,11 @@
 //!   consumed the rows (its commit happened) or left them for the next reader; no row is read twice or lost.
 //! * `busy_timeout` lets two processes take turns instead of failing with "database is locked".
 //!
+//! * Resume: a row records the train step that consumed it (`train_step`), and every explore step records its
+//!   row count and the explorer's position (`explore_steps`, in the batch's transaction). A run restarted from
+//!   the checkpoint of step `s` hands rows consumed by steps after `s` back ([`SqliteStore::release_after`]) and
+//!   continues exploring after the last recorded explore step, so no experience is lost and none is made twice.
+//!
 //! Rows are read oldest first (by id); Trinity-RFT reads newest first, which starves old rows when the
 //! explorer runs ahead. Rows older than the reader's minimum model version are marked `consumed = 2`
 //! (skipped as stale) in the reading transaction, so they stay for inspection but are never trained on.
@@ -36,7 +41,21 @@ CREATE TABLE IF NOT EXISTS experiences (
     experience TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS experiences_by_state ON experiences (consumed, id);
+CREATE TABLE IF NOT EXISTS explore_steps (
+    step INTEGER PRIMARY KEY,
+    count INTEGER NOT NULL,
+    state TEXT NOT NULL
+);
 ";
+
+/// A recorded explore step: its number, how many experiences it stored, and the explorer's state after it
+/// (opaque JSON chosen by the caller: taskset position, metrics).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExploreStep {
+    pub step: u64,
+    pub count: usize,
+    pub state: String,
+}
 
 /// Value of `consumed` for rows skipped because their model version was too old.
 pub const CONSUMED_STALE: i64 = 2;
@@ -71,6 +90,14 @@ impl SqliteStore {
         conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
+        // Databases written before `train_step` existed get the column (NULL: consumed before any resume point).
+        let has_train_step = conn
+            .prepare("SELECT 1 FROM pragma_table_info('experiences') WHERE name = 'train_step'")
+            .and_then(|mut q| q.exists([]))
+            .map_err(err)?;
+        if !has_train_step {
+            conn.execute_batch("ALTER TABLE experiences ADD COLUMN train_step INTEGER").map_err(err)?;
+        }
         Ok(SqliteStore { path: path.to_owned(), conn: Mutex::new(conn) })
     }
 
@@ -85,6 +112,12 @@ impl SqliteStore {
 
     /// Stores a batch in one transaction; durable on return. Returns the new rows' ids.
     pub fn write_batch(&self, batch: &[Experience]) -> Result<Vec<i64>> {
+        self.write_step(batch, None)
+    }
+
+    /// Stores one explore step's batch and its [`ExploreStep`] record in one transaction: after a crash either
+    /// both are there or neither.
+    pub fn write_step(&self, batch: &[Experience], step: Option<(u64, &str)>) -> Result<Vec<i64>> {
         let mut encoded = Vec::with_capacity(batch.len());
         for exp in batch {
             exp.validate()?;
@@ -111,13 +144,56 @@ impl SqliteStore {
                 ids.push(tx.last_insert_rowid());
             }
         }
+        if let Some((step, state)) = step {
+            tx.execute(
+                "INSERT OR REPLACE INTO explore_steps (step, count, state) VALUES (?1, ?2, ?3)",
+                params![i64::try_from(step).unwrap_or(i64::MAX), batch.len() as i64, state],
+            )
+            .map_err(|e| self.err(e))?;
+        }
         tx.commit().map_err(|e| self.err(e))?;
         Ok(ids)
     }
 
+    /// Explore steps after `step`, in order (the ones a run resumed from train step `step` must not redo).
+    pub fn explored_after(&self, step: u64) -> Result<Vec<ExploreStep>> {
+        let conn = self.lock();
+        let mut select = conn
+            .prepare_cached("SELECT step, count, state FROM explore_steps WHERE step > ?1 ORDER BY step")
+            .map_err(|e| self.err(e))?;
+        let rows = select
+            .query_map(params![i64::try_from(step).unwrap_or(i64::MAX)], |row| {
+                let (step, count): (i64, i64) = (row.get(0)?, row.get(1)?);
+                Ok(ExploreStep { step: step as u64, count: count as usize, state: row.get(2)? })
+            })
+            .map_err(|e| self.err(e))?
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| self.err(e))?;
+        Ok(rows)
+    }
+
+    /// Hands back the rows consumed by train steps after `step` (their training died with the process before a
+    /// checkpoint); returns how many. Rows consumed without a step number are left alone.
+    pub fn release_after(&self, step: u64) -> Result<usize> {
+        let conn = self.lock();
+        let n = conn
+            .execute(
+                "UPDATE experiences SET consumed = 0, train_step = NULL WHERE consumed = 1 AND train_step > ?1",
+                params![i64::try_from(step).unwrap_or(i64::MAX)],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(n)
+    }
+
     /// Takes the `n` oldest unconsumed rows with model_version ≥ `min_model_version`, marking them consumed
     /// in the same transaction; `None` (and nothing changed except stale marks) when fewer than `n` exist.
-    pub fn take_batch(&self, n: usize, min_model_version: Option<u64>) -> Result<Option<Vec<(i64, Experience)>>> {
+    /// `train_step` is recorded on the taken rows (see [`SqliteStore::release_after`]).
+    pub fn take_batch(
+        &self,
+        n: usize,
+        min_model_version: Option<u64>,
+        train_step: Option<u64>,
+    ) -> Result<Option<Vec<(i64, Experience)>>> {
         let n = n.max(1);
         let min = i64::try_from(min_model_version.unwrap_or(0)).unwrap_or(i64::MAX);
         let mut conn = self.lock();
@@ -149,10 +225,12 @@ impl SqliteStore {
             batch.push((id, exp));
         }
         {
-            let mut mark =
-                tx.prepare_cached("UPDATE experiences SET consumed = 1 WHERE id = ?1").map_err(|e| self.err(e))?;
+            let mut mark = tx
+                .prepare_cached("UPDATE experiences SET consumed = 1, train_step = ?2 WHERE id = ?1")
+                .map_err(|e| self.err(e))?;
+            let step = train_step.map(|s| i64::try_from(s).unwrap_or(i64::MAX));
             for (id, _) in &batch {
-                mark.execute(params![id]).map_err(|e| self.err(e))?;
+                mark.execute(params![id, step]).map_err(|e| self.err(e))?;
             }
         }
         tx.commit().map_err(|e| self.err(e))?;
@@ -167,10 +245,11 @@ impl SqliteStore {
         timeout: Duration,
         poll: Duration,
         min_model_version: Option<u64>,
+        train_step: Option<u64>,
     ) -> Result<Vec<Experience>> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if let Some(batch) = self.take_batch(n, min_model_version)? {
+            if let Some(batch) = self.take_batch(n, min_model_version, train_step)? {
                 return Ok(batch.into_iter().map(|(_, e)| e).collect());
             }
             if tokio::time::Instant::now() >= deadline {
@@ -272,12 +351,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("b/exp.db")).unwrap();
         store.write_batch(&[exp(0, 0), exp(1, 0), exp(2, 0)]).unwrap();
-        assert!(store.take_batch(4, None).unwrap().is_none());
-        let batch = store.take_batch(2, None).unwrap().unwrap();
+        assert!(store.take_batch(4, None, None).unwrap().is_none());
+        let batch = store.take_batch(2, None, None).unwrap().unwrap();
         assert_eq!(batch.iter().map(|(_, e)| e.eid.task).collect::<Vec<_>>(), [0, 1]);
         assert_eq!(batch[0].1, exp(0, 0));
         assert_eq!(store.unconsumed_count().unwrap(), 1);
-        assert!(store.take_batch(2, None).unwrap().is_none());
+        assert!(store.take_batch(2, None, None).unwrap().is_none());
         assert_eq!(store.total_count().unwrap(), 3);
     }
 
@@ -286,7 +365,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("exp.db")).unwrap();
         store.write_batch(&[exp(0, 1), exp(1, 5), exp(2, 6)]).unwrap();
-        let batch = store.take_batch(2, Some(5)).unwrap().unwrap();
+        let batch = store.take_batch(2, Some(5), None).unwrap().unwrap();
         assert_eq!(batch.iter().map(|(_, e)| e.eid.task).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(store.total_count().unwrap(), 3);
     }
@@ -338,10 +417,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("exp.db")).unwrap();
         store.write_batch(&[exp(0, 0)]).unwrap();
-        let err = store.read_batch(2, Duration::from_millis(30), Duration::from_millis(5), None).await.unwrap_err();
+        let err =
+            store.read_batch(2, Duration::from_millis(30), Duration::from_millis(5), None, None).await.unwrap_err();
         assert!(matches!(err, BufferError::Timeout { available: 1, .. }), "{err}");
         store.write_batch(&[exp(1, 0)]).unwrap();
-        let batch = store.read_batch(2, Duration::from_millis(30), Duration::from_millis(5), None).await.unwrap();
+        let batch = store.read_batch(2, Duration::from_millis(30), Duration::from_millis(5), None, None).await.unwrap();
         assert_eq!(batch.len(), 2);
+    }
+
+    #[test]
+    fn release_after_and_explored_after_support_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("b.db")).unwrap();
+        store.write_step(&[exp(1, 0), exp(2, 0)], Some((1, "{\"pos\":1}"))).unwrap();
+        store.write_step(&[exp(3, 0), exp(4, 0)], Some((2, "{\"pos\":2}"))).unwrap();
+        store.write_step(&[exp(5, 0)], Some((3, "{\"pos\":3}"))).unwrap();
+        assert_eq!(store.take_batch(2, None, Some(1)).unwrap().unwrap()[0].1.eid.task, 1);
+        assert_eq!(store.take_batch(2, None, Some(2)).unwrap().unwrap()[0].1.eid.task, 3);
+        // The run died after train step 2 but its last checkpoint is step 1: step 2's rows come back.
+        assert_eq!(store.release_after(1).unwrap(), 2);
+        assert_eq!(store.unconsumed_count().unwrap(), 3);
+        let redo = store.take_batch(2, None, Some(2)).unwrap().unwrap();
+        assert_eq!(redo.iter().map(|(_, e)| e.eid.task).collect::<Vec<_>>(), [3, 4]);
+        let after = store.explored_after(1).unwrap();
+        assert_eq!(after.iter().map(|s| (s.step, s.count)).collect::<Vec<_>>(), [(2, 2), (3, 1)]);
+        assert_eq!(after[1].state, "{\"pos\":3}");
+        // Reopening keeps it all (and the schema upgrade is idempotent).
+        drop(store);
+        let store = SqliteStore::open(&dir.path().join("b.db")).unwrap();
+        assert_eq!(store.explored_after(0).unwrap().len(), 3);
+        assert_eq!(store.unconsumed_count().unwrap(), 1);
     }
 }

@@ -9,6 +9,11 @@ use clap::{Args, Subcommand};
 /// Inspect and evaluate algorithm components without a model.
 #[derive(Debug, Args)]
 pub(crate) struct AlgorithmArgs {
+    /// Load an algorithm library (or an installed plugin by name) first, so its components can be listed and
+    /// evaluated by name; repeatable.
+    #[arg(long = "plugin", value_name = "PATH|NAME", global = true)]
+    pub(crate) plugins: Vec<PathBuf>,
+
     #[command(subcommand)]
     pub(crate) command: AlgorithmCommand,
 }
@@ -33,6 +38,8 @@ pub(crate) enum AlgorithmCommand {
 }
 
 pub(crate) fn run(args: AlgorithmArgs) -> anyhow::Result<()> {
+    let specs: Vec<_> = args.plugins.iter().map(|path| crate::plugins::spec_for(path)).collect();
+    crate::plugins::load(&specs)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match args.command {

@@ -30,6 +30,8 @@ pub(crate) enum Command {
     Convert(crate::convert::ConvertArgs),
     /// List algorithm components, or evaluate them offline on a recorded batch.
     Algorithm(crate::algorithm::AlgorithmArgs),
+    /// Inspect plugins: every registered name with its kind, version and origin.
+    Plugins(crate::plugins::PluginsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -46,6 +48,12 @@ pub(crate) struct RunArgs {
     /// Load, interpolate and validate the config, print it with every default filled in, and exit.
     #[arg(long)]
     pub(crate) dry_run: bool,
+
+    /// Load a plugin before the config, so the config can name its components: a `.wasm` component (workflow,
+    /// reward function, operator), an algorithm library (`.so`), or the name of an installed plugin;
+    /// repeatable, loaded before the config's own `plugins:`.
+    #[arg(long = "plugin", value_name = "PATH")]
+    pub(crate) plugins: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

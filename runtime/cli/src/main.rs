@@ -4,7 +4,9 @@ mod algorithm;
 mod cli;
 mod convert;
 mod generate;
+mod install;
 mod logging;
+mod plugins;
 mod registry;
 mod run;
 mod score;
@@ -16,6 +18,7 @@ use clap::Parser;
 use crate::cli::{Cli, Command, LogLevel};
 
 fn main() -> ExitCode {
+    trinity_model::keep_freed_memory();
     let cli = Cli::parse();
     let level = cli.log_level;
     let result = match cli.command {
@@ -25,6 +28,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => with_logging(level, || generate::run(args)),
         Command::Convert(args) => with_logging(level, || convert::run(args)),
         Command::Algorithm(args) => with_logging(level, || algorithm::run(args)),
+        Command::Plugins(args) => with_logging(level, || plugins::run(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,7 +1,8 @@
 //! Every registered component, as one [`Catalog`] for config resolution.
 //!
-//! Built-in algorithm components, workflows and reward functions; WASM plugins and algorithm libraries join
-//! here as they land, so config validation sees one registry whatever a name's origin.
+//! Built-in algorithm components, workflows and reward functions, and the workflows, rewards and operators of
+//! WASM plugins (registered before the config is resolved), so config validation sees one registry whatever a
+//! name's origin.
 
 use serde_json::{Map, Value};
 use trinity_algorithm::BuiltinCatalog;
@@ -21,8 +22,15 @@ impl Registry {
 impl Catalog for Registry {
     fn names(&self, kind: ComponentKind) -> Vec<String> {
         match kind {
-            ComponentKind::Workflow => trinity_explorer::workflow_names().into_iter().map(str::to_owned).collect(),
-            ComponentKind::RewardFn => trinity_reward::names().into_iter().map(str::to_owned).collect(),
+            ComponentKind::Workflow => trinity_explorer::workflow_names(),
+            ComponentKind::RewardFn => trinity_reward::names(),
+            ComponentKind::Operator => {
+                let mut names = self.algorithms.names(kind);
+                names.extend(trinity_explorer::operator_names());
+                names.sort_unstable();
+                names.dedup();
+                names
+            }
             _ => self.algorithms.names(kind),
         }
     }

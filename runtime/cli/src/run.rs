@@ -5,6 +5,7 @@ use trinity_config::Mode;
 
 use crate::cli::{LogLevel, RunArgs};
 use crate::logging;
+use crate::plugins;
 use crate::registry::Registry;
 
 pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
@@ -12,6 +13,10 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
     let cwd = std::env::current_dir().context("cannot read the working directory")?;
     let env = |var: &str| std::env::var(var).ok();
     let options = trinity_config::LoadOptions { overrides: &args.overrides, env: &env, catalog: &registry, cwd: &cwd };
+    // Plugins first: they register the names the config's resolution checks.
+    let mut specs: Vec<_> = args.plugins.iter().map(|path| plugins::spec_for(path)).collect();
+    specs.extend(trinity_config::plugin_entries(&args.config, options)?);
+    plugins::load(&specs)?;
     let loaded = trinity_config::load_file(&args.config, options)?;
     let config = &loaded.config;
     if args.dry_run {

@@ -188,7 +188,30 @@ pub struct PluginSpec {
     /// Let this plugin's names replace built-ins of the same name.
     #[serde(default)]
     pub override_builtin: bool,
-    /// A directory the plugin may read (read-only); none by default.
+    /// A directory the plugin may read (read-only), mounted at `/data` inside the sandbox; none by default.
     #[serde(default)]
     pub allow_dir: Option<String>,
+    /// Most memory one plugin instance may use, in MiB; a larger allocation traps the plugin (default 512).
+    #[serde(default)]
+    pub max_memory_mib: Option<u64>,
+    /// Longest one plugin call may run, in seconds (workflows: the plugin's own time, not the model's);
+    /// default 60.
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+}
+
+impl PluginEntry {
+    /// The plugin's path, whichever form the entry has.
+    pub fn spec(&self) -> PluginSpec {
+        match self {
+            PluginEntry::Path(path) => PluginSpec {
+                path: path.clone(),
+                override_builtin: false,
+                allow_dir: None,
+                max_memory_mib: None,
+                timeout_s: None,
+            },
+            PluginEntry::Detailed(spec) => spec.clone(),
+        }
+    }
 }

@@ -136,6 +136,55 @@ pub fn load_str(text: &str, path: &Path, options: LoadOptions<'_>) -> Result<Loa
     Ok(Loaded { config, notes, source })
 }
 
+/// The `plugins:` list of a config file, read before the config is resolved: plugins register the names that
+/// resolution then checks (`default_workflow_type`, `default_reward_fn_type`, pipeline operators). `--set` and
+/// `${oc.env:...}` apply as for [`load_file`].
+pub fn plugin_entries(path: &Path, options: LoadOptions<'_>) -> Result<Vec<config::PluginSpec>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+    let (mut tree, positions) = yaml::parse(&text).map_err(|error| ConfigError::Syntax {
+        origin: Origin::File { path: path.to_owned(), position: error.position },
+        message: error.message,
+    })?;
+    let mut source = Source { path: path.to_owned(), positions, overrides: Vec::new() };
+    for arg in options.overrides {
+        let set = Override::parse(arg)?;
+        set.apply(&mut tree)?;
+        source.overrides.push((set.key.clone(), set.arg.clone()));
+    }
+    let Some(plugins) = tree.get_mut("plugins").map(Value::take) else {
+        return Ok(Vec::new());
+    };
+    let mut plugins = serde_json::json!({ "plugins": plugins });
+    interpolate_tree(&mut plugins, options.env).map_err(|error| match error {
+        InterpolationError::MissingEnv { key, var } => {
+            ConfigError::MissingEnv { origin: source.origin(&key), key, var }
+        }
+        InterpolationError::Invalid { key, message } => {
+            ConfigError::Interpolation { origin: source.origin(&key), key, message }
+        }
+    })?;
+    #[derive(serde::Deserialize)]
+    struct Plugins {
+        plugins: Vec<config::PluginEntry>,
+    }
+    let parsed: Plugins = serde_path_to_error::deserialize(plugins).map_err(|error| {
+        let key = error.path().to_string();
+        ConfigError::Type { origin: source.origin(&key), message: error.into_inner().to_string(), key }
+    })?;
+    Ok(parsed
+        .plugins
+        .iter()
+        .map(|entry| {
+            let mut spec = entry.spec();
+            for path in std::iter::once(&mut spec.path).chain(spec.allow_dir.as_mut()) {
+                let absolute = options.cwd.join(&*path);
+                *path = absolute.display().to_string();
+            }
+            spec
+        })
+        .collect())
+}
+
 impl Config {
     /// The resolved config as YAML, for `--dry-run`.
     pub fn to_yaml(&self) -> String {

@@ -654,6 +654,7 @@ impl Resolver<'_> {
         self.one_of("trainer.trainer_type", &trainer.trainer_type, &["verl", "native"])?;
         self.one_of("trainer.trainer_strategy", &trainer.trainer_strategy, &["fsdp", "fsdp2", "native"])?;
         self.one_of("trainer.save_hf_checkpoint", &trainer.save_hf_checkpoint, &["last", "always", "never"])?;
+        self.one_of("trainer.dtype", &trainer.dtype, &["auto", "bfloat16", "bf16", "float32", "fp32"])?;
         if let Some(budget) = trainer.max_token_len_per_gpu {
             let len = config.model.max_model_len.unwrap_or(0);
             self.check(

@@ -29,6 +29,10 @@ pub struct TrainerConfig {
     pub max_checkpoints_to_keep: Option<u32>,
     /// Log the best and worst rollouts of each step.
     pub enable_preview: bool,
+    /// Training precision. `auto`: bf16 compute with fp32 master weights and optimizer state where the hardware
+    /// has fast bf16 (CUDA; CPUs with AVX512-BF16 or AMX), fp32 elsewhere. `bfloat16` forces that mixed mode,
+    /// `float32` trains in fp32 throughout.
+    pub dtype: String,
 }
 
 impl Default for TrainerConfig {
@@ -45,6 +49,7 @@ impl Default for TrainerConfig {
             max_token_len_per_gpu: None,
             max_checkpoints_to_keep: None,
             enable_preview: true,
+            dtype: "auto".to_owned(),
         }
     }
 }

@@ -111,6 +111,14 @@ impl Engine {
             .name("trinity-engine".into())
             .spawn(move || {
                 tch::set_num_threads(threads);
+                let mut decoder = decoder;
+                match decoder.prepare_decode() {
+                    Ok(packed) => tracing::debug!(packed, "packed small-batch decode kernels"),
+                    Err(error) => {
+                        let _ = ready_tx.send(Err(error.into()));
+                        return;
+                    }
+                }
                 let cache = match decoder.new_cache(num_slots, max_model_len) {
                     Ok(cache) => cache,
                     Err(error) => {
@@ -253,5 +261,6 @@ fn copy_named(decoder: &mut Decoder, weights: Vec<(String, Tensor)>) -> Result<(
         }
         .into());
     }
+    decoder.weights_changed()?;
     Ok(())
 }

@@ -15,6 +15,8 @@ pub enum ExplorerError {
     Model { task: String, source: trinity_model::ModelError },
     #[error("task {task}: timed out after {seconds} s")]
     Timeout { task: String, seconds: u64 },
+    #[error("task {task}: {message}")]
+    Plugin { task: String, message: String },
 }
 
 impl ExplorerError {
@@ -31,7 +33,9 @@ impl ExplorerError {
                     | trinity_engine::EngineError::TooManySamples { .. }
                     | trinity_engine::EngineError::InvalidParams { .. }
             ),
+            // A plugin that trapped, ran out of time or memory, or returned bad output does so again.
             ExplorerError::Task { .. }
+            | ExplorerError::Plugin { .. }
             | ExplorerError::UnknownWorkflow { .. }
             | ExplorerError::Reward { .. }
             | ExplorerError::Model { .. } => false,

@@ -2,19 +2,29 @@
 //!
 //! * [`RolloutModel`] is what a workflow talks to: chat-template rendering, tokenization and batched generation
 //!   through the [`trinity_engine::Engine`], stamped with the weights' model version.
-//! * [`Workflow`] is the interface every workflow implements — the built-ins here, and WASM workflows later
-//!   through the same trait. Built-ins register by name with `inventory` ([`WorkflowEntry`]).
+//! * [`Workflow`] is the interface every workflow implements — the built-ins here, and WASM workflows through
+//!   the same trait. Built-ins register by name with `inventory` ([`WorkflowEntry`]), plugins at run time
+//!   ([`register_workflow`]).
+//! * [`ExperienceOperator`]s transform one explore step's experiences before they enter the buffer; plugins
+//!   register them by name ([`register_operator`]) and [`apply_operators`] runs a configured pipeline.
 //! * [`run_tasks`] runs a batch of tasks with `runner_per_model` workflows in flight, a per-task timeout and
 //!   retries; a task that fails for good is logged and counted, never fatal to the run.
 
 mod countdown_workflow;
 mod error;
 mod math_workflow;
+mod operator;
 mod rollout_model;
 mod runner;
 mod workflow;
 
 pub use error::ExplorerError;
+pub use operator::{
+    ExperienceOperator, OperatorOutput, apply_operators, lookup_operator, operator_names, register_operator,
+};
 pub use rollout_model::RolloutModel;
 pub use runner::{RunReport, RunnerOptions, TaskFailure, run_tasks};
-pub use workflow::{Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture, lookup_workflow, workflow_names};
+pub use workflow::{
+    NameTaken, Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture, build_workflow, builtin_workflows,
+    lookup_workflow, register_workflow, workflow_names,
+};

@@ -66,13 +66,22 @@ pub(crate) async fn rollout(
         .await
         .map_err(|source| ExplorerError::Engine { task: describe(task), source })?;
     let rendered_prompt = model.decode(&prompt_tokens).map_err(model_error)?;
-    let mut experiences = Vec::with_capacity(generation.completions.len());
-    for (run, completion) in generation.completions.into_iter().enumerate() {
-        let components = trinity_reward::score(
-            reward,
-            &RewardInput { response: &completion.text, truth, prompt: prompt_text, args: &task.reward_fn_args },
-        )
+    // The whole group is scored in one call: a reward plugin pays its call overhead once per task.
+    let inputs: Vec<RewardInput<'_>> = generation
+        .completions
+        .iter()
+        .map(|completion| RewardInput {
+            response: &completion.text,
+            truth,
+            prompt: prompt_text,
+            args: &task.reward_fn_args,
+        })
+        .collect();
+    let scores = trinity_reward::score_group(reward, Some(&task.raw), &inputs)
         .map_err(|source| ExplorerError::Reward { task: describe(task), reward: reward.to_owned(), source })?;
+    drop(inputs);
+    let mut experiences = Vec::with_capacity(generation.completions.len());
+    for (run, (completion, components)) in generation.completions.into_iter().zip(scores).enumerate() {
         let eid = Eid { batch: task.batch_id, task: task.index as u64, run: run as u64, step: 0 };
         let mut tokens = prompt_tokens.clone();
         tokens.extend_from_slice(&completion.tokens);

@@ -43,8 +43,18 @@ impl RolloutModel {
     /// Renders `messages` with the chat template and a generation prompt, appends `reply_prefix` (a pre-filled
     /// start of the assistant's turn), and tokenizes without adding special tokens (the template has them).
     pub fn chat_prompt(&self, messages: &[ChatMessage], reply_prefix: Option<&str>) -> Result<Vec<u32>, ModelError> {
-        let mut text = match &self.chat_template {
-            Some(template) => template.apply(messages, true)?,
+        let mut text = self.render_chat(messages, true)?;
+        if let Some(prefix) = reply_prefix {
+            text.push_str(prefix);
+        }
+        self.tokenizer.encode(&text, false)
+    }
+
+    /// The text the model sees for `messages`: the chat template, or plain `Role:` lines for a model without
+    /// one; with `add_generation_prompt` it ends where the assistant's reply starts.
+    pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ModelError> {
+        Ok(match &self.chat_template {
+            Some(template) => template.apply(messages, add_generation_prompt)?,
             // A model without a chat template (a base model) gets the messages as plain lines, the way
             // Trinity-RFT's `use_base` prompts look.
             None => {
@@ -52,14 +62,12 @@ impl RolloutModel {
                 for message in messages {
                     text.push_str(&format!("{}:\n{}\n", capitalize(&message.role), message.content));
                 }
-                text.push_str("Assistant:\n");
+                if add_generation_prompt {
+                    text.push_str("Assistant:\n");
+                }
                 text
             }
-        };
-        if let Some(prefix) = reply_prefix {
-            text.push_str(prefix);
-        }
-        self.tokenizer.encode(&text, false)
+        })
     }
 
     /// Decodes token ids, keeping special tokens (for prompt texts in experiences).

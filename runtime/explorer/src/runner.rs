@@ -14,7 +14,7 @@ use trinity_buffer::{Experience, Task};
 use crate::error::ExplorerError;
 use crate::math_workflow::describe;
 use crate::rollout_model::RolloutModel;
-use crate::workflow::{WorkflowContext, lookup_workflow, workflow_names};
+use crate::workflow::{WorkflowContext, build_workflow, workflow_names};
 
 /// Concurrency and failure handling of one batch.
 #[derive(Debug, Clone)]
@@ -100,7 +100,7 @@ async fn run_with_retries(
     options: &RunnerOptions,
 ) -> (Result<Vec<Experience>, ExplorerError>, u32) {
     let name = task.workflow.as_deref().unwrap_or(&options.default_workflow);
-    let Some(entry) = lookup_workflow(name) else {
+    let Some(workflow) = build_workflow(name) else {
         let error = ExplorerError::UnknownWorkflow {
             task: describe(task),
             workflow: name.to_owned(),
@@ -108,7 +108,6 @@ async fn run_with_retries(
         };
         return (Err(error), 0);
     };
-    let workflow = (entry.build)();
     let mut last_error = None;
     for attempt in 0..=options.max_retries {
         let ctx = WorkflowContext { model: Arc::clone(model), repeat_times: task.repeat_times, attempt };

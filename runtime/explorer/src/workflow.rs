@@ -1,12 +1,14 @@
 //! The workflow interface and the registry of built-in workflows.
 //!
 //! A workflow turns one task into the experiences of its group: it talks to the model (any number of turns),
-//! scores the answers with a reward function, and returns one experience per rollout. WASM workflows will
-//! implement the same trait through the plugin host, so the explorer never knows a workflow's origin.
+//! scores the answers with a reward function, and returns one experience per rollout. WASM workflows implement
+//! the same trait through the plugin host and register at run time ([`register_workflow`]), so the explorer
+//! never knows a workflow's origin.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use trinity_buffer::{Experience, Task};
 
@@ -56,9 +58,55 @@ pub fn lookup_workflow(name: &str) -> Option<&'static WorkflowEntry> {
     inventory::iter::<WorkflowEntry>().find(|entry| entry.name == name)
 }
 
-/// Every built-in workflow name, sorted.
-pub fn workflow_names() -> Vec<&'static str> {
-    let mut names: Vec<&'static str> = inventory::iter::<WorkflowEntry>().map(|entry| entry.name).collect();
+/// Workflows registered at run time (plugins), by name; consulted before the built-ins.
+static DYNAMIC: RwLock<BTreeMap<String, Arc<dyn Workflow>>> = RwLock::new(BTreeMap::new());
+
+/// A name that is already taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{kind} `{name}` is already registered by {by}; set `override_builtin: true` on the plugin to replace a built-in"
+)]
+pub struct NameTaken {
+    pub kind: &'static str,
+    pub name: String,
+    pub by: &'static str,
+}
+
+/// Registers `workflow` under `name` for the rest of the process. A built-in of the same name is an error unless
+/// `replace_builtin` (the plugin then wins); a second registration of one name is always an error.
+pub fn register_workflow(name: &str, workflow: Arc<dyn Workflow>, replace_builtin: bool) -> Result<(), NameTaken> {
+    let mut all = DYNAMIC.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let taken = |by| NameTaken { kind: "workflow", name: name.to_owned(), by };
+    if all.contains_key(name) {
+        return Err(taken("another plugin"));
+    }
+    if lookup_workflow(name).is_some() && !replace_builtin {
+        return Err(taken("a built-in workflow"));
+    }
+    all.insert(name.to_owned(), workflow);
+    Ok(())
+}
+
+/// The workflow called `name`: a registered plugin, else a built-in.
+pub fn build_workflow(name: &str) -> Option<Arc<dyn Workflow>> {
+    if let Some(workflow) = DYNAMIC.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name) {
+        return Some(Arc::clone(workflow));
+    }
+    lookup_workflow(name).map(|entry| Arc::from((entry.build)()))
+}
+
+/// Every workflow name, built-in or plugin, sorted.
+pub fn workflow_names() -> Vec<String> {
+    let mut names: Vec<String> = inventory::iter::<WorkflowEntry>().map(|entry| entry.name.to_owned()).collect();
+    names.extend(DYNAMIC.read().unwrap_or_else(|poisoned| poisoned.into_inner()).keys().cloned());
     names.sort_unstable();
+    names.dedup();
     names
+}
+
+/// Every built-in workflow, sorted by name.
+pub fn builtin_workflows() -> Vec<&'static WorkflowEntry> {
+    let mut all: Vec<&'static WorkflowEntry> = inventory::iter::<WorkflowEntry>().collect();
+    all.sort_by_key(|entry| entry.name);
+    all
 }

@@ -61,6 +61,27 @@ pub fn select_device(request: DeviceRequest) -> Result<Device> {
     }
 }
 
+/// Whether bf16 compute is fast on `device`, so mixed precision should be the default there: CUDA devices, and
+/// x86 CPUs with AVX512-BF16 or AMX-BF16 (where libtorch's oneDNN bf16 matmul runs several times faster than
+/// fp32). Elsewhere bf16 on the CPU is emulated and slower than fp32.
+pub fn fast_bf16(device: Device) -> bool {
+    match device {
+        Device::Cpu => cpu_has_bf16(),
+        _ => true,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn cpu_has_bf16() -> bool {
+    // Every CPU with AMX-BF16 (Sapphire Rapids and later) also has AVX512-BF16, so one check covers both.
+    std::arch::is_x86_feature_detected!("avx512bf16")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn cpu_has_bf16() -> bool {
+    false
+}
+
 /// Loads `libtorch_cuda.so` once and returns the number of CUDA devices libtorch sees.
 pub fn cuda_devices() -> Result<usize> {
     static LOADED: OnceLock<std::result::Result<(), String>> = OnceLock::new();

@@ -26,6 +26,7 @@
 //! ```
 //! Weight sync into a generation copy: `gen.decoder.copy_weights_from(&trainer.decoder)` (in place, no_grad).
 
+mod allocator;
 mod chat_template;
 mod config;
 mod decoder;
@@ -36,23 +37,25 @@ mod gguf;
 mod gguf_weights;
 mod hf;
 mod kv_cache;
+mod packed;
 mod rope;
 mod safetensors_io;
 mod score;
 mod tokenizer;
 mod weights;
 
+pub use allocator::keep_freed_memory;
 pub use chat_template::{ChatMessage, ChatTemplate, civil_from_days};
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use decoder::Decoder;
 pub use dequant::GgmlType;
-pub use device::{DeviceRequest, cuda_devices, select_device};
+pub use device::{DeviceRequest, cuda_devices, fast_bf16, select_device};
 pub use error::{ModelError, Result};
 pub use gguf::{GgufFile, GgufTensorInfo, GgufValue};
 pub use gguf_weights::GgufWeights;
 pub use hf::{LoadedModel, convert_gguf_to_hf, load_model, save_hf_dir, save_hf_parts};
 pub use kv_cache::KvCache;
-pub use safetensors_io::SafetensorsWeights;
+pub use safetensors_io::{SafetensorsWeights, write_safetensors};
 pub use score::{ScoreRequest, ScoredSequence, score};
 pub use tokenizer::Tokenizer;
 pub use weights::{ParamSpec, RandomWeights, WeightSource, param_specs};

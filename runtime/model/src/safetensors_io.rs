@@ -134,7 +134,7 @@ fn dtype_name(kind: Kind) -> Result<&'static str> {
 }
 
 /// Writes `tensors` (name, tensor on any device) to a safetensors file at `path`, in the given order.
-pub(crate) fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), json!({"format": "pt"}));
     let mut offset = 0usize;

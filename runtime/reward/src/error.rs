@@ -11,4 +11,12 @@ pub enum RewardError {
     BadTruth { reward: &'static str, truth: String, problem: String },
     #[error("reward `{reward}`: reward_fn_args.{key} {problem}")]
     BadArg { reward: &'static str, key: String, problem: String },
+    /// A plugin's failure; `message` names the plugin and says what happened.
+    #[error("{message}")]
+    Plugin { reward: String, message: String },
+    #[error(
+        "reward function `{name}` is already registered by {by}; set `override_builtin: true` on the plugin to \
+         replace a built-in"
+    )]
+    NameTaken { name: String, by: &'static str },
 }

@@ -26,4 +26,7 @@ pub mod registry;
 mod rng;
 
 pub use crate::error::RewardError;
-pub use crate::registry::{RewardComponents, RewardEntry, RewardFn, RewardInput, lookup, names, score, total};
+pub use crate::registry::{
+    GroupReward, RewardComponents, RewardEntry, RewardFn, RewardInput, lookup, names, register, score, score_group,
+    total,
+};

@@ -1,9 +1,12 @@
 //! The reward registry: built-ins register an [`RewardEntry`] with `inventory`; [`lookup`] finds one by the
 //! name configs use (`default_reward_fn_type`, a row's `reward_fn_key`).
 //!
-//! WASM reward plugins (a later issue) implement the same contract: [`RewardInput`] in, named components out.
+//! Reward plugins (WASM components, loaded at run time) register a [`GroupReward`] with [`register`]: the same
+//! contract, [`RewardInput`]s in and named components out, but a whole group per call. Lookups consult them
+//! first, then the built-ins; [`register`] refuses a built-in's name unless told to replace it.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
 
 use serde_json::{Map, Value};
 
@@ -40,25 +43,89 @@ pub struct RewardEntry {
 
 inventory::collect!(RewardEntry);
 
-/// The entry registered under `name`.
+/// A reward function registered at run time: scores the responses of one task's group in one call.
+pub trait GroupReward: Send + Sync + std::fmt::Debug {
+    /// One set of components per input, in order; `row` is the task's taskset row when known.
+    fn score_group(
+        &self,
+        row: Option<&Map<String, Value>>,
+        inputs: &[RewardInput<'_>],
+    ) -> Result<Vec<RewardComponents>, RewardError>;
+}
+
+/// Reward functions registered at run time, by name.
+static DYNAMIC: RwLock<BTreeMap<String, Arc<dyn GroupReward>>> = RwLock::new(BTreeMap::new());
+
+fn dynamic(name: &str) -> Option<Arc<dyn GroupReward>> {
+    DYNAMIC.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name).cloned()
+}
+
+/// Registers `reward` under `name` for the rest of the process. A built-in of the same name is an error unless
+/// `replace_builtin` (the plugin then wins); a second registration of one name is always an error.
+pub fn register(name: &str, reward: Arc<dyn GroupReward>, replace_builtin: bool) -> Result<(), RewardError> {
+    let mut all = DYNAMIC.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if all.contains_key(name) {
+        return Err(RewardError::NameTaken { name: name.to_owned(), by: "another plugin" });
+    }
+    if lookup(name).is_some() && !replace_builtin {
+        return Err(RewardError::NameTaken { name: name.to_owned(), by: "a built-in reward function" });
+    }
+    all.insert(name.to_owned(), reward);
+    Ok(())
+}
+
+/// Scores the responses of one task's group with the reward called `name` (a plugin scores them in one call).
+pub fn score_group(
+    name: &str,
+    row: Option<&Map<String, Value>>,
+    inputs: &[RewardInput<'_>],
+) -> Result<Vec<RewardComponents>, RewardError> {
+    if let Some(reward) = dynamic(name) {
+        let scores = reward.score_group(row, inputs)?;
+        if scores.len() != inputs.len() {
+            return Err(RewardError::Plugin {
+                reward: name.to_owned(),
+                message: format!("plugin `{name}`: {} scores for {} responses", scores.len(), inputs.len()),
+            });
+        }
+        return Ok(scores);
+    }
+    inputs.iter().map(|input| score(name, input)).collect()
+}
+
+/// The built-in entry registered under `name`.
 pub fn lookup(name: &str) -> Option<&'static RewardEntry> {
     inventory::iter::<RewardEntry>.into_iter().find(|e| e.name == name)
 }
 
-/// Every registered entry, sorted by name.
+/// Every built-in entry, sorted by name.
 pub fn entries() -> Vec<&'static RewardEntry> {
     let mut all: Vec<_> = inventory::iter::<RewardEntry>.into_iter().collect();
     all.sort_by_key(|e| e.name);
     all
 }
 
-/// Every registered name, sorted.
-pub fn names() -> Vec<&'static str> {
-    entries().into_iter().map(|e| e.name).collect()
+/// Every registered name (built-in or plugin), sorted.
+pub fn names() -> Vec<String> {
+    let mut all: Vec<String> = entries().into_iter().map(|e| e.name.to_owned()).collect();
+    all.extend(DYNAMIC.read().unwrap_or_else(|poisoned| poisoned.into_inner()).keys().cloned());
+    all.sort_unstable();
+    all.dedup();
+    all
 }
 
 /// Scores `input` with the reward registered as `name`.
 pub fn score(name: &str, input: &RewardInput<'_>) -> Result<RewardComponents, RewardError> {
+    if let Some(reward) = dynamic(name) {
+        let mut scores = reward.score_group(None, std::slice::from_ref(input))?;
+        return match (scores.pop(), scores.is_empty()) {
+            (Some(components), true) => Ok(components),
+            _ => Err(RewardError::Plugin {
+                reward: name.to_owned(),
+                message: format!("plugin `{name}`: not one score for one response"),
+            }),
+        };
+    }
     let entry =
         lookup(name).ok_or_else(|| RewardError::Unknown { name: name.to_owned(), known: names().join(", ") })?;
     (entry.func)(input)
@@ -132,8 +199,9 @@ mod tests {
 
     #[test]
     fn built_ins_are_registered() {
+        let builtins: Vec<&str> = entries().into_iter().map(|e| e.name).collect();
         assert_eq!(
-            names(),
+            builtins,
             ["accuracy_reward", "countdown_reward", "format_reward", "math_boxed_reward", "math_reward"]
         );
         let args = Map::new();
@@ -149,5 +217,36 @@ mod tests {
         let input = RewardInput { response: "", truth: None, prompt: None, args: &args };
         let text = score("math_rewrd", &input).unwrap_err().to_string();
         assert!(text.contains("math_rewrd") && text.contains("math_reward"), "{text}");
+    }
+
+    #[derive(Debug)]
+    struct Constant;
+
+    impl GroupReward for Constant {
+        fn score_group(
+            &self,
+            _row: Option<&Map<String, Value>>,
+            inputs: &[RewardInput<'_>],
+        ) -> Result<Vec<RewardComponents>, RewardError> {
+            Ok(inputs.iter().map(|_| RewardComponents::from([("c".to_owned(), 0.5)])).collect())
+        }
+    }
+
+    #[test]
+    fn plugins_register_beside_built_ins_and_clash_by_name() {
+        let error = register("math_reward", Arc::new(Constant), false).unwrap_err();
+        assert!(error.to_string().contains("override_builtin"), "{error}");
+        register("test_constant_reward", Arc::new(Constant), false).unwrap();
+        assert!(names().contains(&"test_constant_reward".to_owned()));
+        let args = Map::new();
+        let input = RewardInput { response: "x", truth: None, prompt: None, args: &args };
+        assert_eq!(score("test_constant_reward", &input).unwrap()["c"], 0.5);
+        assert_eq!(score_group("test_constant_reward", None, &[input, input]).unwrap().len(), 2);
+        let again = register("test_constant_reward", Arc::new(Constant), true).unwrap_err();
+        assert!(again.to_string().contains("another plugin"), "{again}");
+        // Built-ins score a group one response at a time.
+        let answered = RewardInput { truth: Some("4"), ..input };
+        let group = score_group("math_reward", None, &[answered, answered]).unwrap();
+        assert_eq!(group.len(), 2);
     }
 }

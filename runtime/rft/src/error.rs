@@ -20,6 +20,8 @@ pub enum RftError {
     Pipeline(String),
     #[error("explore step {step}: every task failed; first failure: {first}")]
     AllTasksFailed { step: u64, first: String },
+    #[error("{path}: {source}")]
+    Io { path: std::path::PathBuf, source: std::io::Error },
     #[error("{0}")]
     Unsupported(String),
 }

@@ -6,8 +6,11 @@
 //!
 //! Checkpoints (`save_interval`, and the last step) hold the policy as a Hugging Face directory (`hf/`), the
 //! optimizer state (`trainer/`) and `meta.json` (steps, sync count, taskset position). A resumed run reloads
-//! them and re-explores any step that was explored but not trained before the stop: the in-memory queue did not
-//! survive, and the taskset position saved is the one of the last trained step.
+//! them. With the in-memory queue, any step explored but not trained before the stop is explored again (the queue
+//! did not survive; the taskset position saved is the one of the last trained step). With a SQLite buffer the
+//! explored steps survive: rows taken by train steps after the checkpoint are handed back, and exploring
+//! continues after the last explore step the database recorded (its rows and taskset position are committed in
+//! one transaction), so no experience is lost or made twice.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,10 +23,14 @@ use trinity_algorithm::advantage::AdvantageFn;
 use trinity_algorithm::registry::{self, Kind as ComponentKind};
 use trinity_buffer::{Experience, ExperienceBuffer, JsonlWriter, SchedulerState, TaskScheduler, Taskset};
 use trinity_checkpoint::CheckpointDir;
+use trinity_config::synchronizer::SyncMethod;
 use trinity_config::{Config, Mode};
 use trinity_engine::{Engine, EngineConfig, EngineModel};
 use trinity_explorer::{RolloutModel, RunReport, RunnerOptions, run_tasks};
-use trinity_model::{ChatTemplate, DeviceRequest, LoadedModel, load_model, save_hf_parts, select_device};
+use trinity_model::{
+    ChatTemplate, DeviceRequest, LoadedModel, SafetensorsWeights, load_model, save_hf_parts, select_device,
+    write_safetensors,
+};
 use trinity_monitor::{Metrics, Monitor};
 use trinity_trainer::{Components, TrainRow, Trainer, TrainerOptions};
 
@@ -40,6 +47,13 @@ pub struct RunSummary {
     pub resumed_from: Option<u64>,
     /// Train steps completed in all (including those before a resume).
     pub train_steps: u64,
+}
+
+/// What a persistent buffer records with each explore step, to continue after it on resume.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ExploreRecord {
+    scheduler: SchedulerState,
+    metrics: Metrics,
 }
 
 /// `meta.json` of a checkpoint.
@@ -104,6 +118,8 @@ struct Run<'a> {
     positions: BTreeMap<u64, SchedulerState>,
     /// Experiences each explore step put in the buffer, and its metrics, until its train step.
     pending: BTreeMap<u64, (usize, Metrics)>,
+    /// End of the previous train step (or the start of the loop): `time/step_s` is measured from here.
+    step_mark: Instant,
 }
 
 impl<'a> Run<'a> {
@@ -122,7 +138,12 @@ impl<'a> Run<'a> {
         if device == tch::Device::Cpu {
             tracing::info!("no CUDA device: running on the CPU");
         }
-        let mut policy = load_model(&model_path, Kind::Float, device).map_err(|e| model_error(&model_path, e))?;
+        let trainer_kind = trainer_kind(&config.trainer.dtype, device);
+        tracing::info!(
+            "training precision: {}",
+            if trainer_kind == Kind::Float { "fp32" } else { "bf16 compute, fp32 master weights" }
+        );
+        let mut policy = load_model(&model_path, trainer_kind, device).map_err(|e| model_error(&model_path, e))?;
         let chat_template = match custom_template(config, &policy).map_err(|e| model_error(&model_path, e))? {
             Some(template) => Some(template),
             None => policy.chat_template.take(),
@@ -170,6 +191,24 @@ impl<'a> Run<'a> {
         let buffer_dir = job_dir.join("buffer");
         let experience_buffer = config.buffer.trainer_input.experience_buffer.clone().unwrap_or_default();
         let buffer = ExperienceBuffer::open(&experience_buffer, &buffer_dir)?;
+        let mut explored = trained;
+        let mut positions = BTreeMap::new();
+        let mut pending = BTreeMap::new();
+        for recorded in buffer.resume_after(trained)? {
+            let record: ExploreRecord = serde_json::from_str(&recorded.state).map_err(|e| {
+                RftError::Unsupported(format!("buffer {}: unreadable explore record: {e}", buffer.name()))
+            })?;
+            scheduler.restore(record.scheduler.clone())?;
+            positions.insert(recorded.step, record.scheduler);
+            pending.insert(recorded.step, (recorded.count, record.metrics));
+            explored = recorded.step;
+        }
+        if explored > trained {
+            tracing::info!(
+                "explore steps {}..={explored} are in the buffer already: continuing after them",
+                trained + 1
+            );
+        }
         let experiences_log = JsonlWriter::open(&job_dir.join("experiences.jsonl"))?;
         let monitor = Monitor::open(&job_dir.join("monitor"), &config.monitor.monitor_type)?;
         let eval_tasksets = trinity_buffer::load_eval_tasksets(&config.buffer)?;
@@ -194,11 +233,12 @@ impl<'a> Run<'a> {
             },
             total_steps,
             resumed_from: latest.map(|c| c.step),
-            explored: trained,
+            explored,
             trained,
             syncs,
-            positions: BTreeMap::new(),
-            pending: BTreeMap::new(),
+            positions,
+            pending,
+            step_mark: Instant::now(),
         })
     }
 
@@ -214,6 +254,7 @@ impl<'a> Run<'a> {
             let metrics = self.evaluate().await?;
             self.monitor.record(0, &metrics)?;
         }
+        self.step_mark = Instant::now();
         loop {
             match next_action(&self.schedule, self.explored, self.trained, self.syncs, self.total_steps) {
                 Action::Explore(step) => self.explore(step).await?,
@@ -247,6 +288,15 @@ impl<'a> Run<'a> {
         }
         let mut metrics = rollout_metrics("rollout", &report);
         let mut experiences: Vec<Experience> = report.groups.into_iter().flatten().collect();
+        // The configured operators (plugins) run before the group advantage, as in Trinity-RFT's pipeline; one
+        // that fails is skipped for this batch and counted, never fatal.
+        let operators = &self.config.data_processor.experience_pipeline.operators;
+        if !operators.is_empty() {
+            let named = operators.iter().map(|operator| (operator.name.as_str(), &operator.args));
+            let (transformed, operator_metrics) = trinity_explorer::apply_operators(named, experiences);
+            experiences = transformed;
+            metrics.extend(operator_metrics);
+        }
         if let Some(advantage) = &self.advantage {
             let (with_advantages, pipeline_metrics) = apply_group_advantage(advantage.as_ref(), experiences)?;
             experiences = with_advantages;
@@ -255,13 +305,14 @@ impl<'a> Run<'a> {
         self.experiences_log.write_batch(&experiences)?;
         let count = experiences.len();
         let response_tokens: usize = experiences.iter().map(Experience::response_length).sum();
-        if count > 0 {
-            self.buffer.put_batch(experiences).await?;
-        }
         let seconds = started.elapsed().as_secs_f64();
         metrics.insert("time/explore_s".into(), seconds);
         metrics.insert("perf/rollout_tokens_per_s".into(), response_tokens as f64 / seconds.max(1e-9));
-        self.pending.insert(step, (count, metrics));
+        let record = ExploreRecord { scheduler: self.scheduler.state(), metrics };
+        let state = serde_json::to_string(&record)
+            .map_err(|e| RftError::Unsupported(format!("cannot encode the explore record: {e}")))?;
+        self.buffer.put_step(step, experiences, &state).await?;
+        self.pending.insert(step, (count, record.metrics));
         self.explored = step;
         Ok(())
     }
@@ -274,7 +325,7 @@ impl<'a> Run<'a> {
             let timeout = Duration::from_secs_f64(
                 self.config.buffer.trainer_input.experience_buffer.as_ref().map_or(1800.0, |b| b.max_read_timeout),
             );
-            let batch = self.buffer.get_batch_within(count, timeout, None).await?;
+            let batch = self.buffer.get_batch_for_step(count, timeout, step).await?;
             let rows: Vec<TrainRow> = batch.iter().map(train_row).collect();
             tokens = rows.iter().map(|r| r.tokens.len()).sum();
             let step_metrics = self.trainer.train_step(&rows)?;
@@ -294,7 +345,11 @@ impl<'a> Run<'a> {
         let mut sync_seconds = 0.0;
         if self.schedule.syncs_after(step) || step == self.total_steps {
             let started = Instant::now();
-            let weights = self.trainer.policy().named_parameters().map_err(|e| model_error(Path::new("policy"), e))?;
+            let mut weights =
+                self.trainer.policy().named_parameters().map_err(|e| model_error(Path::new("policy"), e))?;
+            if self.config.synchronizer.sync_method == SyncMethod::Checkpoint {
+                weights = self.through_disk(weights)?;
+            }
             self.rollout.engine().sync_weights(weights).await?;
             self.rollout.set_model_version(step);
             self.syncs += 1;
@@ -307,9 +362,17 @@ impl<'a> Run<'a> {
             metrics.extend(self.evaluate().await?);
         }
         let save_interval = self.config.trainer.save_interval;
+        let mut save_seconds = 0.0;
         if (save_interval > 0 && step.is_multiple_of(save_interval)) || step == self.total_steps {
+            let started = Instant::now();
             self.save(step)?;
+            save_seconds = started.elapsed().as_secs_f64();
         }
+        metrics.insert("time/save_s".into(), save_seconds);
+        // Wall time since the previous step ended: the time/* phases above add up to it (explore, train, sync,
+        // eval, save), which is how a reader checks that no phase goes unmeasured.
+        metrics.insert("time/step_s".into(), self.step_mark.elapsed().as_secs_f64());
+        self.step_mark = Instant::now();
         self.monitor.record(step, &metrics)?;
         tracing::info!(
             "step {step}/{}: reward {:.3}, pg_loss {:.4}, explore {:.1}s, train {:.1}s",
@@ -342,6 +405,26 @@ impl<'a> Run<'a> {
             metrics.extend(taskset_metrics);
         }
         Ok(metrics)
+    }
+
+    /// `sync_method: checkpoint`: the weights go to `<job>/sync/model.safetensors` (written beside it and renamed,
+    /// so a reader never sees half a file) and the engine's copy is read back from there — the transport a
+    /// separate explorer process uses, kept here so mode `both` can run with it too.
+    fn through_disk(&self, weights: Vec<(String, tch::Tensor)>) -> Result<Vec<(String, tch::Tensor)>, RftError> {
+        let dir = self.job_dir.join("sync");
+        let io = |e: std::io::Error| RftError::Io { path: dir.clone(), source: e };
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let partial = dir.join("model.safetensors.partial");
+        write_safetensors(&partial, &weights).map_err(|e| model_error(&partial, e))?;
+        std::fs::rename(&partial, dir.join("model.safetensors")).map_err(io)?;
+        let stored = SafetensorsWeights::open_dir(&dir).map_err(|e| model_error(&dir, e))?;
+        weights
+            .into_iter()
+            .map(|(name, _)| {
+                let tensor = stored.get(&name).map_err(|e| model_error(&dir, e))?;
+                Ok((name, tensor))
+            })
+            .collect()
     }
 
     fn save(&mut self, step: u64) -> Result<(), RftError> {
@@ -432,6 +515,17 @@ fn custom_template(config: &Config, model: &LoadedModel) -> Result<Option<ChatTe
     match &config.model.custom_chat_template {
         Some(source) => ChatTemplate::new(source, bos, eos).map(Some),
         None => Ok(None),
+    }
+}
+
+/// The policy's parameter dtype: bf16 parameters make the trainer run mixed precision (bf16 compute, fp32 masters
+/// in the optimizer); `auto` picks it where bf16 is fast.
+fn trainer_kind(dtype: &str, device: tch::Device) -> Kind {
+    match dtype {
+        "float32" | "fp32" => Kind::Float,
+        "bfloat16" | "bf16" => Kind::BFloat16,
+        _ if trinity_model::fast_bf16(device) => Kind::BFloat16,
+        _ => Kind::Float,
     }
 }
 

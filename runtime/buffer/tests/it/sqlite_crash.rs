@@ -50,7 +50,7 @@ fn kill_9_loses_no_committed_experience_and_leaves_no_half_batch() {
             last_committed = Some(step);
             // The trainer process reads while the explorer writes.
             if step.is_multiple_of(5)
-                && let Some(batch) = reader.take_batch(GROUP as usize, None).unwrap()
+                && let Some(batch) = reader.take_batch(GROUP as usize, None, None).unwrap()
             {
                 consumed.extend(batch);
             }
@@ -97,7 +97,7 @@ async fn two_handles_share_one_database() {
     });
     let mut got = Vec::new();
     for _ in 0..5 {
-        let batch = trainer.read_batch(4, Duration::from_secs(10), Duration::from_millis(2), None).await.unwrap();
+        let batch = trainer.read_batch(4, Duration::from_secs(10), Duration::from_millis(2), None, None).await.unwrap();
         got.extend(batch);
     }
     writer.await.unwrap();

@@ -57,7 +57,7 @@ fn random_splices_never_panic() {
         for name in names() {
             let truth = if name == "countdown_reward" { countdown_truth.as_str() } else { truth.as_str() };
             let input = RewardInput { response: &response, truth: Some(truth), prompt: None, args: &args };
-            if let Ok(components) = score(name, &input) {
+            if let Ok(components) = score(&name, &input) {
                 assert!(total(&components).is_finite(), "{name} {response:?} {truth:?}");
             }
         }

@@ -1,0 +1,194 @@
+//! `trinity plugins`: what is registered, by name, kind, version and origin; and loading the plugins a run
+//! asks for (`--plugin`, the config's `plugins:`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use trinity_config::config::PluginSpec;
+use trinity_plugin::PluginLimits;
+
+/// Inspect plugins and every registered name.
+#[derive(Debug, Args)]
+pub(crate) struct PluginsArgs {
+    #[command(subcommand)]
+    pub(crate) command: PluginsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PluginsCommand {
+    /// Every registered workflow, reward function, operator and algorithm component, one per line: kind, name,
+    /// version and origin (`built-in` or the plugin file).
+    List {
+        /// Load this plugin first (a `.wasm` component, an algorithm library or an installed name); repeatable.
+        #[arg(long = "plugin", value_name = "PATH")]
+        plugins: Vec<PathBuf>,
+        /// Print one JSON object per line: `{"kind", "name", "version", "origin"}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Install a plugin from a registry index: fetch it, verify its sha256, store it under `.trinity/plugins/` and
+    /// pin it in `trinity-plugins.lock`; runs then load it by name (`--plugin NAME`, `plugins: [NAME]`).
+    Install(crate::install::InstallArgs),
+}
+
+pub(crate) fn run(args: PluginsArgs) -> Result<()> {
+    match args.command {
+        PluginsCommand::List { plugins, json } => {
+            let specs: Vec<PluginSpec> = plugins.iter().map(|path| spec_for(path)).collect();
+            load(&specs)?;
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            for row in listing() {
+                if json {
+                    let value = serde_json::json!({
+                        "kind": row.kind, "name": row.name, "version": row.version, "origin": row.origin,
+                    });
+                    writeln!(out, "{value}")?;
+                } else {
+                    writeln!(out, "{:<20} {:<24} {:<10} {}", row.kind, row.name, row.version, row.origin)?;
+                }
+            }
+        }
+        PluginsCommand::Install(args) => crate::install::run(args)?,
+    }
+    Ok(())
+}
+
+/// A `--plugin PATH` argument as a plugin entry with default limits.
+pub(crate) fn spec_for(path: &Path) -> PluginSpec {
+    PluginSpec {
+        path: path.display().to_string(),
+        override_builtin: false,
+        allow_dir: None,
+        max_memory_mib: None,
+        timeout_s: None,
+    }
+}
+
+/// Loads and registers every plugin, in order; the first failure stops (a run with a missing plugin would fail
+/// later with a less helpful message).
+pub(crate) fn load(specs: &[PluginSpec]) -> Result<()> {
+    let cwd = std::env::current_dir().context("cannot read the working directory")?;
+    for spec in specs {
+        // An installed plugin's name becomes its (re-verified) stored file.
+        let path = &crate::install::resolve(&spec.path, &cwd)?;
+        if path.extension().is_none_or(|extension| extension != "wasm") {
+            trinity_algorithm::library::register_file(path)?;
+            continue;
+        }
+        let limits = limits(spec)?;
+        trinity_plugin::load_and_register(path, limits, spec.override_builtin)?;
+    }
+    Ok(())
+}
+
+fn limits(spec: &PluginSpec) -> Result<PluginLimits> {
+    let mut limits = PluginLimits::default();
+    if let Some(mib) = spec.max_memory_mib {
+        if mib == 0 {
+            bail!("plugin {}: max_memory_mib must be positive", spec.path);
+        }
+        limits.memory_bytes = mib.checked_mul(1 << 20).context("max_memory_mib is too large")?;
+    }
+    if let Some(seconds) = spec.timeout_s {
+        if !(seconds.is_finite() && seconds > 0.0) {
+            bail!("plugin {}: timeout_s must be a positive number of seconds, found {seconds}", spec.path);
+        }
+        limits.call_timeout = Duration::from_secs_f64(seconds);
+    }
+    limits.allow_dir = spec.allow_dir.as_ref().map(PathBuf::from);
+    Ok(limits)
+}
+
+/// One line of `trinity plugins list`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Row {
+    kind: String,
+    name: String,
+    version: String,
+    origin: String,
+}
+
+/// Built-ins (workflows, rewards, algorithm components) then plugins, each group sorted by kind and name.
+fn listing() -> Vec<Row> {
+    let version = env!("CARGO_PKG_VERSION");
+    let builtin = |kind: &str, name: &str| Row {
+        kind: kind.to_owned(),
+        name: name.to_owned(),
+        version: version.to_owned(),
+        origin: "built-in".to_owned(),
+    };
+    let mut rows: Vec<Row> = Vec::new();
+    rows.extend(trinity_explorer::builtin_workflows().into_iter().map(|entry| builtin("workflow", entry.name)));
+    rows.extend(trinity_reward::registry::entries().into_iter().map(|entry| builtin("reward", entry.name)));
+    let algorithms = trinity_algorithm::list().into_iter().filter(|item| item.library.is_none());
+    rows.extend(algorithms.map(|item| builtin(&item.kind.to_string(), &item.name)));
+    rows.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
+    let mut plugins: Vec<Row> = trinity_plugin::registered()
+        .into_iter()
+        .map(|info| Row {
+            kind: info.kind.label().to_owned(),
+            name: info.name,
+            version: info.version,
+            origin: info.path.display().to_string(),
+        })
+        .collect();
+    for library in trinity_algorithm::library::loaded() {
+        plugins.extend(library.components.into_iter().map(|c| Row {
+            kind: c.kind.to_string(),
+            name: c.name,
+            version: library.version.clone(),
+            origin: library.path.display().to_string(),
+        }));
+    }
+    plugins.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
+    rows.extend(plugins);
+    // Installed plugins (the working directory's lock file), whether or not this command loaded them.
+    if let Ok(lock) =
+        std::env::current_dir().map_err(anyhow::Error::from).and_then(|cwd| Ok(trinity_registry::Lock::read(&cwd)?))
+    {
+        rows.extend(lock.plugins.into_iter().map(|p| Row {
+            kind: format!("installed {}", p.kind),
+            name: p.name,
+            version: p.version,
+            origin: lock.project.join(&p.path).display().to_string(),
+        }));
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_come_from_the_entry_and_bad_ones_are_refused() {
+        let mut spec = spec_for(Path::new("x.wasm"));
+        assert_eq!(limits(&spec).unwrap(), PluginLimits::default());
+        spec.max_memory_mib = Some(64);
+        spec.timeout_s = Some(1.5);
+        spec.allow_dir = Some("/srv/data".into());
+        let set = limits(&spec).unwrap();
+        assert_eq!(set.memory_bytes, 64 << 20);
+        assert_eq!(set.call_timeout, Duration::from_millis(1500));
+        assert_eq!(set.allow_dir, Some(PathBuf::from("/srv/data")));
+        spec.timeout_s = Some(f64::NAN);
+        assert!(limits(&spec).unwrap_err().to_string().contains("timeout_s"));
+    }
+
+    #[test]
+    fn a_missing_library_is_an_error_naming_it() {
+        let error = load(&[spec_for(Path::new("/nonexistent/libalgo.so"))]).unwrap_err().to_string();
+        assert!(error.contains("/nonexistent/libalgo.so"), "{error}");
+    }
+
+    #[test]
+    fn the_listing_shows_built_ins() {
+        let rows = listing();
+        assert!(rows.iter().any(|r| r.kind == "workflow" && r.name == "math_workflow" && r.origin == "built-in"));
+        assert!(rows.iter().any(|r| r.kind == "reward" && r.name == "math_reward"));
+    }
+}

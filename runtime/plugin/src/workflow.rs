@@ -1,0 +1,409 @@
+//! Workflow plugins: one task in, scored experiences out, with the rollout model as an async host interface.
+//!
+//! Each task run gets a fresh Store (instantiation from the pre-linked component takes tens of microseconds),
+//! so a trap, the deadline or the memory limit costs exactly that task. The deadline counts the plugin's own
+//! time only: the epoch callback subtracts the time spent awaiting the model, and yields to the async runtime
+//! at every tick so that a plugin computing for a while never starves the other workflows in flight.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+use trinity_buffer::{Eid, Experience, Task};
+use trinity_engine::{FinishReason, SamplingParams};
+use trinity_explorer::{ExplorerError, RolloutModel, Workflow, WorkflowContext, WorkflowFuture};
+use trinity_model::ChatMessage;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Store, UpdateDeadline};
+
+use crate::bindings::reward::trinity::plugin::types as wit;
+use crate::bindings::workflow::exports::trinity::plugin::workflow as export;
+use crate::bindings::workflow::trinity::plugin::model;
+use crate::bindings::workflow::{WorkflowPlugin as WorkflowWorld, WorkflowPluginPre as WorkflowPre};
+use crate::component::PluginKind;
+use crate::conversation::{Prefix, Turn, continued};
+use crate::engine::{PluginLimits, StoreState, engine};
+use crate::error::PluginError;
+use crate::instance::{DeadlineExceeded, PluginInfo, call_error, metrics_map};
+
+/// A loaded workflow plugin.
+pub struct WorkflowPlugin {
+    info: PluginInfo,
+    limits: PluginLimits,
+    pre: WorkflowPre<StoreState<Session>>,
+}
+
+impl std::fmt::Debug for WorkflowPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkflowPlugin").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+/// One task run's view of the model and its recorded turns.
+pub(crate) struct Session {
+    model: Option<Arc<RolloutModel>>,
+    defaults: SamplingParams,
+    seed: u64,
+    calls: u64,
+    turns: Vec<Turn>,
+    /// When the current export call started, and how much of it was spent in host calls.
+    started: Instant,
+    host_time: Duration,
+    deadline: Duration,
+}
+
+impl Session {
+    fn new(model: Option<Arc<RolloutModel>>, defaults: SamplingParams, seed: u64, deadline: Duration) -> Self {
+        Session {
+            model,
+            defaults,
+            seed,
+            calls: 0,
+            turns: Vec::new(),
+            started: Instant::now(),
+            host_time: Duration::ZERO,
+            deadline,
+        }
+    }
+
+    fn model(&self) -> Result<&Arc<RolloutModel>, String> {
+        self.model.as_ref().ok_or_else(|| "the model is not available while the plugin is being loaded".to_owned())
+    }
+
+    /// Engine parameters for one request; without a seed from the plugin each call gets its own, derived from
+    /// the task's seed and the call's position, so rollouts of one task differ but a run is reproducible.
+    fn params(&mut self, params: &model::SamplingParams) -> SamplingParams {
+        self.calls += 1;
+        SamplingParams {
+            n: params.n.max(1) as usize,
+            temperature: params.temperature,
+            top_p: params.top_p,
+            top_k: params.top_k as usize,
+            min_p: params.min_p,
+            seed: Some(params.seed.unwrap_or_else(|| mix(&[self.seed, self.calls]))),
+            max_tokens: params.max_tokens.map(|t| t as usize),
+            min_tokens: params.min_tokens as usize,
+            stop: params.stop.clone(),
+            ..SamplingParams::default()
+        }
+    }
+
+    async fn chat(
+        &mut self,
+        messages: Vec<wit::Message>,
+        params: model::SamplingParams,
+    ) -> Result<Vec<model::Completion>, String> {
+        let model = Arc::clone(self.model()?);
+        let messages: Vec<ChatMessage> = messages.into_iter().map(|m| ChatMessage::new(m.role, m.content)).collect();
+        let rendered = model.render_chat(&messages, true).map_err(|e| e.to_string())?;
+        let prefix = match continued(&self.turns, &messages, &rendered) {
+            Some(turn) => {
+                let delta = &rendered[turn.text.as_deref().map_or(0, str::len)..];
+                Prefix::continuing(turn, model.tokenizer().encode(delta, false).map_err(|e| e.to_string())?)
+            }
+            None => Prefix::fresh(model.tokenizer().encode(&rendered, false).map_err(|e| e.to_string())?),
+        };
+        let params = self.params(&params);
+        let version = model.model_version();
+        let generation = model.generate(prefix.tokens.clone(), params).await.map_err(|e| e.to_string())?;
+        let mut out = Vec::with_capacity(generation.completions.len());
+        for completion in &generation.completions {
+            let mut history = messages.clone();
+            history.push(ChatMessage::new("assistant", completion.text.clone()));
+            let reply = model.decode(&completion.tokens).map_err(|e| e.to_string())?;
+            let turn = prefix.extend(completion, history, Some(format!("{rendered}{reply}")), version);
+            out.push(self.record(turn, completion));
+        }
+        Ok(out)
+    }
+
+    async fn generate(
+        &mut self,
+        prompt: Vec<u32>,
+        params: model::SamplingParams,
+    ) -> Result<Vec<model::Completion>, String> {
+        let model = Arc::clone(self.model()?);
+        let prefix = Prefix::fresh(prompt);
+        let params = self.params(&params);
+        let version = model.model_version();
+        let generation = model.generate(prefix.tokens.clone(), params).await.map_err(|e| e.to_string())?;
+        Ok(generation
+            .completions
+            .iter()
+            .map(|completion| {
+                let turn = prefix.extend(completion, Vec::new(), None, version);
+                self.record(turn, completion)
+            })
+            .collect())
+    }
+
+    fn record(&mut self, turn: Turn, completion: &trinity_engine::Completion) -> model::Completion {
+        self.turns.push(turn);
+        model::Completion {
+            turn: (self.turns.len() - 1) as u64,
+            text: completion.text.clone(),
+            tokens: completion.tokens.clone(),
+            logprobs: completion.logprobs.clone(),
+            finish_reason: match completion.finish_reason {
+                FinishReason::Eos => model::FinishReason::Eos,
+                FinishReason::Stop => model::FinishReason::Stop,
+                FinishReason::Length => model::FinishReason::Length,
+            },
+        }
+    }
+}
+
+/// Times a host call so that the deadline counts only the plugin's own time.
+macro_rules! timed {
+    ($state:expr, $body:expr) => {{
+        let started = Instant::now();
+        let result = $body;
+        $state.extra.host_time += started.elapsed();
+        result
+    }};
+}
+
+impl model::Host for StoreState<Session> {
+    async fn default_params(&mut self) -> model::SamplingParams {
+        let d = &self.extra.defaults;
+        model::SamplingParams {
+            n: 1,
+            temperature: d.temperature,
+            top_p: d.top_p,
+            top_k: d.top_k as u32,
+            min_p: d.min_p,
+            max_tokens: d.max_tokens.map(|t| t as u32),
+            min_tokens: d.min_tokens as u32,
+            stop: d.stop.clone(),
+            seed: None,
+        }
+    }
+
+    async fn chat(
+        &mut self,
+        messages: Vec<wit::Message>,
+        params: model::SamplingParams,
+    ) -> Result<Vec<model::Completion>, String> {
+        timed!(self, self.extra.chat(messages, params).await)
+    }
+
+    async fn generate(
+        &mut self,
+        prompt: Vec<u32>,
+        params: model::SamplingParams,
+    ) -> Result<Vec<model::Completion>, String> {
+        timed!(self, self.extra.generate(prompt, params).await)
+    }
+
+    async fn tokenize(&mut self, text: String) -> Result<Vec<u32>, String> {
+        let model = self.extra.model()?;
+        model.tokenizer().encode(&text, false).map_err(|e| e.to_string())
+    }
+
+    async fn detokenize(&mut self, tokens: Vec<u32>) -> Result<String, String> {
+        self.extra.model()?.decode(&tokens).map_err(|e| e.to_string())
+    }
+
+    async fn apply_chat_template(
+        &mut self,
+        messages: Vec<wit::Message>,
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        let messages: Vec<ChatMessage> = messages.into_iter().map(|m| ChatMessage::new(m.role, m.content)).collect();
+        self.extra.model()?.render_chat(&messages, add_generation_prompt).map_err(|e| e.to_string())
+    }
+}
+
+impl WorkflowPlugin {
+    pub(crate) fn load(path: &Path, component: &Component, limits: PluginLimits) -> Result<Self, PluginError> {
+        let link = |e: wasmtime::Error| PluginError::Link { path: path.to_owned(), message: format!("{e:#}") };
+        let mut linker = Linker::new(engine()?);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(link)?;
+        WorkflowWorld::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(link)?;
+        let pre = WorkflowPre::new(linker.instantiate_pre(component).map_err(link)?).map_err(link)?;
+        let label = path.display().to_string();
+        // The metadata call is async like every export of this world; a scoped thread with its own runtime
+        // runs it whether or not the caller is inside one.
+        let info = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| PluginError::Engine { message: e.to_string() })?;
+                    runtime.block_on(async {
+                        let session = Session::new(None, SamplingParams::default(), 0, limits.call_timeout);
+                        let mut store = workflow_store(&label, &limits, session, path)?;
+                        let bindings =
+                            pre.instantiate_async(&mut store).await.map_err(|e| call_error(&label, &limits, &e))?;
+                        let info = bindings.call_info(&mut store).await.map_err(|e| call_error(&label, &limits, &e))?;
+                        PluginInfo::from_guest(path, PluginKind::Workflow, info)
+                    })
+                })
+                .join()
+                .unwrap_or_else(|_| Err(PluginError::Engine { message: "loading the plugin panicked".into() }))
+        })?;
+        Ok(WorkflowPlugin { info, limits, pre })
+    }
+
+    /// Who the plugin is.
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    async fn run_task(&self, task: &Task, ctx: &WorkflowContext) -> Result<Vec<Experience>, PluginError> {
+        let name = &self.info.name;
+        let defaults = default_params(task);
+        let seed = mix(&[
+            task.rollout_args.seed.unwrap_or(42),
+            task.batch_id,
+            task.taskset_id as u64,
+            task.index as u64,
+            u64::from(ctx.attempt),
+        ]);
+        let session = Session::new(Some(Arc::clone(&ctx.model)), defaults, seed, self.limits.call_timeout);
+        let mut store = workflow_store(name, &self.limits, session, &self.info.path)?;
+        let bindings = self.pre.instantiate_async(&mut store).await.map_err(|e| call_error(name, &self.limits, &e))?;
+        store.data_mut().extra.started = Instant::now();
+        store.data_mut().extra.host_time = Duration::ZERO;
+        let context = export::RunContext { repeat_times: ctx.repeat_times, attempt: ctx.attempt };
+        let result = bindings
+            .trinity_plugin_workflow()
+            .call_run(&mut store, &wit_task(task), context)
+            .await
+            .map_err(|e| call_error(name, &self.limits, &e))?;
+        let experiences = result.map_err(|message| PluginError::Guest { plugin: name.clone(), message })?;
+        let session = &store.data().extra;
+        experiences
+            .into_iter()
+            .enumerate()
+            .map(|(run, experience)| self.experience(task, &ctx.model, session, run, experience))
+            .collect()
+    }
+
+    /// Builds one experience from the turn it names.
+    fn experience(
+        &self,
+        task: &Task,
+        model: &RolloutModel,
+        session: &Session,
+        run: usize,
+        from: export::Experience,
+    ) -> Result<Experience, PluginError> {
+        let name = &self.info.name;
+        let bad = |message: String| PluginError::Output { plugin: name.clone(), message };
+        let turn = usize::try_from(from.turn).ok().and_then(|t| session.turns.get(t)).ok_or_else(|| {
+            bad(format!("experience {run} names turn {}, but the run made {} turn(s)", from.turn, session.turns.len()))
+        })?;
+        if !from.reward.is_finite() {
+            return Err(bad(format!("experience {run} has reward {}", from.reward)));
+        }
+        let metrics = metrics_map(name, &format!("experience {run}"), from.metrics)?;
+        let mut info = parse_object(&from.info).map_err(|e| bad(format!("experience {run}: info: {e}")))?;
+        let eid = Eid { batch: task.batch_id, task: task.index as u64, run: run as u64, step: 0 };
+        let start = turn.prompt_length;
+        let mut experience = Experience::single_turn(eid, turn.tokens.clone(), start, turn.logprobs[start..].to_vec());
+        experience.action_mask = turn.mask[start..].to_vec();
+        experience.reward = from.reward;
+        experience.metrics = metrics;
+        experience.model_version = turn.model_version;
+        experience.prompt_text = model.decode(&turn.tokens[..start]).ok();
+        experience.response_text = model.decode(&turn.tokens[start..]).ok();
+        info.insert("taskset".to_owned(), task.taskset.clone().into());
+        info.insert("workflow".to_owned(), name.clone().into());
+        experience.info = info;
+        experience.validate().map_err(|e| bad(e.to_string()))?;
+        Ok(experience)
+    }
+}
+
+impl Workflow for WorkflowPlugin {
+    fn run<'a>(&'a self, task: &'a Task, ctx: &'a WorkflowContext) -> WorkflowFuture<'a> {
+        Box::pin(async move {
+            self.run_task(task, ctx).await.map_err(|error| ExplorerError::Plugin {
+                task: format!("{}#{}", task.taskset, task.index),
+                message: error.to_string(),
+            })
+        })
+    }
+}
+
+/// A Store for one workflow run: memory limit, and an epoch callback that enforces the deadline on the
+/// plugin's own time and yields to the runtime at every tick.
+fn workflow_store(
+    name: &str,
+    limits: &PluginLimits,
+    session: Session,
+    path: &Path,
+) -> Result<Store<StoreState<Session>>, PluginError> {
+    let state = StoreState::new(name, limits, session).map_err(|message| PluginError::Grant {
+        path: path.to_owned(),
+        dir: limits.allow_dir.clone().unwrap_or_default(),
+        message,
+    })?;
+    let mut store = Store::new(engine()?, state);
+    store.limiter(|state| &mut state.limits);
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|context| {
+        let session = &context.data().extra;
+        let own_time = session.started.elapsed().saturating_sub(session.host_time);
+        if own_time > session.deadline {
+            return Err(wasmtime::Error::new(DeadlineExceeded));
+        }
+        Ok(UpdateDeadline::Yield(1))
+    });
+    Ok(store)
+}
+
+fn wit_task(task: &Task) -> wit::Task {
+    wit::Task {
+        taskset: task.taskset.clone(),
+        index: task.index as u64,
+        prompt: task.prompt(),
+        truth: task.truth(),
+        system_prompt: task.system_prompt(),
+        raw: Value::Object(task.raw.clone()).to_string(),
+        args: Value::Object(task.workflow_args.clone()).to_string(),
+    }
+}
+
+/// The task's rollout arguments as engine parameters (one sample).
+fn default_params(task: &Task) -> SamplingParams {
+    let args = &task.rollout_args;
+    SamplingParams {
+        n: 1,
+        temperature: args.temperature.unwrap_or(1.0) as f32,
+        top_p: args.top_p.unwrap_or(1.0) as f32,
+        top_k: args.top_k.filter(|k| *k > 0).map_or(0, |k| k as usize),
+        min_p: args.min_p.unwrap_or(0.0) as f32,
+        max_tokens: args.max_tokens.map(|t| t as usize),
+        min_tokens: args.min_tokens.unwrap_or(0) as usize,
+        stop: args.stop.clone(),
+        ..SamplingParams::default()
+    }
+}
+
+fn parse_object(text: &str) -> Result<Map<String, Value>, String> {
+    if text.trim().is_empty() {
+        return Ok(Map::new());
+    }
+    match serde_json::from_str(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err("not a JSON object".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// SplitMix64 over the parts (the same derivation the built-in workflows use for their seeds).
+fn mix(parts: &[u64]) -> u64 {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for part in parts {
+        state = state.wrapping_add(*part).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        state = z ^ (z >> 31);
+    }
+    state
+}

@@ -1,0 +1,55 @@
+//! The crate's one error type: every variant names the plugin, file or URL at fault.
+
+use std::path::PathBuf;
+
+/// What went wrong while reading an index, installing a plugin or resolving a locked one.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The index could not be read or parsed.
+    #[error("plugin index {location}: {message}")]
+    Index { location: String, message: String },
+
+    /// No plugin of that name in the index.
+    #[error("plugin index {location} has no plugin `{name}`; it has: {}", available.join(", "))]
+    UnknownPlugin { location: String, name: String, available: Vec<String> },
+
+    /// The requested version is not in the index.
+    #[error("plugin `{name}` has no version {version} in {location}; it has: {}", available.join(", "))]
+    UnknownVersion { location: String, name: String, version: String, available: Vec<String> },
+
+    /// No release works with this trinity.
+    #[error("no release of plugin `{name}` works with this trinity: {reasons}")]
+    Incompatible { name: String, reasons: String },
+
+    /// A malformed `NAME[@VERSION]`.
+    #[error("invalid plugin request `{request}`: {message}")]
+    Request { request: String, message: String },
+
+    /// An artifact or index could not be fetched.
+    #[error("cannot fetch {url}: {message}")]
+    Fetch { url: String, message: String },
+
+    /// The fetched artifact is not the one the index vouches for.
+    #[error(
+        "plugin `{name}` {version}: artifact {url} has sha256 {actual}, but the index says {expected}; refusing it \
+         (tampered or corrupted)"
+    )]
+    Checksum { name: String, version: String, url: String, expected: String, actual: String },
+
+    /// An installed plugin's file changed since it was locked.
+    #[error(
+        "installed plugin `{name}` at {} has sha256 {actual}, but {} pins {expected}; refusing to load it \
+         (reinstall it with `trinity plugins install {name}`)",
+        path.display(),
+        lock.display()
+    )]
+    Tampered { name: String, path: PathBuf, lock: PathBuf, expected: String, actual: String },
+
+    /// The lock file could not be read, parsed or written.
+    #[error("lock file {}: {message}", path.display())]
+    Lock { path: PathBuf, message: String },
+
+    /// A file of the plugin folder could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+}

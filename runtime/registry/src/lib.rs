@@ -1,0 +1,44 @@
+//! The plugin registry: where `trinity plugins install NAME[@VERSION]` finds a plugin, how it checks it, and
+//! where it pins it. No libtorch, no wasmtime: this crate only moves and hashes files.
+//!
+//! * An **index** ([`index`]) is a TOML file (a local path, `file://` or `http(s)://` URL) listing plugin
+//!   releases: name, kind, version, artifact URL, sha256 and the range of host plugin APIs it works with. The
+//!   format is documented in `docs/plugins-registry.md`.
+//! * [`install`] picks a release, fetches its artifact ([`fetch`]), refuses it unless its sha256 matches the
+//!   index, stores it under the project's plugin folder (`.trinity/plugins/NAME/VERSION/FILE`) and pins it in the
+//!   project's lock file.
+//! * The **lock file** ([`lock`], `trinity-plugins.lock`) is what a run trusts: [`lock::Lock::resolve`] finds an
+//!   installed plugin by name and re-checks the stored file's sha256 before anyone loads it, so a file changed
+//!   after install is refused too.
+
+pub mod error;
+pub mod fetch;
+pub mod index;
+pub mod install;
+pub mod lock;
+
+pub use error::RegistryError;
+pub use index::{Index, Release, Request};
+pub use install::{PLUGIN_DIR, install};
+pub use lock::{LOCK_FILE, Lock, LockedPlugin};
+/// Plugin API versions are semver versions; re-exported so callers need not depend on semver themselves.
+pub use semver::Version;
+
+/// Lowercase hex sha256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The platform a native artifact must be built for, as index files spell it (`x86_64-linux`, `aarch64-macos`).
+pub fn host_platform() -> String {
+    format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sha256_of_known_input() {
+        assert_eq!(super::sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
+}
