@@ -83,6 +83,12 @@ impl ExperienceBuffer {
 
     /// Adds one explore step's experiences, waiting while the buffer is full.
     pub async fn put_batch(&self, batch: Vec<Experience>) -> Result<()> {
+        self.put(batch, None).await
+    }
+
+    /// Both puts: the optional JSONL copy, back-pressure, then the backend (a SQLite buffer stores `step`'s
+    /// record in the batch's transaction).
+    async fn put(&self, batch: Vec<Experience>, step: Option<(u64, &str)>) -> Result<()> {
         if let Some(copy) = &self.copy {
             // Poisoning only follows a panic mid-write; the file is append-only, so keep using it.
             copy.lock().unwrap_or_else(std::sync::PoisonError::into_inner).write_batch(&batch)?;
@@ -93,7 +99,7 @@ impl ExperienceBuffer {
                 while store.unconsumed_count()? >= *capacity {
                     tokio::time::sleep(POLL).await;
                 }
-                store.write_batch(&batch).map(drop)
+                store.write_step(&batch, step).map(drop)
             }
         }
     }
@@ -128,18 +134,7 @@ impl ExperienceBuffer {
     /// Adds explore step `step`'s experiences together with the explorer's state after it (`state`, JSON),
     /// waiting while the buffer is full. A persistent buffer stores both in one transaction.
     pub async fn put_step(&self, step: u64, batch: Vec<Experience>, state: &str) -> Result<()> {
-        match &self.backend {
-            Backend::Memory(_) => self.put_batch(batch).await,
-            Backend::Sqlite { store, capacity } => {
-                if let Some(copy) = &self.copy {
-                    copy.lock().unwrap_or_else(std::sync::PoisonError::into_inner).write_batch(&batch)?;
-                }
-                while store.unconsumed_count()? >= *capacity {
-                    tokio::time::sleep(POLL).await;
-                }
-                store.write_step(&batch, Some((step, state))).map(drop)
-            }
-        }
+        self.put(batch, Some((step, state))).await
     }
 
     /// Prepares a persistent buffer for a run resumed from the checkpoint of train step `trained`: rows taken by
