@@ -19,6 +19,7 @@ mod runner;
 mod workflow;
 
 pub use error::ExplorerError;
+pub use math_workflow::mix as seed_mix;
 pub use operator::{
     ExperienceOperator, OperatorOutput, apply_operators, lookup_operator, operator_names, register_operator,
 };

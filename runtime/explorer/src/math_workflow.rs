@@ -120,8 +120,9 @@ fn sampling_params(task: &Task, ctx: &WorkflowContext) -> SamplingParams {
     }
 }
 
-/// SplitMix64 over the parts: a cheap, well-mixed seed derivation.
-fn mix(parts: &[u64]) -> u64 {
+/// SplitMix64 over the parts: a cheap, well-mixed seed derivation. Shared with plugin workflows so every
+/// workflow derives per-rollout seeds the same way.
+pub fn mix(parts: &[u64]) -> u64 {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     for part in parts {
         state = state.wrapping_add(*part).wrapping_add(0x9e37_79b9_7f4a_7c15);

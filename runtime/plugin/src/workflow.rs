@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 use trinity_buffer::{Eid, Experience, Task};
 use trinity_engine::{FinishReason, SamplingParams};
-use trinity_explorer::{ExplorerError, RolloutModel, Workflow, WorkflowContext, WorkflowFuture};
+use trinity_explorer::{ExplorerError, RolloutModel, Workflow, WorkflowContext, WorkflowFuture, seed_mix};
 use trinity_model::ChatMessage;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Store, UpdateDeadline};
@@ -81,7 +81,7 @@ impl Session {
             top_p: params.top_p,
             top_k: params.top_k as usize,
             min_p: params.min_p,
-            seed: Some(params.seed.unwrap_or_else(|| mix(&[self.seed, self.calls]))),
+            seed: Some(params.seed.unwrap_or_else(|| seed_mix(&[self.seed, self.calls]))),
             max_tokens: params.max_tokens.map(|t| t as usize),
             min_tokens: params.min_tokens as usize,
             stop: params.stop.clone(),
@@ -255,7 +255,7 @@ impl WorkflowPlugin {
     async fn run_task(&self, task: &Task, ctx: &WorkflowContext) -> Result<Vec<Experience>, PluginError> {
         let name = &self.info.name;
         let defaults = default_params(task);
-        let seed = mix(&[
+        let seed = seed_mix(&[
             task.rollout_args.seed.unwrap_or(42),
             task.batch_id,
             task.taskset_id as u64,
@@ -393,17 +393,4 @@ fn parse_object(text: &str) -> Result<Map<String, Value>, String> {
         Ok(_) => Err("not a JSON object".to_owned()),
         Err(e) => Err(e.to_string()),
     }
-}
-
-/// SplitMix64 over the parts (the same derivation the built-in workflows use for their seeds).
-fn mix(parts: &[u64]) -> u64 {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    for part in parts {
-        state = state.wrapping_add(*part).wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        state = z ^ (z >> 31);
-    }
-    state
 }
