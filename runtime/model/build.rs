@@ -1,8 +1,18 @@
 //! Embeds libtorch's library folder as a run path so test binaries start without LD_LIBRARY_PATH, and compiles
-//! the packed small-batch matmul (csrc/packed_gemm.cpp) against libtorch's headers on x86-64.
+//! the packed small-batch matmul (csrc/packed_gemm.cpp) and the fused decode step built on it
+//! (csrc/decode_step.cpp) against libtorch's headers on x86-64.
+//!
+//! `at::parallel_for` is an inline template whose OpenMP build is a bare `#pragma omp parallel`: compiled
+//! without `-fopenmp` the pragma is dropped and the kernel silently runs on one thread (measured: the engine's
+//! OpenMP worker got 21% of the decode samples). With it, the outlined region calls `GOMP_parallel`, which must
+//! resolve to the one OpenMP runtime libtorch already loaded: PyPI's torch ships its own `libgomp.so.1` beside
+//! `libtorch_cpu.so`, and linking the compiler's `libgomp.so` records the same soname, so the run path picks
+//! libtorch's copy and the process keeps a single thread pool.
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
-    println!("cargo:rerun-if-changed=csrc/packed_gemm.cpp");
+    for file in ["csrc/packed_gemm.cpp", "csrc/packed_gemm.h", "csrc/decode_step.cpp"] {
+        println!("cargo:rerun-if-changed={file}");
+    }
     let Ok(libtorch) = std::env::var("LIBTORCH") else {
         return;
     };
@@ -11,13 +21,16 @@ fn main() {
         cc::Build::new()
             .cpp(true)
             .file("csrc/packed_gemm.cpp")
+            .file("csrc/decode_step.cpp")
             .include(format!("{libtorch}/include"))
             .flag("-std=c++17")
             // PyPI's torch 2.x is built with the C++11 ABI, as torch-sys assumes.
             .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
             .flag("-O3")
+            .flag("-fopenmp")
             .warnings(false)
             .compile("trinity_packed_gemm");
+        println!("cargo:rustc-link-lib=dylib=gomp");
         println!("cargo:rustc-cfg=packed_gemm");
     }
     println!("cargo::rustc-check-cfg=cfg(packed_gemm)");

@@ -123,8 +123,12 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// The checkout `cargo xtask` was run in. `cargo run` passes the package folder at run time; the compile-time
+/// value is only a fallback, because a target folder shared between checkouts (CI's cache, a second clone) can
+/// hold an xtask binary built in another checkout, and its baked-in path would point there.
 fn workspace_root() -> Result<PathBuf> {
-    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let manifest_dir =
+        std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
     manifest_dir.parent().map(Path::to_path_buf).context("xtask must live one level below the workspace root")
 }
 

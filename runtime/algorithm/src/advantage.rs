@@ -46,7 +46,9 @@ pub struct AdvantageOutput {
 }
 
 /// An advantage function built from its arguments.
-pub trait AdvantageFn: fmt::Debug {
+///
+/// `Send` because the RFT loop runs each train step on a thread of its own.
+pub trait AdvantageFn: fmt::Debug + Send {
     /// Computes advantages for `batch`; the batch's `logprob` is never read.
     fn compute(&self, batch: &Batch) -> Result<AdvantageOutput, AlgorithmError>;
 }

@@ -30,7 +30,9 @@ pub mod sppo;
 pub mod topr;
 
 /// A policy loss built from its arguments.
-pub trait PolicyLossFn: fmt::Debug {
+///
+/// `Send` because the RFT loop runs each train step on a thread of its own.
+pub trait PolicyLossFn: fmt::Debug + Send {
     /// The loss (a scalar connected to `batch.logprob`) and its metrics.
     fn loss(&self, batch: &Batch) -> Result<(Tensor, Metrics), AlgorithmError>;
 }

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::{Value, json};
 use trinity_engine::{Engine, EngineConfig, EngineModel, SamplingParams};
-use trinity_model::{DeviceRequest, load_model, parse_kind, select_device};
+use trinity_model::{DeviceRequest, hand_over_threads, load_model, parse_kind, select_device};
 
 /// Generate completions: for each `{"prompt": str}` line (or `{"messages": [...]}` with `--chat`), write
 /// `{"prompt", "completions": [{"text", "tokens", "logprobs", "finish_reason"}]}`. All prompts are submitted at
@@ -102,6 +102,9 @@ pub(crate) struct GenerateArgs {
 
 pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    // The engine thread does the work with a thread pool of its own; this one must not start a second pool.
+    let threads = hand_over_threads();
+    let threads = args.threads.unwrap_or(threads);
     let inputs = read_inputs(&args)?;
     let kind = parse_kind(&args.dtype)?;
     let device = select_device(DeviceRequest::parse(&args.device)?)?;
@@ -129,7 +132,7 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
         max_model_len,
         max_num_seqs: args.batch_size,
         kv_cache_bytes: args.kv_cache_mb.map(|mib| mib << 20),
-        num_threads: args.threads,
+        num_threads: Some(threads),
         ..EngineConfig::default()
     };
     let engine = Engine::start(EngineModel::from(model), config)?;
@@ -143,6 +146,7 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
     );
 
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let generating = Instant::now();
     let mut pending = Vec::with_capacity(prompts.len());
     for (i, tokens) in prompts.into_iter().enumerate() {
         let params = SamplingParams {
@@ -178,6 +182,7 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
         out.write_all(b"\n")?;
     }
     out.flush()?;
+    let generation_s = generating.elapsed().as_secs_f64();
 
     let stats = engine.stats();
     let wall = started.elapsed().as_secs_f64();
@@ -194,6 +199,10 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
         stats.decode_time.as_secs_f64(),
         stats.decode_steps,
         info.num_slots
+    );
+    eprintln!(
+        "  generation {generation_s:.2} s from the first request to the last completion: {:.1} tok/s",
+        stats.generated_tokens as f64 / generation_s
     );
     eprintln!(
         "  wall {wall:.2} s (model load {:.2} s): {:.1} generated tok/s overall",

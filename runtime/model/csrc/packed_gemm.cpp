@@ -10,6 +10,8 @@
 // Threads come from libtorch's own pool (at::parallel_for) so the kernel never competes with libtorch's
 // OpenMP workers for the cores.
 
+#include "packed_gemm.h"
+
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -64,24 +66,61 @@ __attribute__((target("avx512f,fma"))) void all_rows(const float* x, int64_t m, 
 
 }  // namespace
 
-// x: [m, k] row-major; packed: [n / 16, k, 16]; y: [m, n] row-major. n must be a multiple of 16.
+namespace trinity {
+
+void packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n, float* y) {
+  if (m <= 0) return;
+  const int64_t panels = n / kPanel;
+  const int64_t groups = (panels + kGroup - 1) / kGroup;
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t first = g * kGroup;
+      const int64_t count = std::min(kGroup, panels - first);
+      const float* p = packed + first * k_len * kPanel;
+      float* out = y + first * kPanel;
+      switch (count) {
+        case 3: all_rows<3>(x, m, k_len, p, out, n); break;
+        case 2: all_rows<2>(x, m, k_len, p, out, n); break;
+        default: all_rows<1>(x, m, k_len, p, out, n); break;
+      }
+    }
+  });
+}
+
+}  // namespace trinity
+
 // Returns 0, or -1 when libtorch's thread pool reported an error (nothing is thrown across the C boundary).
 extern "C" int trinity_packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n,
                                    float* y) {
   try {
-    const int64_t panels = n / kPanel;
-    const int64_t groups = (panels + kGroup - 1) / kGroup;
-    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t g = begin; g < end; ++g) {
-        const int64_t first = g * kGroup;
-        const int64_t count = std::min(kGroup, panels - first);
-        const float* p = packed + first * k_len * kPanel;
-        float* out = y + first * kPanel;
-        switch (count) {
-          case 3: all_rows<3>(x, m, k_len, p, out, n); break;
-          case 2: all_rows<2>(x, m, k_len, p, out, n); break;
-          default: all_rows<1>(x, m, k_len, p, out, n); break;
+    trinity::packed_gemm(x, m, k_len, packed, n, y);
+    return 0;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// Packs `count` row-major weight matrices stacked along n (sources[i] has rows[i] rows of k_len) into the panel
+// layout [n / 16][k][16] that trinity_packed_gemm reads, in one pass and without an intermediate copy: at model
+// load that pass is the first touch of ~half a gigabyte for SmolLM2, so a concatenate-then-transpose cost twice
+// that in page faults. n (the sum of rows) must be a multiple of 16. Returns 0, or -1 on a thread-pool error.
+extern "C" int trinity_pack_panels(const float* const* sources, const int64_t* rows, int64_t count, int64_t k_len,
+                                   float* packed) {
+  try {
+    int64_t n = 0;
+    for (int64_t i = 0; i < count; ++i) n += rows[i];
+    at::parallel_for(0, n / kPanel, 1, [&](int64_t begin, int64_t end) {
+      const float* row[kPanel];
+      for (int64_t panel = begin; panel < end; ++panel) {
+        for (int64_t c = 0; c < kPanel; ++c) {
+          int64_t r = panel * kPanel + c;
+          int64_t i = 0;
+          while (r >= rows[i]) r -= rows[i++];
+          row[c] = sources[i] + r * k_len;
         }
+        float* out = packed + panel * k_len * kPanel;
+        for (int64_t k = 0; k < k_len; ++k)
+          for (int64_t c = 0; c < kPanel; ++c) out[k * kPanel + c] = row[c][k];
       }
     });
     return 0;

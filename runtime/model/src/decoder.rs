@@ -22,6 +22,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::config::ModelConfig;
+use crate::decode_step::{self, DecodeLayer, DecodeShape};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::packed::{self, PackedLinear};
@@ -495,6 +496,14 @@ impl Decoder {
             }
             starts.push(start);
         }
+        if t == 1
+            && let Some(hidden) = self.fused_decode(input_ids, cache, slots, &starts)?
+        {
+            for (&slot, &start) in slots.iter().zip(&starts) {
+                cache.set_len(slot, start + 1);
+            }
+            return Ok(hidden);
+        }
         let device = self.device();
         let kmax = starts.iter().zip(new_lens).map(|(s, n)| s + n).max().unwrap_or(0) as i64;
         // Host-side index tables: positions for RoPE, write columns (padding goes to the scratch column),
@@ -572,6 +581,76 @@ impl Decoder {
         Ok(hidden)
     }
 
+    /// One decode step through the fused kernel ([`crate::decode_step`]) when every layer is packed; `None`
+    /// when it does not apply (the caller then takes the libtorch path). `starts[b]` is row `b`'s position, already
+    /// checked against the cache's capacity; the caller advances the cache lengths.
+    fn fused_decode(
+        &self,
+        input_ids: &Tensor,
+        cache: &mut KvCache,
+        slots: &[usize],
+        starts: &[usize],
+    ) -> Result<Option<Tensor>> {
+        let Some(fast) = self.fast.as_ref() else {
+            return Ok(None);
+        };
+        let cache_ok = |t: &Tensor| t.kind() == Kind::Float && t.device() == Device::Cpu && t.is_contiguous();
+        if self.config.head_dim % 2 != 0 || !cache.keys.iter().chain(&cache.values).all(cache_ok) {
+            return Ok(None);
+        }
+        let ptr = |t: &Tensor| t.data_ptr() as *const f32;
+        let opt = |t: Option<&Tensor>| t.map_or(std::ptr::null(), ptr);
+        let mut table = Vec::with_capacity(self.layers.len());
+        for (i, (layer, f)) in self.layers.iter().zip(&fast.layers).enumerate() {
+            let (Some(qkv), Some(o), Some(gate_up), Some(down)) = (&f.qkv, &f.o, &f.gate_up, &f.down) else {
+                return Ok(None);
+            };
+            table.push(DecodeLayer {
+                input_norm: ptr(&layer.input_norm),
+                qkv: qkv.weight_ptr(),
+                qkv_bias: qkv.bias_ptr(),
+                q_norm: opt(layer.q_norm.as_ref()),
+                k_norm: opt(layer.k_norm.as_ref()),
+                o: o.weight_ptr(),
+                o_bias: o.bias_ptr(),
+                post_norm: ptr(&layer.post_norm),
+                gate_up: gate_up.weight_ptr(),
+                gate_up_bias: gate_up.bias_ptr(),
+                down: down.weight_ptr(),
+                down_bias: down.bias_ptr(),
+                keys: cache.keys[i].data_ptr() as *mut f32,
+                values: cache.values[i].data_ptr() as *mut f32,
+            });
+        }
+        let c = &self.config;
+        let shape = DecodeShape {
+            hidden: c.hidden_size,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            intermediate: c.intermediate_size,
+            cache_cols: cache.capacity() as i64 + 1,
+            eps: c.rms_norm_eps,
+        };
+        let slot_ids: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
+        let positions: Vec<i64> = starts.iter().map(|&s| s as i64).collect();
+        let rows = slots.len() as i64;
+        tch::no_grad(|| -> Result<Option<Tensor>> {
+            let (cos, sin) =
+                rope::cos_sin(&self.inv_freq, &Tensor::from_slice(&positions).f_view([rows, 1])?, Kind::Float)?;
+            let cos = cos.f_reshape([rows, c.head_dim])?.f_contiguous()?;
+            let sin = sin.f_reshape([rows, c.head_dim])?.f_contiguous()?;
+            let x = self.embed(&input_ids.f_reshape([rows])?)?.f_contiguous()?;
+            // SAFETY: the table points at this model's parameters and packed copies (fp32, contiguous, shaped by
+            // `c`; `fast` exists only for fp32 CPU models) and at the cache's per-layer tensors, checked fp32 and
+            // contiguous above, which the `&mut` borrow keeps to this call. forward_with_cache checked every slot
+            // against the cache, refused repeats, and checked `start + 1 <= capacity`, so every position is below
+            // `cache_cols - 1`.
+            unsafe { decode_step::run(&shape, &table, &slot_ids, &positions, &cos, &sin, &x)? };
+            Ok(Some(self.rms_norm(&x, &self.norm)?.f_unsqueeze(1)?))
+        })
+    }
+
     /// Picks each row's hidden state at its last real position: `hidden` `[B, T, H]`, `new_lens[b]` tokens in
     /// row `b` → `[B, H]`.
     pub fn last_hidden(&self, hidden: &Tensor, new_lens: &[usize]) -> Result<Tensor> {
@@ -595,10 +674,18 @@ mod tests {
     use crate::weights::RandomWeights;
 
     fn model(family: Family) -> Decoder {
-        tch::manual_seed(0);
+        model_with(tiny(family))
+    }
+
+    fn tiny(family: Family) -> ModelConfig {
         let mut c = crate::testing::tiny_config(family);
         c.tie_word_embeddings = family != Family::Llama;
-        Decoder::load(c, &mut RandomWeights, Kind::Float, Device::Cpu).unwrap()
+        c
+    }
+
+    fn model_with(config: ModelConfig) -> Decoder {
+        tch::manual_seed(0);
+        Decoder::load(config, &mut RandomWeights, Kind::Float, Device::Cpu).unwrap()
     }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -662,22 +749,29 @@ mod tests {
             eprintln!("skipped: no AVX-512 on this CPU");
             return;
         }
-        for family in [Family::Llama, Family::Qwen2, Family::Qwen3] {
-            let plain = model(family);
+        // Head size 8 takes the fused step's generic attention; 16 its register-resident variant.
+        let configs = [Family::Llama, Family::Qwen2, Family::Qwen3].into_iter().flat_map(|family| {
+            let wide = ModelConfig { head_dim: 16, hidden_size: 64, intermediate_size: 64, ..tiny(family) };
+            [tiny(family), wide]
+        });
+        for config in configs {
+            let family = config.family;
+            let plain = model_with(config.clone());
             // Same weights by copy: tests share the global RNG, so two seeded loads may differ.
-            let mut fast = model(family);
+            let mut fast = model_with(config);
             fast.copy_weights_from(&plain).unwrap();
             assert!(fast.prepare_decode().unwrap());
             let f = fast.fast.as_ref().unwrap();
             let packed = f.layers.iter().flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down]).filter(|p| p.is_some());
             assert_eq!(packed.count() + usize::from(f.lm_head.is_some()), 9, "every projection packed");
             let run = |m: &Decoder| {
-                let mut cache = m.new_cache(2, 16).unwrap();
+                let mut cache = m.new_cache(2, 32).unwrap();
                 let ids = Tensor::from_slice(&[1i64, 2, 3, 7, 8, 0]).view([2, 3]);
                 let h = m.forward_with_cache(&ids, &mut cache, &[0, 1], &[3, 2]).unwrap();
                 let mut out = vec![m.logits(&m.last_hidden(&h, &[3, 2]).unwrap()).unwrap()];
-                for step in 0..3 {
-                    let ids = Tensor::from_slice(&[4 + step, 9 + step]).view([2, 1]);
+                // Past 16 cached positions, so attention's 16-wide softmax chunks and their tails both run.
+                for step in 0..20 {
+                    let ids = Tensor::from_slice(&[(4 + step) % 32, (9 + 3 * step) % 32]).view([2, 1]);
                     let h = m.forward_with_cache(&ids, &mut cache, &[0, 1], &[1, 1]).unwrap();
                     out.push(m.logits(&h).unwrap().squeeze_dim(1));
                 }

@@ -110,6 +110,19 @@ fn load_libtorch_cuda() -> std::result::Result<(), String> {
     Err(format!("CUDA is not usable: cannot load libtorch_cuda.so ({reason})"))
 }
 
+/// Makes the calling thread run libtorch ops single-threaded, and returns the intra-op thread count it had, for
+/// a caller that hands the heavy work to another thread (the generation engine's) with that many threads.
+///
+/// Why: libgomp counts the threads of every OpenMP pool in the process, and once they outnumber the CPUs it
+/// stops spinning between parallel regions, so every region wakes its workers through the kernel. A decode step
+/// runs ~150 regions; measured on SmolLM2 with 2 cores, a second pool on the loading thread cost a quarter of
+/// decode throughput. Call it before this thread's first parallel libtorch op, or its pool already exists.
+pub fn hand_over_threads() -> usize {
+    let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1).max(1);
+    tch::set_num_threads(1);
+    threads
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,6 +29,7 @@
 mod allocator;
 mod chat_template;
 mod config;
+mod decode_step;
 mod decoder;
 mod dequant;
 mod device;
@@ -49,7 +50,7 @@ pub use chat_template::{ChatMessage, ChatTemplate, civil_from_days};
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use decoder::Decoder;
 pub use dequant::GgmlType;
-pub use device::{DeviceRequest, cuda_devices, fast_bf16, select_device};
+pub use device::{DeviceRequest, cuda_devices, fast_bf16, hand_over_threads, select_device};
 pub use error::{ModelError, Result};
 pub use gguf::{GgufFile, GgufTensorInfo, GgufValue};
 pub use gguf_weights::GgufWeights;

@@ -20,6 +20,7 @@ const PANEL: i64 = 16;
 #[cfg(packed_gemm)]
 unsafe extern "C" {
     fn trinity_packed_gemm(x: *const f32, m: i64, k: i64, packed: *const f32, n: i64, y: *mut f32) -> i32;
+    fn trinity_pack_panels(sources: *const *const f32, rows: *const i64, count: i64, k: i64, packed: *mut f32) -> i32;
 }
 
 /// Whether this build and CPU can run the packed kernel.
@@ -59,15 +60,24 @@ impl PackedLinear {
         if !eligible || k == 0 || n % PANEL != 0 {
             return Ok(None);
         }
-        let packed = tch::no_grad(|| -> Result<Tensor> {
-            let stacked = Tensor::f_cat(weights, 0)?;
-            Ok(stacked.f_view([n / PANEL, PANEL, k])?.f_permute([0, 2, 1])?.f_contiguous()?)
-        })?;
+        let sources: Vec<Tensor> = weights.iter().map(|w| w.f_contiguous()).collect::<std::result::Result<_, _>>()?;
+        let packed = Tensor::f_empty([n / PANEL, k, PANEL], (Kind::Float, Device::Cpu))?;
+        fill_panels(&sources, k, &packed)?;
         let bias = match biases.iter().copied().collect::<Option<Vec<&Tensor>>>() {
             Some(b) if !b.is_empty() => Some(tch::no_grad(|| Tensor::f_cat(&b, 0))?.f_to_kind(Kind::Float)?),
             _ => None,
         };
         Ok(Some(PackedLinear { packed, bias, n, k }))
+    }
+
+    /// The panel-layout weights, for the fused decode step (valid while `self` lives).
+    pub(crate) fn weight_ptr(&self) -> *const f32 {
+        self.packed.data_ptr() as *const f32
+    }
+
+    /// The stacked fp32 bias, or null.
+    pub(crate) fn bias_ptr(&self) -> *const f32 {
+        self.bias.as_ref().map_or(std::ptr::null(), |b| b.data_ptr() as *const f32)
     }
 
     /// Output features.
@@ -127,6 +137,28 @@ impl PackedLinear {
     fn run(&self, _x: &Tensor, _m: i64, _y: &Tensor) -> Result<()> {
         Err(ModelError::InvalidInput("packed matmul is not built for this target".into()))
     }
+}
+
+/// Writes `sources` (contiguous fp32 `[n_i, k]`, n = Σ n_i a multiple of 16) into `packed` (`[n / 16, k, 16]`).
+#[cfg(packed_gemm)]
+fn fill_panels(sources: &[Tensor], k: i64, packed: &Tensor) -> Result<()> {
+    let pointers: Vec<*const f32> = sources.iter().map(|t| t.data_ptr() as *const f32).collect();
+    let rows: Vec<i64> = sources.iter().map(|t| t.size()[0]).collect();
+    // SAFETY: every source is a live contiguous fp32 CPU tensor of rows[i]·k elements (checked by `pack`, made
+    // contiguous above) and `packed` a fresh contiguous fp32 tensor of Σ rows[i]·k elements that nothing else
+    // references; the call reads only the sources and writes only `packed`, within those bounds.
+    let status = unsafe {
+        trinity_pack_panels(pointers.as_ptr(), rows.as_ptr(), sources.len() as i64, k, packed.data_ptr() as *mut f32)
+    };
+    if status != 0 {
+        return Err(ModelError::InvalidInput("packing weights failed in libtorch's thread pool".into()));
+    }
+    Ok(())
+}
+
+#[cfg(not(packed_gemm))]
+fn fill_panels(_sources: &[Tensor], _k: i64, _packed: &Tensor) -> Result<()> {
+    Err(ModelError::InvalidInput("packed matmul is not built for this target".into()))
 }
 
 #[cfg(test)]

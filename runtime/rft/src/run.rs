@@ -120,10 +120,18 @@ struct Run<'a> {
     pending: BTreeMap<u64, (usize, Metrics)>,
     /// End of the previous train step (or the start of the loop): `time/step_s` is measured from here.
     step_mark: Instant,
+    /// libtorch threads for the engine and for each train step (this thread keeps one; see [`Run::start`]).
+    threads: usize,
 }
 
 impl<'a> Run<'a> {
     fn start(config: &'a Config, job_dir: &Path) -> Result<Run<'a>, RftError> {
+        // Exploring and training alternate, each on a libtorch thread pool: the engine's on its own thread, the
+        // trainer's on a thread that lives for one train step. This thread (loading, buffer, checkpoints) stays
+        // single-threaded, so that while the engine decodes its pool is the only one alive: with more pool
+        // threads than CPUs libgomp stops spinning between parallel regions and every region of a decode step
+        // wakes its workers through the kernel (measured by `trinity generate`: a quarter of decode throughput).
+        let threads = trinity_model::hand_over_threads();
         let job_dir = job_dir.to_owned();
         let checkpoints = CheckpointDir::open(&job_dir)?;
         let latest = if config.continue_from_checkpoint { checkpoints.latest()? } else { None };
@@ -161,6 +169,7 @@ impl<'a> Run<'a> {
                 .clamp(1, 256),
             max_prompt_tokens: model.max_prompt_tokens.map(|t| t as usize),
             max_response_tokens: model.max_response_tokens.map(|t| t as usize),
+            num_threads: Some(threads),
             ..EngineConfig::default()
         };
         let engine = Engine::start(EngineModel::from(generation), engine_config)?;
@@ -239,6 +248,7 @@ impl<'a> Run<'a> {
             positions,
             pending,
             step_mark: Instant::now(),
+            threads,
         })
     }
 
@@ -328,7 +338,17 @@ impl<'a> Run<'a> {
             let batch = self.buffer.get_batch_for_step(count, timeout, step).await?;
             let rows: Vec<TrainRow> = batch.iter().map(train_row).collect();
             tokens = rows.iter().map(|r| r.tokens.len()).sum();
-            let step_metrics = self.trainer.train_step(&rows)?;
+            let (trainer, threads) = (&mut self.trainer, self.threads);
+            // A thread per step: its thread pool ends with it, before the next explore step (see `Run::start`).
+            let step_metrics = std::thread::scope(|scope| {
+                scope
+                    .spawn(move || {
+                        tch::set_num_threads(i32::try_from(threads).unwrap_or(i32::MAX));
+                        trainer.train_step(&rows)
+                    })
+                    .join()
+            })
+            .map_err(|_| RftError::Unsupported(format!("train step {step}: the trainer thread panicked")))??;
             // The trainer reports veRL's `actor/...` names; the run's metrics are `train/...` (pg_loss, kl_loss,
             // entropy, grad_norm, lr, ...).
             metrics.extend(

@@ -1,0 +1,12 @@
+// The packed small-batch fp32 matmul (packed_gemm.cpp), shared with the fused decode step (decode_step.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace trinity {
+
+// y[m][n] = sum_k x[m][k] * w[n][k] with w packed as [n / 16][k][16]; x and y row-major, n a multiple of 16.
+// Runs on libtorch's intra-op thread pool; may throw what at::parallel_for rethrows.
+void packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n, float* y);
+
+}  // namespace trinity
