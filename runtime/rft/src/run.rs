@@ -127,10 +127,11 @@ struct Run<'a> {
 impl<'a> Run<'a> {
     fn start(config: &'a Config, job_dir: &Path) -> Result<Run<'a>, RftError> {
         // Exploring and training alternate, each on a libtorch thread pool: the engine's on its own thread, the
-        // trainer's on a thread that lives for one train step. This thread (loading, buffer, checkpoints) stays
-        // single-threaded, so that while the engine decodes its pool is the only one alive: with more pool
-        // threads than CPUs libgomp stops spinning between parallel regions and every region of a decode step
-        // wakes its workers through the kernel (measured by `trinity generate`: a quarter of decode throughput).
+        // trainer's on a thread that lives for one train step ([`on_pool`]; loading too). This thread (buffer,
+        // checkpoints) stays single-threaded, so that while the engine decodes its pool is the only one alive:
+        // with more pool threads than CPUs libgomp stops spinning between parallel regions and every region of a
+        // decode step wakes its workers through the kernel (measured by `trinity generate`: a quarter of decode
+        // throughput).
         let threads = trinity_model::hand_over_threads();
         let job_dir = job_dir.to_owned();
         let checkpoints = CheckpointDir::open(&job_dir)?;
@@ -151,7 +152,8 @@ impl<'a> Run<'a> {
             "training precision: {}",
             if trainer_kind == Kind::Float { "fp32" } else { "bf16 compute, fp32 master weights" }
         );
-        let mut policy = load_model(&model_path, trainer_kind, device).map_err(|e| model_error(&model_path, e))?;
+        let mut policy = on_pool(threads, || load_model(&model_path, trainer_kind, device))
+            .map_err(|e| model_error(&model_path, e))?;
         let chat_template = match custom_template(config, &policy).map_err(|e| model_error(&model_path, e))? {
             Some(template) => Some(template),
             None => policy.chat_template.take(),
@@ -160,7 +162,8 @@ impl<'a> Run<'a> {
         let eos_token_ids = policy.eos_token_ids.clone();
 
         let engine_kind = engine_kind(&config.explorer.rollout_model.dtype);
-        let generation = load_model(&model_path, engine_kind, device).map_err(|e| model_error(&model_path, e))?;
+        let generation = on_pool(threads, || load_model(&model_path, engine_kind, device))
+            .map_err(|e| model_error(&model_path, e))?;
         let model = &config.model;
         let engine_config = EngineConfig {
             max_model_len: model.max_model_len.unwrap_or(2048) as usize,
@@ -188,7 +191,9 @@ impl<'a> Run<'a> {
         let components = Components::from_config(&config.algorithm)?;
         let advantage = explorer_side_advantage(config, &components)?;
         let options = TrainerOptions { total_steps: Some(total_steps), ..TrainerOptions::from_config(config) };
-        let mut trainer = Trainer::new(policy.decoder, components, &config.algorithm.optimizer, options)?;
+        let decoder = policy.decoder;
+        let optimizer = &config.algorithm.optimizer;
+        let mut trainer = on_pool(threads, move || Trainer::new(decoder, components, optimizer, options))?;
         let (mut trained, mut syncs) = (0, 0);
         if let (Some(meta), Some(checkpoint)) = (&meta, &latest) {
             trainer.load_state(&checkpoint.path.join("trainer"), meta.train_step)?;
@@ -338,17 +343,8 @@ impl<'a> Run<'a> {
             let batch = self.buffer.get_batch_for_step(count, timeout, step).await?;
             let rows: Vec<TrainRow> = batch.iter().map(train_row).collect();
             tokens = rows.iter().map(|r| r.tokens.len()).sum();
-            let (trainer, threads) = (&mut self.trainer, self.threads);
-            // A thread per step: its thread pool ends with it, before the next explore step (see `Run::start`).
-            let step_metrics = std::thread::scope(|scope| {
-                scope
-                    .spawn(move || {
-                        tch::set_num_threads(i32::try_from(threads).unwrap_or(i32::MAX));
-                        trainer.train_step(&rows)
-                    })
-                    .join()
-            })
-            .map_err(|_| RftError::Unsupported(format!("train step {step}: the trainer thread panicked")))??;
+            let trainer = &mut self.trainer;
+            let step_metrics = on_pool(self.threads, || trainer.train_step(&rows))?;
             // The trainer reports veRL's `actor/...` names; the run's metrics are `train/...` (pg_loss, kl_loss,
             // entropy, grad_norm, lr, ...).
             metrics.extend(
@@ -547,6 +543,19 @@ fn trainer_kind(dtype: &str, device: tch::Device) -> Kind {
         _ if trinity_model::fast_bf16(device) => Kind::BFloat16,
         _ => Kind::Float,
     }
+}
+
+/// Runs `work` on a thread of its own with `threads` libtorch threads, and waits for it. The thread's OpenMP pool
+/// ends with it, so between calls only the engine's pool is alive (see [`Run::start`]). A panic in `work` is
+/// re-raised here.
+fn on_pool<T: Send>(threads: usize, work: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(move || {
+            tch::set_num_threads(i32::try_from(threads).unwrap_or(i32::MAX));
+            work()
+        });
+        handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 fn engine_kind(dtype: &str) -> Kind {

@@ -67,8 +67,8 @@ impl AdamW {
                 .into_iter()
                 .map(|(name, var)| -> Result<Param> {
                     let master = if var.kind() == Kind::Float { None } else { Some(var.f_to_kind(Kind::Float)?) };
-                    let zeros = var.f_zeros_like()?.f_to_kind(Kind::Float)?;
-                    Ok(Param { name, exp_avg: zeros.f_zeros_like()?, exp_avg_sq: zeros, master, var })
+                    let zeros = || Tensor::f_zeros(var.size(), (Kind::Float, var.device()));
+                    Ok(Param { name, exp_avg: zeros()?, exp_avg_sq: zeros()?, master, var })
                 })
                 .collect::<Result<Vec<_>>>()
         })?;
