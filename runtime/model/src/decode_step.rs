@@ -97,49 +97,31 @@ pub(crate) unsafe fn run(
             x.size()
         )));
     }
-    call(shape, layers, slots, positions, cos, sin, x)
-}
-
-#[cfg(packed_gemm)]
-fn call(
-    shape: &DecodeShape,
-    layers: &[DecodeLayer],
-    slots: &[i64],
-    positions: &[i64],
-    cos: &Tensor,
-    sin: &Tensor,
-    x: &Tensor,
-) -> Result<()> {
-    // SAFETY: shapes of cos, sin and x were checked above; the layer table and slot bounds are the caller's
-    // contract (`run`'s safety section).
-    let status = unsafe {
-        trinity_decode_layers(
-            shape,
-            layers.as_ptr(),
-            layers.len() as i64,
-            slots.len() as i64,
-            slots.as_ptr(),
-            positions.as_ptr(),
-            cos.data_ptr() as *const f32,
-            sin.data_ptr() as *const f32,
-            x.data_ptr() as *mut f32,
-        )
-    };
-    if status != 0 {
-        return Err(ModelError::InvalidInput("fused decode step failed in libtorch's thread pool".into()));
+    #[cfg(packed_gemm)]
+    {
+        // SAFETY: shapes of cos, sin and x were checked above; the layer table and slot bounds are the caller's
+        // contract (this function's safety section).
+        let status = unsafe {
+            trinity_decode_layers(
+                shape,
+                layers.as_ptr(),
+                layers.len() as i64,
+                rows,
+                slots.as_ptr(),
+                positions.as_ptr(),
+                cos.data_ptr() as *const f32,
+                sin.data_ptr() as *const f32,
+                x.data_ptr() as *mut f32,
+            )
+        };
+        if status != 0 {
+            return Err(ModelError::InvalidInput("fused decode step failed in libtorch's thread pool".into()));
+        }
+        Ok(())
     }
-    Ok(())
-}
-
-#[cfg(not(packed_gemm))]
-fn call(
-    _shape: &DecodeShape,
-    _layers: &[DecodeLayer],
-    _slots: &[i64],
-    _positions: &[i64],
-    _cos: &Tensor,
-    _sin: &Tensor,
-    _x: &Tensor,
-) -> Result<()> {
-    Err(ModelError::InvalidInput("the fused decode step is not built for this target".into()))
+    #[cfg(not(packed_gemm))]
+    {
+        let _ = (shape, layers);
+        Err(ModelError::InvalidInput("the fused decode step is not built for this target".into()))
+    }
 }
