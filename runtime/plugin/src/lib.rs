@@ -25,6 +25,7 @@ mod instance;
 mod operator;
 mod registry;
 mod reward;
+mod synchronous;
 mod worker;
 mod workflow;
 
