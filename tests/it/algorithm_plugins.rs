@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use crate::support::{assert_clean_failure, stderr, stdout, trinity, workspace_root};
+use crate::support::{assert_clean_failure, model_and_tasks, stderr, stdout, tiny_model_dir, trinity, workspace_root};
 
 /// `<target>/<profile>`, where the `trinity` binary (and every library built here) lives.
 fn profile_dir() -> PathBuf {
@@ -69,8 +69,6 @@ fn scratch_workspace() -> tempfile::TempDir {
     dir
 }
 
-const TINY_MODEL: &str = "runtime/model/tests/fixtures/tiny/llama_tied";
-
 #[test]
 fn a_scaffolded_library_builds_loads_and_trains_by_name() {
     let ws = scratch_workspace();
@@ -109,19 +107,10 @@ algorithm:
   policy_loss_fn: my_algo
   policy_loss_fn_args:
     clip_range: 0.1
-model:
-  model_path: {model}
-  max_model_len: 40
-  max_response_tokens: 6
-buffer:
-  batch_size: 2
-  explorer_input:
-    taskset:
-      path: tasks.jsonl
-    default_workflow_type: simple_workflow
+{tasks}    default_workflow_type: simple_workflow
 ",
         lib = lib.display(),
-        model = root.join(TINY_MODEL).display()
+        tasks = model_and_tasks(&tiny_model_dir(), 40)
     );
     std::fs::write(dir.join("config.yaml"), config).unwrap();
     let dry = trinity(dir, &["run", "--config", "config.yaml", "--dry-run"]);
@@ -309,18 +298,9 @@ fn an_installed_plugin_is_pinned_loaded_by_name_and_a_tampered_one_refused() {
         "plugins: [algo-example-a]
 algorithm:
   algorithm_type: vanilla
-model:
-  model_path: {}
-  max_model_len: 40
-  max_response_tokens: 6
-buffer:
-  batch_size: 2
-  explorer_input:
-    taskset:
-      path: tasks.jsonl
-    default_workflow_type: simple_workflow
+{}    default_workflow_type: simple_workflow
 ",
-        workspace_root().join(TINY_MODEL).display()
+        model_and_tasks(&tiny_model_dir(), 40)
     );
     std::fs::write(project.path().join("config.yaml"), config).unwrap();
     std::fs::write(project.path().join("tasks.jsonl"), "{\"prompt\": \"a\", \"response\": \"b\"}\n").unwrap();

@@ -1,9 +1,9 @@
 //! `trinity generate`, `trinity score` and `trinity convert` on the tiny model the repository ships.
 
-use crate::support::{assert_clean_failure, stderr, stdout, trinity, workspace_root};
+use crate::support::{assert_clean_failure, stderr, stdout, tiny_model_dir, trinity, workspace_root};
 
 fn tiny_model() -> String {
-    workspace_root().join("runtime/model/tests/fixtures/tiny/llama_tied").display().to_string()
+    tiny_model_dir().display().to_string()
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::support::{assert_clean_failure, stderr, stdout, trinity, workspace_root};
+use crate::support::{assert_clean_failure, model_and_tasks, stderr, stdout, tiny_model_dir, trinity, workspace_root};
 
 const PACKAGES: [&str; 4] = ["gsm8k_reward", "frozen_lake", "zero_variance_filter", "hostile_reward"];
 
@@ -23,7 +23,7 @@ fn plugin(package: &str) -> PathBuf {
 
 /// The tiny model with a longer context (multi-turn prompts do not fit its 64 positions).
 fn tiny_model(dir: &Path) -> PathBuf {
-    let source = workspace_root().join("runtime/model/tests/fixtures/tiny/llama_tied");
+    let source = tiny_model_dir();
     let model = dir.join("model");
     std::fs::create_dir_all(&model).unwrap();
     for entry in std::fs::read_dir(&source).unwrap() {
@@ -47,17 +47,8 @@ checkpoint_root_dir: ./ckpt
 algorithm:
   algorithm_type: grpo
   repeat_times: 2
-model:
-  model_path: {}
-  max_model_len: {max_model_len}
-  max_response_tokens: 6
-buffer:
-  batch_size: 2
-  explorer_input:
-    taskset:
-      path: tasks.jsonl
-{taskset}{extra}",
-        model.display()
+{}{taskset}{extra}",
+        model_and_tasks(model, max_model_len)
     )
 }
 
@@ -71,7 +62,7 @@ fn a_run_trains_with_a_plugin_reward() {
     let dir = tempfile::tempdir().unwrap();
     let rows: String = (0..4).map(|i| format!("{{\"prompt\": \"ab{i}\", \"response\": \"#### {i}\"}}\n")).collect();
     std::fs::write(dir.path().join("tasks.jsonl"), rows).unwrap();
-    let model = workspace_root().join("runtime/model/tests/fixtures/tiny/llama_tied");
+    let model = tiny_model_dir();
     let taskset = "    default_workflow_type: simple_workflow\n    default_reward_fn_type: gsm8k_reward\n";
     std::fs::write(dir.path().join("config.yaml"), config(&model, 40, taskset, "")).unwrap();
     let wasm = plugin("gsm8k_reward");
@@ -125,7 +116,7 @@ fn hostile_rewards_cost_their_task_and_the_run_completes() {
         .map(|behavior| format!("{{\"prompt\": \"ab\", \"response\": \"1\", \"behavior\": \"{behavior}\"}}\n"))
         .collect();
     std::fs::write(dir.path().join("tasks.jsonl"), rows).unwrap();
-    let model = workspace_root().join("runtime/model/tests/fixtures/tiny/llama_tied");
+    let model = tiny_model_dir();
     let taskset = "    default_workflow_type: simple_workflow\n    default_reward_fn_type: hostile_reward\n";
     let plugins = format!(
         "explorer:\n  max_retry_times: 0\nplugins:\n  - path: {}\n    timeout_s: 1\n    max_memory_mib: 64\n",

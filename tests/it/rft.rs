@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{stderr, trinity, workspace_root};
+use crate::support::{model_and_tasks, stderr, tiny_model_dir, trinity};
 
 /// A directory with a tiny-model GRPO config (2 tasks × 2 rollouts per step, `steps` steps of tasks) and its
 /// task file. `buffer` goes inside `buffer:` (indented two spaces), `extra` at the top level.
@@ -12,7 +12,6 @@ fn tiny_run_dir(steps: usize, buffer: &str, extra: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let rows: String = (0..2 * steps).map(|i| format!("{{\"prompt\": \"ab{i}\", \"response\": \"{i}\"}}\n")).collect();
     std::fs::write(dir.path().join("tasks.jsonl"), rows).unwrap();
-    let model = workspace_root().join("runtime/model/tests/fixtures/tiny/llama_tied");
     let config = format!(
         "project: p
 name: n
@@ -20,18 +19,9 @@ checkpoint_root_dir: ./ckpt
 algorithm:
   algorithm_type: grpo
   repeat_times: 2
-model:
-  model_path: {}
-  max_model_len: 40
-  max_response_tokens: 6
-buffer:
-  batch_size: 2
-  explorer_input:
-    taskset:
-      path: tasks.jsonl
-    default_workflow_type: simple_workflow
+{}    default_workflow_type: simple_workflow
 {buffer}{extra}",
-        model.display()
+        model_and_tasks(&tiny_model_dir(), 40)
     );
     std::fs::write(dir.path().join("config.yaml"), config).unwrap();
     dir

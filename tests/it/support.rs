@@ -8,6 +8,30 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The tiny Llama checkpoint the repository ships, which the run-level tests train.
+pub fn tiny_model_dir() -> PathBuf {
+    workspace_root().join("runtime/model/tests/fixtures/tiny/llama_tied")
+}
+
+/// The `model:` and `buffer:` sections the run-level tests share: `model` with short responses, batches of two
+/// tasks from `tasks.jsonl`. It ends inside `buffer.explorer_input.taskset`, so a caller may go on with taskset
+/// keys (six spaces), `explorer_input` keys (four), `buffer` keys (two) or top-level sections.
+pub fn model_and_tasks(model: &Path, max_model_len: u32) -> String {
+    format!(
+        "model:
+  model_path: {}
+  max_model_len: {max_model_len}
+  max_response_tokens: 6
+buffer:
+  batch_size: 2
+  explorer_input:
+    taskset:
+      path: tasks.jsonl
+",
+        model.display()
+    )
+}
+
 pub fn fixture(relative: &str) -> PathBuf {
     workspace_root().join("tests/fixtures").join(relative)
 }
