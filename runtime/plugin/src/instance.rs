@@ -60,8 +60,8 @@ impl PluginInfo {
     }
 }
 
-/// A fresh Store with the plugin's memory limit and a deadline that traps (synchronous calls).
-pub(crate) fn new_store<X: Send>(
+/// A fresh Store with the plugin's memory limit and its granted folder; the caller arms the deadline.
+pub(crate) fn limited_store<X: Send>(
     plugin: &str,
     limits: &PluginLimits,
     extra: X,
@@ -74,6 +74,17 @@ pub(crate) fn new_store<X: Send>(
     })?;
     let mut store = Store::new(engine()?, state);
     store.limiter(|state| &mut state.limits);
+    Ok(store)
+}
+
+/// A fresh Store ([`limited_store`]) with a deadline that traps (synchronous calls).
+pub(crate) fn new_store<X: Send>(
+    plugin: &str,
+    limits: &PluginLimits,
+    extra: X,
+    path: &std::path::Path,
+) -> Result<Store<StoreState<X>>, PluginError> {
+    let mut store = limited_store(plugin, limits, extra, path)?;
     store.set_epoch_deadline(limits.deadline_ticks());
     store.epoch_deadline_trap();
     Ok(store)

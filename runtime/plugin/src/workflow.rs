@@ -25,7 +25,7 @@ use crate::component::PluginKind;
 use crate::conversation::{Prefix, Turn, continued};
 use crate::engine::{PluginLimits, StoreState, engine};
 use crate::error::PluginError;
-use crate::instance::{DeadlineExceeded, PluginInfo, call_error, metrics_map};
+use crate::instance::{DeadlineExceeded, PluginInfo, call_error, limited_store, metrics_map};
 
 /// A loaded workflow plugin.
 pub struct WorkflowPlugin {
@@ -337,13 +337,7 @@ fn workflow_store(
     session: Session,
     path: &Path,
 ) -> Result<Store<StoreState<Session>>, PluginError> {
-    let state = StoreState::new(name, limits, session).map_err(|message| PluginError::Grant {
-        path: path.to_owned(),
-        dir: limits.allow_dir.clone().unwrap_or_default(),
-        message,
-    })?;
-    let mut store = Store::new(engine()?, state);
-    store.limiter(|state| &mut state.limits);
+    let mut store = limited_store(name, limits, session, path)?;
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(|context| {
         let session = &context.data().extra;
