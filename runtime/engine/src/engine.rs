@@ -80,7 +80,9 @@ impl Engine {
     pub fn start(model: EngineModel, config: EngineConfig) -> Result<Self> {
         let EngineModel { decoder, tokenizer, eos_token_ids } = model;
         let kind = decoder.kind();
-        let num_slots = config.num_slots(decoder.config(), kind)?;
+        // A packed bf16 model decodes with an fp32 cache (Decoder::prepare_decode runs on the engine thread).
+        let cache_kind = decoder.decode_cache_kind();
+        let num_slots = config.num_slots(decoder.config(), cache_kind)?;
         let (max_prompt_tokens, prompt_limit_name) = config.prompt_limit();
         let info = EngineInfo {
             num_slots,
@@ -89,7 +91,7 @@ impl Engine {
             vocab_size: decoder.config().vocab_size as usize,
             kind,
             device: decoder.device(),
-            kv_cache_bytes: config.bytes_per_slot(decoder.config(), kind) * num_slots as u64,
+            kv_cache_bytes: config.bytes_per_slot(decoder.config(), cache_kind) * num_slots as u64,
         };
         let eos = eos_token_ids.iter().filter_map(|&t| u32::try_from(t).ok()).collect();
         let has_tokenizer = tokenizer.is_some();

@@ -1,4 +1,4 @@
-// One fp32 decode step through every decoder layer, in a single call: RMSNorm, the packed q/k/v projection,
+// One decode step through every decoder layer, in a single call: RMSNorm, the packed q/k/v projection,
 // q/k norm, RoPE, the KV-cache write, attention over each slot's cached prefix, the output projection, the
 // MLP and both residuals.
 //
@@ -10,10 +10,11 @@
 // calling thread, and those two run on libtorch's intra-op pool (at::parallel_for), so no second pool competes
 // for the cores.
 //
-// Numerics follow the libtorch path it replaces (decoder.rs): fp32 throughout, RMSNorm as x * rsqrt(mean(x^2) +
-// eps) * w, the "rotate half" RoPE with cos/sin tables computed by the caller, softmax(q k^T / sqrt(d)) v, and
-// SiLU as g / (1 + exp(-g)). Sums are accumulated in a different order than libtorch's, so results agree to
-// float rounding (the tests hold them to 1e-4), not bit for bit.
+// Numerics follow the libtorch path it replaces (decoder.rs): fp32 activations, norms and cache throughout (with
+// bf16 weights only the projections round their inputs to bf16, see packed_gemm.cpp), RMSNorm as
+// x * rsqrt(mean(x^2) + eps) * w, the "rotate half" RoPE with cos/sin tables computed by the caller,
+// softmax(q k^T / sqrt(d)) v, and SiLU as g / (1 + exp(-g)). Sums are accumulated in a different order than
+// libtorch's, so results agree to float rounding (the tests hold them to 1e-4), not bit for bit.
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -35,21 +36,22 @@ struct TrinityDecodeShape {
   int64_t intermediate;
   int64_t cache_cols;  // columns per (slot, kv head) in the cache: capacity + 1 scratch column
   double eps;
+  int64_t bf16_weights;  // 1: the packed projections are bf16 (packed_gemm_bf16's layout), 0: fp32
 };
 
 // Must match `DecodeLayer` in src/decode_step.rs. Optional tensors are null when absent.
 struct TrinityDecodeLayer {
   const float* input_norm;  // [hidden]
-  const float* qkv;         // packed [(heads + 2 kv_heads) * head_dim / 16, hidden, 16]
+  const void* qkv;          // packed [(heads + 2 kv_heads) * head_dim / 16, hidden, 16] (bf16: k in pairs)
   const float* qkv_bias;    // [(heads + 2 kv_heads) * head_dim] or null
   const float* q_norm;      // [head_dim] or null
   const float* k_norm;      // [head_dim] or null
-  const float* o;           // packed [hidden / 16, heads * head_dim, 16]
+  const void* o;            // packed [hidden / 16, heads * head_dim, 16]
   const float* o_bias;      // [hidden] or null
   const float* post_norm;   // [hidden]
-  const float* gate_up;     // packed [2 intermediate / 16, hidden, 16]: gate outputs, then up outputs
+  const void* gate_up;      // packed [2 intermediate / 16, hidden, 16]: gate outputs, then up outputs
   const float* gate_up_bias;
-  const float* down;        // packed [hidden / 16, intermediate, 16]
+  const void* down;         // packed [hidden / 16, intermediate, 16]
   const float* down_bias;
   float* keys;              // cache [slots, kv_heads, cache_cols, head_dim]
   float* values;
@@ -262,6 +264,15 @@ __attribute__((target("avx512f"))) void silu_mul(const float* gate_up, int64_t r
   }
 }
 
+// y [rows][n] = x [rows][k] times one of the layer's packed projections, in the shape's weight type.
+void project(const TrinityDecodeShape& s, const float* x, int64_t rows, int64_t k, const void* w, int64_t n,
+             float* y) {
+  if (s.bf16_weights != 0)
+    trinity::packed_gemm_bf16(x, rows, k, static_cast<const uint16_t*>(w), n, y);
+  else
+    trinity::packed_gemm(x, rows, k, static_cast<const float*>(w), n, y);
+}
+
 void decode(const TrinityDecodeShape& s, const TrinityDecodeLayer* layers, int64_t n_layers, int64_t rows,
             const int64_t* slots, const int64_t* positions, const float* cos, const float* sin, float* x) {
   const int64_t d = s.head_dim;
@@ -275,7 +286,7 @@ void decode(const TrinityDecodeShape& s, const TrinityDecodeLayer* layers, int64
   for (int64_t l = 0; l < n_layers; ++l) {
     const TrinityDecodeLayer& w = layers[l];
     for (int64_t r = 0; r < rows; ++r) rms_norm(x + r * s.hidden, s.hidden, w.input_norm, s.eps, &h[r * s.hidden]);
-    trinity::packed_gemm(h.data(), rows, s.hidden, w.qkv, n_qkv, qkv.data());
+    project(s, h.data(), rows, s.hidden, w.qkv, n_qkv, qkv.data());
     add_bias(qkv.data(), rows, n_qkv, w.qkv_bias);
     for (int64_t r = 0; r < rows; ++r) {
       float* row = &qkv[r * n_qkv];
@@ -306,14 +317,14 @@ void decode(const TrinityDecodeShape& s, const TrinityDecodeLayer* layers, int64
           attend_any(q, group, w.keys + base, w.values + base, len, d, scale, scores.data(), out);
       }
     });
-    trinity::packed_gemm(attn.data(), rows, n_attn, w.o, s.hidden, proj.data());
+    project(s, attn.data(), rows, n_attn, w.o, s.hidden, proj.data());
     add_bias(proj.data(), rows, s.hidden, w.o_bias);
     add_into(x, proj.data(), rows * s.hidden);
     for (int64_t r = 0; r < rows; ++r) rms_norm(x + r * s.hidden, s.hidden, w.post_norm, s.eps, &h[r * s.hidden]);
-    trinity::packed_gemm(h.data(), rows, s.hidden, w.gate_up, 2 * s.intermediate, gate_up.data());
+    project(s, h.data(), rows, s.hidden, w.gate_up, 2 * s.intermediate, gate_up.data());
     add_bias(gate_up.data(), rows, 2 * s.intermediate, w.gate_up_bias);
     silu_mul(gate_up.data(), rows, s.intermediate, act.data());
-    trinity::packed_gemm(act.data(), rows, s.intermediate, w.down, s.hidden, proj.data());
+    project(s, act.data(), rows, s.intermediate, w.down, s.hidden, proj.data());
     add_bias(proj.data(), rows, s.hidden, w.down_bias);
     add_into(x, proj.data(), rows * s.hidden);
   }

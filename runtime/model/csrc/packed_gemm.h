@@ -1,4 +1,4 @@
-// The packed small-batch fp32 matmul (packed_gemm.cpp), shared with the fused decode step (decode_step.cpp).
+// The packed small-batch matmuls, fp32 and bf16 weights (packed_gemm.cpp), shared with the fused decode step (decode_step.cpp).
 #pragma once
 
 #include <cstdint>
@@ -8,5 +8,8 @@ namespace trinity {
 // y[m][n] = sum_k x[m][k] * w[n][k] with w packed as [n / 16][k][16]; x and y row-major, n a multiple of 16.
 // Runs on libtorch's intra-op thread pool; may throw what at::parallel_for rethrows.
 void packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n, float* y);
+
+// The same with bf16 weights packed as [n / 16][(k + 1) / 2][16][2]; x is rounded to bf16, y accumulates in fp32.
+void packed_gemm_bf16(const float* x, int64_t m, int64_t k_len, const uint16_t* packed, int64_t n, float* y);
 
 }  // namespace trinity

@@ -1,12 +1,14 @@
-//! The fused fp32 decode step (`csrc/decode_step.cpp`): every decoder layer for one new token per sequence,
+//! The fused decode step (`csrc/decode_step.cpp`): every decoder layer for one new token per sequence,
 //! in one call, on the packed weights.
 //!
 //! With the projections on the packed kernel, a libtorch decode step still spent most of its time in ~30 small
 //! ops per layer (dispatch, allocation, thread-pool wake-ups) and in `scaled_dot_product_attention`'s flash
 //! kernel, which runs tiny MKL gemms per row and head. The fused step keeps the libtorch path's numerics (see
 //! the C++ file) and replaces all of that with one loop; [`crate::Decoder::forward_with_cache`] takes it for
-//! single-token steps whenever the model is packed, and the libtorch path stays for prefill, other dtypes and
-//! other devices.
+//! single-token steps whenever the model is packed (fp32, or bf16 weights with fp32 activations), and the
+//! libtorch path stays for prefill and for models that are not packed.
+
+use std::ffi::c_void;
 
 use tch::Tensor;
 
@@ -24,24 +26,27 @@ pub(crate) struct DecodeShape {
     /// Columns per (slot, KV head) in the cache: its capacity plus the scratch column.
     pub cache_cols: i64,
     pub eps: f64,
+    /// 1 when the packed projections are bf16, 0 when fp32.
+    pub bf16_weights: i64,
 }
 
-/// One layer's weights (packed projections, fp32 norms and biases) and cache storage; mirrors
+/// One layer's weights (packed projections in the shape's weight type, fp32 norms and biases) and fp32 cache
+/// storage; mirrors
 /// `TrinityDecodeLayer`. Absent optional tensors are null.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DecodeLayer {
     pub input_norm: *const f32,
-    pub qkv: *const f32,
+    pub qkv: *const c_void,
     pub qkv_bias: *const f32,
     pub q_norm: *const f32,
     pub k_norm: *const f32,
-    pub o: *const f32,
+    pub o: *const c_void,
     pub o_bias: *const f32,
     pub post_norm: *const f32,
-    pub gate_up: *const f32,
+    pub gate_up: *const c_void,
     pub gate_up_bias: *const f32,
-    pub down: *const f32,
+    pub down: *const c_void,
     pub down_bias: *const f32,
     pub keys: *mut f32,
     pub values: *mut f32,
@@ -66,10 +71,11 @@ unsafe extern "C" {
 /// next token of cache slot `slots[r]` at position `positions[r]`; `cos` / `sin` are `[rows, head_dim]`.
 ///
 /// # Safety
-/// Every pointer in `layers` must point at a live, contiguous fp32 CPU tensor of the size its field documents
-/// for `shape` (the caches `[slots, kv_heads, cache_cols, head_dim]`), nothing else may access the caches during
-/// the call, each `slots[r]` must be below the caches' slot count, each `positions[r]` below `cache_cols - 1`,
-/// and no slot may repeat.
+/// Every pointer in `layers` must point at a live, contiguous CPU tensor of the size its field documents for
+/// `shape` (fp32, except the packed projections, which are bf16 when `shape.bf16_weights` is 1; the caches
+/// `[slots, kv_heads, cache_cols, head_dim]`), nothing else may access the caches during the call, each
+/// `slots[r]` must be below the caches' slot count, each `positions[r]` below `cache_cols - 1`, and no slot may
+/// repeat.
 pub(crate) unsafe fn run(
     shape: &DecodeShape,
     layers: &[DecodeLayer],

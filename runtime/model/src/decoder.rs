@@ -71,11 +71,15 @@ pub struct Decoder {
     fast: Option<FastDecode>,
 }
 
-/// The generation engine's packed weights (see [`crate::packed`]).
+/// The generation engine's packed weights (see [`crate::packed`]). A packed model computes in fp32 whatever its
+/// parameter dtype: the packed projections take and return fp32, and the norms here are fp32 (the parameters
+/// themselves for an fp32 model, copies for a bf16 one), as is the KV cache ([`Decoder::new_cache`]).
 #[derive(Debug)]
 struct FastDecode {
     layers: Vec<FastLayer>,
     lm_head: Option<PackedLinear>,
+    norm: Tensor,
+    bf16: bool,
 }
 
 #[derive(Debug)]
@@ -84,6 +88,27 @@ struct FastLayer {
     o: Option<PackedLinear>,
     gate_up: Option<PackedLinear>,
     down: Option<PackedLinear>,
+    input_norm: Tensor,
+    post_norm: Tensor,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+}
+
+impl FastLayer {
+    fn fully_packed(&self) -> bool {
+        self.qkv.is_some() && self.o.is_some() && self.gate_up.is_some() && self.down.is_some()
+    }
+}
+
+/// Attention output `[B, heads, T, D]` → `[B, T, heads·D]`, the output projection's input.
+fn merge_heads(attn: &Tensor) -> Result<Tensor> {
+    let size = attn.size();
+    Ok(attn.f_transpose(1, 2)?.f_reshape([size[0], size[2], -1])?)
+}
+
+/// `t` in fp32: itself when it already is, else a copy.
+fn fp32(t: &Tensor) -> Result<Tensor> {
+    Ok(if t.kind() == Kind::Float { t.shallow_clone() } else { t.f_to_kind(Kind::Float)? })
 }
 
 fn pack(linears: &[&Linear]) -> Result<Option<PackedLinear>> {
@@ -174,13 +199,14 @@ impl Decoder {
         Ok(Self { config, vs, kind, embed, layers, norm, lm_head, inv_freq, fast: None })
     }
 
-    /// Packs the weights for fast small-batch decoding where the kernel applies (fp32 on an AVX-512 CPU; a no-op
-    /// elsewhere). Costs a second copy of the projection weights; meant for a generation engine's model, never a
-    /// model being trained (the packed path has no autograd and is skipped whenever the input needs gradients).
-    /// Returns whether packed decoding is now active.
+    /// Packs the weights for fast small-batch decoding where the kernel applies (fp32 on an AVX-512 CPU, bf16 on
+    /// one with AVX512-BF16; a no-op elsewhere). Costs a second copy of the projection weights; meant for a
+    /// generation engine's model, never a model being trained (the packed path has no autograd and is skipped
+    /// whenever the input needs gradients). A packed bf16 model then generates with fp32 activations and KV
+    /// cache: create the cache after this call. Returns whether packed decoding is now active.
     pub fn prepare_decode(&mut self) -> Result<bool> {
-        if self.kind != Kind::Float || self.device() != Device::Cpu || !packed::supported() {
-            self.fast = None;
+        self.fast = None;
+        if self.device() != Device::Cpu || !packed::packs(self.kind) {
             return Ok(false);
         }
         let mut layers = Vec::with_capacity(self.layers.len());
@@ -190,11 +216,32 @@ impl Decoder {
                 o: pack(&[&layer.o])?,
                 gate_up: pack(&[&layer.gate, &layer.up])?,
                 down: pack(&[&layer.down])?,
+                input_norm: fp32(&layer.input_norm)?,
+                post_norm: fp32(&layer.post_norm)?,
+                q_norm: layer.q_norm.as_ref().map(fp32).transpose()?,
+                k_norm: layer.k_norm.as_ref().map(fp32).transpose()?,
             });
         }
         let lm_head = PackedLinear::pack(&[&self.lm_head], &[None])?;
-        self.fast = Some(FastDecode { layers, lm_head });
+        let bf16 = self.kind == Kind::BFloat16;
+        // An fp32 model falls back to its own weights for a projection the kernel cannot take; a bf16 model
+        // computing in fp32 cannot, so it is packed completely or not at all.
+        if bf16 && (lm_head.is_none() || !layers.iter().all(FastLayer::fully_packed)) {
+            return Ok(false);
+        }
+        self.fast = Some(FastDecode { layers, lm_head, norm: fp32(&self.norm)?, bf16 });
         Ok(true)
+    }
+
+    /// The dtype generation computes in: fp32 once packed ([`Decoder::prepare_decode`]), else the parameters'.
+    fn compute_kind(&self) -> Kind {
+        if self.fast.is_some() { Kind::Float } else { self.kind }
+    }
+
+    /// The KV-cache dtype to budget for before [`Decoder::prepare_decode`] runs: fp32 where the model will be
+    /// packed (an upper bound if packing then declines a bf16 model), else the parameters' dtype.
+    pub fn decode_cache_kind(&self) -> Kind {
+        if self.device() == Device::Cpu && packed::packs(self.kind) { Kind::Float } else { self.kind }
     }
 
     /// Call after changing weights through shared handles ([`Decoder::var_store`] variables): refreshes the
@@ -342,9 +389,102 @@ impl Decoder {
                 None => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, 0.0, true, None, true)?,
                 Some(m) => Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(m), 0.0, false, None, true)?,
             };
-            x = self.finish_layer(layer, None, x, &attn)?;
+            x = self.finish_layer(layer, None, x, &merge_heads(&attn)?)?;
         }
         self.rms_norm(&x, &self.norm)
+    }
+
+    /// [`Decoder::forward_hidden`] for rows that share prompts, running each distinct prompt once: GRPO trains on
+    /// `repeat_times` responses per prompt, and recomputing (and backpropagating through) the same prompt for
+    /// every one of them is work proportional to `repeat_times × prompt length` that gives the same numbers.
+    ///
+    /// - `prompts`: `[G, P]` int64, the distinct prompts, left-padded; `prompt_mask` `[G, P]`, nonzero for real
+    ///   tokens.
+    /// - `groups[n]`: the prompt of response row `n`; `responses` `[N, R]` int64, right-padded with any id.
+    ///
+    /// Returns the final-normed hidden states of the prompts `[G, P, hidden]` and of the responses
+    /// `[N, R, hidden]`, equal (to float rounding) to `forward_hidden` of each full row `prompt ++ response`:
+    /// response position `j` of row `n` is at position `len(prompt) + j`, sees its prompt's real tokens and its
+    /// own first `j + 1` tokens. Outputs at padding positions are finite but meaningless. The prompt and response
+    /// tokens run through every projection and MLP as one flat batch; only attention is split, with each
+    /// response's keys and values being its prompt's (gathered, so gradients from all of a prompt's responses add
+    /// up in it) followed by its own. Differentiable.
+    pub fn forward_hidden_shared_prompts(
+        &self,
+        prompts: &Tensor,
+        prompt_mask: &Tensor,
+        groups: &[i64],
+        responses: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let (ps, rs) = (prompts.size(), responses.size());
+        let (&[g, p], &[n, r]) = (&ps[..], &rs[..]) else {
+            return Err(ModelError::InvalidInput(format!("prompts {ps:?} and responses {rs:?} must be 2-D")));
+        };
+        if prompt_mask.size() != ps || groups.len() as i64 != n || groups.iter().any(|&i| i < 0 || i >= g) {
+            return Err(ModelError::InvalidInput(format!(
+                "prompt mask {:?} for prompts {ps:?}; {} group ids in 0..{g} for {n} responses",
+                prompt_mask.size(),
+                groups.len()
+            )));
+        }
+        let device = self.device();
+        let (heads, kv_heads, d) =
+            (self.config.num_attention_heads, self.config.num_key_value_heads, self.config.head_dim);
+        let (tp, tr) = (g * p, n * r);
+        let group = Tensor::from_slice(groups).f_to_device(device)?;
+        let valid = prompt_mask.f_to_device(device)?.f_ne(0)?;
+        let prompt_pos = (valid.f_to_kind(Kind::Int64)?.f_cumsum(1, Kind::Int64)? - 1).f_clamp_min(0)?;
+        let prompt_len = valid.f_sum_dim_intlist(1, false, Kind::Int64)?;
+        let response_pos = prompt_len.f_index_select(0, &group)?.f_unsqueeze(1)?
+            + Tensor::f_arange(r, (Kind::Int64, device))?.f_unsqueeze(0)?;
+        let positions = Tensor::f_cat(&[prompt_pos.f_reshape([tp])?, response_pos.f_reshape([tr])?], 0)?;
+        let (cos, sin) = rope::cos_sin(&self.inv_freq, &positions.f_unsqueeze(0)?, self.kind)?;
+        // Prompt attention: causal over real keys (a query always sees itself, so padding rows stay finite).
+        let ar = Tensor::f_arange(p, (Kind::Int64, device))?;
+        let causal = ar.f_unsqueeze(0)?.f_le_tensor(&ar.f_unsqueeze(1)?)?;
+        let prompt_attn_mask = causal
+            .f_view([1, 1, p, p])?
+            .f_logical_and(&valid.f_view([g, 1, 1, p])?)?
+            .f_logical_or(&Tensor::f_eye(p, (Kind::Bool, device))?)?;
+        // Response attention: the prompt's real keys, then its own keys causally.
+        let ar = Tensor::f_arange(r, (Kind::Int64, device))?;
+        let own =
+            ar.f_unsqueeze(0)?.f_le_tensor(&ar.f_unsqueeze(1)?)?.f_view([1, 1, r, r])?.f_expand([n, 1, r, r], false)?;
+        let seen = valid.f_index_select(0, &group)?.f_view([n, 1, 1, p])?.f_expand([n, 1, r, p], false)?;
+        let response_attn_mask = Tensor::f_cat(&[seen, own], 3)?;
+
+        let ids = Tensor::f_cat(&[prompts.f_reshape([tp])?, responses.f_reshape([tr])?], 0)?.f_to_device(device)?;
+        let mut x = self.embed(&ids.f_unsqueeze(0)?)?;
+        // [1, T, heads, D] → the prompt part [G, heads, P, D] and the response part [N, heads, R, D].
+        let split = |t: &Tensor, h: i64| -> Result<(Tensor, Tensor)> {
+            Ok((
+                t.f_narrow(1, 0, tp)?.f_reshape([g, p, h, d])?.f_transpose(1, 2)?,
+                t.f_narrow(1, tp, tr)?.f_reshape([n, r, h, d])?.f_transpose(1, 2)?,
+            ))
+        };
+        for layer in &self.layers {
+            let h = self.rms_norm(&x, &layer.input_norm)?;
+            let (q, k, v) = self.qkv(layer, None, &h, &cos, &sin)?;
+            let ((qp, qr), (kp, kr), (vp, vr)) = (split(&q, heads)?, split(&k, kv_heads)?, split(&v, kv_heads)?);
+            let sdpa = |q: &Tensor, k: &Tensor, v: &Tensor, m: &Tensor| {
+                Tensor::f_scaled_dot_product_attention(q, k, v, Some(m), 0.0, false, None, true)
+            };
+            let attn_p = sdpa(&qp, &kp, &vp, &prompt_attn_mask)?;
+            let keys = Tensor::f_cat(&[kp.f_index_select(0, &group)?, kr], 2)?;
+            let values = Tensor::f_cat(&[vp.f_index_select(0, &group)?, vr], 2)?;
+            let attn_r = sdpa(&qr, &keys, &values, &response_attn_mask)?;
+            let attn = Tensor::f_cat(
+                &[
+                    attn_p.f_transpose(1, 2)?.f_reshape([tp, heads * d])?,
+                    attn_r.f_transpose(1, 2)?.f_reshape([tr, heads * d])?,
+                ],
+                0,
+            )?;
+            x = self.finish_layer(layer, None, x, &attn.f_unsqueeze(0)?)?;
+        }
+        let x = self.rms_norm(&x, &self.norm)?;
+        let hidden = self.config.hidden_size;
+        Ok((x.f_narrow(1, 0, tp)?.f_reshape([g, p, hidden])?, x.f_narrow(1, tp, tr)?.f_reshape([n, r, hidden])?))
     }
 
     /// Full-sequence logits `[B, T, vocab]` (see [`Decoder::forward_hidden`]). For long sequences and big
@@ -411,27 +551,29 @@ impl Decoder {
         let q = q.f_reshape([b, t, heads, d])?;
         let k = k.f_reshape([b, t, kv_heads, d])?;
         let v = v.f_reshape([b, t, kv_heads, d])?;
-        let q = match &layer.q_norm {
+        let (q_norm, k_norm) = match fast {
+            Some(f) => (f.q_norm.as_ref(), f.k_norm.as_ref()),
+            None => (layer.q_norm.as_ref(), layer.k_norm.as_ref()),
+        };
+        let q = match q_norm {
             Some(w) => self.rms_norm(&q, w)?,
             None => q,
         };
-        let k = match &layer.k_norm {
+        let k = match k_norm {
             Some(w) => self.rms_norm(&k, w)?,
             None => k,
         };
         Ok((rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?, v))
     }
 
-    /// Output projection, residual, MLP, residual. `attn` is `[B, H, T, D]`.
+    /// Output projection, residual, MLP, residual. `attn` is `[B, T, H·D]`.
     fn finish_layer(&self, layer: &Layer, fast: Option<&FastLayer>, x: Tensor, attn: &Tensor) -> Result<Tensor> {
-        let size = x.size();
-        let attn = attn.f_transpose(1, 2)?.f_reshape([size[0], size[1], -1])?;
         let o = match fast.and_then(|f| f.o.as_ref()) {
-            Some(o) => o.forward(&attn)?,
-            None => layer.o.forward(&attn)?,
+            Some(o) => o.forward(attn)?,
+            None => layer.o.forward(attn)?,
         };
         let x = x + o;
-        let h = self.rms_norm(&x, &layer.post_norm)?;
+        let h = self.rms_norm(&x, fast.map_or(&layer.post_norm, |f| &f.post_norm))?;
         let act = match fast.and_then(|f| f.gate_up.as_ref()) {
             Some(gate_up) => {
                 let y = gate_up.forward(&h)?;
@@ -529,12 +671,13 @@ impl Decoder {
 
         let (kv_heads, head_dim) = (self.config.num_key_value_heads, self.config.head_dim);
         let groups = self.config.num_attention_heads / kv_heads;
+        let kind = self.compute_kind();
         let hidden = tch::no_grad(|| -> Result<Tensor> {
-            let (cos, sin) = rope::cos_sin(&self.inv_freq, &pos, self.kind)?;
-            let mut x = self.embed(&input_ids.f_to_device(device)?)?;
+            let (cos, sin) = rope::cos_sin(&self.inv_freq, &pos, kind)?;
+            let mut x = self.embed(&input_ids.f_to_device(device)?)?.f_to_kind(kind)?;
             for (i, layer) in self.layers.iter().enumerate() {
-                let h = self.rms_norm(&x, &layer.input_norm)?;
-                let fast = self.fast_layer(i, &h);
+                let fast = self.fast_layer(i, &x);
+                let h = self.rms_norm(&x, fast.map_or(&layer.input_norm, |f| &f.input_norm))?;
                 let (q, k, v) = self.qkv(layer, fast, &h, &cos, &sin)?;
                 let kc = &mut cache.keys[i];
                 let _ = kc.f_index_put_(&[Some(&slot_rows), None, Some(&write)], &k, false)?;
@@ -571,9 +714,9 @@ impl Decoder {
                 } else {
                     Tensor::f_scaled_dot_product_attention(&q, &keys, &values, Some(&mask), 0.0, false, None, true)?
                 };
-                x = self.finish_layer(layer, fast, x, &attn)?;
+                x = self.finish_layer(layer, fast, x, &merge_heads(&attn)?)?;
             }
-            self.rms_norm(&x, &self.norm)
+            self.rms_norm(&x, self.fast.as_ref().map_or(&self.norm, |f| &f.norm))
         })?;
         for ((&slot, &start), &n) in slots.iter().zip(&starts).zip(new_lens) {
             cache.set_len(slot, start + n);
@@ -601,19 +744,19 @@ impl Decoder {
         let ptr = |t: &Tensor| t.data_ptr() as *const f32;
         let opt = |t: Option<&Tensor>| t.map_or(std::ptr::null(), ptr);
         let mut table = Vec::with_capacity(self.layers.len());
-        for (i, (layer, f)) in self.layers.iter().zip(&fast.layers).enumerate() {
+        for (i, f) in fast.layers.iter().enumerate() {
             let (Some(qkv), Some(o), Some(gate_up), Some(down)) = (&f.qkv, &f.o, &f.gate_up, &f.down) else {
                 return Ok(None);
             };
             table.push(DecodeLayer {
-                input_norm: ptr(&layer.input_norm),
+                input_norm: ptr(&f.input_norm),
                 qkv: qkv.weight_ptr(),
                 qkv_bias: qkv.bias_ptr(),
-                q_norm: opt(layer.q_norm.as_ref()),
-                k_norm: opt(layer.k_norm.as_ref()),
+                q_norm: opt(f.q_norm.as_ref()),
+                k_norm: opt(f.k_norm.as_ref()),
                 o: o.weight_ptr(),
                 o_bias: o.bias_ptr(),
-                post_norm: ptr(&layer.post_norm),
+                post_norm: ptr(&f.post_norm),
                 gate_up: gate_up.weight_ptr(),
                 gate_up_bias: gate_up.bias_ptr(),
                 down: down.weight_ptr(),
@@ -631,6 +774,7 @@ impl Decoder {
             intermediate: c.intermediate_size,
             cache_cols: cache.capacity() as i64 + 1,
             eps: c.rms_norm_eps,
+            bf16_weights: i64::from(fast.bf16),
         };
         let slot_ids: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
         let positions: Vec<i64> = starts.iter().map(|&s| s as i64).collect();
@@ -640,14 +784,14 @@ impl Decoder {
                 rope::cos_sin(&self.inv_freq, &Tensor::from_slice(&positions).f_view([rows, 1])?, Kind::Float)?;
             let cos = cos.f_reshape([rows, c.head_dim])?.f_contiguous()?;
             let sin = sin.f_reshape([rows, c.head_dim])?.f_contiguous()?;
-            let x = self.embed(&input_ids.f_reshape([rows])?)?.f_contiguous()?;
-            // SAFETY: the table points at this model's parameters and packed copies (fp32, contiguous, shaped by
-            // `c`; `fast` exists only for fp32 CPU models) and at the cache's per-layer tensors, checked fp32 and
-            // contiguous above, which the `&mut` borrow keeps to this call. forward_with_cache checked every slot
+            let x = self.embed(&input_ids.f_reshape([rows])?)?.f_to_kind(Kind::Float)?.f_contiguous()?;
+            // SAFETY: the table points at this model's fp32 norms and packed copies (contiguous, shaped by `c`,
+            // the projections in the dtype `shape.bf16_weights` names; `fast` exists only for CPU models) and at
+            // the cache's per-layer tensors, checked fp32 and contiguous above, which the `&mut` borrow keeps to this call. forward_with_cache checked every slot
             // against the cache, refused repeats, and checked `start + 1 <= capacity`, so every position is below
             // `cache_cols - 1`.
             unsafe { decode_step::run(&shape, &table, &slot_ids, &positions, &cos, &sin, &x)? };
-            Ok(Some(self.rms_norm(&x, &self.norm)?.f_unsqueeze(1)?))
+            Ok(Some(self.rms_norm(&x, &fast.norm)?.f_unsqueeze(1)?))
         })
     }
 
@@ -661,9 +805,9 @@ impl Decoder {
         Ok(hidden.f_gather(1, &idx, false)?.f_squeeze_dim(1)?)
     }
 
-    /// Allocates a KV cache matching this model's shapes, dtype and device.
+    /// Allocates a KV cache matching this model's shapes, generation dtype (fp32 once packed) and device.
     pub fn new_cache(&self, num_slots: usize, capacity: usize) -> Result<KvCache> {
-        KvCache::new(&self.config, num_slots, capacity, self.kind, self.device())
+        KvCache::new(&self.config, num_slots, capacity, self.compute_kind(), self.device())
     }
 }
 
@@ -788,6 +932,55 @@ mod tests {
         }
     }
 
+    /// Prefill and 20 decode steps for two rows; the stacked logits.
+    fn generate_logits(m: &Decoder) -> Tensor {
+        let mut cache = m.new_cache(2, 32).unwrap();
+        let ids = Tensor::from_slice(&[1i64, 2, 3, 7, 8, 0]).view([2, 3]);
+        let h = m.forward_with_cache(&ids, &mut cache, &[0, 1], &[3, 2]).unwrap();
+        let mut out = vec![m.logits(&m.last_hidden(&h, &[3, 2]).unwrap()).unwrap().to_kind(Kind::Float)];
+        for step in 0..20 {
+            let ids = Tensor::from_slice(&[(4 + step) % 32, (9 + 3 * step) % 32]).view([2, 1]);
+            let h = m.forward_with_cache(&ids, &mut cache, &[0, 1], &[1, 1]).unwrap();
+            out.push(m.logits(&h).unwrap().squeeze_dim(1).to_kind(Kind::Float));
+        }
+        Tensor::stack(&out, 0)
+    }
+
+    #[test]
+    fn packed_bf16_decode_computes_in_fp32_with_bf16_weights() {
+        if !packed::bf16_supported() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            return;
+        }
+        for family in [Family::Llama, Family::Qwen2, Family::Qwen3] {
+            let config = ModelConfig { head_dim: 16, hidden_size: 64, intermediate_size: 64, ..tiny(family) };
+            let load = |kind| Decoder::load(config.clone(), &mut RandomWeights, kind, Device::Cpu).unwrap();
+            let weights = load(Kind::BFloat16);
+            // The reference: the same (bf16-representable) weights in an fp32 model on libtorch's kernels.
+            let mut reference = load(Kind::Float);
+            reference.copy_weights_from(&weights).unwrap();
+            let mut fast = load(Kind::BFloat16);
+            fast.copy_weights_from(&weights).unwrap();
+            assert!(fast.prepare_decode().unwrap(), "{family:?}: a bf16 model packs on this CPU");
+            assert_eq!(fast.new_cache(1, 4).unwrap().keys[0].kind(), Kind::Float, "fp32 cache");
+            let want = generate_logits(&reference);
+            let scale = want.abs().max().double_value(&[]);
+            // Only the matmul inputs are rounded to bf16 (relative error 2^-9 each); a layout error is O(1).
+            let packed_error = max_diff(&generate_logits(&fast), &want) / scale;
+            assert!(packed_error < 1e-2, "{family:?}: relative error {packed_error}");
+            // bf16 activations throughout (the unpacked bf16 model) are no closer to fp32 than the packed path.
+            let unpacked_error = max_diff(&generate_logits(&weights), &want) / scale;
+            assert!(packed_error <= unpacked_error, "{family:?}: {packed_error} vs bf16 libtorch {unpacked_error}");
+            // New weights reach the packed copies.
+            let other = load(Kind::BFloat16);
+            reference.copy_weights_from(&other).unwrap();
+            fast.copy_weights_from(&other).unwrap();
+            let want = generate_logits(&reference);
+            let error = max_diff(&generate_logits(&fast), &want) / want.abs().max().double_value(&[]);
+            assert!(error < 1e-2, "{family:?} after sync: relative error {error}");
+        }
+    }
+
     #[test]
     fn cache_misuse_is_an_error() {
         let m = model(Family::Llama);
@@ -800,6 +993,98 @@ mod tests {
         assert!(err.to_string().contains("exceed capacity"), "{err}");
         let two = Tensor::from_slice(&[1i64, 2]).view([2, 1]);
         assert!(m.forward_with_cache(&two, &mut cache, &[1, 1], &[1, 1]).is_err());
+    }
+
+    /// Gradients of every parameter after `loss.backward()`, then zeroed.
+    fn take_grads(m: &Decoder) -> Vec<(String, Tensor)> {
+        let mut out: Vec<(String, Tensor)> = m
+            .var_store()
+            .variables()
+            .into_iter()
+            .filter(|(_, v)| v.grad().defined())
+            .map(|(name, v)| {
+                let g = v.grad().copy();
+                let _ = v.grad().zero_();
+                (name, g)
+            })
+            .collect();
+        assert!(!out.is_empty(), "no gradients");
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    #[test]
+    fn shared_prompts_match_full_rows_in_values_and_gradients() {
+        // Two prompts (3 and 5 tokens) shared by 2 and 3 responses of 1 to 4 tokens.
+        let prompts: [&[i64]; 2] = [&[3, 1, 4], &[1, 5, 9, 2, 6]];
+        let responses: [(usize, &[i64]); 5] =
+            [(0, &[5, 3, 5, 8]), (0, &[9]), (1, &[7, 9]), (1, &[3, 2, 3, 8]), (1, &[4, 6, 2])];
+        let (p, r) = (5_i64, 4_i64);
+        for family in [Family::Llama, Family::Qwen2, Family::Qwen3] {
+            let m = model(family);
+            // Full rows as the trainer pads them: prompt left-padded to P, response right-padded to R.
+            let (mut ids, mut mask) = (vec![0i64; 5 * 9], vec![0i64; 5 * 9]);
+            for (row, (g, resp)) in responses.iter().enumerate() {
+                let prompt = prompts[*g];
+                let start = row * 9 + (p as usize - prompt.len());
+                for (j, &t) in prompt.iter().chain(resp.iter()).enumerate() {
+                    ids[start + j] = t;
+                    mask[start + j] = 1;
+                }
+            }
+            let full = m
+                .forward_hidden(&Tensor::from_slice(&ids).view([5, 9]), Some(&Tensor::from_slice(&mask).view([5, 9])))
+                .unwrap();
+            // The same rows in the shared layout.
+            let (mut pids, mut pmask) = (vec![0i64; 2 * 5], vec![0i64; 2 * 5]);
+            for (g, prompt) in prompts.iter().enumerate() {
+                for (j, &t) in prompt.iter().enumerate() {
+                    pids[g * 5 + 5 - prompt.len() + j] = t;
+                    pmask[g * 5 + 5 - prompt.len() + j] = 1;
+                }
+            }
+            let mut rids = vec![0i64; 5 * 4];
+            for (row, (_, resp)) in responses.iter().enumerate() {
+                rids[row * 4..row * 4 + resp.len()].copy_from_slice(resp);
+            }
+            let groups: Vec<i64> = responses.iter().map(|(g, _)| *g as i64).collect();
+            let (hp, hr) = m
+                .forward_hidden_shared_prompts(
+                    &Tensor::from_slice(&pids).view([2, p]),
+                    &Tensor::from_slice(&pmask).view([2, p]),
+                    &groups,
+                    &Tensor::from_slice(&rids).view([5, r]),
+                )
+                .unwrap();
+            // Compare every real position, and build the same weighted sum of them on both sides.
+            let weights = Tensor::randn([5, 9, m.config().hidden_size], (Kind::Float, Device::Cpu));
+            let (mut loss_full, mut loss_shared) = (Tensor::from(0f32), Tensor::from(0f32));
+            for (row, (g, resp)) in responses.iter().enumerate() {
+                let plen = prompts[*g].len() as i64;
+                let (row_i, g_i, rlen) = (row as i64, *g as i64, resp.len() as i64);
+                let full_prompt = full.get(row_i).narrow(0, p - plen, plen);
+                let shared_prompt = hp.get(g_i).narrow(0, p - plen, plen);
+                assert!(max_diff(&full_prompt, &shared_prompt) < 1e-4, "{family:?} row {row} prompt");
+                let full_resp = full.get(row_i).narrow(0, p, rlen);
+                let shared_resp = hr.get(row_i).narrow(0, 0, rlen);
+                assert!(max_diff(&full_resp, &shared_resp) < 1e-4, "{family:?} row {row} response");
+                let w = weights.get(row_i);
+                loss_full += (full_resp * w.narrow(0, 0, rlen)).sum(Kind::Float);
+                loss_shared += (shared_resp * w.narrow(0, 0, rlen)).sum(Kind::Float);
+                // The last prompt position predicts the first response token: counted once per response.
+                let wl = w.get(8);
+                loss_full += (full_prompt.get(plen - 1) * &wl).sum(Kind::Float);
+                loss_shared += (shared_prompt.get(plen - 1) * &wl).sum(Kind::Float);
+            }
+            loss_full.backward();
+            let want = take_grads(&m);
+            loss_shared.backward();
+            let got = take_grads(&m);
+            for ((name, w), (_, g)) in want.iter().zip(&got) {
+                let scale = w.abs().max().double_value(&[]).max(1e-6);
+                assert!(max_diff(w, g) / scale < 1e-4, "{family:?} gradient of {name}: {}", max_diff(w, g) / scale);
+            }
+        }
     }
 
     #[test]

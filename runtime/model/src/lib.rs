@@ -33,6 +33,7 @@ mod decode_step;
 mod decoder;
 mod dequant;
 mod device;
+mod direct_file;
 mod error;
 mod gguf;
 mod gguf_weights;

@@ -1,4 +1,5 @@
-//! Packed weights for the decode step's small matrix multiplies (fp32, x86-64 with AVX-512).
+//! Packed weights for the decode step's small matrix multiplies (x86-64 with AVX-512; fp32 weights, or bf16
+//! weights where the CPU has AVX512-BF16).
 //!
 //! A decode step runs every weight of the model against a few rows, one per running sequence. libtorch's sgemm
 //! is tuned for many rows and runs these shapes at a fraction of the CPU's fp32 throughput, so the generation
@@ -10,6 +11,10 @@
 //! ([`crate::Decoder::weights_changed`]). It is inference only (no autograd): training keeps libtorch's kernels.
 //! Prefill uses it too: for a 16-prompt prefill of ~600 rows it measured about twice as fast as libtorch's sgemm
 //! here, because the panels stay in L2 while every 8-row tile streams them.
+//!
+//! bf16 weights are packed with k in pairs, the operand layout of AVX512-BF16's dot product. Inputs and outputs
+//! stay fp32 either way: a bf16 model on the packed path computes with fp32 activations and bf16 weights (the
+//! inputs of each matmul are rounded to bf16, as in a bf16 matmul; sums accumulate in fp32).
 
 use tch::{Device, Kind, Tensor};
 
@@ -21,6 +26,14 @@ const PANEL: i64 = 16;
 unsafe extern "C" {
     fn trinity_packed_gemm(x: *const f32, m: i64, k: i64, packed: *const f32, n: i64, y: *mut f32) -> i32;
     fn trinity_pack_panels(sources: *const *const f32, rows: *const i64, count: i64, k: i64, packed: *mut f32) -> i32;
+    fn trinity_packed_gemm_bf16(x: *const f32, m: i64, k: i64, packed: *const u16, n: i64, y: *mut f32) -> i32;
+    fn trinity_pack_panels_bf16(
+        sources: *const *const u16,
+        rows: *const i64,
+        count: i64,
+        k: i64,
+        packed: *mut u16,
+    ) -> i32;
 }
 
 /// Whether this build and CPU can run the packed kernel.
@@ -35,9 +48,34 @@ pub fn supported() -> bool {
     }
 }
 
+/// Whether this build and CPU can run the packed kernel on bf16 weights.
+pub fn bf16_supported() -> bool {
+    #[cfg(packed_gemm)]
+    {
+        supported()
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(packed_gemm))]
+    {
+        false
+    }
+}
+
+/// Whether `kind` weights can be packed on this build and CPU.
+pub fn packs(kind: Kind) -> bool {
+    match kind {
+        Kind::Float => supported(),
+        Kind::BFloat16 => bf16_supported(),
+        _ => false,
+    }
+}
+
 /// One or more `[n_i, k]` weight matrices (stacked along n) in panel layout, with their stacked bias.
 #[derive(Debug)]
 pub struct PackedLinear {
+    /// fp32 `[n / 16, k, 16]`, or bf16 `[n / 16, (k + 1) / 2, 32]` (k in pairs).
     packed: Tensor,
     bias: Option<Tensor>,
     n: i64,
@@ -45,23 +83,24 @@ pub struct PackedLinear {
 }
 
 impl PackedLinear {
-    /// Packs `weights` (each `[n_i, k]`, fp32, CPU) stacked along the output dimension. `biases` are all present
-    /// or all absent. Returns `None` when the kernel cannot serve these weights (another dtype or device, no
-    /// AVX-512, or a total output size that is not a multiple of 16).
+    /// Packs `weights` (each `[n_i, k]`, all fp32 or all bf16, CPU) stacked along the output dimension.
+    /// `biases` are all present or all absent. Returns `None` when the kernel cannot serve these weights
+    /// (another dtype or device, no AVX-512 or AVX512-BF16, or a total output size that is not a multiple of 16).
     pub fn pack(weights: &[&Tensor], biases: &[Option<&Tensor>]) -> Result<Option<Self>> {
-        if !supported() || weights.is_empty() {
+        let Some(kind) = weights.first().map(|w| w.kind()) else { return Ok(None) };
+        if !packs(kind) {
             return Ok(None);
         }
         let k = weights[0].size().get(1).copied().unwrap_or(0);
-        let eligible = weights
-            .iter()
-            .all(|w| w.kind() == Kind::Float && w.device() == Device::Cpu && w.dim() == 2 && w.size()[1] == k);
+        let eligible =
+            weights.iter().all(|w| w.kind() == kind && w.device() == Device::Cpu && w.dim() == 2 && w.size()[1] == k);
         let n: i64 = weights.iter().map(|w| w.size()[0]).sum();
         if !eligible || k == 0 || n % PANEL != 0 {
             return Ok(None);
         }
         let sources: Vec<Tensor> = weights.iter().map(|w| w.f_contiguous()).collect::<std::result::Result<_, _>>()?;
-        let packed = Tensor::f_empty([n / PANEL, k, PANEL], (Kind::Float, Device::Cpu))?;
+        let shape = if kind == Kind::Float { [n / PANEL, k, PANEL] } else { [n / PANEL, (k + 1) / 2, 2 * PANEL] };
+        let packed = Tensor::f_empty(shape, (kind, Device::Cpu))?;
         fill_panels(&sources, k, &packed)?;
         let bias = match biases.iter().copied().collect::<Option<Vec<&Tensor>>>() {
             Some(b) if !b.is_empty() => Some(tch::no_grad(|| Tensor::f_cat(&b, 0))?.f_to_kind(Kind::Float)?),
@@ -71,8 +110,13 @@ impl PackedLinear {
     }
 
     /// The panel-layout weights, for the fused decode step (valid while `self` lives).
-    pub(crate) fn weight_ptr(&self) -> *const f32 {
-        self.packed.data_ptr() as *const f32
+    pub(crate) fn weight_ptr(&self) -> *const std::ffi::c_void {
+        self.packed.data_ptr() as *const std::ffi::c_void
+    }
+
+    /// Whether the packed weights are bf16 (else fp32).
+    pub(crate) fn is_bf16(&self) -> bool {
+        self.packed.kind() == Kind::BFloat16
     }
 
     /// The stacked fp32 bias, or null.
@@ -113,19 +157,17 @@ impl PackedLinear {
 
     #[cfg(packed_gemm)]
     fn run(&self, x: &Tensor, m: i64, y: &Tensor) -> Result<()> {
-        // SAFETY: `x` is a contiguous fp32 CPU tensor of m·k elements, `self.packed` a contiguous fp32 CPU tensor
-        // of n·k elements in panel layout (n a multiple of 16, checked at packing), and `y` a freshly allocated
-        // contiguous fp32 CPU tensor of m·n elements that nothing else references; all three outlive the call,
-        // which only reads x and packed and writes y within those bounds.
-        let status = unsafe {
-            trinity_packed_gemm(
-                x.data_ptr() as *const f32,
-                m,
-                self.k,
-                self.packed.data_ptr() as *const f32,
-                self.n,
-                y.data_ptr() as *mut f32,
-            )
+        let (xp, yp) = (x.data_ptr() as *const f32, y.data_ptr() as *mut f32);
+        let status = if self.is_bf16() {
+            // SAFETY: `x` is a contiguous fp32 CPU tensor of m·k elements, `self.packed` a contiguous bf16 CPU
+            // tensor of n·2·⌈k/2⌉ elements in the paired panel layout (n a multiple of 16, checked at packing),
+            // and `y` a freshly allocated contiguous fp32 CPU tensor of m·n elements that nothing else
+            // references; all three outlive the call, which only reads x and packed and writes y within those
+            // bounds.
+            unsafe { trinity_packed_gemm_bf16(xp, m, self.k, self.packed.data_ptr() as *const u16, self.n, yp) }
+        } else {
+            // SAFETY: as above, with `self.packed` a contiguous fp32 CPU tensor of n·k elements in panel layout.
+            unsafe { trinity_packed_gemm(xp, m, self.k, self.packed.data_ptr() as *const f32, self.n, yp) }
         };
         if status != 0 {
             return Err(ModelError::InvalidInput("packed matmul failed in libtorch's thread pool".into()));
@@ -139,16 +181,22 @@ impl PackedLinear {
     }
 }
 
-/// Writes `sources` (contiguous fp32 `[n_i, k]`, n = Σ n_i a multiple of 16) into `packed` (`[n / 16, k, 16]`).
+/// Writes `sources` (contiguous `[n_i, k]` in `packed`'s dtype, n = Σ n_i a multiple of 16) into `packed`
+/// (fp32 `[n / 16, k, 16]` or bf16 `[n / 16, (k + 1) / 2, 32]`).
 #[cfg(packed_gemm)]
 fn fill_panels(sources: &[Tensor], k: i64, packed: &Tensor) -> Result<()> {
-    let pointers: Vec<*const f32> = sources.iter().map(|t| t.data_ptr() as *const f32).collect();
     let rows: Vec<i64> = sources.iter().map(|t| t.size()[0]).collect();
-    // SAFETY: every source is a live contiguous fp32 CPU tensor of rows[i]·k elements (checked by `pack`, made
-    // contiguous above) and `packed` a fresh contiguous fp32 tensor of Σ rows[i]·k elements that nothing else
-    // references; the call reads only the sources and writes only `packed`, within those bounds.
-    let status = unsafe {
-        trinity_pack_panels(pointers.as_ptr(), rows.as_ptr(), sources.len() as i64, k, packed.data_ptr() as *mut f32)
+    let count = sources.len() as i64;
+    let status = if packed.kind() == Kind::BFloat16 {
+        let pointers: Vec<*const u16> = sources.iter().map(|t| t.data_ptr() as *const u16).collect();
+        // SAFETY: every source is a live contiguous bf16 CPU tensor of rows[i]·k elements (checked by `pack`,
+        // made contiguous there) and `packed` a fresh contiguous bf16 tensor of Σ rows[i]·2·⌈k/2⌉ elements that
+        // nothing else references; the call reads only the sources and writes only `packed`, within those bounds.
+        unsafe { trinity_pack_panels_bf16(pointers.as_ptr(), rows.as_ptr(), count, k, packed.data_ptr() as *mut u16) }
+    } else {
+        let pointers: Vec<*const f32> = sources.iter().map(|t| t.data_ptr() as *const f32).collect();
+        // SAFETY: as above, for fp32 sources and a fresh fp32 `packed` of Σ rows[i]·k elements.
+        unsafe { trinity_pack_panels(pointers.as_ptr(), rows.as_ptr(), count, k, packed.data_ptr() as *mut f32) }
     };
     if status != 0 {
         return Err(ModelError::InvalidInput("packing weights failed in libtorch's thread pool".into()));
@@ -199,11 +247,41 @@ mod tests {
     }
 
     #[test]
+    fn bf16_weights_match_the_bf16_rounded_product() {
+        if !bf16_supported() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            return;
+        }
+        tch::manual_seed(0);
+        // An odd k exercises the zero padding of the last pair; 48 outputs make one group of 3 panels, 64 a 3 and a 1.
+        for (k, ns) in [(41_i64, [16_i64, 32]), (64, [48, 16])] {
+            let ws: Vec<Tensor> = ns.iter().map(|&n| Tensor::randn([n, k], (Kind::BFloat16, Device::Cpu))).collect();
+            let bs: Vec<Tensor> = ns.iter().map(|&n| Tensor::randn([n], (Kind::Float, Device::Cpu))).collect();
+            let refs: Vec<&Tensor> = ws.iter().collect();
+            let packed =
+                PackedLinear::pack(&refs, &bs.iter().map(Some).collect::<Vec<_>>()).unwrap().expect("eligible");
+            assert!(packed.is_bf16());
+            let w = Tensor::cat(&ws, 0).to_kind(Kind::Float);
+            let b = Tensor::cat(&bs, 0);
+            for m in [1_i64, 5, 8, 13, 64] {
+                let x = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
+                // What the kernel computes: inputs rounded to bf16, products and sums in fp32.
+                let want = x.to_kind(Kind::BFloat16).to_kind(Kind::Float).linear(&w, Some(&b));
+                let got = packed.forward(&x).unwrap();
+                assert_eq!(got.kind(), Kind::Float);
+                assert!(max_diff(&got, &want) < 1e-3, "k = {k}, m = {m}: {}", max_diff(&got, &want));
+            }
+        }
+    }
+
+    #[test]
     fn ineligible_weights_and_inputs_are_refused() {
         let odd = Tensor::randn([24, 8], (Kind::Float, Device::Cpu));
         assert!(PackedLinear::pack(&[&odd], &[None]).unwrap().is_none(), "24 outputs is not a multiple of 16");
-        let bf16 = Tensor::randn([16, 8], (Kind::BFloat16, Device::Cpu));
-        assert!(PackedLinear::pack(&[&bf16], &[None]).unwrap().is_none());
+        let half = Tensor::randn([16, 8], (Kind::Half, Device::Cpu));
+        assert!(PackedLinear::pack(&[&half], &[None]).unwrap().is_none());
+        let (f, b) = (Tensor::randn([16, 8], (Kind::Float, Device::Cpu)), half.to_kind(Kind::BFloat16));
+        assert!(PackedLinear::pack(&[&f, &b], &[None, None]).unwrap().is_none(), "mixed dtypes");
         if let Some(p) = PackedLinear::pack(&[&Tensor::randn([16, 8], (Kind::Float, Device::Cpu))], &[None]).unwrap() {
             let err = p.forward(&Tensor::randn([2, 9], (Kind::Float, Device::Cpu))).unwrap_err();
             assert!(err.to_string().contains("[..., 8]"), "{err}");

@@ -3,11 +3,12 @@
 //! Reading: each file is mapped once and its header parsed once (validated by the `safetensors` crate, so
 //! every tensor's byte range lies inside its file); a tensor is copied exactly once, from the map into the libtorch
 //! tensor that becomes the parameter. Writing: the header is computed from shapes and dtypes first, then tensors
-//! are written one by one, so saving never holds a second copy of the model in memory.
+//! are written one by one, so saving never holds a second copy of the model in memory, and past the page cache
+//! ([`crate::direct_file`]) where the file system allows.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -15,6 +16,7 @@ use safetensors::tensor::{Dtype, Metadata};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
 
+use crate::direct_file::DirectFile;
 use crate::error::{ModelError, Result};
 use crate::weights::{WeightSource, check_shape};
 
@@ -101,6 +103,7 @@ impl SafetensorsWeights {
             Dtype::F16 => Kind::Half,
             Dtype::BF16 => Kind::BFloat16,
             Dtype::F64 => Kind::Double,
+            Dtype::I64 => Kind::Int64,
             other => {
                 return Err(ModelError::UnsupportedDtype {
                     tensor: format!("{name} in {}", shard.path.display()),
@@ -129,6 +132,7 @@ fn dtype_name(kind: Kind) -> Result<&'static str> {
         Kind::Half => "F16",
         Kind::BFloat16 => "BF16",
         Kind::Double => "F64",
+        Kind::Int64 => "I64",
         other => return Err(ModelError::InvalidInput(format!("cannot save dtype {other:?} to safetensors"))),
     })
 }
@@ -154,7 +158,7 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
         header.push(b' ');
     }
     let io = |e| ModelError::io(path, e);
-    let mut w = BufWriter::new(File::create(path).map_err(io)?);
+    let mut w = DirectFile::create(path).map_err(io)?;
     w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
     w.write_all(&header).map_err(io)?;
     for (name, t) in tensors {
@@ -173,7 +177,7 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
         let bytes = unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u8, n) };
         w.write_all(bytes).map_err(io)?;
     }
-    w.flush().map_err(io)
+    w.finish().map_err(io)
 }
 
 #[cfg(test)]
@@ -181,19 +185,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn write_then_read_is_exact_for_every_float_dtype() {
+    fn write_then_read_is_exact_for_every_dtype() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.safetensors");
         let a = Tensor::randn([3, 5], (Kind::Float, Device::Cpu));
         let b = a.to_kind(Kind::BFloat16);
         let c = a.to_kind(Kind::Half).narrow(1, 1, 2); // non-contiguous
-        write_safetensors(
-            &path,
-            &[("a".into(), a.shallow_clone()), ("b".into(), b.shallow_clone()), ("c".into(), c.shallow_clone())],
-        )
-        .unwrap();
+        let step = Tensor::from_slice(&[7_i64]); // the optimizer's step counter
+        let tensors = [("a", &a), ("b", &b), ("c", &c), ("step", &step)];
+        write_safetensors(&path, &tensors.map(|(n, t)| (n.to_owned(), t.shallow_clone()))).unwrap();
         let mut w = SafetensorsWeights::open_dir(dir.path()).unwrap();
-        assert_eq!(w.names(), ["a", "b", "c"]);
+        assert_eq!(w.names(), ["a", "b", "c", "step"]);
+        assert!(w.get("step").unwrap().equal(&step));
         assert!(w.get("a").unwrap().equal(&a));
         assert!(w.get("b").unwrap().equal(&b));
         assert_eq!(w.get("c").unwrap().kind(), Kind::Half);

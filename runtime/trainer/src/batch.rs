@@ -9,8 +9,15 @@
 //! right-padded to the longest response `R`, so every response starts at column `P` and the hidden states that
 //! predict it are columns `P − 1 .. P − 1 + R`. The decoder turns the attention mask into positions
 //! (`cumsum(mask) − 1`), so padding never shifts a real token's position.
+//!
+//! When rows repeat a prompt (GRPO's `repeat_times` samples of a task) the prompts are instead run once each
+//! ([`trinity_model::Decoder::forward_hidden_shared_prompts`]): same hidden states, less work. The layout is
+//! chosen per micro-batch by [`PaddedInputs::new`]; callers only see the response-predicting hidden states.
+
+use std::collections::HashMap;
 
 use tch::{Device, Kind, Tensor};
+use trinity_model::Decoder;
 
 use crate::error::{Result, TrainerError};
 
@@ -107,58 +114,121 @@ pub fn validate(rows: &[TrainRow], vocab_size: i64) -> Result<()> {
     Ok(())
 }
 
-/// Rows padded into model inputs (veRL layout, see the module docs).
+/// Rows padded into model inputs (see the module docs for the two layouts).
 #[derive(Debug)]
 pub struct PaddedInputs {
-    /// `[B, P + R]` int64.
-    pub input_ids: Tensor,
-    /// `[B, P + R]` int64, 1 for real tokens; `None` when no row has padding (the decoder then takes its causal
-    /// fast path).
-    pub attention_mask: Option<Tensor>,
-    /// `[B, R]` int64: the response tokens (padding 0), i.e. the targets of hidden columns `P − 1 ..`.
+    layout: Layout,
+    /// `[B, R]` int64: the response tokens (padding 0), the targets of [`PaddedInputs::hidden`].
     pub targets: Tensor,
-    /// Longest prompt `P`.
-    pub prompt_width: i64,
     /// Longest response `R`.
     pub response_width: i64,
 }
 
+#[derive(Debug)]
+enum Layout {
+    /// Every row in full: `[B, P + R]` ids and (when any row is padded) mask, `P` the longest prompt.
+    Rows { input_ids: Tensor, attention_mask: Option<Tensor>, prompt_width: i64 },
+    /// Each distinct prompt once (`[G, P]` ids and mask, left-padded), the responses `[B, R]`, and the prompt
+    /// of each row.
+    SharedPrompts { prompts: Tensor, prompt_mask: Tensor, groups: Vec<i64>, responses: Tensor },
+}
+
+/// The shared layout is taken when it runs at most this share of the tokens of the full rows: below that the
+/// saving does not pay for the second attention call and the gathers.
+const SHARED_PROMPTS_MAX_SHARE: f64 = 0.9;
+
 impl PaddedInputs {
-    /// Pads `rows` (indices into `all`) onto `device`.
+    /// Pads `rows` (indices into `all`) onto `device`, sharing repeated prompts when that saves work.
     pub fn new(all: &[TrainRow], rows: &[usize], device: Device) -> Result<Self> {
         let p = rows.iter().map(|&i| all[i].prompt_length).max().unwrap_or(0);
         let r = rows.iter().map(|&i| all[i].response_length()).max().unwrap_or(0);
-        let (b, t) = (rows.len(), p + r);
-        let mut ids = vec![0i64; b * t];
-        let mut mask = vec![0i64; b * t];
+        let b = rows.len();
         let mut targets = vec![0i64; b * r];
         for (k, &i) in rows.iter().enumerate() {
-            let row = &all[i];
-            let start = p - row.prompt_length;
-            for (j, &tok) in row.tokens.iter().enumerate() {
-                ids[k * t + start + j] = tok;
-                mask[k * t + start + j] = 1;
-            }
-            targets[k * r..k * r + row.response_length()].copy_from_slice(row.response());
+            targets[k * r..k * r + all[i].response_length()].copy_from_slice(all[i].response());
         }
-        let padded = mask.contains(&0);
-        let shape = |w: usize| [b as i64, w as i64];
-        Ok(PaddedInputs {
-            input_ids: Tensor::from_slice(&ids).f_view(shape(t))?.f_to_device(device)?,
-            attention_mask: if padded {
-                Some(Tensor::from_slice(&mask).f_view(shape(t))?.f_to_device(device)?)
-            } else {
-                None
-            },
-            targets: Tensor::from_slice(&targets).f_view(shape(r))?.f_to_device(device)?,
-            prompt_width: p as i64,
-            response_width: r as i64,
-        })
+        let shape = |n: usize, w: usize| [n as i64, w as i64];
+        let targets = Tensor::from_slice(&targets).f_view(shape(b, r))?.f_to_device(device)?;
+
+        // Rows by prompt, in order of first appearance.
+        let mut index: HashMap<&[i64], i64> = HashMap::new();
+        let mut distinct: Vec<&[i64]> = Vec::new();
+        let groups: Vec<i64> = rows
+            .iter()
+            .map(|&i| {
+                let prompt = &all[i].tokens[..all[i].prompt_length];
+                *index.entry(prompt).or_insert_with(|| {
+                    distinct.push(prompt);
+                    distinct.len() as i64 - 1
+                })
+            })
+            .collect();
+        let shared_tokens = distinct.len() * p + b * r;
+        let layout = if (shared_tokens as f64) <= SHARED_PROMPTS_MAX_SHARE * (b * (p + r)) as f64 {
+            let g = distinct.len();
+            let (mut ids, mut mask) = (vec![0i64; g * p], vec![0i64; g * p]);
+            for (k, prompt) in distinct.iter().enumerate() {
+                let start = k * p + p - prompt.len();
+                ids[start..start + prompt.len()].copy_from_slice(prompt);
+                mask[start..start + prompt.len()].fill(1);
+            }
+            let mut responses = vec![0i64; b * r];
+            for (k, &i) in rows.iter().enumerate() {
+                responses[k * r..k * r + all[i].response_length()].copy_from_slice(all[i].response());
+            }
+            Layout::SharedPrompts {
+                prompts: Tensor::from_slice(&ids).f_view(shape(g, p))?.f_to_device(device)?,
+                prompt_mask: Tensor::from_slice(&mask).f_view(shape(g, p))?.f_to_device(device)?,
+                groups,
+                responses: Tensor::from_slice(&responses).f_view(shape(b, r))?.f_to_device(device)?,
+            }
+        } else {
+            let t = p + r;
+            let mut ids = vec![0i64; b * t];
+            let mut mask = vec![0i64; b * t];
+            for (k, &i) in rows.iter().enumerate() {
+                let row = &all[i];
+                let start = k * t + p - row.prompt_length;
+                ids[start..start + row.tokens.len()].copy_from_slice(&row.tokens);
+                mask[start..start + row.tokens.len()].fill(1);
+            }
+            let padded = mask.contains(&0);
+            Layout::Rows {
+                input_ids: Tensor::from_slice(&ids).f_view(shape(b, t))?.f_to_device(device)?,
+                attention_mask: if padded {
+                    Some(Tensor::from_slice(&mask).f_view(shape(b, t))?.f_to_device(device)?)
+                } else {
+                    None
+                },
+                prompt_width: p as i64,
+            }
+        };
+        Ok(PaddedInputs { layout, targets, response_width: r as i64 })
     }
 
-    /// The hidden states that predict the response tokens: columns `P − 1 .. P − 1 + R` of `hidden`.
-    pub fn response_hidden(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(hidden.f_narrow(1, self.prompt_width - 1, self.response_width)?)
+    /// The decoder's hidden states that predict the response tokens, `[B, R, hidden]`: the last prompt
+    /// position, then the response's own positions but the last. Differentiable when gradients are enabled.
+    pub fn hidden(&self, decoder: &Decoder) -> Result<Tensor> {
+        let r = self.response_width;
+        match &self.layout {
+            Layout::Rows { input_ids, attention_mask, prompt_width } => {
+                let hidden = decoder.forward_hidden(input_ids, attention_mask.as_ref())?;
+                Ok(hidden.f_narrow(1, prompt_width - 1, r)?)
+            }
+            Layout::SharedPrompts { prompts, prompt_mask, groups, responses } => {
+                let (prompt_hidden, response_hidden) =
+                    decoder.forward_hidden_shared_prompts(prompts, prompt_mask, groups, responses)?;
+                let p = prompt_hidden.size()[1];
+                let group = Tensor::from_slice(groups).f_to_device(prompt_hidden.device())?;
+                let last_prompt = prompt_hidden.f_select(1, p - 1)?.f_index_select(0, &group)?.f_unsqueeze(1)?;
+                Ok(Tensor::f_cat(&[last_prompt, response_hidden.f_narrow(1, 0, r - 1)?], 1)?)
+            }
+        }
+    }
+
+    /// Whether repeated prompts run once ([`Decoder::forward_hidden_shared_prompts`]).
+    pub fn shares_prompts(&self) -> bool {
+        matches!(self.layout, Layout::SharedPrompts { .. })
     }
 }
 
@@ -199,18 +269,54 @@ mod tests {
         TrainRow::sft(prompt, response)
     }
 
+    fn ints(t: &Tensor) -> Vec<i64> {
+        Vec::<i64>::try_from(t.view([-1])).unwrap()
+    }
+
     #[test]
     fn left_pads_prompts_and_right_pads_responses() {
         let rows = vec![row(&[5, 6, 7], &[8]), row(&[9], &[10, 11, 12])];
         let p = PaddedInputs::new(&rows, &[0, 1], Device::Cpu).unwrap();
-        assert_eq!((p.prompt_width, p.response_width), (3, 3));
-        let ids = Vec::<i64>::try_from(p.input_ids.view([-1])).unwrap();
-        assert_eq!(ids, vec![5, 6, 7, 8, 0, 0, 0, 0, 9, 10, 11, 12]);
-        let mask = Vec::<i64>::try_from(p.attention_mask.unwrap().view([-1])).unwrap();
-        assert_eq!(mask, vec![1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]);
-        assert_eq!(Vec::<i64>::try_from(p.targets.view([-1])).unwrap(), vec![8, 0, 0, 10, 11, 12]);
+        assert_eq!(p.response_width, 3);
+        let Layout::Rows { input_ids, attention_mask, prompt_width } = &p.layout else { panic!("distinct prompts") };
+        assert_eq!(*prompt_width, 3);
+        assert_eq!(ints(input_ids), vec![5, 6, 7, 8, 0, 0, 0, 0, 9, 10, 11, 12]);
+        assert_eq!(ints(attention_mask.as_ref().unwrap()), vec![1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]);
+        assert_eq!(ints(&p.targets), vec![8, 0, 0, 10, 11, 12]);
         let same = PaddedInputs::new(&rows, &[1], Device::Cpu).unwrap();
-        assert!(same.attention_mask.is_none());
+        assert!(matches!(same.layout, Layout::Rows { attention_mask: None, .. }));
+    }
+
+    #[test]
+    fn repeated_prompts_run_once_when_that_saves_work() {
+        // Two prompts, each repeated: 2·3 + 4·2 = 14 tokens instead of 4·5 = 20.
+        let rows = vec![row(&[5, 6, 7], &[8]), row(&[9], &[10, 11]), row(&[5, 6, 7], &[12, 13]), row(&[9], &[14])];
+        let p = PaddedInputs::new(&rows, &[0, 1, 2, 3], Device::Cpu).unwrap();
+        let Layout::SharedPrompts { prompts, prompt_mask, groups, responses } = &p.layout else { panic!("shared") };
+        assert_eq!(ints(prompts), vec![5, 6, 7, 0, 0, 9]);
+        assert_eq!(ints(prompt_mask), vec![1, 1, 1, 0, 0, 1]);
+        assert_eq!(groups, &[0, 1, 0, 1]);
+        assert_eq!(ints(responses), vec![8, 0, 10, 11, 12, 13, 14, 0]);
+        assert_eq!(ints(&p.targets), ints(responses));
+        // A repeated one-token prompt before long responses saves too little.
+        let rows = vec![row(&[5], &[8, 9, 10, 11, 12]), row(&[5], &[13, 14, 15, 16, 17])];
+        assert!(!PaddedInputs::new(&rows, &[0, 1], Device::Cpu).unwrap().shares_prompts());
+    }
+
+    #[test]
+    fn both_layouts_give_the_same_response_hidden_states() {
+        let m = crate::logprobs::tests::tiny();
+        let rows = vec![row(&[5, 6, 7], &[8]), row(&[9], &[10, 11]), row(&[5, 6, 7], &[12, 13]), row(&[9], &[14])];
+        let shared = PaddedInputs::new(&rows, &[0, 1, 2, 3], Device::Cpu).unwrap();
+        assert!(shared.shares_prompts());
+        let h = shared.hidden(&m).unwrap();
+        for (k, r) in rows.iter().enumerate() {
+            let alone = PaddedInputs::new(&rows, &[k], Device::Cpu).unwrap();
+            assert!(!alone.shares_prompts());
+            let want = alone.hidden(&m).unwrap().get(0);
+            let got = h.get(k as i64).narrow(0, 0, r.response_length() as i64);
+            assert!((got - want).abs().max().double_value(&[]) < 1e-4, "row {k}");
+        }
     }
 
     #[test]

@@ -118,8 +118,7 @@ impl Critic {
     /// when gradients are enabled.
     fn values_of(&self, rows: &[TrainRow], micro: &[usize]) -> Result<Tensor> {
         let inputs = PaddedInputs::new(rows, micro, self.decoder.device())?;
-        let hidden = self.decoder.forward_hidden(&inputs.input_ids, inputs.attention_mask.as_ref())?;
-        let hidden = inputs.response_hidden(&hidden)?.f_to_kind(Kind::Float)?;
+        let hidden = inputs.hidden(&self.decoder)?.f_to_kind(Kind::Float)?;
         Ok(hidden.f_linear(&self.head_weight, Some(&self.head_bias))?.f_squeeze_dim(-1)?)
     }
 

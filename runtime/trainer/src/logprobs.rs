@@ -223,7 +223,7 @@ pub fn backward(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tch::Device;
     use trinity_model::{Family, ModelConfig, RandomWeights, RopeScaling};

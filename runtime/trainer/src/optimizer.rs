@@ -200,7 +200,7 @@ impl AdamW {
             }
         }
         tensors.push(("step".to_owned(), Tensor::from_slice(&[self.step])));
-        Tensor::write_safetensors(&tensors, path)?;
+        trinity_model::write_safetensors(path, &tensors)?;
         Ok(())
     }
 

@@ -57,8 +57,7 @@ impl ReferenceModel {
     pub fn logprobs(&self, rows: &[TrainRow], micro: &[usize], temperature: f64, chunk_tokens: i64) -> Result<Tensor> {
         let inputs = PaddedInputs::new(rows, micro, self.decoder.device())?;
         tch::no_grad(|| {
-            let hidden = self.decoder.forward_hidden(&inputs.input_ids, inputs.attention_mask.as_ref())?;
-            let hidden = inputs.response_hidden(&hidden)?;
+            let hidden = inputs.hidden(&self.decoder)?;
             let stats = logprobs::score(&self.decoder, &hidden, &inputs.targets, temperature, chunk_tokens, false)?;
             Ok(stats.logprob.f_to_device(Device::Cpu)?)
         })

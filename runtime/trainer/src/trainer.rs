@@ -262,7 +262,7 @@ impl Trainer {
                 .into_iter()
                 .map(|(n, t)| Ok((n, t.f_to_device(Device::Cpu)?)))
                 .collect::<Result<_>>()?;
-            Tensor::write_safetensors(&weights, dir.join("critic.safetensors"))?;
+            trinity_model::write_safetensors(&dir.join("critic.safetensors"), &weights)?;
         }
         Ok(())
     }
@@ -431,8 +431,7 @@ impl Trainer {
             let idx: Vec<i64> = micro.iter().map(|&i| i as i64).collect();
             let mut mb = batch.select_rows(&idx);
             let inputs = PaddedInputs::new(rows, micro, self.policy.device())?;
-            let hidden = self.policy.forward_hidden(&inputs.input_ids, inputs.attention_mask.as_ref())?;
-            let hidden = inputs.response_hidden(&hidden)?;
+            let hidden = inputs.hidden(&self.policy)?;
             let pass = logprobs::forward(
                 &self.policy,
                 &hidden,
