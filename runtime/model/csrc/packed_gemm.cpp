@@ -161,86 +161,75 @@ void packed_gemm_bf16(const float* x, int64_t m, int64_t k_len, const uint16_t* 
 
 }  // namespace trinity
 
-// Returns 0, or -1 when libtorch's thread pool reported an error (nothing is thrown across the C boundary).
-extern "C" int trinity_packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n,
-                                   float* y) {
+namespace {
+
+// Runs f, mapping any exception (libtorch's thread pool rethrows what a worker threw) to -1: nothing is thrown
+// across the C boundary.
+template <typename F>
+int guarded(F f) {
   try {
-    trinity::packed_gemm(x, m, k_len, packed, n, y);
+    f();
     return 0;
   } catch (const std::exception&) {
     return -1;
   }
 }
 
-// Packs `count` row-major weight matrices stacked along n (sources[i] has rows[i] rows of k_len) into the panel
-// layout [n / 16][k][16] that trinity_packed_gemm reads, in one pass and without an intermediate copy: at model
-// load that pass is the first touch of ~half a gigabyte for SmolLM2, so a concatenate-then-transpose cost twice
-// that in page faults. n (the sum of rows) must be a multiple of 16. Returns 0, or -1 on a thread-pool error.
-extern "C" int trinity_pack_panels(const float* const* sources, const int64_t* rows, int64_t count, int64_t k_len,
-                                   float* packed) {
-  try {
-    int64_t n = 0;
-    for (int64_t i = 0; i < count; ++i) n += rows[i];
-    at::parallel_for(0, n / kPanel, 1, [&](int64_t begin, int64_t end) {
-      const float* row[kPanel];
-      for (int64_t panel = begin; panel < end; ++panel) {
-        for (int64_t c = 0; c < kPanel; ++c) {
-          int64_t r = panel * kPanel + c;
-          int64_t i = 0;
-          while (r >= rows[i]) r -= rows[i++];
-          row[c] = sources[i] + r * k_len;
-        }
-        float* out = packed + panel * k_len * kPanel;
-        for (int64_t k = 0; k < k_len; ++k)
-          for (int64_t c = 0; c < kPanel; ++c) out[k * kPanel + c] = row[c][k];
+// Packs `count` row-major weight matrices stacked along n (sources[i] has rows[i] rows of k_len) into panels of
+// 16 output columns holding k in groups of S: [n / 16][ceil(k / S)][16][S], the last group zero-padded. S is 1
+// for fp32 and 2 for bf16 (packed_gemm.cpp's two layouts).
+template <typename T, int64_t S>
+void pack_panels(const T* const* sources, const int64_t* rows, int64_t count, int64_t k_len, T* packed) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < count; ++i) n += rows[i];
+  const int64_t steps = (k_len + S - 1) / S;
+  at::parallel_for(0, n / kPanel, 1, [&](int64_t begin, int64_t end) {
+    const T* row[kPanel];
+    for (int64_t panel = begin; panel < end; ++panel) {
+      for (int64_t c = 0; c < kPanel; ++c) {
+        int64_t r = panel * kPanel + c;
+        int64_t i = 0;
+        while (r >= rows[i]) r -= rows[i++];
+        row[c] = sources[i] + r * k_len;
       }
-    });
-    return 0;
-  } catch (const std::exception&) {
-    return -1;
-  }
+      T* out = packed + panel * steps * S * kPanel;
+      for (int64_t s = 0; s < steps; ++s)
+        for (int64_t c = 0; c < kPanel; ++c)
+          for (int64_t e = 0; e < S; ++e) {
+            const int64_t k = s * S + e;
+            out[(s * kPanel + c) * S + e] = k < k_len ? row[c][k] : T{0};
+          }
+    }
+  });
+}
+
+}  // namespace
+
+// Returns 0, or -1 when libtorch's thread pool reported an error.
+extern "C" int trinity_packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n,
+                                   float* y) {
+  return guarded([&] { trinity::packed_gemm(x, m, k_len, packed, n, y); });
 }
 
 // y = x W^T with bf16 weights packed by trinity_pack_panels_bf16; x and y fp32. Returns 0, or -1 on a thread-pool
 // or allocation error.
 extern "C" int trinity_packed_gemm_bf16(const float* x, int64_t m, int64_t k_len, const uint16_t* packed, int64_t n,
                                         float* y) {
-  try {
-    trinity::packed_gemm_bf16(x, m, k_len, packed, n, y);
-    return 0;
-  } catch (const std::exception&) {
-    return -1;
-  }
+  return guarded([&] { trinity::packed_gemm_bf16(x, m, k_len, packed, n, y); });
 }
 
-// The bf16 counterpart of trinity_pack_panels: sources are bf16 bit patterns, the layout [n / 16][k / 2][16][2]
-// with k padded to even by a zero. Returns 0, or -1 on a thread-pool error.
+// Packs fp32 weights into the layout [n / 16][k][16] that trinity_packed_gemm reads, in one pass and without an
+// intermediate copy: at model load that pass is the first touch of ~half a gigabyte for SmolLM2, so a
+// concatenate-then-transpose cost twice that in page faults. n (the sum of rows) must be a multiple of 16.
+// Returns 0, or -1 on a thread-pool error.
+extern "C" int trinity_pack_panels(const float* const* sources, const int64_t* rows, int64_t count, int64_t k_len,
+                                   float* packed) {
+  return guarded([&] { pack_panels<float, 1>(sources, rows, count, k_len, packed); });
+}
+
+// The bf16 counterpart (sources are bf16 bit patterns): the layout [n / 16][(k + 1) / 2][16][2] that
+// trinity_packed_gemm_bf16 reads. Returns 0, or -1 on a thread-pool error.
 extern "C" int trinity_pack_panels_bf16(const uint16_t* const* sources, const int64_t* rows, int64_t count,
                                         int64_t k_len, uint16_t* packed) {
-  try {
-    int64_t n = 0;
-    for (int64_t i = 0; i < count; ++i) n += rows[i];
-    const int64_t pairs = (k_len + 1) / 2;
-    at::parallel_for(0, n / kPanel, 1, [&](int64_t begin, int64_t end) {
-      const uint16_t* row[kPanel];
-      for (int64_t panel = begin; panel < end; ++panel) {
-        for (int64_t c = 0; c < kPanel; ++c) {
-          int64_t r = panel * kPanel + c;
-          int64_t i = 0;
-          while (r >= rows[i]) r -= rows[i++];
-          row[c] = sources[i] + r * k_len;
-        }
-        uint16_t* out = packed + panel * pairs * 2 * kPanel;
-        for (int64_t p = 0; p < pairs; ++p)
-          for (int64_t c = 0; c < kPanel; ++c)
-            for (int64_t e = 0; e < 2; ++e) {
-              const int64_t k = 2 * p + e;
-              out[(p * kPanel + c) * 2 + e] = k < k_len ? row[c][k] : uint16_t{0};
-            }
-      }
-    });
-    return 0;
-  } catch (const std::exception&) {
-    return -1;
-  }
+  return guarded([&] { pack_panels<uint16_t, 2>(sources, rows, count, k_len, packed); });
 }

@@ -217,6 +217,17 @@ mod tests {
         (a - b).abs().max().double_value(&[])
     }
 
+    /// Random `[n, k]` weights of `kind` for each n in `ns` and fp32 biases, packed together; returns the
+    /// stacked weights (as fp32) and biases the packed copy must reproduce.
+    fn random_packed(k: i64, ns: &[i64], kind: Kind) -> (Tensor, Tensor, PackedLinear) {
+        let ws: Vec<Tensor> = ns.iter().map(|&n| Tensor::randn([n, k], (kind, Device::Cpu))).collect();
+        let bs: Vec<Tensor> = ns.iter().map(|&n| Tensor::randn([n], (Kind::Float, Device::Cpu))).collect();
+        let packed = PackedLinear::pack(&ws.iter().collect::<Vec<_>>(), &bs.iter().map(Some).collect::<Vec<_>>())
+            .unwrap()
+            .expect("eligible");
+        (Tensor::cat(&ws, 0).to_kind(Kind::Float), Tensor::cat(&bs, 0), packed)
+    }
+
     #[test]
     fn matches_libtorch_for_every_row_count_and_tail() {
         if !supported() {
@@ -225,15 +236,9 @@ mod tests {
         }
         tch::manual_seed(0);
         // 16 + 32 + 48 + 16 outputs: panel groups of 3, 2 and 1 all occur.
-        let (k, ns) = (40, [16_i64, 32, 64]);
-        let ws: Vec<Tensor> = ns.iter().map(|&n| Tensor::randn([n, k], (Kind::Float, Device::Cpu))).collect();
-        let bs: Vec<Tensor> = ns.iter().map(|&n| Tensor::randn([n], (Kind::Float, Device::Cpu))).collect();
-        let packed = PackedLinear::pack(&ws.iter().collect::<Vec<_>>(), &bs.iter().map(Some).collect::<Vec<_>>())
-            .unwrap()
-            .expect("eligible");
+        let k = 40;
+        let (w, b, packed) = random_packed(k, &[16, 32, 64], Kind::Float);
         assert_eq!(packed.out_features(), 112);
-        let w = Tensor::cat(&ws, 0);
-        let b = Tensor::cat(&bs, 0);
         for m in [1_i64, 3, 7, 8, 9, 16, 23, 64] {
             let x = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
             let want = x.linear(&w, Some(&b));
@@ -253,16 +258,11 @@ mod tests {
             return;
         }
         tch::manual_seed(0);
-        // An odd k exercises the zero padding of the last pair; 48 outputs make one group of 3 panels, 64 a 3 and a 1.
+        // An odd k exercises the zero padding of the last pair; 48 outputs make one group of 3 panels, 64 a group
+        // of 3 and one of 1.
         for (k, ns) in [(41_i64, [16_i64, 32]), (64, [48, 16])] {
-            let ws: Vec<Tensor> = ns.iter().map(|&n| Tensor::randn([n, k], (Kind::BFloat16, Device::Cpu))).collect();
-            let bs: Vec<Tensor> = ns.iter().map(|&n| Tensor::randn([n], (Kind::Float, Device::Cpu))).collect();
-            let refs: Vec<&Tensor> = ws.iter().collect();
-            let packed =
-                PackedLinear::pack(&refs, &bs.iter().map(Some).collect::<Vec<_>>()).unwrap().expect("eligible");
+            let (w, b, packed) = random_packed(k, &ns, Kind::BFloat16);
             assert!(packed.is_bf16());
-            let w = Tensor::cat(&ws, 0).to_kind(Kind::Float);
-            let b = Tensor::cat(&bs, 0);
             for m in [1_i64, 5, 8, 13, 64] {
                 let x = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
                 // What the kernel computes: inputs rounded to bf16, products and sums in fp32.
