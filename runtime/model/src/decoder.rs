@@ -106,6 +106,26 @@ fn merge_heads(attn: &Tensor) -> Result<Tensor> {
     Ok(attn.f_transpose(1, 2)?.f_reshape([size[0], size[2], -1])?)
 }
 
+/// `[T(q), T(k)]` bool, true where `k <= q`.
+fn causal(t: i64, device: Device) -> Result<Tensor> {
+    let ar = Tensor::f_arange(t, (Kind::Int64, device))?;
+    Ok(ar.f_unsqueeze(0)?.f_le_tensor(&ar.f_unsqueeze(1)?)?)
+}
+
+/// For rows `valid` `[B, T]` (true at real tokens, padding anywhere): positions counting real tokens only and
+/// the `[B, 1, T, T]` attention mask, causal over real keys. A query always sees itself, so rows of padding
+/// never go fully masked (NaN in softmax).
+fn padded_positions_and_mask(valid: &Tensor) -> Result<(Tensor, Tensor)> {
+    let size = valid.size();
+    let (b, t) = (size[0], size[1]);
+    let positions = (valid.f_to_kind(Kind::Int64)?.f_cumsum(1, Kind::Int64)? - 1).f_clamp_min(0)?;
+    let mask = causal(t, valid.device())?
+        .f_view([1, 1, t, t])?
+        .f_logical_and(&valid.f_view([b, 1, 1, t])?)?
+        .f_logical_or(&Tensor::f_eye(t, (Kind::Bool, valid.device()))?)?;
+    Ok((positions, mask))
+}
+
 /// `t` in fp32: itself when it already is, else a copy.
 fn fp32(t: &Tensor) -> Result<Tensor> {
     Ok(if t.kind() == Kind::Float { t.shallow_clone() } else { t.f_to_kind(Kind::Float)? })
@@ -366,14 +386,7 @@ impl Decoder {
         let (positions, mask) = match attention_mask {
             None => (Tensor::f_arange(t, (Kind::Int64, device))?.f_unsqueeze(0)?.f_expand([b, t], false)?, None),
             Some(m) => {
-                let valid = m.f_to_device(device)?.f_ne(0)?;
-                let pos = (valid.f_to_kind(Kind::Int64)?.f_cumsum(1, Kind::Int64)? - 1).f_clamp_min(0)?;
-                let ar = Tensor::f_arange(t, (Kind::Int64, device))?;
-                let causal = ar.f_unsqueeze(0)?.f_le_tensor(&ar.f_unsqueeze(1)?)?; // [T(q), T(k)]: k <= q
-                let key_ok = valid.f_view([b, 1, 1, t])?;
-                let diag = Tensor::f_eye(t, (Kind::Bool, device))?;
-                // A query always sees itself, so rows of padding never go fully masked (NaN in softmax).
-                let mask = causal.f_unsqueeze(0)?.f_unsqueeze(0)?.f_logical_and(&key_ok)?.f_logical_or(&diag)?;
+                let (pos, mask) = padded_positions_and_mask(&m.f_to_device(device)?.f_ne(0)?)?;
                 (pos, Some(mask))
             }
         };
@@ -433,23 +446,14 @@ impl Decoder {
         let (tp, tr) = (g * p, n * r);
         let group = Tensor::from_slice(groups).f_to_device(device)?;
         let valid = prompt_mask.f_to_device(device)?.f_ne(0)?;
-        let prompt_pos = (valid.f_to_kind(Kind::Int64)?.f_cumsum(1, Kind::Int64)? - 1).f_clamp_min(0)?;
+        let (prompt_pos, prompt_attn_mask) = padded_positions_and_mask(&valid)?;
         let prompt_len = valid.f_sum_dim_intlist(1, false, Kind::Int64)?;
         let response_pos = prompt_len.f_index_select(0, &group)?.f_unsqueeze(1)?
             + Tensor::f_arange(r, (Kind::Int64, device))?.f_unsqueeze(0)?;
         let positions = Tensor::f_cat(&[prompt_pos.f_reshape([tp])?, response_pos.f_reshape([tr])?], 0)?;
         let (cos, sin) = rope::cos_sin(&self.inv_freq, &positions.f_unsqueeze(0)?, self.kind)?;
-        // Prompt attention: causal over real keys (a query always sees itself, so padding rows stay finite).
-        let ar = Tensor::f_arange(p, (Kind::Int64, device))?;
-        let causal = ar.f_unsqueeze(0)?.f_le_tensor(&ar.f_unsqueeze(1)?)?;
-        let prompt_attn_mask = causal
-            .f_view([1, 1, p, p])?
-            .f_logical_and(&valid.f_view([g, 1, 1, p])?)?
-            .f_logical_or(&Tensor::f_eye(p, (Kind::Bool, device))?)?;
         // Response attention: the prompt's real keys, then its own keys causally.
-        let ar = Tensor::f_arange(r, (Kind::Int64, device))?;
-        let own =
-            ar.f_unsqueeze(0)?.f_le_tensor(&ar.f_unsqueeze(1)?)?.f_view([1, 1, r, r])?.f_expand([n, 1, r, r], false)?;
+        let own = causal(r, device)?.f_view([1, 1, r, r])?.f_expand([n, 1, r, r], false)?;
         let seen = valid.f_index_select(0, &group)?.f_view([n, 1, 1, p])?.f_expand([n, 1, r, p], false)?;
         let response_attn_mask = Tensor::f_cat(&[seen, own], 3)?;
 

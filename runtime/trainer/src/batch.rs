@@ -172,15 +172,12 @@ impl PaddedInputs {
                 ids[start..start + prompt.len()].copy_from_slice(prompt);
                 mask[start..start + prompt.len()].fill(1);
             }
-            let mut responses = vec![0i64; b * r];
-            for (k, &i) in rows.iter().enumerate() {
-                responses[k * r..k * r + all[i].response_length()].copy_from_slice(all[i].response());
-            }
             Layout::SharedPrompts {
                 prompts: Tensor::from_slice(&ids).f_view(shape(g, p))?.f_to_device(device)?,
                 prompt_mask: Tensor::from_slice(&mask).f_view(shape(g, p))?.f_to_device(device)?,
                 groups,
-                responses: Tensor::from_slice(&responses).f_view(shape(b, r))?.f_to_device(device)?,
+                // The response ids right-padded with 0 are exactly the targets.
+                responses: targets.shallow_clone(),
             }
         } else {
             let t = p + r;
@@ -297,7 +294,6 @@ mod tests {
         assert_eq!(ints(prompt_mask), vec![1, 1, 1, 0, 0, 1]);
         assert_eq!(groups, &[0, 1, 0, 1]);
         assert_eq!(ints(responses), vec![8, 0, 10, 11, 12, 13, 14, 0]);
-        assert_eq!(ints(&p.targets), ints(responses));
         // A repeated one-token prompt before long responses saves too little.
         let rows = vec![row(&[5], &[8, 9, 10, 11, 12]), row(&[5], &[13, 14, 15, 16, 17])];
         assert!(!PaddedInputs::new(&rows, &[0, 1], Device::Cpu).unwrap().shares_prompts());
