@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::support::{assert_clean_failure, model_and_tasks, stderr, stdout, tiny_model_dir, trinity, workspace_root};
+use crate::support::{assert_clean_failure, grpo_run_config, stderr, stdout, tiny_model_dir, trinity, workspace_root};
 
 const PACKAGES: [&str; 4] = ["gsm8k_reward", "frozen_lake", "zero_variance_filter", "hostile_reward"];
 
@@ -40,16 +40,7 @@ fn tiny_model(dir: &Path) -> PathBuf {
 }
 
 fn config(model: &Path, max_model_len: u32, taskset: &str, extra: &str) -> String {
-    format!(
-        "project: p
-name: n
-checkpoint_root_dir: ./ckpt
-algorithm:
-  algorithm_type: grpo
-  repeat_times: 2
-{}{taskset}{extra}",
-        model_and_tasks(model, max_model_len)
-    )
+    format!("{}{taskset}{extra}", grpo_run_config(model, max_model_len))
 }
 
 fn experiences(dir: &Path) -> Vec<Value> {

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{model_and_tasks, stderr, tiny_model_dir, trinity};
+use crate::support::{grpo_run_config, stderr, tiny_model_dir, trinity};
 
 /// A directory with a tiny-model GRPO config (2 tasks × 2 rollouts per step, `steps` steps of tasks) and its
 /// task file. `buffer` goes inside `buffer:` (indented two spaces), `extra` at the top level.
@@ -13,15 +13,9 @@ fn tiny_run_dir(steps: usize, buffer: &str, extra: &str) -> tempfile::TempDir {
     let rows: String = (0..2 * steps).map(|i| format!("{{\"prompt\": \"ab{i}\", \"response\": \"{i}\"}}\n")).collect();
     std::fs::write(dir.path().join("tasks.jsonl"), rows).unwrap();
     let config = format!(
-        "project: p
-name: n
-checkpoint_root_dir: ./ckpt
-algorithm:
-  algorithm_type: grpo
-  repeat_times: 2
-{}    default_workflow_type: simple_workflow
+        "{}    default_workflow_type: simple_workflow
 {buffer}{extra}",
-        model_and_tasks(&tiny_model_dir(), 40)
+        grpo_run_config(&tiny_model_dir(), 40)
     );
     std::fs::write(dir.path().join("config.yaml"), config).unwrap();
     dir

@@ -32,6 +32,21 @@ buffer:
     )
 }
 
+/// The start of a GRPO run config (job names, `algorithm:` with two samples per task, then
+/// [`model_and_tasks`]), ending inside the taskset like that function.
+pub fn grpo_run_config(model: &Path, max_model_len: u32) -> String {
+    format!(
+        "project: p
+name: n
+checkpoint_root_dir: ./ckpt
+algorithm:
+  algorithm_type: grpo
+  repeat_times: 2
+{}",
+        model_and_tasks(model, max_model_len)
+    )
+}
+
 pub fn fixture(relative: &str) -> PathBuf {
     workspace_root().join("tests/fixtures").join(relative)
 }
