@@ -75,6 +75,7 @@ pub(crate) async fn rollout(
             truth,
             prompt: prompt_text,
             args: &task.reward_fn_args,
+            response_tokens: Some(completion.tokens.len()),
         })
         .collect();
     let scores = trinity_reward::score_group(reward, Some(&task.raw), &inputs)

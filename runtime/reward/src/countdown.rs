@@ -114,7 +114,14 @@ mod tests {
 
     fn score(response: &str) -> f64 {
         let args = Map::new();
-        countdown_reward(&RewardInput { response, truth: Some(TRUTH), prompt: None, args: &args }).unwrap()["score"]
+        countdown_reward(&RewardInput {
+            response,
+            truth: Some(TRUTH),
+            prompt: None,
+            args: &args,
+            response_tokens: None,
+        })
+        .unwrap()["score"]
     }
 
     #[test]
@@ -145,11 +152,21 @@ mod tests {
     fn true_division_counts() {
         let args = Map::new();
         let truth = r#"{"target": 2, "numbers": [6, 9, 3]}"#;
-        let input =
-            RewardInput { response: "<answer>(9 - 6) / 3 * 2</answer>", truth: Some(truth), prompt: None, args: &args };
+        let input = RewardInput {
+            response: "<answer>(9 - 6) / 3 * 2</answer>",
+            truth: Some(truth),
+            prompt: None,
+            args: &args,
+            response_tokens: None,
+        };
         assert_eq!(countdown_reward(&input).unwrap()["score"], 0.1);
-        let input =
-            RewardInput { response: "<answer>6 / (9 / 3)</answer>", truth: Some(truth), prompt: None, args: &args };
+        let input = RewardInput {
+            response: "<answer>6 / (9 / 3)</answer>",
+            truth: Some(truth),
+            prompt: None,
+            args: &args,
+            response_tokens: None,
+        };
         assert_eq!(countdown_reward(&input).unwrap()["score"], 1.0);
     }
 
@@ -157,10 +174,16 @@ mod tests {
     fn broken_references_are_errors() {
         let args = Map::new();
         for truth in ["24", "{\"target\": 24}", "{\"target\": 24, \"numbers\": [1.5]}", "nope"] {
-            let input = RewardInput { response: "<answer>1</answer>", truth: Some(truth), prompt: None, args: &args };
+            let input = RewardInput {
+                response: "<answer>1</answer>",
+                truth: Some(truth),
+                prompt: None,
+                args: &args,
+                response_tokens: None,
+            };
             assert!(matches!(countdown_reward(&input), Err(RewardError::BadTruth { .. })), "{truth}");
         }
-        let input = RewardInput { response: "", truth: None, prompt: None, args: &args };
+        let input = RewardInput { response: "", truth: None, prompt: None, args: &args, response_tokens: None };
         assert!(matches!(countdown_reward(&input), Err(RewardError::MissingTruth { .. })));
         // Extra keys are fine: a whole generated row is a valid reference.
         assert!(parse_truth(r#"{"numbers": [1, 2], "target": 3, "id": 7}"#).is_ok());

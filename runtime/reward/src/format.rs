@@ -67,7 +67,7 @@ mod tests {
     use serde_json::{Map, Value, json};
 
     fn run(response: &str, args: &Map<String, Value>) -> Result<f64, RewardError> {
-        let input = RewardInput { response, truth: None, prompt: None, args };
+        let input = RewardInput { response, truth: None, prompt: None, args, response_tokens: None };
         format_reward(&input).map(|c| c["format_score"])
     }
 

@@ -107,13 +107,27 @@ mod tests {
 
     fn math(response: &str, truth: &str) -> (f64, f64) {
         let args = Map::new();
-        let out = math_reward(&RewardInput { response, truth: Some(truth), prompt: None, args: &args }).unwrap();
+        let out = math_reward(&RewardInput {
+            response,
+            truth: Some(truth),
+            prompt: None,
+            args: &args,
+            response_tokens: None,
+        })
+        .unwrap();
         (out["accuracy"], out["format_score"])
     }
 
     fn boxed(response: &str, truth: &str, args: Value) -> (f64, f64) {
         let args = args.as_object().cloned().unwrap_or_default();
-        let out = math_boxed_reward(&RewardInput { response, truth: Some(truth), prompt: None, args: &args }).unwrap();
+        let out = math_boxed_reward(&RewardInput {
+            response,
+            truth: Some(truth),
+            prompt: None,
+            args: &args,
+            response_tokens: None,
+        })
+        .unwrap();
         (out["accuracy"], out["format_score"])
     }
 
@@ -162,9 +176,17 @@ mod tests {
     #[test]
     fn missing_truth_is_an_error() {
         let args = Map::new();
-        let err = math_reward(&RewardInput { response: "4", truth: None, prompt: None, args: &args }).unwrap_err();
+        let err =
+            math_reward(&RewardInput { response: "4", truth: None, prompt: None, args: &args, response_tokens: None })
+                .unwrap_err();
         assert!(err.to_string().contains("response_key"));
-        let err = math_reward(&RewardInput { response: "4", truth: Some(" "), prompt: None, args: &args });
+        let err = math_reward(&RewardInput {
+            response: "4",
+            truth: Some(" "),
+            prompt: None,
+            args: &args,
+            response_tokens: None,
+        });
         assert!(err.is_err());
     }
 
@@ -172,7 +194,14 @@ mod tests {
     fn accuracy_reward_has_no_format_component() {
         let args = Map::new();
         let run = |response: &str, truth: &str| {
-            accuracy_reward(&RewardInput { response, truth: Some(truth), prompt: None, args: &args }).unwrap()
+            accuracy_reward(&RewardInput {
+                response,
+                truth: Some(truth),
+                prompt: None,
+                args: &args,
+                response_tokens: None,
+            })
+            .unwrap()
         };
         let out = run("so \\boxed{7}", "#### 7");
         assert_eq!(out.len(), 1);
@@ -193,7 +222,7 @@ mod tests {
         assert_eq!(boxed("<think><think></think>\\boxed{1}", "1", json!({"with_think": true})), (1.0, -0.1));
         assert_eq!(boxed("</think><think>\\boxed{1}", "1", json!({"with_think": true})), (1.0, -0.1));
         let args = json!({"with_think": "yes"}).as_object().unwrap().clone();
-        let input = RewardInput { response: "", truth: Some("1"), prompt: None, args: &args };
+        let input = RewardInput { response: "", truth: Some("1"), prompt: None, args: &args, response_tokens: None };
         assert!(math_boxed_reward(&input).unwrap_err().to_string().contains("with_think"));
     }
 }

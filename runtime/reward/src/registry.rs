@@ -26,6 +26,9 @@ pub struct RewardInput<'a> {
     pub prompt: Option<&'a str>,
     /// The taskset's `reward_fn_args`.
     pub args: &'a Map<String, Value>,
+    /// How many tokens the response has, when the caller knows (rewards that penalise length need it, as
+    /// Trinity-RFT passes `response_token` to them).
+    pub response_tokens: Option<usize>,
 }
 
 /// Signature of a built-in reward function.
@@ -202,11 +205,23 @@ mod tests {
         let builtins: Vec<&str> = entries().into_iter().map(|e| e.name).collect();
         assert_eq!(
             builtins,
-            ["accuracy_reward", "countdown_reward", "format_reward", "math_boxed_reward", "math_reward"]
+            [
+                "accuracy_reward",
+                "countdown_reward",
+                "format_reward",
+                "math_boxed_reward",
+                "math_dapo_reward",
+                "math_reward"
+            ]
         );
         let args = Map::new();
-        let input =
-            RewardInput { response: "<think>x</think><answer>4</answer>", truth: Some("4"), prompt: None, args: &args };
+        let input = RewardInput {
+            response: "<think>x</think><answer>4</answer>",
+            truth: Some("4"),
+            prompt: None,
+            args: &args,
+            response_tokens: None,
+        };
         let out = score("math_reward", &input).unwrap();
         assert!((total(&out) - 1.1).abs() < 1e-12);
     }
@@ -214,7 +229,7 @@ mod tests {
     #[test]
     fn unknown_names_list_the_known_ones() {
         let args = Map::new();
-        let input = RewardInput { response: "", truth: None, prompt: None, args: &args };
+        let input = RewardInput { response: "", truth: None, prompt: None, args: &args, response_tokens: None };
         let text = score("math_rewrd", &input).unwrap_err().to_string();
         assert!(text.contains("math_rewrd") && text.contains("math_reward"), "{text}");
     }
@@ -239,7 +254,7 @@ mod tests {
         register("test_constant_reward", Arc::new(Constant), false).unwrap();
         assert!(names().contains(&"test_constant_reward".to_owned()));
         let args = Map::new();
-        let input = RewardInput { response: "x", truth: None, prompt: None, args: &args };
+        let input = RewardInput { response: "x", truth: None, prompt: None, args: &args, response_tokens: None };
         assert_eq!(score("test_constant_reward", &input).unwrap()["c"], 0.5);
         assert_eq!(score_group("test_constant_reward", None, &[input, input]).unwrap().len(), 2);
         let again = register("test_constant_reward", Arc::new(Constant), true).unwrap_err();

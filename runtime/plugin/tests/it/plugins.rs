@@ -26,7 +26,7 @@ fn gsm8k_reward_scores_a_batch_and_registers_by_name() {
     trinity_plugin::register(&plugin, false).unwrap();
     assert!(trinity_reward::names().contains(&"gsm8k_reward".to_owned()));
     let args = Map::new();
-    let input = RewardInput { response: "#### 3", truth: Some("3"), prompt: None, args: &args };
+    let input = RewardInput { response: "#### 3", truth: Some("3"), prompt: None, args: &args, response_tokens: None };
     assert_eq!(trinity_reward::score("gsm8k_reward", &input).unwrap()["accuracy"], 1.0);
     let group = trinity_reward::score_group("gsm8k_reward", None, &[input, input]).unwrap();
     assert_eq!(group.len(), 2);

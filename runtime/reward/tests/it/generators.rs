@@ -11,7 +11,13 @@ fn arithmetic_answers_earn_full_math_reward() {
     let args = Map::new();
     for p in arithmetic_problems(11, 100, 25) {
         let response = format!("<think>compute</think>\n<answer>{}</answer>", p.answer);
-        let input = RewardInput { response: &response, truth: Some(&p.answer), prompt: Some(&p.question), args: &args };
+        let input = RewardInput {
+            response: &response,
+            truth: Some(&p.answer),
+            prompt: Some(&p.question),
+            args: &args,
+            response_tokens: None,
+        };
         assert_eq!(total(&score("math_reward", &input).unwrap()), 1.1, "{p:?}");
     }
     let text = to_jsonl(&arithmetic_problems(11, 3, 25)).unwrap();

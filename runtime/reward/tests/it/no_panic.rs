@@ -56,7 +56,13 @@ fn random_splices_never_panic() {
         let truth: String = (0..(next() % 4) as usize + 1).map(|_| PIECES[(next() % 32) as usize]).collect();
         for name in names() {
             let truth = if name == "countdown_reward" { countdown_truth.as_str() } else { truth.as_str() };
-            let input = RewardInput { response: &response, truth: Some(truth), prompt: None, args: &args };
+            let input = RewardInput {
+                response: &response,
+                truth: Some(truth),
+                prompt: None,
+                args: &args,
+                response_tokens: None,
+            };
             if let Ok(components) = score(&name, &input) {
                 assert!(total(&components).is_finite(), "{name} {response:?} {truth:?}");
             }

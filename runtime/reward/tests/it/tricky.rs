@@ -5,7 +5,7 @@ use trinity_reward::{RewardInput, score, total};
 
 fn reward(name: &str, response: &str, truth: &str, args: Value) -> f64 {
     let args: Map<String, Value> = args.as_object().cloned().unwrap_or_default();
-    let input = RewardInput { response, truth: Some(truth), prompt: None, args: &args };
+    let input = RewardInput { response, truth: Some(truth), prompt: None, args: &args, response_tokens: None };
     total(&score(name, &input).unwrap())
 }
 
