@@ -286,6 +286,14 @@ pub struct ExperienceBufferConfig {
     pub subset_name: Option<String>,
     /// Which row fields hold what (file inputs).
     pub format: FormatConfig,
+    /// Show a progress bar while reading rows (file inputs).
+    pub enable_progress_bar: bool,
+    /// Row type of the buffer; Trinity-RFT derives it from the algorithm (`sft` for auxiliary SFT data).
+    pub schema_type: Option<String>,
+    /// Passes over a file input; Trinity-RFT copies it from `buffer.total_epochs` for the main buffer.
+    pub total_epochs: Option<u32>,
+    /// Order in which rows of a file input are drawn.
+    pub data_selector: Option<SelectorConfig>,
 }
 
 impl Default for ExperienceBufferConfig {
@@ -300,6 +308,10 @@ impl Default for ExperienceBufferConfig {
             split: "train".to_owned(),
             subset_name: None,
             format: FormatConfig::default(),
+            enable_progress_bar: false,
+            schema_type: None,
+            total_epochs: None,
+            data_selector: None,
         }
     }
 }

@@ -54,6 +54,10 @@ pub struct Config {
     pub stages: Vec<StageConfig>,
     /// WASM components and algorithm libraries to load, besides `--plugin`.
     pub plugins: Vec<PluginEntry>,
+    /// Trinity-RFT's Ray namespace.
+    pub ray_namespace: Option<String>,
+    /// Silences Trinity-RFT's GPU-memory estimator.
+    pub ignore_validator_suggestions: bool,
 }
 
 impl Default for Config {
@@ -77,6 +81,8 @@ impl Default for Config {
             log: LogConfig::default(),
             stages: Vec::new(),
             plugins: Vec::new(),
+            ray_namespace: None,
+            ignore_validator_suggestions: false,
         }
     }
 }

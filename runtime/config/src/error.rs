@@ -37,7 +37,7 @@ pub enum ConfigError {
     NotAMapping { origin: Origin, found: &'static str },
     #[error("{origin}: unknown key `{key}`{}", suggestion_text(.suggestion))]
     UnknownKey { origin: Origin, key: String, suggestion: Option<String> },
-    #[error("{origin}: `{key}` is a Trinity-RFT key that trinity does not support: {reason}")]
+    #[error("{origin}: `{key}` cannot be honoured by trinity: {reason}")]
     Unsupported { origin: Origin, key: String, reason: String },
     #[error("{origin}: `{key}`: {message}")]
     Type { origin: Origin, key: String, message: String },
@@ -62,6 +62,24 @@ pub enum ConfigError {
         suggestion: Option<String>,
         available: Vec<String>,
     },
+    #[error(
+        "{origin}: `{key}`: {kind} `{name}` is a Trinity-RFT {kind} that needs {needs}; trinity cannot run it — {}",
+        bring_text(kind)
+    )]
+    MissingComponent { origin: Origin, key: String, kind: &'static str, name: String, needs: String },
+    #[error("{origin}: `{key}`: {message}")]
+    NotRunnable { origin: Origin, key: String, message: String },
+}
+
+fn bring_text(kind: &str) -> String {
+    match kind {
+        "workflow" => crate::external::HOW_TO_BRING.to_owned(),
+        other => format!(
+            "bring it as a WASM {} plugin (`cargo xtask new-plugin --kind {}`, then list it under `plugins:`)",
+            other.split_whitespace().next().unwrap_or(other),
+            other.split_whitespace().next().unwrap_or(other)
+        ),
+    }
 }
 
 fn suggestion_text(suggestion: &Option<String>) -> String {

@@ -30,6 +30,61 @@ pub struct ExplorerConfig {
     pub listen_address: String,
     /// Port of the `serve` mode's OpenAI-compatible API.
     pub proxy_port: u16,
+    /// Deprecated Trinity-RFT spelling of `runner_per_model × engine_num`.
+    pub runner_num: Option<u32>,
+    /// How Trinity-RFT runs the repeats of a non-batched workflow (`sequential`, `asynchronous`,
+    /// `multi-threading`).
+    pub concurrent_mode: String,
+    /// Largest number of a task's repeats one runner takes; Trinity-RFT splits bigger groups across runners.
+    pub max_repeat_times_per_runner: Option<u32>,
+    /// Models besides the policy that workflows call (judges, teachers, environments).
+    pub auxiliary_models: Vec<Value>,
+    /// Start the next step before every task of this one finished (Trinity-RFT's over-rollout).
+    pub over_rollout: OverRolloutConfig,
+    /// Adapt the task timeout to the observed task time.
+    pub dynamic_timeout: DynamicTimeoutConfig,
+    /// Seconds between the `serve` mode's checks for new weights.
+    pub service_status_check_interval: u64,
+    /// Rollout engines the `serve` mode keeps serving while others reload weights.
+    pub min_running_model_num: u32,
+    /// Database of the `serve` mode's request history.
+    pub db_url: Option<String>,
+    /// Seconds between runner state reports in the log; 0 disables them.
+    pub runner_state_report_interval: u64,
+}
+
+/// `explorer.over_rollout`: do not wait for the slowest tasks of a step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct OverRolloutConfig {
+    /// Fraction of a step's tasks the explorer may leave unfinished; 0 waits for all.
+    pub ratio: f64,
+    /// Seconds to wait for stragglers once the required tasks finished.
+    pub wait_after_min: f64,
+    /// Keep the finished repeats of an unfinished task.
+    pub return_partial_tasks: bool,
+}
+
+impl Default for OverRolloutConfig {
+    fn default() -> Self {
+        OverRolloutConfig { ratio: 0.0, wait_after_min: 30.0, return_partial_tasks: false }
+    }
+}
+
+/// `explorer.dynamic_timeout`: a task timeout that follows the observed task time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct DynamicTimeoutConfig {
+    /// Use `min(max_timeout, ratio × mean task time)` once a batch of tasks finished.
+    pub enable: bool,
+    /// Multiple of the mean task time.
+    pub ratio: f64,
+}
+
+impl Default for DynamicTimeoutConfig {
+    fn default() -> Self {
+        DynamicTimeoutConfig { enable: false, ratio: 3.0 }
+    }
 }
 
 impl Default for ExplorerConfig {
@@ -46,6 +101,16 @@ impl Default for ExplorerConfig {
             rollout_model: RolloutModelConfig::default(),
             listen_address: "0.0.0.0".to_owned(),
             proxy_port: 8010,
+            runner_num: None,
+            concurrent_mode: "sequential".to_owned(),
+            max_repeat_times_per_runner: None,
+            auxiliary_models: Vec::new(),
+            over_rollout: OverRolloutConfig::default(),
+            dynamic_timeout: DynamicTimeoutConfig::default(),
+            service_status_check_interval: 60,
+            min_running_model_num: 1,
+            db_url: None,
+            runner_state_report_interval: 0,
         }
     }
 }
@@ -85,6 +150,16 @@ pub struct RolloutModelConfig {
     pub enable_prefix_caching: Option<bool>,
     /// vLLM knob; no effect in trinity.
     pub enable_chunked_prefill: Option<bool>,
+    /// vLLM knob: log every request.
+    pub enable_log_requests: bool,
+    /// Ray placement-group bundles of the engine.
+    pub bundle_indices: Option<String>,
+    /// Let the OpenAI-compatible API turn tool-call text into `tool_calls`.
+    pub enable_auto_tool_choice: bool,
+    /// Parser of tool calls in the OpenAI-compatible API's responses.
+    pub tool_call_parser: Option<String>,
+    /// Parser of reasoning text in the OpenAI-compatible API's responses.
+    pub reasoning_parser: Option<String>,
 }
 
 impl Default for RolloutModelConfig {
@@ -105,6 +180,11 @@ impl Default for RolloutModelConfig {
             enforce_eager: None,
             enable_prefix_caching: None,
             enable_chunked_prefill: None,
+            enable_log_requests: false,
+            bundle_indices: None,
+            enable_auto_tool_choice: false,
+            tool_call_parser: None,
+            reasoning_parser: None,
         }
     }
 }

@@ -6,6 +6,7 @@
 
 use serde_json::Value;
 
+use crate::category::Category;
 use crate::error::closest;
 use crate::yaml::{join_index, join_key};
 
@@ -14,30 +15,79 @@ use crate::yaml::{join_index, join_key};
 pub enum KeyProblem {
     /// Not a key of the schema at this point.
     Unknown { key: String, suggestion: Option<String> },
-    /// A Trinity-RFT key that trinity does not support.
+    /// A Trinity-RFT key that trinity does not support, or a refused key set to a value other than its default.
     Unsupported { key: String, reason: String },
 }
 
-/// Trinity-RFT keys trinity refuses, by (schema definition, key), with the reason users see.
-const UNSUPPORTED: &[(&str, &str, &str)] = &[
-    ("Config", "ray_namespace", "trinity does not use Ray; remove it"),
+/// A key the user set whose category asks for a log line (placement and derived keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyNote {
+    pub key: String,
+    pub category: Category,
+    pub note: String,
+}
+
+impl std::fmt::Display for KeyNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` ({}): {}", self.key, self.category.name(), self.note)
+    }
+}
+
+/// Trinity-RFT keys trinity has no field for, by (schema definition, key), with the reason users see: always
+/// refused, whatever their value.
+pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
     ("Config", "checkpoint_job_dir", "it is derived from checkpoint_root_dir/project/group/name; remove it"),
-    ("Config", "ignore_validator_suggestions", "trinity has no GPU-memory estimator to silence; remove it"),
-    ("Config", "service", "the Data-Juicer service is not supported yet"),
-    ("ModelConfig", "lora_configs", "LoRA training is not supported yet"),
-    ("ModelConfig", "fully_sharded_loras", "LoRA training is not supported yet"),
-    ("ModelConfig", "max_cpu_loras", "LoRA training is not supported yet"),
-    ("ModelConfig", "tinker", "the Tinker backend is not supported"),
-    ("ModelConfig", "external_model", "external API models are not supported yet"),
+    (
+        "Config",
+        "service",
+        "Data-Juicer runs as a Python service that trinity cannot start or reach; remove `service` and the operators that use it, or write the cleaning step as a WASM operator plugin (`cargo xtask new-plugin --kind operator`)",
+    ),
+    (
+        "ModelConfig",
+        "lora_configs",
+        "LoRA trains adapters instead of the full weights, which changes the result; trinity trains full weights only — remove it to train every weight",
+    ),
+    (
+        "ModelConfig",
+        "fully_sharded_loras",
+        "LoRA trains adapters instead of the full weights, which changes the result; trinity trains full weights only — remove it to train every weight",
+    ),
+    (
+        "ModelConfig",
+        "max_cpu_loras",
+        "LoRA trains adapters instead of the full weights, which changes the result; trinity trains full weights only — remove it to train every weight",
+    ),
+    (
+        "ModelConfig",
+        "tinker",
+        "Tinker is a hosted training service that cannot be reached from here; remove `model.tinker` to train locally",
+    ),
+    (
+        "ModelConfig",
+        "external_model",
+        "benchmarking a hosted API model needs network access and `mode: bench` against an OpenAI-compatible endpoint, which trinity does not have yet; remove it to benchmark `model.model_path`",
+    ),
     ("BufferConfig", "explorer_output", "it is set automatically; remove it"),
     ("BufferConfig", "tokenizer_path", "it is set automatically; remove it"),
     ("BufferConfig", "pad_token_id", "it is set automatically; remove it"),
     ("BufferConfig", "cache_dir", "it is set automatically; remove it"),
     ("TrainerInput", "sft_warmup_dataset", "deprecated in Trinity-RFT; use `stages` with an `sft` stage"),
     ("TrainerInput", "sft_warmup_steps", "deprecated in Trinity-RFT; use `stages` with an `sft` stage"),
-    ("FormatConfig", "image_key", "multi-modal data is not supported yet"),
-    ("FormatConfig", "video_key", "multi-modal data is not supported yet"),
-    ("TasksetConfig", "mm_data_kwargs", "multi-modal data is not supported yet"),
+    (
+        "FormatConfig",
+        "image_key",
+        "trinity's models are text-only, so images and videos cannot reach the model; remove the key and use a text-only taskset",
+    ),
+    (
+        "FormatConfig",
+        "video_key",
+        "trinity's models are text-only, so images and videos cannot reach the model; remove the key and use a text-only taskset",
+    ),
+    (
+        "TasksetConfig",
+        "mm_data_kwargs",
+        "trinity's models are text-only, so images and videos cannot reach the model; remove the key and use a text-only taskset",
+    ),
     ("TasksetConfig", "ray_namespace", "trinity does not use Ray; remove it"),
     ("TasksetConfig", "wrap_in_ray", "trinity does not use Ray; remove it"),
     ("TasksetConfig", "schema_type", "it is set automatically; remove it"),
@@ -45,56 +95,44 @@ const UNSUPPORTED: &[(&str, &str, &str)] = &[
     ("TasksetConfig", "index", "it is set automatically; remove it"),
     ("TasksetConfig", "total_epochs", "it is copied from buffer.total_epochs; set that instead"),
     ("TasksetConfig", "total_steps", "it is copied from buffer.total_steps; set that instead"),
-    ("ExplorerConfig", "auxiliary_models", "auxiliary models are not supported yet"),
-    ("ExplorerConfig", "runner_num", "deprecated in Trinity-RFT; use runner_per_model"),
-    ("ExplorerConfig", "concurrent_mode", "repeats of a task always share one batched request in trinity"),
-    ("ExplorerConfig", "max_repeat_times_per_runner", "repeats of a task always share one batched request in trinity"),
-    ("ExplorerConfig", "over_rollout", "over-rollout is not supported yet"),
-    ("ExplorerConfig", "dynamic_timeout", "dynamic timeouts are not supported yet"),
-    ("ExplorerConfig", "service_status_check_interval", "trinity has no rollout services to poll"),
-    ("ExplorerConfig", "min_running_model_num", "trinity has no rollout services to poll"),
-    ("ExplorerConfig", "db_url", "not supported yet"),
-    ("ExplorerConfig", "runner_state_report_interval", "not supported yet"),
     ("RolloutModelConfig", "model_path", "it is copied from model.model_path; set that instead"),
     ("RolloutModelConfig", "max_model_len", "it is copied from model.max_model_len; set that instead"),
     ("RolloutModelConfig", "max_prompt_tokens", "it is copied from model.max_prompt_tokens; set that instead"),
     ("RolloutModelConfig", "max_response_tokens", "it is copied from model.max_response_tokens; set that instead"),
     ("RolloutModelConfig", "min_response_tokens", "it is copied from model.min_response_tokens; set that instead"),
-    ("RolloutModelConfig", "enable_auto_tool_choice", "tool-call parsing is not supported yet"),
-    ("RolloutModelConfig", "tool_call_parser", "tool-call parsing is not supported yet"),
-    ("RolloutModelConfig", "reasoning_parser", "reasoning parsers are not supported yet"),
-    ("RolloutModelConfig", "enable_log_requests", "not supported yet"),
-    ("RolloutModelConfig", "bundle_indices", "it is set automatically; remove it"),
-    (
-        "TrainerConfig",
-        "trainer_config",
-        "inline veRL configs are not supported; use the trainer.* and algorithm.* keys",
-    ),
     ("TrainerConfig", "trainer_config_path", "deprecated in Trinity-RFT; use the trainer.* keys"),
     ("TrainerConfig", "actor_grad_clip", "deprecated in Trinity-RFT; use trainer.grad_clip"),
-    ("TrainerConfig", "ulysses_sequence_parallel_size", "sequence parallelism is not supported yet"),
-    ("TrainerConfig", "fix_actor_microbatch_loss_scale", "not supported yet"),
-    ("TrainerConfig", "save_strategy", "trinity saves from one process; remove it"),
-    ("MonitorConfig", "enable_ray_timeline", "trinity does not use Ray; remove it"),
     ("MonitorConfig", "cache_dir", "it is set automatically; remove it"),
-    ("SynchronizerConfig", "wait_for_checkpoint", "not supported yet"),
     ("SynchronizerConfig", "explorer_world_size", "it is set automatically; remove it"),
     ("SynchronizerConfig", "ray_namespace", "trinity does not use Ray; remove it"),
-    ("DataProcessorConfig", "task_pipeline", "Data-Juicer task pipelines are not supported yet"),
-    ("ExperiencePipelineConfig", "inputs", "extra pipeline inputs are not supported yet"),
+    (
+        "DataProcessorConfig",
+        "task_pipeline",
+        "Data-Juicer task pipelines run in Trinity-RFT's Python Data-Juicer service, which trinity cannot start; prepare the taskset beforehand and remove `task_pipeline`",
+    ),
+    (
+        "ExperiencePipelineConfig",
+        "inputs",
+        "trinity's experience pipeline reads only the explorer's experiences; remove `inputs`",
+    ),
     ("ExperiencePipelineConfig", "output", "the pipeline always writes to the trainer's experience buffer"),
-    ("LogConfig", "group_by_node", "trinity runs on one node"),
     ("LogConfig", "save_dir", "it is set automatically; remove it"),
     ("AlgorithmConfig", "use_token_level_loss", "deprecated in Trinity-RFT; use loss_agg_mode"),
 ];
 
-/// Walks `value` against the root `schema` and returns the first refused key.
-pub fn check(schema: &Value, value: &Value) -> Option<KeyProblem> {
-    Walker { root: schema }.walk(schema, "Config", value, "")
+/// Walks `value` against the root `schema`: the first refused key is an error; placement and derived keys the
+/// user set come back as notes, one per key.
+pub fn check(schema: &Value, value: &Value) -> Result<Vec<KeyNote>, KeyProblem> {
+    let mut walker = Walker { root: schema, notes: Vec::new() };
+    match walker.walk(schema, "Config", value, "") {
+        Some(problem) => Err(problem),
+        None => Ok(walker.notes),
+    }
 }
 
 struct Walker<'a> {
     root: &'a Value,
+    notes: Vec<KeyNote>,
 }
 
 impl<'a> Walker<'a> {
@@ -115,7 +153,7 @@ impl<'a> Walker<'a> {
         (schema, name)
     }
 
-    fn walk(&self, schema: &'a Value, name: &'a str, value: &Value, path: &str) -> Option<KeyProblem> {
+    fn walk(&mut self, schema: &'a Value, name: &'a str, value: &Value, path: &str) -> Option<KeyProblem> {
         let (schema, name) = self.deref(schema, name);
         for combinator in ["anyOf", "oneOf"] {
             if let Some(branches) = schema.get(combinator).and_then(Value::as_array) {
@@ -133,8 +171,22 @@ impl<'a> Walker<'a> {
                 for (key, item) in map {
                     let child_path = join_key(path, key);
                     if let Some(child) = properties.and_then(|p| p.get(key)) {
-                        if let Some(problem) = self.walk(child, name, item, &child_path) {
-                            return Some(problem);
+                        let category =
+                            child.get("x-trinity-category").and_then(Value::as_str).and_then(Category::parse);
+                        let note =
+                            || child.get("x-trinity-note").and_then(Value::as_str).unwrap_or_default().to_owned();
+                        match category {
+                            Some(Category::Refused) if !same_as_default(item, child.get("default")) => {
+                                return Some(KeyProblem::Unsupported { key: child_path, reason: note() });
+                            }
+                            Some(category @ (Category::Placement | Category::Derived)) if !item.is_null() => {
+                                self.notes.push(KeyNote { key: child_path, category, note: note() });
+                            }
+                            _ => {
+                                if let Some(problem) = self.walk(child, name, item, &child_path) {
+                                    return Some(problem);
+                                }
+                            }
                         }
                         continue;
                     }
@@ -164,6 +216,25 @@ impl<'a> Walker<'a> {
             }
             _ => None,
         }
+    }
+}
+
+/// Whether a value the user wrote for a refused key is its default (so it changes nothing): `null`, the
+/// default itself (numbers compared by value), or a mapping whose every entry is the default's.
+fn same_as_default(value: &Value, default: Option<&Value>) -> bool {
+    let Some(default) = default else {
+        return value.is_null();
+    };
+    match (value, default) {
+        (Value::Null, _) => true,
+        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        (Value::Object(map), Value::Object(defaults)) => {
+            map.iter().all(|(k, v)| same_as_default(v, defaults.get(k).or(Some(&Value::Null))))
+        }
+        (Value::Array(items), Value::Array(defaults)) => {
+            items.len() == defaults.len() && items.iter().zip(defaults).all(|(a, b)| same_as_default(a, Some(b)))
+        }
+        _ => value == default,
     }
 }
 
@@ -199,7 +270,7 @@ mod tests {
         let schema = json_schema();
         let tree = json!({"algorithm": {"optimizer": {"lr": 1e-5, "weight_decy": 0.1}}});
         assert_eq!(
-            check(&schema, &tree),
+            check(&schema, &tree).err(),
             Some(KeyProblem::Unknown {
                 key: "algorithm.optimizer.weight_decy".into(),
                 suggestion: Some("weight_decay".into())
@@ -207,7 +278,7 @@ mod tests {
         );
         let tree = json!({"buffer": {"explorer_input": {"eval_tasksets": [{"name": "a"}, {"pth": "x"}]}}});
         assert_eq!(
-            check(&schema, &tree),
+            check(&schema, &tree).err(),
             Some(KeyProblem::Unknown {
                 key: "buffer.explorer_input.eval_tasksets[1].pth".into(),
                 suggestion: Some("path".into())
@@ -221,7 +292,7 @@ mod tests {
         let tree = json!({"model": {"lora_configs": [{"lora_rank": 8}]}});
         assert!(matches!(
             check(&schema, &tree),
-            Some(KeyProblem::Unsupported { key, .. }) if key == "model.lora_configs"
+            Err(KeyProblem::Unsupported { key, .. }) if key == "model.lora_configs"
         ));
     }
 
@@ -233,9 +304,54 @@ mod tests {
             "algorithm": {"advantage_fn_args": {"epsilon": 1e-6}},
             "plugins": ["a.wasm", {"path": "b.wasm", "override_builtin": true}],
         });
-        assert_eq!(check(&schema, &tree), None);
+        assert_eq!(check(&schema, &tree), Ok(Vec::new()));
         let tree = json!({"plugins": [{"path": "b.wasm", "overide": true}]});
-        assert!(matches!(check(&schema, &tree), Some(KeyProblem::Unknown { .. })));
+        assert!(matches!(check(&schema, &tree), Err(KeyProblem::Unknown { .. })));
+    }
+
+    #[test]
+    fn placement_keys_give_one_note_each_and_refused_keys_refuse_only_other_values() {
+        let schema = json_schema();
+        let tree = json!({
+            "trainer": {"ulysses_sequence_parallel_size": 2, "trainer_config": {"actor_rollout_ref": {"actor": {
+                "fsdp_config": {"param_offload": true}, "ppo_epochs": 2}}}},
+            "explorer": {"rollout_model": {"engine_num": 4, "tool_call_parser": null}, "auxiliary_models": []},
+            "buffer": {"trainer_input": {"experience_buffer": {"replay_buffer": {"enable": false, "priority_fn_args": {"decay": 0.1}}}}},
+        });
+        let notes = check(&schema, &tree).unwrap();
+        let mut keys: Vec<&str> = notes.iter().map(|n| n.key.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "buffer.trainer_input.experience_buffer.replay_buffer.priority_fn_args",
+                "explorer.rollout_model.engine_num",
+                "trainer.trainer_config.actor_rollout_ref.actor.fsdp_config",
+                "trainer.ulysses_sequence_parallel_size",
+            ]
+        );
+        assert!(notes.iter().all(|n| n.category == Category::Placement), "{notes:?}");
+        for (tree, key) in [
+            (json!({"explorer": {"auxiliary_models": [{"model_path": "judge"}]}}), "explorer.auxiliary_models"),
+            (
+                json!({"explorer": {"rollout_model": {"tool_call_parser": "hermes"}}}),
+                "explorer.rollout_model.tool_call_parser",
+            ),
+            (
+                json!({"buffer": {"trainer_input": {"experience_buffer": {"replay_buffer": {"enable": true}}}}}),
+                "buffer.trainer_input.experience_buffer.replay_buffer.enable",
+            ),
+            (json!({"explorer": {"over_rollout": {"ratio": 0.5}}}), "explorer.over_rollout.ratio"),
+        ] {
+            match check(&schema, &tree) {
+                Err(KeyProblem::Unsupported { key: refused, reason }) => {
+                    assert_eq!(refused, key);
+                    assert!(reason.len() > 20, "{reason}");
+                }
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+        assert!(check(&schema, &json!({"explorer": {"over_rollout": {"ratio": 0}}})).is_ok());
     }
 
     #[test]

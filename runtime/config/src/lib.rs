@@ -16,9 +16,11 @@
 pub mod algorithm;
 pub mod buffer;
 pub mod catalog;
+pub mod category;
 pub mod config;
 pub mod error;
 pub mod explorer;
+pub mod external;
 pub mod interpolate;
 pub mod keys;
 pub mod model;
@@ -29,6 +31,8 @@ pub mod schema;
 pub mod source;
 pub mod synchronizer;
 pub mod trainer;
+pub mod verl;
+mod verl_resolve;
 pub mod yaml;
 
 use std::path::Path;
@@ -111,15 +115,15 @@ pub fn load_str(text: &str, path: &Path, options: LoadOptions<'_>) -> Result<Loa
             ConfigError::Interpolation { origin: source.origin(&key), key, message }
         }
     })?;
-    match keys::check(&schema::json_schema(), &tree) {
-        Some(KeyProblem::Unknown { key, suggestion }) => {
+    let key_notes = match keys::check(&schema::json_schema(), &tree) {
+        Err(KeyProblem::Unknown { key, suggestion }) => {
             return Err(ConfigError::UnknownKey { origin: source.origin(&key), key, suggestion });
         }
-        Some(KeyProblem::Unsupported { key, reason }) => {
+        Err(KeyProblem::Unsupported { key, reason }) => {
             return Err(ConfigError::Unsupported { origin: source.origin(&key), key, reason });
         }
-        None => {}
-    }
+        Ok(notes) => notes,
+    };
     let mut config: Config = serde_path_to_error::deserialize(tree).map_err(|error| {
         let key = error.path().to_string();
         ConfigError::Type { origin: source.origin(&key), message: error.into_inner().to_string(), key }
@@ -129,7 +133,7 @@ pub fn load_str(text: &str, path: &Path, options: LoadOptions<'_>) -> Result<Loa
         catalog: options.catalog,
         cwd: options.cwd,
         prefix: String::new(),
-        notes: Vec::new(),
+        notes: key_notes.iter().map(ToString::to_string).collect(),
     };
     resolver.resolve(&mut config)?;
     let notes = resolver.notes;

@@ -14,11 +14,18 @@ pub struct MonitorConfig {
     pub monitor_args: Map<String, Value>,
     /// Also record per-taskset and per-component statistics.
     pub detailed_stats: bool,
+    /// Ray's timeline trace of the run.
+    pub enable_ray_timeline: bool,
 }
 
 impl Default for MonitorConfig {
     fn default() -> Self {
-        MonitorConfig { monitor_type: "tensorboard".to_owned(), monitor_args: Map::new(), detailed_stats: false }
+        MonitorConfig {
+            monitor_type: "tensorboard".to_owned(),
+            monitor_args: Map::new(),
+            detailed_stats: false,
+            enable_ray_timeline: false,
+        }
     }
 }
 
@@ -28,10 +35,12 @@ impl Default for MonitorConfig {
 pub struct LogConfig {
     /// `DEBUG`, `INFO`, `WARNING` or `ERROR`; `--log-level` and `RUST_LOG` take precedence.
     pub level: String,
+    /// Trinity-RFT writes one log folder per node.
+    pub group_by_node: bool,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { level: "INFO".to_owned() }
+        LogConfig { level: "INFO".to_owned(), group_by_node: false }
     }
 }

@@ -40,16 +40,16 @@ pub(crate) struct Resolver<'a> {
 }
 
 impl Resolver<'_> {
-    fn key(&self, key: &str) -> String {
+    pub(crate) fn key(&self, key: &str) -> String {
         format!("{}{key}", self.prefix)
     }
 
-    fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
+    pub(crate) fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
         let key = self.key(key);
         ConfigError::Invalid { origin: self.source.origin(&key), key, message: message.into() }
     }
 
-    fn check(&self, ok: bool, key: &str, message: impl Into<String>) -> Result<(), ConfigError> {
+    pub(crate) fn check(&self, ok: bool, key: &str, message: impl Into<String>) -> Result<(), ConfigError> {
         if ok { Ok(()) } else { Err(self.invalid(key, message)) }
     }
 
@@ -69,6 +69,17 @@ impl Resolver<'_> {
             return Ok(());
         }
         let key = self.key(key);
+        if matches!(kind, ComponentKind::Workflow | ComponentKind::RewardFn)
+            && let Some(needs) = crate::external::needs(name)
+        {
+            return Err(ConfigError::MissingComponent {
+                origin: self.source.origin(&key),
+                key,
+                kind: kind.label(),
+                name: name.to_owned(),
+                needs,
+            });
+        }
         Err(ConfigError::UnknownName {
             origin: self.source.origin(&key),
             key,
@@ -82,6 +93,7 @@ impl Resolver<'_> {
     /// Resolves and validates a whole config in place.
     pub(crate) fn resolve(&mut self, config: &mut Config) -> Result<(), ConfigError> {
         self.resolve_global(config)?;
+        self.map_trainer_config(config)?;
         let schema = self.resolve_algorithm(config)?;
         self.resolve_model(config)?;
         self.resolve_buffer(config, schema)?;
@@ -112,10 +124,6 @@ impl Resolver<'_> {
         let cleaned: std::path::PathBuf =
             absolute.components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
         config.checkpoint_root_dir = cleaned.display().to_string();
-        if config.cluster.ray_address != "auto" {
-            return Err(self.invalid("cluster.ray_address", "trinity does not use Ray; only `auto` is accepted"));
-        }
-        self.check(config.cluster.node_num == 1, "cluster.node_num", "multi-node runs are not supported yet; use 1")?;
         self.one_of("log.level", &config.log.level.to_uppercase(), &["DEBUG", "INFO", "WARNING", "WARN", "ERROR"])?;
         Ok(())
     }
@@ -195,6 +203,13 @@ impl Resolver<'_> {
                 merge_args(&mut merged, user);
             }
             *args = Some(merged);
+        }
+        if algorithm.sample_strategy.as_deref() == Some("staleness_control") {
+            return Err(self.invalid(
+                "algorithm.sample_strategy",
+                "`staleness_control` drops experiences older than max_staleness model versions, which trinity does not \
+                 implement yet (issue 14); use `default` (every experience trains once, in order)",
+            ));
         }
         // Like Trinity-RFT: a policy loss that aggregates reads the algorithm's aggregation mode.
         if let (Some(args), Some(mode)) = (algorithm.policy_loss_fn_args.as_mut(), algorithm.loss_agg_mode)
@@ -596,46 +611,13 @@ impl Resolver<'_> {
         self.check(explorer.runner_per_model >= 1, "explorer.runner_per_model", "must be at least 1")?;
         self.check(explorer.max_timeout >= 1, "explorer.max_timeout", "must be at least 1 second")?;
         self.check(explorer.eval_interval >= 1, "explorer.eval_interval", "must be at least 1")?;
-        let rollout = &explorer.rollout_model;
-        self.one_of("explorer.rollout_model.engine_type", &rollout.engine_type, &["vllm", "vllm_async", "native"])?;
-        self.check(
-            rollout.engine_num == 1,
-            "explorer.rollout_model.engine_num",
-            "one rollout engine per device; only 1 is supported",
-        )?;
-        self.check(
-            rollout.tensor_parallel_size == 1,
-            "explorer.rollout_model.tensor_parallel_size",
-            "tensor parallelism is not supported yet; use 1",
-        )?;
+        // engine_type, engine_num, tensor_parallel_size, gpu_memory_utilization and the vLLM knobs are placement
+        // keys: the key walk notes them, and nothing here may refuse them.
         self.one_of(
             "explorer.rollout_model.dtype",
-            &rollout.dtype,
+            &explorer.rollout_model.dtype,
             &["bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "auto"],
         )?;
-        self.check(
-            rollout.gpu_memory_utilization > 0.0 && rollout.gpu_memory_utilization <= 1.0,
-            "explorer.rollout_model.gpu_memory_utilization",
-            "must be in (0, 1]",
-        )?;
-        let vllm_knobs = [
-            ("use_v1", rollout.use_v1.is_some()),
-            ("enforce_eager", rollout.enforce_eager.is_some()),
-            ("enable_prefix_caching", rollout.enable_prefix_caching.is_some()),
-            ("enable_chunked_prefill", rollout.enable_chunked_prefill.is_some()),
-        ];
-        for (knob, set) in vllm_knobs {
-            if set {
-                self.notes
-                    .push(format!("explorer.rollout_model.{knob} is a vLLM setting and has no effect in trinity"));
-            }
-        }
-        if rollout.engine_type != "native" {
-            self.notes.push(format!(
-                "explorer.rollout_model.engine_type `{}` runs on trinity's native engine",
-                rollout.engine_type
-            ));
-        }
         for (i, operator) in config.data_processor.experience_pipeline.operators.iter().enumerate() {
             let key = format!("data_processor.experience_pipeline.operators[{i}].name");
             self.check(!operator.name.is_empty(), &key, "an operator needs a name")?;
@@ -651,38 +633,77 @@ impl Resolver<'_> {
         config.algorithm.optimizer.clip_grad = grad_clip;
         let trainer = &config.trainer;
         self.check(grad_clip > 0.0, "trainer.grad_clip", "must be positive")?;
-        self.one_of("trainer.trainer_type", &trainer.trainer_type, &["verl", "native"])?;
-        self.one_of("trainer.trainer_strategy", &trainer.trainer_strategy, &["fsdp", "fsdp2", "native"])?;
         self.one_of("trainer.save_hf_checkpoint", &trainer.save_hf_checkpoint, &["last", "always", "never"])?;
         self.one_of("trainer.dtype", &trainer.dtype, &["auto", "bfloat16", "bf16", "float32", "fp32"])?;
-        if let Some(budget) = trainer.max_token_len_per_gpu {
-            let len = config.model.max_model_len.unwrap_or(0);
-            self.check(
-                budget >= len,
-                "trainer.max_token_len_per_gpu",
-                format!("must hold one full sequence (model.max_model_len = {len})"),
-            )?;
-        }
         if let Some(steps) = trainer.total_steps {
             self.check(steps >= 1, "trainer.total_steps", "must be at least 1")?;
         }
         if let Some(keep) = trainer.max_checkpoints_to_keep {
             self.check(keep >= 1, "trainer.max_checkpoints_to_keep", "must be at least 1")?;
         }
+        self.resolve_trainer_config(config)?;
+        // Trinity-RFT's `_adjust_token_len_if_needed`: a budget below one full sequence is raised to it.
+        let len = config.model.max_model_len.unwrap_or(0);
+        if let Some(budget) = config.trainer.max_token_len_per_gpu
+            && budget < len
+        {
+            config.trainer.max_token_len_per_gpu = Some(len);
+            self.notes.push(format!(
+                "trainer.max_token_len_per_gpu ({budget}) is raised to model.max_model_len ({len}) so one sequence fits"
+            ));
+        }
         Ok(())
     }
 
+    /// Trinity-RFT's `SynchronizerConfigValidator` and `IntervalConfigValidator`: values it corrects are
+    /// corrected the same way here, each with a note.
     fn resolve_synchronizer(&mut self, config: &mut Config, schema: ExperienceSchema) -> Result<(), ConfigError> {
         let sync = &config.synchronizer;
         self.check(sync.sync_interval >= 1, "synchronizer.sync_interval", "must be at least 1")?;
         self.check(sync.sync_timeout >= 1, "synchronizer.sync_timeout", "must be at least 1 second")?;
-        let method = match sync.sync_method {
+        let separate = matches!(config.mode, Mode::Explore | Mode::Train | Mode::Bench | Mode::Serve);
+        let dataset = schema != ExperienceSchema::Experience;
+        if config.synchronizer.sync_method == SyncMethod::Nccl {
+            if separate {
+                config.synchronizer.sync_method = SyncMethod::Checkpoint;
+                self.notes.push(format!(
+                    "synchronizer.sync_method `nccl` is set to `checkpoint`: mode `{}` has no NCCL group (as Trinity-RFT does)",
+                    config.mode.name()
+                ));
+            } else if config.mode == Mode::Colocate {
+                config.synchronizer.sync_method = SyncMethod::Memory;
+                self.notes.push(
+                    "synchronizer.sync_method `nccl` is set to `memory` in mode `colocate` (as Trinity-RFT does)"
+                        .into(),
+                );
+            } else {
+                self.notes.push("synchronizer.sync_method `nccl` on one device is an in-place `memory` sync".into());
+            }
+        }
+        if dataset {
+            // SFT and DPO have no explorer to feed: Trinity-RFT saves weights as checkpoints every save_interval.
+            if config.synchronizer.sync_method != SyncMethod::Checkpoint {
+                config.synchronizer.sync_method = SyncMethod::Checkpoint;
+                self.notes.push(format!(
+                    "synchronizer.sync_method is set to `checkpoint` for algorithm `{}` (as Trinity-RFT does)",
+                    config.algorithm.algorithm_type
+                ));
+            }
+            let save_interval = config.trainer.save_interval;
+            if save_interval >= 1 && u64::from(config.synchronizer.sync_interval) != save_interval {
+                config.synchronizer.sync_interval = u32::try_from(save_interval).unwrap_or(u32::MAX);
+                self.notes.push(format!(
+                    "synchronizer.sync_interval is set to trainer.save_interval ({save_interval}) for algorithm `{}`",
+                    config.algorithm.algorithm_type
+                ));
+            }
+        }
+        let method = match config.synchronizer.sync_method {
             SyncMethod::Nccl => "nccl",
             SyncMethod::Memory => "memory",
             SyncMethod::Checkpoint => "checkpoint",
         };
-        let separate = matches!(config.mode, Mode::Explore | Mode::Train | Mode::Bench | Mode::Serve);
-        if separate && sync.sync_method != SyncMethod::Checkpoint && schema == ExperienceSchema::Experience {
+        if separate && config.synchronizer.sync_method != SyncMethod::Checkpoint && !dataset {
             return Err(self.invalid(
                 "synchronizer.sync_method",
                 format!(
@@ -691,21 +712,30 @@ impl Resolver<'_> {
                 ),
             ));
         }
-        if sync.sync_method == SyncMethod::Nccl && !separate {
-            self.notes.push("synchronizer.sync_method `nccl` on one device is an in-place `memory` sync".into());
+        let interval = u64::from(config.synchronizer.sync_interval);
+        let eval_interval = config.explorer.eval_interval;
+        if config.mode != Mode::Bench && !dataset && !eval_interval.is_multiple_of(interval) {
+            let rounded = (eval_interval / interval).max(1) * interval;
+            config.explorer.eval_interval = rounded;
+            self.notes.push(format!(
+                "explorer.eval_interval ({eval_interval}) is rounded to {rounded}, a multiple of synchronizer.sync_interval ({interval}), as Trinity-RFT does"
+            ));
         }
         Ok(())
     }
 
     fn resolve_monitor(&mut self, config: &mut Config) -> Result<(), ConfigError> {
-        let monitor = &config.monitor.monitor_type;
+        let monitor = config.monitor.monitor_type.clone();
         if matches!(monitor.as_str(), "wandb" | "mlflow" | "swanlab") {
-            return Err(self.invalid(
-                "monitor.monitor_type",
-                format!("`{monitor}` is a hosted service, not supported; use `tensorboard`, `csv` or `jsonl`"),
+            // A hosted service cannot be reached from here; metrics still go to TensorBoard and metrics.jsonl.
+            config.monitor.monitor_type = "tensorboard".to_owned();
+            let args = if config.monitor.monitor_args.is_empty() { "" } else { "; monitor.monitor_args are ignored" };
+            self.notes.push(format!(
+                "monitor.monitor_type `{monitor}` is a hosted service that cannot be reached from here: metrics go to TensorBoard and metrics.jsonl instead{args}"
             ));
+            return Ok(());
         }
-        self.one_of("monitor.monitor_type", monitor, &["tensorboard", "csv", "jsonl"])
+        self.one_of("monitor.monitor_type", &monitor, &["tensorboard", "csv", "jsonl"])
     }
 
     /// Stages: each given section replaces the whole global section (Trinity-RFT's rule, not a deep merge),

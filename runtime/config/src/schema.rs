@@ -12,8 +12,9 @@ use crate::config::Config;
 
 /// The config's JSON Schema (draft 2020-12).
 pub fn json_schema() -> Value {
-    let schema = schemars::schema_for!(Config);
-    schema.to_value()
+    let mut schema = schemars::schema_for!(Config).to_value();
+    crate::category::annotate(&mut schema);
+    schema
 }
 
 /// The committed text of `schemas/config.schema.json`.
@@ -30,7 +31,12 @@ pub fn markdown_reference() -> String {
         "# Configuration reference\n\n\
          Generated from the Rust types by `trinity-config` (a test keeps it current; do not edit by hand).\n\
          Keys and meanings follow Trinity-RFT; `null` as a default means \"derived at resolution\" (see\n\
-         `trinity run --dry-run`, which prints every value after resolution).\n",
+         `trinity run --dry-run`, which prints every value after resolution).\n\n\
+         Every key has a category: **honoured** (its value changes what runs), **placement** (how Trinity-RFT\n\
+         spreads work over devices or manages engine memory; accepted, and a value you set is logged with what it\n\
+         maps to or why it has no effect here), **derived** (Trinity-RFT itself overwrites it from another key;\n\
+         accepted with a note naming that key), **refused** (a value other than the default would change results in\n\
+         a way trinity cannot honour; such a value is an error saying why and what to do).\n",
     );
     let mut seen = BTreeSet::new();
     let mut queue = vec![("Config".to_owned(), String::new())];
@@ -47,7 +53,7 @@ pub fn markdown_reference() -> String {
         if let Some(description) = def.get("description").and_then(Value::as_str) {
             let _ = write!(out, "{}\n\n", one_line(description));
         }
-        out.push_str("| key | type | default | meaning |\n|---|---|---|---|\n");
+        out.push_str("| key | category | type | default | meaning |\n|---|---|---|---|---|\n");
         let mut children = Vec::new();
         for (key, property) in properties {
             let (kind, reference) = describe_type(&schema, property);
@@ -61,8 +67,13 @@ pub fn markdown_reference() -> String {
                     .map(|d| format!("`{}`", serde_json::to_string(d).unwrap_or_default()))
                     .unwrap_or_else(|| "—".to_owned())
             };
-            let description = property.get("description").and_then(Value::as_str).map(one_line).unwrap_or_default();
-            let _ = writeln!(out, "| `{key}` | {kind} | {default} | {} |", description.replace('|', "\\|"));
+            let mut description = property.get("description").and_then(Value::as_str).map(one_line).unwrap_or_default();
+            if let Some(note) = property.get("x-trinity-note").and_then(Value::as_str) {
+                description = format!("{description} *Here:* {note}.");
+            }
+            let category = property.get("x-trinity-category").and_then(Value::as_str).unwrap_or("—");
+            let _ =
+                writeln!(out, "| `{key}` | {category} | {kind} | {default} | {} |", description.replace('|', "\\|"));
             if let Some((reference, list)) = reference {
                 let sep = if path.is_empty() { "" } else { "." };
                 let suffix = if list { "[]" } else { "" };
@@ -71,6 +82,14 @@ pub fn markdown_reference() -> String {
         }
         // Depth-first in file order: the stack pops the first child first.
         queue.extend(children.into_iter().rev());
+    }
+    out.push_str(
+        "\n## Refused Trinity-RFT keys\n\n\
+         Keys of Trinity-RFT's schema that trinity has no field for. Any value is an error with this reason.\n\n\
+         | section | key | reason |\n|---|---|---|\n",
+    );
+    for (def, key, reason) in crate::keys::UNSUPPORTED {
+        let _ = writeln!(out, "| {def} | `{key}` | {} |", reason.replace('|', "\\|"));
     }
     out
 }
@@ -156,7 +175,9 @@ mod tests {
     fn reference_lists_nested_keys_with_defaults() {
         let text = markdown_reference();
         assert!(text.contains("## OptimizerConfig (`algorithm.optimizer`)"), "{text}");
-        assert!(text.contains("| `lr` | number | `1e-6` |"), "{text}");
+        assert!(text.contains("| `lr` | honoured | number | `1e-6` |"), "{text}");
+        assert!(text.contains("| `engine_num` | placement |"), "{text}");
+        assert!(text.contains("| ModelConfig | `lora_configs` |"), "{text}");
         assert!(text.contains("## TasksetConfig (`buffer.explorer_input.taskset`)"), "{text}");
     }
 }

@@ -18,6 +18,8 @@ pub struct SynchronizerConfig {
     pub sync_offset: u32,
     /// Seconds to wait for new weights before failing.
     pub sync_timeout: u64,
+    /// Unused by Trinity-RFT itself; kept for its configs.
+    pub wait_for_checkpoint: bool,
 }
 
 impl Default for SynchronizerConfig {
@@ -28,6 +30,7 @@ impl Default for SynchronizerConfig {
             sync_interval: 1,
             sync_offset: 0,
             sync_timeout: 3600,
+            wait_for_checkpoint: false,
         }
     }
 }

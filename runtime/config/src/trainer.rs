@@ -3,6 +3,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::verl::VerlConfig;
+
 /// The trainer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -25,6 +27,15 @@ pub struct TrainerConfig {
     pub use_dynamic_bsz: bool,
     /// Token budget of one micro-batch; unset means `2 × max_model_len`.
     pub max_token_len_per_gpu: Option<u32>,
+    /// Sequence-parallel degree of Trinity-RFT's veRL trainer.
+    pub ulysses_sequence_parallel_size: u32,
+    /// How Trinity-RFT's trainer processes coordinate checkpoint writes.
+    pub save_strategy: String,
+    /// Scale micro-batch losses by their token share (Trinity-RFT, experimental).
+    pub fix_actor_microbatch_loss_scale: bool,
+    /// Inline veRL settings (`actor_rollout_ref`, `critic`, `algorithm`, `trainer`), read into typed sections
+    /// with Trinity-RFT's precedence against the top-level keys.
+    pub trainer_config: VerlConfig,
     /// Keep at most this many checkpoints (oldest deleted first); unset keeps all.
     pub max_checkpoints_to_keep: Option<u32>,
     /// Log the best and worst rollouts of each step.
@@ -47,6 +58,10 @@ impl Default for TrainerConfig {
             grad_clip: None,
             use_dynamic_bsz: true,
             max_token_len_per_gpu: None,
+            ulysses_sequence_parallel_size: 1,
+            save_strategy: "unrestricted".to_owned(),
+            fix_actor_microbatch_loss_scale: false,
+            trainer_config: VerlConfig::default(),
             max_checkpoints_to_keep: None,
             enable_preview: true,
             dtype: "auto".to_owned(),

@@ -1,0 +1,902 @@
+//! One rule for every key: what trinity does with it, written once and shown in the generated reference.
+//!
+//! - **honoured**: its value changes what runs.
+//! - **placement**: how Trinity-RFT spreads work over devices or how an engine manages memory (parallel sizes,
+//!   engine counts, memory fractions, token budgets, offload, logging and service knobs). Accepted; when the
+//!   user sets one, one note names the key and says what it maps to here or why it has no effect. A placement
+//!   key never refuses a config: it does not change the numbers.
+//! - **derived**: Trinity-RFT itself overwrites the value from another key (most of veRL's tree), so it has no
+//!   effect there either. Accepted with a note naming the key that decides.
+//! - **refused**: a value other than the default would change results in a way trinity cannot honour; such a
+//!   value is an error that says why and what to do. The default (or `null`) is accepted.
+//!
+//! [`RULES`] gives the category of every property of every schema definition; [`annotate`] writes them into
+//! the JSON Schema (`x-trinity-category`, `x-trinity-note`), where the key walk ([`crate::keys`]) reads them
+//! while it checks the user's tree. Keys trinity has no field for at all are in [`crate::keys`]'s table.
+
+use serde_json::Value;
+
+/// What trinity does with a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Category {
+    Honoured,
+    Placement,
+    Derived,
+    Refused,
+}
+
+impl Category {
+    /// The name used in the schema and the reference.
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Honoured => "honoured",
+            Category::Placement => "placement",
+            Category::Derived => "derived",
+            Category::Refused => "refused",
+        }
+    }
+
+    /// The category named `name` in the schema.
+    pub fn parse(name: &str) -> Option<Category> {
+        [Category::Honoured, Category::Placement, Category::Derived, Category::Refused]
+            .into_iter()
+            .find(|c| c.name() == name)
+    }
+}
+
+use Category::{Derived as D, Honoured as H, Placement as P, Refused as R};
+
+const NO_GPU_SPLIT: &str = "trinity runs explorer and trainer on this machine's one device (CUDA when present, else CPU); device counts have no effect";
+const ONE_ENGINE: &str = "trinity runs one generation engine and batches concurrent requests in it (concurrency is explorer.runner_per_model); no effect here";
+const VLLM: &str = "a vLLM engine setting; trinity's own engine has no such knob, so it has no effect here";
+const SEQ_PARALLEL: &str =
+    "sequences are not split across devices in trinity; sequence parallelism has no effect on the numbers";
+const TOKEN_BUDGET: &str = "mapped onto trinity's micro-batch token budget (trainer.max_token_len_per_gpu)";
+const MICRO_BATCH: &str = "micro-batches only split the gradient accumulation; trinity forms them by token budget (trainer.max_token_len_per_gpu), so the numbers do not change";
+const STRATEGY: &str =
+    "trinity trains on one device with its own libtorch trainer; FSDP/Megatron sharding and strategy have no effect";
+const OFFLOAD: &str = "a memory / offload / kernel setting of veRL's engines; trinity's trainer manages its memory itself, so it has no effect here";
+const CKPT_CONTENTS: &str =
+    "trinity always checkpoints weights, optimizer state and run state together; no effect here";
+const RAY: &str = "trinity does not use Ray; no effect here";
+const SERVE: &str = "a setting of `mode: serve`, which trinity does not run yet (issue 16); no effect here";
+const PROFILER: &str = "veRL's profiler; trinity reports its own phase timings, so it has no effect here";
+const LOGGING: &str = "logging only; trinity logs its fixed set of metrics, so it has no effect on the run";
+const VERL_SET: &str = "Trinity-RFT sets it itself from the top-level config; the value here is replaced";
+const MEGATRON_OPT: &str = "a Megatron optimizer setting; trinity's AdamW has no such knob, so it has no effect here";
+const LORA: &str = "LoRA trains adapters instead of the full weights, which changes the result; trinity trains full weights only — remove it";
+const PYTHON_LIB: &str = "it imports Python code, and trinity runs no Python; remove it";
+const OVERRIDE_MODEL: &str = "it changes the model's architecture config, which trinity reads only from the checkpoint's config.json; edit that file instead";
+const LOAD_WEIGHT: &str = "training from random weights is not supported; remove it to start from the checkpoint";
+const REWARD_MODEL: &str = "Trinity-RFT computes rewards in workflows and reward functions (default_reward_fn_type), not veRL's reward workers; remove it";
+
+/// The category of every property, by (schema definition, key), with the note users see.
+pub const RULES: &[(&str, &str, Category, &str)] = &[
+    ("Config", "mode", H, ""),
+    ("Config", "project", H, ""),
+    ("Config", "group", H, ""),
+    ("Config", "name", H, ""),
+    ("Config", "checkpoint_root_dir", H, ""),
+    ("Config", "continue_from_checkpoint", H, ""),
+    ("Config", "algorithm", H, ""),
+    ("Config", "data_processor", H, ""),
+    ("Config", "model", H, ""),
+    ("Config", "cluster", H, ""),
+    ("Config", "buffer", H, ""),
+    ("Config", "explorer", H, ""),
+    ("Config", "trainer", H, ""),
+    ("Config", "monitor", H, ""),
+    ("Config", "synchronizer", H, ""),
+    ("Config", "log", H, ""),
+    ("Config", "stages", H, ""),
+    ("Config", "plugins", H, ""),
+    ("Config", "ray_namespace", P, RAY),
+    ("Config", "ignore_validator_suggestions", P, "trinity has no GPU-memory estimator to silence; no effect here"),
+    // algorithm
+    ("AlgorithmConfig", "algorithm_type", H, ""),
+    ("AlgorithmConfig", "repeat_times", H, ""),
+    ("AlgorithmConfig", "optimizer", H, ""),
+    ("AlgorithmConfig", "sample_strategy", H, ""),
+    ("AlgorithmConfig", "sample_strategy_args", H, ""),
+    ("AlgorithmConfig", "advantage_fn", H, ""),
+    ("AlgorithmConfig", "advantage_fn_args", H, ""),
+    ("AlgorithmConfig", "kl_penalty_fn", H, ""),
+    ("AlgorithmConfig", "kl_penalty_fn_args", H, ""),
+    ("AlgorithmConfig", "policy_loss_fn", H, ""),
+    ("AlgorithmConfig", "policy_loss_fn_args", H, ""),
+    ("AlgorithmConfig", "kl_loss_fn", H, ""),
+    ("AlgorithmConfig", "kl_loss_fn_args", H, ""),
+    ("AlgorithmConfig", "entropy_loss_fn", H, ""),
+    ("AlgorithmConfig", "entropy_loss_fn_args", H, ""),
+    ("AlgorithmConfig", "loss_agg_mode", H, ""),
+    ("OptimizerConfig", "lr", H, ""),
+    ("OptimizerConfig", "lr_warmup_steps", H, ""),
+    ("OptimizerConfig", "lr_warmup_steps_ratio", H, ""),
+    ("OptimizerConfig", "min_lr_ratio", H, ""),
+    ("OptimizerConfig", "warmup_style", H, ""),
+    ("OptimizerConfig", "lr_scheduler_type", H, ""),
+    ("OptimizerConfig", "optimizer_type", H, ""),
+    ("OptimizerConfig", "betas", H, ""),
+    ("OptimizerConfig", "eps", H, ""),
+    ("OptimizerConfig", "weight_decay", H, ""),
+    ("OptimizerConfig", "clip_grad", H, ""),
+    // data_processor
+    ("DataProcessorConfig", "experience_pipeline", H, ""),
+    ("ExperiencePipelineConfig", "operators", H, ""),
+    (
+        "ExperiencePipelineConfig",
+        "save_input",
+        P,
+        "trinity keeps no separate copy of the pipeline's input (the experience buffer keeps what trains); no effect here",
+    ),
+    (
+        "ExperiencePipelineConfig",
+        "input_save_path",
+        R,
+        "trinity keeps no separate copy of the pipeline's input; remove it (the experience buffer's `path` keeps what trains)",
+    ),
+    ("OperatorConfig", "name", H, ""),
+    ("OperatorConfig", "args", H, ""),
+    // model and cluster
+    ("ModelConfig", "model_path", H, ""),
+    ("ModelConfig", "critic_model_path", H, ""),
+    ("ModelConfig", "custom_chat_template", H, ""),
+    ("ModelConfig", "chat_template_path", H, ""),
+    ("ModelConfig", "temperature", H, ""),
+    ("ModelConfig", "top_p", H, ""),
+    ("ModelConfig", "top_k", H, ""),
+    ("ModelConfig", "logprobs", H, ""),
+    ("ModelConfig", "max_model_len", H, ""),
+    ("ModelConfig", "max_prompt_tokens", H, ""),
+    ("ModelConfig", "max_response_tokens", H, ""),
+    ("ModelConfig", "min_response_tokens", H, ""),
+    ("ModelConfig", "enable_prompt_truncation", H, ""),
+    ("ModelConfig", "repetition_penalty", H, ""),
+    ("ModelConfig", "enable_thinking", H, ""),
+    ("ModelConfig", "rope_scaling", H, ""),
+    ("ModelConfig", "rope_theta", H, ""),
+    ("ModelConfig", "trust_remote_code", H, ""),
+    ("ClusterConfig", "ray_address", P, RAY),
+    ("ClusterConfig", "node_num", P, NO_GPU_SPLIT),
+    ("ClusterConfig", "gpu_per_node", P, NO_GPU_SPLIT),
+    // buffer
+    ("BufferConfig", "batch_size", H, ""),
+    ("BufferConfig", "train_batch_size", H, ""),
+    ("BufferConfig", "total_epochs", H, ""),
+    ("BufferConfig", "total_steps", H, ""),
+    ("BufferConfig", "explorer_input", H, ""),
+    ("BufferConfig", "trainer_input", H, ""),
+    ("ExplorerInput", "taskset", H, ""),
+    ("ExplorerInput", "tasksets", H, ""),
+    ("ExplorerInput", "eval_tasksets", H, ""),
+    ("ExplorerInput", "default_workflow_type", H, ""),
+    ("ExplorerInput", "default_eval_workflow_type", H, ""),
+    ("ExplorerInput", "default_reward_fn_type", H, ""),
+    ("ExplorerInput", "system_prompt", H, ""),
+    ("ExplorerInput", "reply_prefix", H, ""),
+    ("TasksetConfig", "name", H, ""),
+    ("TasksetConfig", "storage_type", H, ""),
+    ("TasksetConfig", "path", H, ""),
+    ("TasksetConfig", "subset_name", H, ""),
+    ("TasksetConfig", "split", H, ""),
+    ("TasksetConfig", "format", H, ""),
+    ("TasksetConfig", "rollout_args", H, ""),
+    ("TasksetConfig", "workflow_args", H, ""),
+    ("TasksetConfig", "reward_fn_args", H, ""),
+    ("TasksetConfig", "default_workflow_type", H, ""),
+    ("TasksetConfig", "default_reward_fn_type", H, ""),
+    ("TasksetConfig", "task_selector", H, ""),
+    ("TasksetConfig", "data_selector", H, ""),
+    ("TasksetConfig", "repeat_times", H, ""),
+    (
+        "TasksetConfig",
+        "enable_progress_bar",
+        P,
+        "trinity reads rows without a progress bar; display only, no effect on the run",
+    ),
+    (
+        "TasksetConfig",
+        "max_retry_times",
+        P,
+        "retries of SQL reads; trinity reads tasksets from files, so no effect here",
+    ),
+    (
+        "TasksetConfig",
+        "max_retry_interval",
+        P,
+        "retries of SQL reads; trinity reads tasksets from files, so no effect here",
+    ),
+    ("FormatConfig", "prompt_type", H, ""),
+    ("FormatConfig", "prompt_key", H, ""),
+    ("FormatConfig", "response_key", H, ""),
+    ("FormatConfig", "system_prompt_key", H, ""),
+    ("FormatConfig", "system_prompt", H, ""),
+    ("FormatConfig", "messages_key", H, ""),
+    ("FormatConfig", "tools_key", H, ""),
+    ("FormatConfig", "reply_prefix", H, ""),
+    ("FormatConfig", "workflow_key", H, ""),
+    ("FormatConfig", "reward_fn_key", H, ""),
+    ("FormatConfig", "chosen_key", H, ""),
+    ("FormatConfig", "rejected_key", H, ""),
+    (
+        "FormatConfig",
+        "enable_concatenated_multi_turn",
+        R,
+        "trinity trains the last assistant turn of a multi-turn SFT row only; remove it or split the rows",
+    ),
+    ("FormatConfig", "chat_template", H, ""),
+    ("FormatConfig", "enable_thinking", H, ""),
+    ("RolloutArgs", "temperature", H, ""),
+    ("RolloutArgs", "top_p", H, ""),
+    ("RolloutArgs", "top_k", H, ""),
+    ("RolloutArgs", "min_p", H, ""),
+    ("RolloutArgs", "max_tokens", H, ""),
+    ("RolloutArgs", "min_tokens", H, ""),
+    ("RolloutArgs", "logprobs", H, ""),
+    ("RolloutArgs", "n", H, ""),
+    ("RolloutArgs", "seed", H, ""),
+    ("RolloutArgs", "stop", H, ""),
+    ("SelectorConfig", "selector_type", H, ""),
+    ("SelectorConfig", "seed", H, ""),
+    (
+        "SelectorConfig",
+        "feature_keys",
+        R,
+        "only the `difficulty_based` selector reads row features, and trinity does not run it yet; remove it",
+    ),
+    (
+        "SelectorConfig",
+        "kwargs",
+        R,
+        "only the `difficulty_based` selector takes arguments, and trinity does not run it yet; remove it",
+    ),
+    ("TrainerInput", "experience_buffer", H, ""),
+    ("TrainerInput", "auxiliary_buffers", H, ""),
+    ("ExperienceBufferConfig", "name", H, ""),
+    ("ExperienceBufferConfig", "storage_type", H, ""),
+    ("ExperienceBufferConfig", "path", H, ""),
+    ("ExperienceBufferConfig", "capacity", H, ""),
+    ("ExperienceBufferConfig", "max_read_timeout", H, ""),
+    ("ExperienceBufferConfig", "replay_buffer", H, ""),
+    ("ExperienceBufferConfig", "split", H, ""),
+    ("ExperienceBufferConfig", "subset_name", H, ""),
+    ("ExperienceBufferConfig", "format", H, ""),
+    (
+        "ExperienceBufferConfig",
+        "enable_progress_bar",
+        P,
+        "trinity reads rows without a progress bar; display only, no effect on the run",
+    ),
+    ("ExperienceBufferConfig", "schema_type", D, "derived from the algorithm (`sft` rows for auxiliary SFT buffers)"),
+    ("ExperienceBufferConfig", "total_epochs", H, ""),
+    (
+        "ExperienceBufferConfig",
+        "data_selector",
+        R,
+        "the trainer reads experience buffers and SFT/DPO rows in order; remove it",
+    ),
+    (
+        "ReplayBufferConfig",
+        "enable",
+        R,
+        "prioritised experience replay is not implemented in trinity yet (issue 14); remove `replay_buffer` or set `enable: false` — without it every experience trains once, in order",
+    ),
+    ("ReplayBufferConfig", "priority_fn", P, "used only when replay_buffer.enable is true; no effect here"),
+    ("ReplayBufferConfig", "reuse_cooldown_time", P, "used only when replay_buffer.enable is true; no effect here"),
+    ("ReplayBufferConfig", "priority_fn_args", P, "used only when replay_buffer.enable is true; no effect here"),
+    // explorer
+    ("ExplorerConfig", "name", H, ""),
+    ("ExplorerConfig", "runner_per_model", H, ""),
+    ("ExplorerConfig", "max_timeout", H, ""),
+    ("ExplorerConfig", "max_retry_times", H, ""),
+    (
+        "ExplorerConfig",
+        "env_vars",
+        R,
+        "trinity's workflows are built-ins or sandboxed WASM plugins with no process environment; pass values through the taskset's `workflow_args`",
+    ),
+    ("ExplorerConfig", "eval_interval", H, ""),
+    ("ExplorerConfig", "eval_on_startup", H, ""),
+    (
+        "ExplorerConfig",
+        "bench_on_latest_checkpoint",
+        R,
+        "it selects checkpoints for `mode: bench`, which trinity does not run yet (issue 15); remove it",
+    ),
+    ("ExplorerConfig", "rollout_model", H, ""),
+    ("ExplorerConfig", "listen_address", P, SERVE),
+    ("ExplorerConfig", "proxy_port", P, SERVE),
+    ("ExplorerConfig", "runner_num", D, "deprecated in Trinity-RFT; explorer.runner_per_model decides"),
+    (
+        "ExplorerConfig",
+        "concurrent_mode",
+        P,
+        "trinity runs every repeat of a task as one batched request, and up to explorer.runner_per_model tasks at once; no effect here",
+    ),
+    (
+        "ExplorerConfig",
+        "max_repeat_times_per_runner",
+        P,
+        "trinity runs every repeat of a task as one batched request on its one engine; splitting a group over runners has no effect here",
+    ),
+    (
+        "ExplorerConfig",
+        "auxiliary_models",
+        R,
+        "auxiliary models (judges, teachers, simulated users) are not available yet; issue 16 brings them — remove them together with the workflow that calls them",
+    ),
+    ("ExplorerConfig", "over_rollout", H, ""),
+    ("ExplorerConfig", "dynamic_timeout", H, ""),
+    ("ExplorerConfig", "service_status_check_interval", P, SERVE),
+    ("ExplorerConfig", "min_running_model_num", P, SERVE),
+    ("ExplorerConfig", "db_url", P, SERVE),
+    ("ExplorerConfig", "runner_state_report_interval", P, LOGGING),
+    (
+        "OverRolloutConfig",
+        "ratio",
+        R,
+        "over-rollout drops a step's slowest tasks, which changes the training data, and trinity waits for every task; set it to 0",
+    ),
+    ("OverRolloutConfig", "wait_after_min", P, "used only with over_rollout.ratio > 0; no effect here"),
+    (
+        "OverRolloutConfig",
+        "return_partial_tasks",
+        R,
+        "over-rollout drops a step's slowest tasks, which changes the training data, and trinity waits for every task; remove it",
+    ),
+    (
+        "DynamicTimeoutConfig",
+        "enable",
+        P,
+        "trinity uses the fixed explorer.max_timeout per task; an adaptive timeout has no effect here",
+    ),
+    ("DynamicTimeoutConfig", "ratio", P, "trinity uses the fixed explorer.max_timeout per task; no effect here"),
+    ("RolloutModelConfig", "engine_type", P, "every engine type runs on trinity's own libtorch engine"),
+    ("RolloutModelConfig", "engine_num", P, ONE_ENGINE),
+    (
+        "RolloutModelConfig",
+        "tensor_parallel_size",
+        P,
+        "trinity's engine runs on one device; tensor parallelism has no effect here",
+    ),
+    ("RolloutModelConfig", "dtype", H, ""),
+    ("RolloutModelConfig", "seed", H, ""),
+    ("RolloutModelConfig", "chat_template", H, ""),
+    ("RolloutModelConfig", "enable_thinking", H, ""),
+    (
+        "RolloutModelConfig",
+        "enable_history",
+        R,
+        "it records the OpenAI-compatible API's requests for agent workflows, which come with issue 16; remove it",
+    ),
+    (
+        "RolloutModelConfig",
+        "enable_openai_api",
+        R,
+        "trinity has no OpenAI-compatible endpoint for workflows yet (issue 16 brings `mode: serve`); remove it",
+    ),
+    ("RolloutModelConfig", "ignore_eos", H, ""),
+    (
+        "RolloutModelConfig",
+        "gpu_memory_utilization",
+        P,
+        "trinity's engine sizes its KV cache per batch; a memory fraction has no effect here",
+    ),
+    ("RolloutModelConfig", "use_v1", P, VLLM),
+    ("RolloutModelConfig", "enforce_eager", P, VLLM),
+    ("RolloutModelConfig", "enable_prefix_caching", P, VLLM),
+    ("RolloutModelConfig", "enable_chunked_prefill", P, VLLM),
+    ("RolloutModelConfig", "enable_log_requests", P, VLLM),
+    ("RolloutModelConfig", "bundle_indices", P, RAY),
+    (
+        "RolloutModelConfig",
+        "enable_auto_tool_choice",
+        R,
+        "it configures tool-call parsing in the OpenAI-compatible API, which trinity does not have yet (issue 16); remove it",
+    ),
+    (
+        "RolloutModelConfig",
+        "tool_call_parser",
+        R,
+        "it configures tool-call parsing in the OpenAI-compatible API, which trinity does not have yet (issue 16); remove it",
+    ),
+    (
+        "RolloutModelConfig",
+        "reasoning_parser",
+        R,
+        "it configures reasoning parsing in the OpenAI-compatible API, which trinity does not have yet (issue 16); remove it",
+    ),
+    // trainer
+    ("TrainerConfig", "name", H, ""),
+    ("TrainerConfig", "trainer_type", P, "every trainer type runs on trinity's own libtorch trainer"),
+    ("TrainerConfig", "trainer_strategy", P, STRATEGY),
+    ("TrainerConfig", "save_interval", H, ""),
+    ("TrainerConfig", "total_steps", H, ""),
+    ("TrainerConfig", "save_hf_checkpoint", H, ""),
+    ("TrainerConfig", "grad_clip", H, ""),
+    ("TrainerConfig", "use_dynamic_bsz", P, "mapped: trinity always forms micro-batches by token budget"),
+    ("TrainerConfig", "max_token_len_per_gpu", P, TOKEN_BUDGET),
+    ("TrainerConfig", "ulysses_sequence_parallel_size", P, SEQ_PARALLEL),
+    ("TrainerConfig", "save_strategy", P, "trinity writes checkpoints from one process; no effect here"),
+    (
+        "TrainerConfig",
+        "fix_actor_microbatch_loss_scale",
+        R,
+        "this experimental Trinity-RFT loss scaling changes the gradient and trinity does not implement it; remove it",
+    ),
+    ("TrainerConfig", "trainer_config", H, ""),
+    ("TrainerConfig", "max_checkpoints_to_keep", H, ""),
+    ("TrainerConfig", "enable_preview", P, LOGGING),
+    ("TrainerConfig", "dtype", H, ""),
+    // monitor, synchronizer, log, stages, plugins
+    ("MonitorConfig", "monitor_type", H, ""),
+    ("MonitorConfig", "monitor_args", P, "arguments of hosted monitors, which cannot be reached from here; no effect"),
+    ("MonitorConfig", "detailed_stats", P, LOGGING),
+    ("MonitorConfig", "enable_ray_timeline", P, RAY),
+    ("SynchronizerConfig", "sync_method", H, ""),
+    ("SynchronizerConfig", "sync_style", H, ""),
+    ("SynchronizerConfig", "sync_interval", H, ""),
+    ("SynchronizerConfig", "sync_offset", H, ""),
+    ("SynchronizerConfig", "sync_timeout", H, ""),
+    ("SynchronizerConfig", "wait_for_checkpoint", P, "unused by Trinity-RFT itself; no effect"),
+    ("LogConfig", "level", H, ""),
+    ("LogConfig", "group_by_node", P, "trinity runs on one node; no effect here"),
+    ("StageConfig", "stage_name", H, ""),
+    ("StageConfig", "mode", H, ""),
+    ("StageConfig", "algorithm", H, ""),
+    ("StageConfig", "buffer", H, ""),
+    ("StageConfig", "data_processor", H, ""),
+    ("StageConfig", "explorer", H, ""),
+    ("StageConfig", "trainer", H, ""),
+    ("PluginSpec", "path", H, ""),
+    ("PluginSpec", "override_builtin", H, ""),
+    ("PluginSpec", "allow_dir", H, ""),
+    ("PluginSpec", "max_memory_mib", H, ""),
+    ("PluginSpec", "timeout_s", H, ""),
+    // trainer.trainer_config (veRL)
+    ("VerlConfig", "data", D, VERL_SET),
+    ("VerlConfig", "actor_rollout_ref", H, ""),
+    ("VerlConfig", "critic", H, ""),
+    ("VerlConfig", "reward_model", R, REWARD_MODEL),
+    ("VerlConfig", "reward", R, REWARD_MODEL),
+    ("VerlConfig", "custom_reward_function", R, REWARD_MODEL),
+    ("VerlConfig", "algorithm", H, ""),
+    ("VerlConfig", "trainer", H, ""),
+    ("VerlConfig", "global_profiler", P, PROFILER),
+    (
+        "VerlConfig",
+        "synchronizer",
+        D,
+        "Trinity-RFT copies the top-level `synchronizer` here; the value here is replaced",
+    ),
+    ("VerlConfig", "enable_preview", D, "Trinity-RFT copies trainer.enable_preview here; the value here is replaced"),
+    (
+        "ActorRolloutRef",
+        "hybrid_engine",
+        P,
+        "trinity's explorer and trainer share one process and device; no effect here",
+    ),
+    ("ActorRolloutRef", "model", H, ""),
+    ("ActorRolloutRef", "actor", H, ""),
+    ("ActorRolloutRef", "ref", H, ""),
+    (
+        "ActorRolloutRef",
+        "rollout",
+        D,
+        "Trinity-RFT's explorer replaces veRL's rollout worker: sampling comes from model.* and the tasksets' rollout_args; the value here is replaced",
+    ),
+    (
+        "ActorRolloutRef",
+        "nccl_timeout",
+        D,
+        "Trinity-RFT sets it from synchronizer.sync_timeout; the value here is replaced",
+    ),
+    ("ActorRolloutRef", "synchronizer", D, VERL_SET),
+    ("ActorRolloutRef", "explorer_name", D, "Trinity-RFT sets it from explorer.name; the value here is replaced"),
+    ("VerlActorModel", "path", D, "Trinity-RFT sets it from model.model_path; the value here is replaced"),
+    ("VerlActorModel", "external_lib", R, PYTHON_LIB),
+    ("VerlActorModel", "override_config", R, OVERRIDE_MODEL),
+    (
+        "VerlActorModel",
+        "enable_gradient_checkpointing",
+        P,
+        "activation recomputation trades memory for time; trinity's trainer chooses it per micro-batch itself, so the numbers do not change",
+    ),
+    ("VerlActorModel", "use_remove_padding", P, OFFLOAD),
+    ("VerlActorModel", "use_fused_kernels", P, OFFLOAD),
+    ("VerlActorModel", "fused_kernel_options", P, OFFLOAD),
+    (
+        "VerlActorModel",
+        "custom_chat_template",
+        D,
+        "Trinity-RFT sets it from model.custom_chat_template; the value here is replaced",
+    ),
+    ("VerlActorModel", "enable_activation_offload", P, OFFLOAD),
+    ("VerlActorModel", "use_shm", P, OFFLOAD),
+    (
+        "VerlActorModel",
+        "trust_remote_code",
+        D,
+        "Trinity-RFT sets it from model.trust_remote_code; the value here is replaced",
+    ),
+    ("VerlActorModel", "lora_rank", R, LORA),
+    ("VerlActorModel", "lora_alpha", R, LORA),
+    ("VerlActorModel", "target_modules", R, LORA),
+    ("VerlActorModel", "exclude_modules", R, LORA),
+    ("VerlActorModel", "lora_adapter_path", R, LORA),
+    (
+        "VerlActorModel",
+        "mtp",
+        R,
+        "multi-token prediction adds a training objective trinity's models do not have; remove it",
+    ),
+    ("VerlActorModel", "rope_scaling", D, "Trinity-RFT sets it from model.rope_scaling; the value here is replaced"),
+    ("VerlActorModel", "rope_theta", D, "Trinity-RFT sets it from model.rope_theta; the value here is replaced"),
+    ("VerlActor", "strategy", P, STRATEGY),
+    ("VerlActor", "ppo_mini_batch_size", H, ""),
+    ("VerlActor", "ppo_micro_batch_size", P, MICRO_BATCH),
+    ("VerlActor", "ppo_micro_batch_size_per_gpu", P, MICRO_BATCH),
+    (
+        "VerlActor",
+        "use_dynamic_bsz",
+        P,
+        "mapped onto trainer.use_dynamic_bsz: trinity always forms micro-batches by token budget",
+    ),
+    ("VerlActor", "use_prefix_grouper", P, OFFLOAD),
+    ("VerlActor", "calculate_sum_pi_squared", P, LOGGING),
+    ("VerlActor", "sum_pi_squared_checkpointing", P, OFFLOAD),
+    ("VerlActor", "ppo_max_token_len_per_gpu", P, TOKEN_BUDGET),
+    (
+        "VerlActor",
+        "fix_actor_microbatch_loss_scale",
+        R,
+        "this experimental Trinity-RFT loss scaling changes the gradient and trinity does not implement it; remove it",
+    ),
+    ("VerlActor", "grad_clip", H, ""),
+    ("VerlActor", "ppo_epochs", H, ""),
+    (
+        "VerlActor",
+        "shuffle",
+        R,
+        "trinity takes mini-batches in buffer order; shuffling them between epochs is not implemented — remove it",
+    ),
+    ("VerlActor", "ulysses_sequence_parallel_size", P, SEQ_PARALLEL),
+    ("VerlActor", "entropy_from_logits_with_chunking", P, OFFLOAD),
+    ("VerlActor", "entropy_checkpointing", P, OFFLOAD),
+    ("VerlActor", "checkpoint", P, CKPT_CONTENTS),
+    ("VerlActor", "optim", H, ""),
+    ("VerlActor", "fsdp_config", P, OFFLOAD),
+    ("VerlActor", "megatron", P, STRATEGY),
+    ("VerlActor", "profile", P, PROFILER),
+    (
+        "VerlActor",
+        "data_loader_seed",
+        P,
+        "veRL's data-loader seed; trinity's trainer reads the buffer in order, so no effect here",
+    ),
+    ("VerlActor", "load_weight", R, LOAD_WEIGHT),
+    (
+        "VerlActor",
+        "policy_loss",
+        D,
+        "Trinity-RFT computes the policy loss with algorithm.policy_loss_fn; the value here is replaced",
+    ),
+    ("VerlActor", "profiler", P, PROFILER),
+    (
+        "VerlActor",
+        "router_replay",
+        P,
+        "mixture-of-experts routing replay; trinity's models are dense, so no effect here",
+    ),
+    ("VerlActor", "loss_agg_mode", H, ""),
+    (
+        "VerlActor",
+        "loss_scale_factor",
+        R,
+        "a constant loss scale changes the gradient size; trinity does not implement it — remove it",
+    ),
+    ("VerlActor", "clip_ratio", H, ""),
+    ("VerlActor", "clip_ratio_low", H, ""),
+    ("VerlActor", "clip_ratio_high", H, ""),
+    ("VerlActor", "entropy_coeff", H, ""),
+    ("VerlActor", "use_kl_loss", H, ""),
+    ("VerlActor", "kl_loss_coef", H, ""),
+    ("VerlActor", "kl_loss_type", H, ""),
+    ("VerlRef", "strategy", P, STRATEGY),
+    ("VerlRef", "fsdp_config", P, OFFLOAD),
+    ("VerlRef", "log_prob_micro_batch_size", P, MICRO_BATCH),
+    ("VerlRef", "log_prob_micro_batch_size_per_gpu", P, MICRO_BATCH),
+    ("VerlRef", "log_prob_use_dynamic_bsz", P, MICRO_BATCH),
+    ("VerlRef", "use_prefix_grouper", P, OFFLOAD),
+    ("VerlRef", "log_prob_max_token_len_per_gpu", P, TOKEN_BUDGET),
+    ("VerlRef", "ulysses_sequence_parallel_size", P, SEQ_PARALLEL),
+    ("VerlRef", "entropy_from_logits_with_chunking", P, OFFLOAD),
+    ("VerlRef", "entropy_checkpointing", P, OFFLOAD),
+    ("VerlRef", "checkpoint", P, CKPT_CONTENTS),
+    ("VerlRef", "megatron", P, STRATEGY),
+    ("VerlRef", "profile", P, PROFILER),
+    ("VerlRef", "load_weight", R, LOAD_WEIGHT),
+    ("VerlRef", "profiler", P, PROFILER),
+    ("VerlRef", "router_replay", P, "mixture-of-experts routing replay; trinity's models are dense, so no effect here"),
+    (
+        "VerlCritic",
+        "enable",
+        D,
+        "Trinity-RFT sets it from the algorithm preset (whether it trains a critic); the value here is replaced",
+    ),
+    ("VerlCritic", "strategy", P, STRATEGY),
+    ("VerlCritic", "optim", H, ""),
+    ("VerlCritic", "model", H, ""),
+    (
+        "VerlCritic",
+        "ppo_mini_batch_size",
+        D,
+        "Trinity-RFT sets it from buffer.train_batch_size; the value here is replaced",
+    ),
+    ("VerlCritic", "ppo_micro_batch_size", P, MICRO_BATCH),
+    ("VerlCritic", "ppo_micro_batch_size_per_gpu", P, MICRO_BATCH),
+    ("VerlCritic", "forward_micro_batch_size", P, MICRO_BATCH),
+    ("VerlCritic", "forward_micro_batch_size_per_gpu", P, MICRO_BATCH),
+    ("VerlCritic", "use_dynamic_bsz", P, MICRO_BATCH),
+    ("VerlCritic", "ppo_max_token_len_per_gpu", P, TOKEN_BUDGET),
+    ("VerlCritic", "forward_max_token_len_per_gpu", P, TOKEN_BUDGET),
+    ("VerlCritic", "ulysses_sequence_parallel_size", P, SEQ_PARALLEL),
+    (
+        "VerlCritic",
+        "ppo_epochs",
+        R,
+        "trinity updates the critic once per train step; several critic epochs are not implemented — use 1",
+    ),
+    ("VerlCritic", "shuffle", R, "trinity takes critic batches in buffer order; remove it"),
+    ("VerlCritic", "grad_clip", R, "the critic uses trainer.grad_clip (or critic.optim.clip_grad); remove it"),
+    ("VerlCritic", "cliprange_value", H, ""),
+    ("VerlCritic", "checkpoint", P, CKPT_CONTENTS),
+    ("VerlCritic", "rollout_n", D, "Trinity-RFT sets it from algorithm.repeat_times; the value here is replaced"),
+    ("VerlCritic", "loss_agg_mode", R, "trinity's critic loss is a token mean; use `token-mean`"),
+    ("VerlCritic", "megatron", P, STRATEGY),
+    ("VerlCritic", "profile", P, PROFILER),
+    (
+        "VerlCritic",
+        "data_loader_seed",
+        P,
+        "veRL's data-loader seed; trinity's trainer reads the buffer in order, so no effect here",
+    ),
+    ("VerlCritic", "load_weight", R, LOAD_WEIGHT),
+    ("VerlCritic", "nccl_timeout", D, "Trinity-RFT sets it from synchronizer.sync_timeout; the value here is replaced"),
+    ("VerlCritic", "ray_namespace", D, VERL_SET),
+    ("VerlCritic", "profiler", P, PROFILER),
+    (
+        "VerlCritic",
+        "optim_resolved",
+        D,
+        "filled at resolution from critic.optim over algorithm.optimizer; the value here is replaced",
+    ),
+    ("CriticOptim", "optimizer", H, ""),
+    ("CriticOptim", "optimizer_impl", P, "trinity's AdamW is its own libtorch implementation; no effect here"),
+    ("CriticOptim", "lr", H, ""),
+    ("CriticOptim", "lr_warmup_steps", H, ""),
+    ("CriticOptim", "lr_warmup_steps_ratio", H, ""),
+    ("CriticOptim", "min_lr_ratio", H, ""),
+    ("CriticOptim", "warmup_style", H, ""),
+    ("CriticOptim", "lr_scheduler_type", H, ""),
+    (
+        "CriticOptim",
+        "total_training_steps",
+        D,
+        "Trinity-RFT sets it from trainer.total_steps; the value here is replaced",
+    ),
+    ("CriticOptim", "betas", H, ""),
+    ("CriticOptim", "clip_grad", H, ""),
+    ("CriticOptim", "lr_warmup_init", P, MEGATRON_OPT),
+    ("CriticOptim", "lr_decay_steps", P, MEGATRON_OPT),
+    ("CriticOptim", "lr_decay_style", P, MEGATRON_OPT),
+    ("CriticOptim", "min_lr", P, MEGATRON_OPT),
+    ("CriticOptim", "weight_decay", H, ""),
+    ("CriticOptim", "weight_decay_incr_style", P, MEGATRON_OPT),
+    ("CriticOptim", "lr_wsd_decay_style", P, MEGATRON_OPT),
+    ("CriticOptim", "lr_wsd_decay_steps", P, MEGATRON_OPT),
+    ("CriticOptim", "use_checkpoint_opt_param_scheduler", P, MEGATRON_OPT),
+    (
+        "CriticOptim",
+        "override_optimizer_config",
+        R,
+        "extra optimizer arguments of veRL's Python optimizers cannot be passed to trinity's AdamW; remove it",
+    ),
+    ("VerlCriticModel", "path", D, "Trinity-RFT sets it from model.critic_model_path; the value here is replaced"),
+    (
+        "VerlCriticModel",
+        "tokenizer_path",
+        D,
+        "Trinity-RFT sets it from model.critic_model_path; the value here is replaced",
+    ),
+    ("VerlCriticModel", "override_config", R, OVERRIDE_MODEL),
+    ("VerlCriticModel", "external_lib", R, PYTHON_LIB),
+    (
+        "VerlCriticModel",
+        "trust_remote_code",
+        D,
+        "Trinity-RFT sets it from model.trust_remote_code; the value here is replaced",
+    ),
+    (
+        "VerlCriticModel",
+        "enable_gradient_checkpointing",
+        P,
+        "activation recomputation trades memory for time; trinity's trainer chooses it itself, so the numbers do not change",
+    ),
+    ("VerlCriticModel", "use_remove_padding", P, OFFLOAD),
+    ("VerlCriticModel", "fsdp_config", P, OFFLOAD),
+    ("VerlCriticModel", "rope_scaling", D, "Trinity-RFT sets it from model.rope_scaling; the value here is replaced"),
+    ("VerlCriticModel", "rope_theta", D, "Trinity-RFT sets it from model.rope_theta; the value here is replaced"),
+    ("VerlAlgorithm", "rollout_correction", H, ""),
+    ("VerlAlgorithm", "gamma", H, ""),
+    ("VerlAlgorithm", "lam", H, ""),
+    ("VerlAlgorithm", "adv_estimator", D, "Trinity-RFT uses algorithm.advantage_fn; the value here is replaced"),
+    (
+        "VerlAlgorithm",
+        "norm_adv_by_std_in_grpo",
+        D,
+        "Trinity-RFT uses algorithm.advantage_fn_args; the value here is replaced",
+    ),
+    (
+        "VerlAlgorithm",
+        "use_kl_in_reward",
+        D,
+        "Trinity-RFT sets it from algorithm.kl_penalty_fn; the value here is replaced",
+    ),
+    ("VerlAlgorithm", "kl_penalty", D, "Trinity-RFT uses algorithm.kl_penalty_fn; the value here is replaced"),
+    ("VerlAlgorithm", "kl_ctrl", H, ""),
+    ("RolloutCorrection", "bypass_mode", H, ""),
+    (
+        "KlCtrl",
+        "type",
+        R,
+        "only the fixed KL penalty weight (kl_penalty_fn_args.kl_coef) exists in trinity; use `fixed`",
+    ),
+    ("KlCtrl", "kl_coef", H, ""),
+    ("KlCtrl", "horizon", R, "only the fixed KL penalty weight exists in trinity; remove it"),
+    ("KlCtrl", "target_kl", R, "only the fixed KL penalty weight exists in trinity; remove it"),
+    (
+        "VerlTrainer",
+        "balance_batch",
+        P,
+        "veRL reorders rows so data-parallel ranks get similar token counts; with one device there is nothing to balance",
+    ),
+    ("VerlTrainer", "total_epochs", D, "Trinity-RFT sets it from buffer.total_epochs; the value here is replaced"),
+    (
+        "VerlTrainer",
+        "total_training_steps",
+        D,
+        "Trinity-RFT sets it from trainer.total_steps; the value here is replaced",
+    ),
+    ("VerlTrainer", "project_name", D, "Trinity-RFT sets it from `project`; the value here is replaced"),
+    ("VerlTrainer", "group_name", D, "Trinity-RFT sets it from `group`; the value here is replaced"),
+    ("VerlTrainer", "experiment_name", D, "Trinity-RFT sets it from `name`; the value here is replaced"),
+    ("VerlTrainer", "logger", D, "Trinity-RFT sets it from monitor.monitor_type; the value here is replaced"),
+    ("VerlTrainer", "val_generations_to_log_to_wandb", P, LOGGING),
+    ("VerlTrainer", "nnodes", P, NO_GPU_SPLIT),
+    ("VerlTrainer", "n_gpus_per_node", P, NO_GPU_SPLIT),
+    ("VerlTrainer", "save_freq", D, "Trinity-RFT sets it from trainer.save_interval; the value here is replaced"),
+    ("VerlTrainer", "resume_mode", D, "Trinity-RFT sets it from continue_from_checkpoint; the value here is replaced"),
+    (
+        "VerlTrainer",
+        "resume_from_path",
+        R,
+        "trinity resumes from the latest checkpoint of this experiment; to start from other weights set model.model_path",
+    ),
+    ("VerlTrainer", "test_freq", D, "Trinity-RFT sets it from explorer.eval_interval; the value here is replaced"),
+    (
+        "VerlTrainer",
+        "critic_warmup",
+        R,
+        "training only the critic for the first steps is not implemented in trinity; use 0",
+    ),
+    ("VerlTrainer", "default_hdfs_dir", P, "trinity writes checkpoints under checkpoint_root_dir only; no effect here"),
+    ("VerlTrainer", "remove_previous_ckpt_in_save", P, "deprecated in veRL; trainer.max_checkpoints_to_keep decides"),
+    ("VerlTrainer", "del_local_ckpt_after_load", P, "trinity keeps local checkpoints; no effect here"),
+    (
+        "VerlTrainer",
+        "default_local_dir",
+        D,
+        "Trinity-RFT sets it from the checkpoint directory; the value here is replaced",
+    ),
+    (
+        "VerlTrainer",
+        "val_before_train",
+        D,
+        "Trinity-RFT sets it from explorer.eval_on_startup; the value here is replaced",
+    ),
+    ("VerlTrainer", "training_rollout_mode", D, VERL_SET),
+    ("VerlTrainer", "enable_exp_buffer", D, VERL_SET),
+    ("VerlTrainer", "sync_freq", D, "Trinity-RFT sets it from synchronizer.sync_interval; the value here is replaced"),
+    ("VerlTrainer", "max_actor_ckpt_to_keep", H, ""),
+    (
+        "VerlTrainer",
+        "max_critic_ckpt_to_keep",
+        P,
+        "trinity keeps the critic inside the actor's checkpoints, so trainer.max_checkpoints_to_keep decides",
+    ),
+    ("VerlTrainer", "device", P, NO_GPU_SPLIT),
+];
+
+/// The rule of `key` in definition `def`.
+pub fn rule(def: &str, key: &str) -> Option<(Category, &'static str)> {
+    RULES.iter().find(|(d, k, _, _)| *d == def && *k == key).map(|(_, _, category, note)| (*category, *note))
+}
+
+/// Writes every property's category and note into the schema (`x-trinity-category`, `x-trinity-note`).
+pub fn annotate(schema: &mut Value) {
+    annotate_definition(schema, "Config");
+    if let Some(defs) = schema.get_mut("$defs").and_then(Value::as_object_mut) {
+        for (name, def) in defs.iter_mut() {
+            annotate_definition(def, name);
+        }
+    }
+}
+
+fn annotate_definition(def: &mut Value, name: &str) {
+    let Some(properties) = def.get_mut("properties").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (key, property) in properties.iter_mut() {
+        let (Some((category, note)), Some(property)) = (rule(name, key), property.as_object_mut()) else {
+            continue;
+        };
+        property.insert("x-trinity-category".to_owned(), Value::from(category.name()));
+        if !note.is_empty() {
+            property.insert("x-trinity-note".to_owned(), Value::from(note));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::json_schema;
+
+    /// Every property of every definition has a category, and every rule names a real property.
+    #[test]
+    fn every_schema_property_has_a_category() {
+        let schema = json_schema();
+        let mut definitions = vec![("Config".to_owned(), schema.clone())];
+        definitions.extend(schema["$defs"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.clone())));
+        let mut missing = Vec::new();
+        let mut checked = 0;
+        for (name, def) in &definitions {
+            for (key, property) in def.get("properties").and_then(Value::as_object).into_iter().flatten() {
+                checked += 1;
+                match property.get("x-trinity-category").and_then(Value::as_str).and_then(Category::parse) {
+                    Some(Category::Honoured) => {}
+                    Some(_) => assert!(
+                        property.get("x-trinity-note").and_then(Value::as_str).is_some_and(|n| n.len() > 10),
+                        "{name}.{key}: placement, derived and refused keys need a note saying why"
+                    ),
+                    None => missing.push(format!("{name}.{key}")),
+                }
+            }
+        }
+        assert!(missing.is_empty(), "properties without a category: {missing:?}");
+        assert!(checked > 300, "only {checked} properties walked");
+        for (def, key, _, _) in RULES {
+            let def_schema = definitions.iter().find(|(n, _)| n == def).map(|(_, d)| d);
+            assert!(
+                def_schema.and_then(|d| d.get("properties")).and_then(|p| p.get(*key)).is_some(),
+                "rule {def}.{key} names no schema property"
+            );
+        }
+    }
+
+    #[test]
+    fn placement_keys_never_refuse_and_refused_keys_have_a_default() {
+        let schema = json_schema();
+        for (def, key, category, _) in RULES {
+            if *category != Category::Refused {
+                continue;
+            }
+            let def_schema = if *def == "Config" { &schema } else { &schema["$defs"][*def] };
+            assert!(
+                def_schema["properties"][*key].get("default").is_some(),
+                "{def}.{key} is refused unless default, so it needs a default"
+            );
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! Resolution of `trainer.trainer_config` (veRL): values that change the numbers are mapped onto the
+//! top-level keys or kept typed for the trainer; every mapping is logged.
+//!
+//! Precedence follows Trinity-RFT's `synchronize_config` where it lets a veRL value win (`grad_clip`,
+//! `use_dynamic_bsz`, `ppo_max_token_len_per_gpu`: the veRL value when set) and otherwise lets the top-level key
+//! win: a veRL loss or optimizer value only fills a top-level value the user left unset. (Trinity-RFT itself
+//! overwrites those veRL values unconditionally, so in Trinity-RFT they have no effect at all; trinity uses
+//! them when nothing else says otherwise and says so in a note.)
+
+use serde_json::{Map, Value};
+
+use crate::algorithm::{LossAggMode, OptimizerConfig};
+use crate::catalog::ComponentKind;
+use crate::config::Config;
+use crate::error::ConfigError;
+use crate::resolve::Resolver;
+
+const AT: &str = "trainer.trainer_config";
+
+impl Resolver<'_> {
+    /// Maps veRL loss, KL, advantage and optimizer values onto the unresolved `algorithm` section; runs before
+    /// the algorithm is resolved so presets and registered defaults still apply underneath.
+    pub(crate) fn map_trainer_config(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+        let verl = config.trainer.trainer_config.clone();
+        let actor = &verl.actor_rollout_ref.actor;
+        let algorithm = &mut config.algorithm;
+        let preset = self.catalog.preset(&algorithm.algorithm_type).unwrap_or_default();
+
+        if let Some(mode) = &actor.loss_agg_mode {
+            let key = format!("{AT}.actor_rollout_ref.actor.loss_agg_mode");
+            let parsed: LossAggMode = serde_json::from_value(Value::from(mode.as_str())).map_err(|_| {
+                self.invalid(&key, format!("`{mode}` is not a loss aggregation mode (token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm)"))
+            })?;
+            self.fill_option(&mut algorithm.loss_agg_mode, parsed, &key, "algorithm.loss_agg_mode");
+        }
+
+        let policy_loss = algorithm.policy_loss_fn.clone().or(preset.policy_loss_fn.clone()).unwrap_or("ppo".into());
+        for (verl_key, value, arg) in [
+            ("clip_ratio", actor.clip_ratio, "clip_range"),
+            ("clip_ratio_low", actor.clip_ratio_low, "clip_range_low"),
+            ("clip_ratio_high", actor.clip_ratio_high, "clip_range_high"),
+        ] {
+            if let Some(value) = value {
+                let key = format!("{AT}.actor_rollout_ref.actor.{verl_key}");
+                let args = &mut algorithm.policy_loss_fn_args;
+                self.fill_arg(args, ComponentKind::PolicyLossFn, &policy_loss, arg, value, &key, "policy_loss_fn_args");
+            }
+        }
+
+        if let Some(coef) = actor.entropy_coeff {
+            let key = format!("{AT}.actor_rollout_ref.actor.entropy_coeff");
+            let entropy =
+                algorithm.entropy_loss_fn.clone().or(preset.entropy_loss_fn.clone()).unwrap_or("default".into());
+            let args = &mut algorithm.entropy_loss_fn_args;
+            self.fill_arg(
+                args,
+                ComponentKind::EntropyLossFn,
+                &entropy,
+                "entropy_coef",
+                coef,
+                &key,
+                "entropy_loss_fn_args",
+            );
+        }
+
+        if let Some(kind) = &actor.kl_loss_type {
+            let key = format!("{AT}.actor_rollout_ref.actor.kl_loss_type");
+            let name = match kind.as_str() {
+                "kl" | "k1" => "k1",
+                "abs" => "abs",
+                "mse" | "k2" => "k2",
+                "low_var_kl" => "low_var_kl",
+                "k3" => "k3",
+                other => {
+                    return Err(self.invalid(
+                        &key,
+                        format!("veRL KL estimator `{other}` has no trinity equivalent; use kl, abs, mse, low_var_kl or set algorithm.kl_loss_fn"),
+                    ));
+                }
+            };
+            if actor.use_kl_loss != Some(false) {
+                self.fill_option(&mut algorithm.kl_loss_fn, name.to_owned(), &key, "algorithm.kl_loss_fn");
+            }
+        }
+        if actor.use_kl_loss == Some(false) {
+            let key = format!("{AT}.actor_rollout_ref.actor.use_kl_loss");
+            self.fill_option(&mut algorithm.kl_loss_fn, "none".to_owned(), &key, "algorithm.kl_loss_fn");
+        }
+        if let Some(coef) = actor.kl_loss_coef {
+            let key = format!("{AT}.actor_rollout_ref.actor.kl_loss_coef");
+            let kl = algorithm.kl_loss_fn.clone().or(preset.kl_loss_fn.clone()).unwrap_or("k2".into());
+            let args = &mut algorithm.kl_loss_fn_args;
+            self.fill_arg(args, ComponentKind::KlFn, &kl, "kl_coef", coef, &key, "kl_loss_fn_args");
+        }
+        if let Some(coef) = verl.algorithm.kl_ctrl.kl_coef {
+            let key = format!("{AT}.algorithm.kl_ctrl.kl_coef");
+            let kl = algorithm.kl_penalty_fn.clone().or(preset.kl_penalty_fn.clone()).unwrap_or("none".into());
+            let args = &mut algorithm.kl_penalty_fn_args;
+            self.fill_arg(args, ComponentKind::KlFn, &kl, "kl_coef", coef, &key, "kl_penalty_fn_args");
+        }
+
+        let advantage = algorithm.advantage_fn.clone().or(preset.advantage_fn.clone()).unwrap_or("ppo".into());
+        for (verl_key, value) in [("gamma", verl.algorithm.gamma), ("lam", verl.algorithm.lam)] {
+            if let Some(value) = value {
+                let key = format!("{AT}.algorithm.{verl_key}");
+                let args = &mut algorithm.advantage_fn_args;
+                self.fill_arg(args, ComponentKind::AdvantageFn, &advantage, verl_key, value, &key, "advantage_fn_args");
+            }
+        }
+
+        self.map_actor_optim(config, &actor.optim)?;
+        Ok(())
+    }
+
+    /// `actor.optim.*` fills the `algorithm.optimizer` values the user did not write.
+    fn map_actor_optim(&mut self, config: &mut Config, optim: &Map<String, Value>) -> Result<(), ConfigError> {
+        let mut tree = serde_json::to_value(&config.algorithm.optimizer).unwrap_or(Value::Null);
+        for (name, value) in optim {
+            let key = format!("{AT}.actor_rollout_ref.actor.optim.{name}");
+            let target = if name == "optimizer" { "optimizer_type" } else { name.as_str() };
+            let top = format!("algorithm.optimizer.{target}");
+            if tree.get(target).is_none() || name == "total_training_steps" {
+                self.notes.push(format!("`{key}`: no effect in trinity (its AdamW has no such setting)"));
+                continue;
+            }
+            if self.user_set(&top) {
+                self.notes.push(format!("`{key}` is overridden by {top}, which is set"));
+                continue;
+            }
+            let value = if name == "optimizer" {
+                Value::from(value.as_str().unwrap_or("adam").to_lowercase())
+            } else {
+                value.clone()
+            };
+            tree[target] = value;
+            self.notes.push(format!("`{key}` is used as {top}"));
+        }
+        config.algorithm.optimizer = serde_json::from_value(tree)
+            .map_err(|e| self.invalid(&format!("{AT}.actor_rollout_ref.actor.optim"), e.to_string()))?;
+        Ok(())
+    }
+
+    /// Resolves what the trainer reads from the veRL tree once the buffer and the algorithm are resolved:
+    /// veRL values that win over `trainer.*`, mini-batches, epochs, the critic's optimizer and the old-logprob
+    /// mode.
+    pub(crate) fn resolve_trainer_config(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+        let train_batch_size = config.buffer.train_batch_size;
+        let grad_clip_default = config.trainer.grad_clip.unwrap_or(config.algorithm.optimizer.clip_grad);
+        let verl = &mut config.trainer.trainer_config;
+        let actor = &mut verl.actor_rollout_ref.actor;
+        let at = format!("{AT}.actor_rollout_ref.actor");
+
+        // Trinity-RFT: set_if_none(actor.X, trainer.X), so a veRL value wins over the trainer key.
+        if let Some(clip) = actor.grad_clip {
+            self.check(clip > 0.0, &format!("{at}.grad_clip"), "must be positive")?;
+            config.trainer.grad_clip = Some(clip);
+            config.algorithm.optimizer.clip_grad = clip;
+            self.notes.push(format!("`{at}.grad_clip` ({clip}) wins over trainer.grad_clip, as in Trinity-RFT"));
+        }
+        if let Some(dynamic) = actor.use_dynamic_bsz {
+            config.trainer.use_dynamic_bsz = dynamic;
+        }
+        if let Some(budget) = actor.ppo_max_token_len_per_gpu {
+            config.trainer.max_token_len_per_gpu = Some(budget);
+            self.notes.push(format!("`{at}.ppo_max_token_len_per_gpu` ({budget}) is the micro-batch token budget"));
+        }
+
+        self.check(actor.ppo_epochs >= 1, &format!("{at}.ppo_epochs"), "must be at least 1")?;
+        let mini = actor.ppo_mini_batch_size.unwrap_or(train_batch_size);
+        self.check(mini >= 1, &format!("{at}.ppo_mini_batch_size"), "must be at least 1")?;
+        self.check(
+            mini <= train_batch_size && train_batch_size.is_multiple_of(mini),
+            &format!("{at}.ppo_mini_batch_size"),
+            format!(
+                "{mini} must divide buffer.train_batch_size ({train_batch_size}): each train step is split into \
+                 equal mini-batches, one optimizer step each"
+            ),
+        )?;
+        actor.ppo_mini_batch_size = Some(mini);
+
+        let trainer_keep = config.trainer.max_checkpoints_to_keep;
+        if let Some(keep) = verl.trainer.max_actor_ckpt_to_keep {
+            let key = format!("{AT}.trainer.max_actor_ckpt_to_keep");
+            match trainer_keep {
+                Some(_) => self.notes.push(format!("`{key}` is overridden by trainer.max_checkpoints_to_keep")),
+                None => {
+                    self.check(keep >= 1, &key, "must be at least 1")?;
+                    config.trainer.max_checkpoints_to_keep = Some(keep);
+                    self.notes.push(format!("`{key}` ({keep}) is used as trainer.max_checkpoints_to_keep"));
+                }
+            }
+        }
+
+        if !verl.algorithm.rollout_correction.bypass_mode {
+            return Err(self.invalid(
+                &format!("{AT}.algorithm.rollout_correction.bypass_mode"),
+                "`false` recomputes the old logprobs with the trainer before each update, which trinity does not do: \
+                 its PPO ratio always uses the rollout engine's logprobs (Trinity-RFT's default, `true`); remove it",
+            ));
+        }
+
+        let critic = &mut verl.critic;
+        let key = format!("{AT}.critic");
+        self.check(critic.cliprange_value >= 0.0, &format!("{key}.cliprange_value"), "must not be negative")?;
+        critic.optim_resolved = Some(
+            critic_optimizer(&critic.optim, grad_clip_default)
+                .map_err(|message| self.invalid(&format!("{key}.optim"), message))?,
+        );
+        Ok(())
+    }
+
+    /// Sets an unset top-level option from a veRL value, with a note; a set one wins, also with a note.
+    fn fill_option<T>(&mut self, target: &mut Option<T>, value: T, key: &str, top: &str) {
+        if target.is_some() {
+            self.notes.push(format!("`{key}` is overridden by {top}, which is set"));
+        } else {
+            *target = Some(value);
+            self.notes.push(format!("`{key}` is used as {top}"));
+        }
+    }
+
+    /// Sets an argument of a component from a veRL value, when the user's arguments lack it and the component
+    /// takes it.
+    #[allow(clippy::too_many_arguments)]
+    fn fill_arg(
+        &mut self,
+        args: &mut Option<Map<String, Value>>,
+        kind: ComponentKind,
+        component: &str,
+        arg: &str,
+        value: f64,
+        key: &str,
+        top: &str,
+    ) {
+        let takes = self.catalog.default_args(kind, component).is_some_and(|d| d.contains_key(arg));
+        if !takes {
+            self.notes.push(format!("`{key}` has no effect: {} `{component}` takes no `{arg}`", kind.label()));
+            return;
+        }
+        let args = args.get_or_insert_with(Map::new);
+        if args.get(arg).is_some_and(|v| !v.is_null()) {
+            self.notes.push(format!("`{key}` is overridden by algorithm.{top}.{arg}, which is set"));
+            return;
+        }
+        args.insert(arg.to_owned(), Value::from(value));
+        self.notes.push(format!("`{key}` is used as algorithm.{top}.{arg}"));
+    }
+
+    /// Whether the user wrote `key` (in the file or with `--set`), as opposed to a default.
+    fn user_set(&self, key: &str) -> bool {
+        let key = self.key(key);
+        self.source.positions.contains_key(&key)
+            || self.source.overrides.iter().any(|(set, _)| key == *set || key.starts_with(&format!("{set}.")))
+    }
+}
+
+/// The critic's optimizer as Trinity-RFT builds it: veRL's own critic defaults (not `algorithm.optimizer`,
+/// which only the actor reads), the user's `critic.optim` over them, and the trainer's gradient clip (veRL's
+/// critic clips at `critic.grad_clip`, which Trinity-RFT sets from `trainer.grad_clip`).
+fn critic_optimizer(optim: &crate::verl::CriticOptim, grad_clip: f64) -> Result<OptimizerConfig, String> {
+    let defaults = OptimizerConfig { lr: 1e-6, min_lr_ratio: 0.01, ..OptimizerConfig::default() };
+    let mut tree = serde_json::to_value(&defaults).map_err(|e| e.to_string())?;
+    let user = serde_json::to_value(optim).map_err(|e| e.to_string())?;
+    for field in
+        ["lr", "lr_warmup_steps", "lr_warmup_steps_ratio", "min_lr_ratio", "lr_scheduler_type", "betas", "weight_decay"]
+    {
+        if let Some(value) = user.get(field).filter(|v| !v.is_null()) {
+            tree[field] = value.clone();
+        }
+    }
+    if let Some(style) = user.get("warmup_style").filter(|v| !v.is_null()) {
+        tree["lr_scheduler_type"] = style.clone();
+    }
+    if let Some(name) = user.get("optimizer").and_then(Value::as_str) {
+        tree["optimizer_type"] = Value::from(name.to_lowercase());
+    }
+    tree["clip_grad"] = user.get("clip_grad").filter(|v| !v.is_null()).cloned().unwrap_or(Value::from(grad_clip));
+    let resolved: OptimizerConfig = serde_json::from_value(tree).map_err(|e| e.to_string())?;
+    if !(resolved.lr.is_finite() && resolved.lr > 0.0) {
+        return Err(format!("lr must be a positive number, got {}", resolved.lr));
+    }
+    Ok(resolved)
+}
