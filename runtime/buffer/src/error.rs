@@ -49,8 +49,12 @@ pub enum BufferError {
     EmptyTaskset { taskset: String, path: PathBuf },
     #[error("taskset `{taskset}`: storage type `{storage}` cannot be read as a taskset here")]
     UnsupportedStorage { taskset: String, storage: String },
-    #[error("taskset `{taskset}`: selector `{selector}` is not supported yet (use sequential, shuffle or random)")]
+    #[error(
+        "taskset `{taskset}`: selector `{selector}` is not supported (use sequential, shuffle, random or difficulty_based)"
+    )]
     UnsupportedSelector { taskset: String, selector: String },
+    #[error("taskset `{taskset}`: data_selector: {problem}")]
+    SelectorArgs { taskset: String, problem: String },
     #[error("taskset `{taskset}` row {row}: field `{key}` {problem}")]
     BadField { taskset: String, row: usize, key: String, problem: String },
     #[error("the tasksets hold {rows} rows in all, fewer than batch_size {batch_size}: not one full step")]

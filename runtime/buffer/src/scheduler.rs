@@ -18,7 +18,7 @@ use trinity_config::buffer::BufferConfig;
 
 use crate::error::{BufferError, Result};
 use crate::reader::Taskset;
-use crate::selector::{Selector, SelectorKind, mix, permutation};
+use crate::selector::{PassRates, Selector, SelectorKind, mix, permutation};
 use crate::task::Task;
 
 /// Where a run stands; saved in checkpoints.
@@ -74,7 +74,15 @@ impl TaskScheduler {
             let selector =
                 taskset.config.data_selector.clone().or(taskset.config.task_selector.clone()).unwrap_or_default();
             let kind = SelectorKind::parse(taskset.name(), &selector.selector_type)?;
-            selectors.push(Selector::new(kind, taskset.len(), selector.seed));
+            selectors.push(match kind {
+                SelectorKind::DifficultyBased => Selector::difficulty_based(
+                    taskset.name(),
+                    difficulty_features(taskset, &selector.feature_keys)?,
+                    selector.seed,
+                    &selector.kwargs,
+                )?,
+                _ => Selector::new(kind, taskset.len(), selector.seed),
+            });
         }
         let total_steps = match total_steps {
             Some(steps) => steps,
@@ -136,11 +144,19 @@ impl TaskScheduler {
             return Ok(None);
         }
         let step = self.state.step + 1;
+        // Which taskset each draw of the batch belongs to, then each taskset's rows for its share at once (a
+        // `difficulty_based` selector picks its share together, without repeats).
+        let owners: Vec<usize> = (0..self.batch_size as u64).map(|i| self.taskset_of(self.state.draws + i)).collect();
+        let mut picks: Vec<std::vec::IntoIter<usize>> = (0..self.tasksets.len())
+            .map(|k| {
+                let share = owners.iter().filter(|&&owner| owner == k).count();
+                self.selectors[k].indices(self.state.taskset_draws[k], share).into_iter()
+            })
+            .collect();
         let mut batch = Vec::with_capacity(self.batch_size);
-        for _ in 0..self.batch_size {
-            let k = self.taskset_of(self.state.draws);
-            let draw = self.state.taskset_draws[k];
-            let index = self.selectors[k].index(draw);
+        for k in owners {
+            // Each taskset's iterator holds exactly its share of the owners, so it never runs dry.
+            let index = picks[k].next().unwrap_or(0);
             let mut task = self.tasksets[k].task(index)?;
             task.batch_id = step;
             batch.push(task);
@@ -149,6 +165,28 @@ impl TaskScheduler {
         }
         self.state.step = step;
         Ok(Some(batch))
+    }
+
+    /// Hands observed pass rates (the `pass_rate_calculator` operator's feedback) to the tasksets' selectors;
+    /// only `difficulty_based` selectors learn from them. Call it after each explore step's pipeline, before the
+    /// next [`TaskScheduler::next_batch`].
+    pub fn feedback(&mut self, rates: &[PassRates]) -> Result<()> {
+        for rate in rates {
+            let (Some(selector), Some(taskset)) =
+                (self.selectors.get_mut(rate.taskset_id), self.tasksets.get(rate.taskset_id))
+            else {
+                return Err(BufferError::BadState {
+                    reason: format!("feedback names taskset {}, there are {}", rate.taskset_id, self.tasksets.len()),
+                });
+            };
+            selector.feedback(taskset.name(), rate)?;
+        }
+        Ok(())
+    }
+
+    /// The selector of each taskset, in taskset order.
+    pub fn selectors(&self) -> &[Selector] {
+        &self.selectors
     }
 
     /// Which taskset global draw `draw` belongs to.
@@ -167,6 +205,33 @@ impl TaskScheduler {
         }
         self.membership.as_ref().map_or(0, |(_, list)| list[position])
     }
+}
+
+/// The two offline pass-rate columns a `difficulty_based` selector starts from, one `[weak, strong]` pair per row.
+fn difficulty_features(taskset: &Taskset, keys: &[String]) -> Result<Vec<[f64; 2]>> {
+    let [weak, strong] = keys else {
+        return Err(BufferError::SelectorArgs {
+            taskset: taskset.name().to_owned(),
+            problem: format!(
+                "difficulty_based needs exactly 2 feature_keys (offline pass rates of a weaker and a stronger \
+                 model), found {}",
+                keys.len()
+            ),
+        });
+    };
+    let value = |row: usize, key: &String| -> Result<f64> {
+        let found = taskset.rows[row].get(key);
+        found.and_then(serde_json::Value::as_f64).filter(|v| v.is_finite()).ok_or_else(|| BufferError::BadField {
+            taskset: taskset.name().to_owned(),
+            row,
+            key: key.clone(),
+            problem: match found {
+                None => "is missing (a feature_keys column of the difficulty_based selector)".to_owned(),
+                Some(other) => format!("must be a pass rate (a number), found {other}"),
+            },
+        })
+    };
+    (0..taskset.len()).map(|row| Ok([value(row, weak)?, value(row, strong)?])).collect()
 }
 
 #[cfg(test)]
@@ -230,15 +295,48 @@ mod tests {
         assert!(s.restore(bad).is_err());
     }
 
-    #[test]
-    fn difficulty_based_is_refused() {
+    fn bots_taskset(rows: Vec<serde_json::Value>, feature_keys: &[&str], kwargs: serde_json::Value) -> Taskset {
         let config = TasksetConfig {
-            name: "x".into(),
-            data_selector: Some(SelectorConfig { selector_type: "difficulty_based".into(), ..Default::default() }),
+            name: "math".into(),
+            data_selector: Some(SelectorConfig {
+                selector_type: "difficulty_based".into(),
+                feature_keys: feature_keys.iter().map(|k| (*k).to_owned()).collect(),
+                kwargs: kwargs.as_object().cloned().unwrap_or_default(),
+                ..Default::default()
+            }),
             ..Default::default()
         };
-        let rows = vec![json!({"prompt": "p"}).as_object().unwrap().clone()];
-        let ts = Taskset::from_rows(&config, rows, 0, false, Path::new("mem")).unwrap();
-        assert!(matches!(TaskScheduler::new(vec![ts], 1, 1, None), Err(BufferError::UnsupportedSelector { .. })));
+        let rows = rows.into_iter().map(|r| r.as_object().unwrap().clone()).collect();
+        Taskset::from_rows(&config, rows, 0, false, Path::new("mem")).unwrap()
+    }
+
+    #[test]
+    fn difficulty_based_needs_two_numeric_feature_columns() {
+        let rows = vec![json!({"prompt": "p", "weak": 0.1, "strong": 0.9}), json!({"prompt": "q", "weak": 0.2})];
+        let one_key = bots_taskset(rows.clone(), &["weak"], json!({}));
+        let err = TaskScheduler::new(vec![one_key], 1, 1, None).unwrap_err().to_string();
+        assert!(err.contains("exactly 2 feature_keys") && err.contains("`math`"), "{err}");
+        let missing = bots_taskset(rows, &["weak", "strong"], json!({}));
+        let err = TaskScheduler::new(vec![missing], 1, 1, None).unwrap_err().to_string();
+        assert!(err.contains("row 1") && err.contains("strong"), "{err}");
+    }
+
+    #[test]
+    fn difficulty_based_batches_follow_the_fed_back_pass_rates() {
+        // Offline pass rates say every row is equally hard; the feedback then says row 2 and row 3 sit at the
+        // 0.5 target and the others at 0 or 1.
+        let rows: Vec<serde_json::Value> =
+            (0..6).map(|i| json!({"prompt": format!("p{i}"), "weak": 0.5, "strong": 0.5})).collect();
+        let kwargs = json!({"tau": 0, "target_reward": 0.5, "lamb": 0.1, "rho": 0.1});
+        let mut s = TaskScheduler::new(vec![bots_taskset(rows, &["weak", "strong"], kwargs)], 2, 10, None).unwrap();
+        let first = ids(&s.next_batch().unwrap().unwrap());
+        assert_eq!(first.len(), 2);
+        let rates =
+            PassRates { taskset_id: 0, indices: vec![0, 1, 2, 3, 4, 5], values: vec![0.0, 1.0, 0.5, 0.5, 1.0, 0.0] };
+        s.feedback(&[rates]).unwrap();
+        assert_eq!(ids(&s.next_batch().unwrap().unwrap()), [(0, 2), (0, 3)]);
+        assert_eq!(s.state().taskset_draws, [4]);
+        let unknown = PassRates { taskset_id: 3, indices: vec![0], values: vec![0.5] };
+        assert!(s.feedback(&[unknown]).unwrap_err().to_string().contains("taskset 3"));
     }
 }
