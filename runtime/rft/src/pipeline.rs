@@ -51,17 +51,114 @@ pub fn apply_group_advantage(
         Some(rows) => rows.iter().map(|&r| r as usize).collect(),
         None => (0..experiences.len()).collect(),
     };
+    // `advantages` is in input row order (the `AdvantageOutput` contract) while `order` lists the rows that go on,
+    // dropped groups absent and duplicated ones repeated: each kept experience reads its own source row.
     let mut out = Vec::with_capacity(order.len());
-    for (position, &row) in order.iter().enumerate() {
+    for &row in &order {
         let Some(source) = experiences.get(row) else {
             return Err(RftError::Pipeline(format!("advantage function returned row {row} of {}", experiences.len())));
         };
         let mut experience = source.clone();
         let length = experience.response_length();
-        let values = Vec::<f32>::try_from(advantages.get(position as i64).narrow(0, 0, length as i64))
+        let values = Vec::<f32>::try_from(advantages.get(row as i64).narrow(0, 0, length as i64))
             .map_err(|e| RftError::Pipeline(e.to_string()))?;
         experience.advantages = Some(values);
         out.push(experience);
     }
     Ok((out, output.metrics))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Map, Value, json};
+    use trinity_algorithm::registry::{self, Kind as ComponentKind};
+    use trinity_buffer::Eid;
+
+    use super::*;
+
+    /// One experience of task `task` in explore step 1 with `response` tokens and reward `reward`.
+    fn experience(task: u64, run: u64, response: usize, reward: f64) -> Experience {
+        let eid = Eid { batch: 1, task, run, step: 0 };
+        let mut experience = Experience::single_turn(eid, vec![7; 2 + response], 2, vec![-0.5; response]);
+        experience.reward = reward;
+        experience
+    }
+
+    fn grpo(args: Value) -> Box<dyn AdvantageFn> {
+        let args: Map<String, Value> = serde_json::from_value(args).unwrap();
+        let resolved = registry::resolve_args(ComponentKind::AdvantageFn, "grpo", Some(&args)).unwrap();
+        registry::advantage_fn("grpo", &resolved).unwrap().0
+    }
+
+    /// `(task, run, first advantage)` of every experience the pipeline keeps, in output order.
+    fn kept_advantages(experiences: &[Experience], advantage: &dyn AdvantageFn) -> Vec<(u64, u64, f32)> {
+        let (kept, _) = apply_group_advantage(advantage, experiences.to_vec()).unwrap();
+        kept.iter().map(|e| (e.eid.task, e.eid.run, e.advantages.as_ref().unwrap()[0])).collect()
+    }
+
+    #[test]
+    fn a_dropped_group_leaves_every_kept_experience_its_own_advantages() {
+        // Task 0 has equal rewards (std 0) and is dropped by `std_threshold`; tasks 1 and 2 survive. Before the fix
+        // the survivors read the advantages of rows 0..4 — task 0's zeros and task 1's — by output position.
+        let experiences = vec![
+            experience(0, 0, 3, 1.0),
+            experience(0, 1, 3, 1.0),
+            experience(1, 0, 2, 0.0),
+            experience(1, 1, 4, 1.0),
+            experience(2, 0, 5, 1.0),
+            experience(2, 1, 1, 0.0),
+        ];
+        let advantage = grpo(json!({"std_threshold": 0.0}));
+        let (kept, metrics) = apply_group_advantage(advantage.as_ref(), experiences.clone()).unwrap();
+        assert_eq!(metrics.get("filtered_count"), Some(&2.0));
+        let ids: Vec<(u64, u64)> = kept.iter().map(|e| (e.eid.task, e.eid.run)).collect();
+        assert_eq!(ids, vec![(1, 0), (1, 1), (2, 0), (2, 1)]);
+        for experience in &kept {
+            let values = experience.advantages.as_ref().unwrap();
+            assert_eq!(values.len(), experience.response_length(), "{:?}", experience.eid);
+            let sign = if experience.reward > 0.5 { 1.0 } else { -1.0 };
+            assert!(values.iter().all(|&a| a * sign > 0.5), "{:?}: {values:?}", experience.eid);
+            assert!(values.iter().all(|&a| a == values[0]), "one advantage per response: {values:?}");
+        }
+    }
+
+    #[test]
+    fn reordered_groups_keep_their_own_advantages() {
+        // An operator may hand over groups interleaved; GRPO returns its rows grouped ([0, 2, 1, 3] here), so the
+        // second kept experience (row 2, rewarded) used to read row 1's negative advantage.
+        let experiences = vec![
+            experience(0, 0, 3, 0.0),
+            experience(1, 0, 2, 0.0),
+            experience(0, 1, 3, 1.0),
+            experience(1, 1, 4, 1.0),
+        ];
+        let advantage = grpo(json!({}));
+        let kept = kept_advantages(&experiences, advantage.as_ref());
+        let order: Vec<(u64, u64)> = kept.iter().map(|&(task, run, _)| (task, run)).collect();
+        assert_eq!(order, vec![(0, 0), (0, 1), (1, 0), (1, 1)]);
+        for (task, run, value) in kept {
+            let source = experiences.iter().find(|e| e.eid.task == task && e.eid.run == run).unwrap();
+            assert_eq!(value > 0.0, source.reward > 0.5, "task {task} run {run}: {value}");
+        }
+    }
+
+    #[test]
+    fn duplicated_groups_may_outnumber_the_input() {
+        // A dropped group of two is replaced by a copy of the surviving group of three: six rows out of five in.
+        // Indexing the advantages by output position used to run past the batch and panic.
+        let experiences = vec![
+            experience(0, 0, 2, 1.0),
+            experience(0, 1, 2, 1.0),
+            experience(1, 0, 3, 0.0),
+            experience(1, 1, 3, 1.0),
+            experience(1, 2, 1, 0.0),
+        ];
+        let advantage = grpo(json!({"std_threshold": 0.0, "duplicate_experiences": true}));
+        let kept = kept_advantages(&experiences, advantage.as_ref());
+        assert_eq!(kept.len(), 6);
+        for (task, run, value) in kept {
+            assert_eq!(task, 1, "only the surviving group, twice");
+            assert_eq!(value > 0.0, run == 1, "run {run}: {value}");
+        }
+    }
 }
