@@ -39,6 +39,8 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    /// `enable_thinking` as the template sees it (Qwen3 templates read it); unset leaves it undefined.
+    enable_thinking: Option<bool>,
 }
 
 const NAME: &str = "chat_template";
@@ -65,7 +67,20 @@ impl ChatTemplate {
             source: source.to_owned(),
             bos_token: bos_token.unwrap_or_default().to_owned(),
             eos_token: eos_token.unwrap_or_default().to_owned(),
+            enable_thinking: None,
         })
+    }
+
+    /// Passes `enable_thinking` to every rendering (Trinity-RFT's `enable_thinking`, handed to
+    /// `apply_chat_template` as a keyword); `None` leaves the variable undefined, the template's own default.
+    pub fn with_enable_thinking(mut self, enable_thinking: Option<bool>) -> Self {
+        self.enable_thinking = enable_thinking;
+        self
+    }
+
+    /// The `enable_thinking` value renderings get.
+    pub fn enable_thinking(&self) -> Option<bool> {
+        self.enable_thinking
     }
 
     /// Reads a template from a `chat_template.jinja` file.
@@ -95,6 +110,11 @@ impl ChatTemplate {
             tools => tools.map(|t| JValue::from(Serde(t))),
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
+        };
+        // Only a set value is passed: templates test `enable_thinking is defined`.
+        let ctx = match self.enable_thinking {
+            Some(flag) => minijinja::context! { enable_thinking => flag, ..ctx },
+            None => ctx,
         };
         tmpl.render(ctx).map_err(|e| {
             let mut msg = e.to_string();
@@ -253,6 +273,17 @@ mod tests {
             .render(minijinja::context! { x => JValue::from(Serde(serde_json::json!({"a": [1]}))), bos_token => "<s>" })
             .unwrap();
         assert_eq!(out, "{\n  \"a\": [\n    1\n  ]\n}<s>");
+    }
+
+    #[test]
+    fn enable_thinking_reaches_the_template_only_when_set() {
+        let src = "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>{% endif %}{{ messages[0].content }}";
+        let unset = ChatTemplate::new(src, None, None).unwrap();
+        assert_eq!(unset.apply(&[ChatMessage::new("user", "q")], true).unwrap(), "q");
+        let off = ChatTemplate::new(src, None, None).unwrap().with_enable_thinking(Some(false));
+        assert_eq!(off.apply(&[ChatMessage::new("user", "q")], true).unwrap(), "<think>\n\n</think>q");
+        let on = ChatTemplate::new(src, None, None).unwrap().with_enable_thinking(Some(true));
+        assert_eq!(on.apply(&[ChatMessage::new("user", "q")], true).unwrap(), "q");
     }
 
     #[test]

@@ -24,4 +24,7 @@ pub enum RftError {
     Io { path: std::path::PathBuf, source: std::io::Error },
     #[error("{0}")]
     Unsupported(String),
+    /// A config value the run cannot use, found only once models or data are open.
+    #[error("{key}: {message}")]
+    Setting { key: &'static str, message: String },
 }

@@ -32,9 +32,10 @@ use trinity_model::{
     write_safetensors,
 };
 use trinity_monitor::{Metrics, Monitor};
-use trinity_trainer::{Components, TrainRow, Trainer, TrainerOptions};
+use trinity_trainer::{Components, StartingModels, TrainRow, Trainer, TrainerOptions};
 
 use crate::error::RftError;
+use crate::mix_strategy::ExpertData;
 use crate::pipeline::apply_group_advantage;
 use crate::schedule::{Action, SyncSchedule, next_action};
 
@@ -106,6 +107,8 @@ struct Run<'a> {
     scheduler: TaskScheduler,
     eval_tasksets: Vec<Taskset>,
     advantage: Option<Box<dyn AdvantageFn>>,
+    /// Expert rows added to every train step (sample strategy `mix`).
+    expert: Option<ExpertData>,
     buffer: ExperienceBuffer,
     experiences_log: JsonlWriter,
     schedule: SyncSchedule,
@@ -176,24 +179,39 @@ impl<'a> Run<'a> {
             ..EngineConfig::default()
         };
         let engine = Engine::start(EngineModel::from(generation), engine_config)?;
+        // Rollouts render with `enable_thinking` (the rollout model's, else the model's), as Trinity-RFT passes it to
+        // `apply_chat_template`.
+        let enable_thinking = config.explorer.rollout_model.enable_thinking.or(config.model.enable_thinking);
         let template_copy = match &chat_template {
             Some(template) => Some(
                 ChatTemplate::new(template.source(), tokenizer.bos_token(), tokenizer.eos_token())
-                    .map_err(|e| model_error(&model_path, e))?,
+                    .map_err(|e| model_error(&model_path, e))?
+                    .with_enable_thinking(enable_thinking),
             ),
             None => None,
         };
         let rollout = Arc::new(RolloutModel::new(Arc::new(engine), tokenizer.clone(), template_copy));
 
         let mut scheduler = TaskScheduler::from_config(&config.buffer)?;
-        let total_steps =
+        let trained_before = meta.as_ref().map_or(0, |m| m.train_step);
+        let expert = ExpertData::from_config(config, &tokenizer, chat_template.as_ref(), trained_before)?;
+        let mut total_steps =
             config.trainer.total_steps.map_or(scheduler.total_steps(), |t| t.min(scheduler.total_steps()));
+        if let Some(expert) = &expert
+            && trained_before + expert.steps_left() < total_steps
+        {
+            total_steps = trained_before + expert.steps_left();
+            tracing::warn!("the expert rows last for {total_steps} train steps: the run stops there");
+        }
         let components = Components::from_config(&config.algorithm)?;
         let advantage = explorer_side_advantage(config, &components)?;
         let options = TrainerOptions { total_steps: Some(total_steps), ..TrainerOptions::from_config(config) };
+        let vocab = policy.decoder.config().vocab_size;
+        let models = starting_models(config, &components, latest.is_some(), (trainer_kind, device, vocab), threads)?;
         let decoder = policy.decoder;
         let optimizer = &config.algorithm.optimizer;
-        let mut trainer = on_pool(threads, move || Trainer::new(decoder, components, optimizer, options))?;
+        let mut trainer =
+            on_pool(threads, move || Trainer::with_models(decoder, models, components, optimizer, options))?;
         let (mut trained, mut syncs) = (0, 0);
         if let (Some(meta), Some(checkpoint)) = (&meta, &latest) {
             trainer.load_state(&checkpoint.path.join("trainer"), meta.train_step)?;
@@ -239,6 +257,7 @@ impl<'a> Run<'a> {
             scheduler,
             eval_tasksets,
             advantage,
+            expert,
             buffer,
             experiences_log,
             schedule: SyncSchedule {
@@ -341,7 +360,10 @@ impl<'a> Run<'a> {
                 self.config.buffer.trainer_input.experience_buffer.as_ref().map_or(1800.0, |b| b.max_read_timeout),
             );
             let batch = self.buffer.get_batch_for_step(count, timeout, step).await?;
-            let rows: Vec<TrainRow> = batch.iter().map(train_row).collect();
+            let mut rows: Vec<TrainRow> = batch.iter().map(train_row).collect();
+            if let Some(expert) = &mut self.expert {
+                rows.extend(expert.rows_for(step)?);
+            }
             tokens = rows.iter().map(|r| r.tokens.len()).sum();
             let trainer = &mut self.trainer;
             let step_metrics = on_pool(self.threads, || trainer.train_step(&rows))?;
@@ -478,6 +500,52 @@ fn train_row(experience: &Experience) -> TrainRow {
         run_id: Some(format!("{}/{}", experience.eid.tid(), experience.eid.run)),
         step: Some(experience.eid.batch as i64),
     }
+}
+
+/// The reference model and critic backbone the trainer starts from, where copying the policy would be wrong.
+///
+/// KL terms are measured against the base model (`model.model_path`) for the whole run: a resumed run's policy
+/// comes from its checkpoint, so the base model is loaded for the reference (a fresh run's policy is the base
+/// model, and copying it saves a load). The critic starts from `model.critic_model_path` when that names another
+/// model; on resume its trained weights then come from the checkpoint's trainer state.
+fn starting_models(
+    config: &Config,
+    components: &Components,
+    resuming: bool,
+    (kind, device, vocab): (Kind, tch::Device, i64),
+    threads: usize,
+) -> Result<StartingModels, RftError> {
+    let load = |path: &Path, kind: Kind| {
+        on_pool(threads, || load_model(path, kind, device)).map(|m| m.decoder).map_err(|e| model_error(path, e))
+    };
+    let base = Path::new(&config.model.model_path);
+    let reference = if components.use_reference && resuming {
+        tracing::info!("reference model: {} (the base model, not the checkpoint)", base.display());
+        Some(load(base, kind)?)
+    } else {
+        None
+    };
+    let critic_path = Path::new(&config.model.critic_model_path);
+    let critic = if components.use_critic && !critic_path.as_os_str().is_empty() && critic_path != base {
+        tracing::info!("critic starts from {}", critic_path.display());
+        let critic = load(critic_path, Kind::Float)?;
+        // The critic scores the policy's token ids, so it must read the same vocabulary.
+        if critic.config().vocab_size != vocab {
+            return Err(RftError::Setting {
+                key: "model.critic_model_path",
+                message: format!(
+                    "{} has a vocabulary of {} tokens, the policy's has {vocab}; the critic must use the policy's \
+                     tokenizer",
+                    critic_path.display(),
+                    critic.config().vocab_size
+                ),
+            });
+        }
+        Some(critic)
+    } else {
+        None
+    };
+    Ok(StartingModels { reference, critic })
 }
 
 /// Reward and length statistics of a batch, under `prefix/`.

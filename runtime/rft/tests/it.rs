@@ -148,3 +148,80 @@ fn a_fresh_start_never_mixes_with_an_old_run() {
     assert_eq!(summary.resumed_from, None);
     assert!(new.join("global_step_1/meta.json").exists());
 }
+
+#[test]
+fn a_resumed_run_measures_kl_against_the_base_model() {
+    // fp32 throughout, so that the interrupted and the uninterrupted run compute the same numbers.
+    let set = |steps: u64| {
+        ["trainer.dtype=float32", "explorer.rollout_model.dtype=float32", "explorer.eval_on_startup=false"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain([format!("buffer.total_steps={steps}")])
+            .collect::<Vec<_>>()
+    };
+    let kl_at = |job: &Path, step: u64| {
+        let line = metrics(job).into_iter().find(|l| l["step"].as_u64() == Some(step)).unwrap();
+        line["train/kl_loss"].as_f64().unwrap_or_else(|| panic!("no train/kl_loss at step {step}: {line}"))
+    };
+
+    let whole = tempfile::tempdir().unwrap();
+    let config = config(whole.path(), &set(3));
+    let uninterrupted = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap().job_dir;
+
+    let split = tempfile::tempdir().unwrap();
+    let first = self::config(split.path(), &set(2));
+    trinity_rft::run_both(&first, &trinity_rft::job_dir(&first)).unwrap();
+    let second = self::config(split.path(), &set(3));
+    let summary = trinity_rft::run_both(&second, &trinity_rft::job_dir(&second)).unwrap();
+    assert_eq!(summary.resumed_from, Some(2));
+
+    // After two steps at lr 1e-3 the policy has left the base model, so step 3's KL is clearly positive; a
+    // reference rebuilt from the step-2 checkpoint would be the policy itself and give 0.
+    let expected = kl_at(&uninterrupted, 3);
+    let resumed = kl_at(&summary.job_dir, 3);
+    assert!(expected > 1e-6, "the uninterrupted run's step-3 KL is {expected}");
+    assert!((resumed - expected).abs() <= 1e-3 * expected, "resumed KL {resumed}, uninterrupted {expected}");
+}
+
+/// Writes `rows` chat rows (`{"messages": [user, assistant]}`) to `dir/sft.jsonl`.
+fn sft_dataset(dir: &Path, rows: usize) -> PathBuf {
+    let path = dir.join("sft.jsonl");
+    let text: String = (0..rows)
+        .map(|i| {
+            let messages = serde_json::json!([
+                {"role": "user", "content": format!("ab{i}")},
+                {"role": "assistant", "content": format!("{i}")},
+            ]);
+            format!("{}\n", serde_json::json!({ "messages": messages }))
+        })
+        .collect();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn mix_trains_expert_rows_beside_the_rollouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let sft = sft_dataset(dir.path(), 3);
+    // 2 tasks × 4 rollouts are the usual rows; ceil(0.2 · 10) = 2 expert rows per step, so three SFT rows over
+    // two passes feed three steps and the run stops there although the taskset has five.
+    let overrides = [
+        "algorithm.algorithm_type=mix".to_owned(),
+        "algorithm.sample_strategy_args.expert_data_ratio=0.2".to_owned(),
+        "buffer.train_batch_size=10".to_owned(),
+        "buffer.trainer_input.auxiliary_buffers.sft_dataset.storage_type=file".to_owned(),
+        format!("buffer.trainer_input.auxiliary_buffers.sft_dataset.path={}", sft.display()),
+        "buffer.trainer_input.auxiliary_buffers.sft_dataset.total_epochs=2".to_owned(),
+        "buffer.trainer_input.auxiliary_buffers.sft_dataset.format.messages_key=messages".to_owned(),
+        "explorer.eval_on_startup=false".to_owned(),
+    ];
+    let config = config(dir.path(), &overrides);
+    let summary = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap();
+    assert_eq!(summary.train_steps, 3, "the expert rows run out after three steps");
+    let lines = metrics(&summary.job_dir);
+    let step = lines.iter().find(|l| l["step"] == 1).unwrap();
+    let sft_loss = step["train/expert/sft_loss"].as_f64().unwrap_or_else(|| panic!("no expert SFT loss: {step}"));
+    assert!(sft_loss > 0.0, "the expert rows' SFT loss is {sft_loss}");
+    assert!(step["train/usual/pg_loss"].is_number(), "no usual PPO loss: {step}");
+    assert_eq!(step["train/perf/rows"], 10.0, "8 rollouts and 2 expert rows: {step}");
+}

@@ -40,4 +40,4 @@ pub use lr_schedule::LrSchedule;
 pub use micro_batch::MicroBatching;
 pub use optimizer::{AdamW, AdamWSettings};
 pub use reference::ReferenceModel;
-pub use trainer::{StepMetrics, Trainer, TrainerOptions};
+pub use trainer::{StartingModels, StepMetrics, Trainer, TrainerOptions};

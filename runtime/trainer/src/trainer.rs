@@ -8,12 +8,14 @@
 //!    `compute_advantage_in_trainer`) after the KL reward penalty; a group (explorer-side) function also runs
 //!    here when the rows arrive without advantages, so a loop without an experience pipeline still trains.
 //!    Rows a group function drops leave the step, duplicated ones count twice.
-//! 4. The critic's update (PPO), then the actor's: micro-batches ([`crate::micro_batch`]); per micro-batch the
-//!    current logprobs with the rollout temperature (and entropy when a coefficient or the metric needs it),
-//!    `loss = pg_loss − entropy_coef·H + kl_coef·KL` from trinity-algorithm's components, scaled by
-//!    `rows_in_micro / rows_in_step` (Trinity's `micro_bsz / ppo_mini_batch_size`) and backpropagated
-//!    through the chunked head ([`crate::logprobs`]); then one optimizer step: global grad-norm clipping
-//!    (a non-finite norm skips the update, as veRL does), AdamW with the scheduled learning rate.
+//! 4. `ppo_epochs` passes over the rows, each cut into mini-batches (`ppo_mini_batch_size`; by default the
+//!    whole step is one). Per mini-batch the critic's update (PPO), then the actor's: micro-batches
+//!    ([`crate::micro_batch`]); per micro-batch the current logprobs with the rollout temperature (and entropy
+//!    when a coefficient or the metric needs it), `loss = pg_loss − entropy_coef·H + kl_coef·KL` from
+//!    trinity-algorithm's components, scaled by `rows_in_micro / rows_in_mini_batch` (Trinity's
+//!    `micro_bsz / ppo_mini_batch_size`) and backpropagated through the chunked head ([`crate::logprobs`]);
+//!    then one optimizer step: global grad-norm clipping (a non-finite norm skips the update, as veRL does),
+//!    AdamW with the train step's scheduled learning rate. `actor/grad_norm` is the mean over these steps.
 //!
 //! Metrics use Trinity's names: component metrics under `actor/` (`actor/pg_loss`, `actor/pg_clipfrac`,
 //! `actor/ppo_kl`, `actor/kl_loss`, …; the mean over micro-batches, as veRL reduces them), `actor/entropy`,
@@ -68,6 +70,10 @@ pub struct TrainerOptions {
     pub cliprange_value: f64,
     /// dtype of the frozen reference copy; `None`: the policy's.
     pub reference_kind: Option<Kind>,
+    /// veRL's `ppo_epochs`: passes over a train step's rows.
+    pub ppo_epochs: u32,
+    /// veRL's `ppo_mini_batch_size`, in rows: one optimizer step per this many rows; `None`: one per pass.
+    pub mini_batch_rows: Option<usize>,
 }
 
 impl Default for TrainerOptions {
@@ -82,6 +88,8 @@ impl Default for TrainerOptions {
             entropy_metric: true,
             cliprange_value: 0.5,
             reference_kind: None,
+            ppo_epochs: 1,
+            mini_batch_rows: None,
         }
     }
 }
@@ -118,6 +126,16 @@ impl TrainerOptions {
             ..TrainerOptions::default()
         }
     }
+}
+
+/// Models a trainer starts from besides the policy. KL terms are measured against the base model and the critic
+/// starts from `model.critic_model_path`; a resumed run's policy is neither, so it loads them itself.
+#[derive(Debug, Default)]
+pub struct StartingModels {
+    /// The frozen reference model (any dtype); `None` copies the policy.
+    pub reference: Option<Decoder>,
+    /// The critic's backbone, in fp32 (a value head is added); `None` copies the policy.
+    pub critic: Option<Decoder>,
 }
 
 /// Metric name → value of one train step.
@@ -165,12 +183,25 @@ fn indices(micro: &[usize]) -> Tensor {
 }
 
 impl Trainer {
-    /// Builds a trainer around `policy` (fp32 or bf16 parameters, see the module docs). When the algorithm
-    /// uses a reference model, a frozen copy of `policy` becomes it (replace it with [`Trainer::with_reference`]);
-    /// when it uses a critic, a copy of `policy` in fp32 with a fresh value head becomes it (replace with
-    /// [`Trainer::with_critic`]). The critic's optimizer uses the same settings and schedule.
+    /// Builds a trainer around `policy` (fp32 or bf16 parameters, see the module docs) whose reference model and
+    /// critic start as copies of it: right for a fresh run, where the policy is the base model. A resumed run
+    /// passes the base model itself through [`Trainer::with_models`].
     pub fn new(
         policy: Decoder,
+        components: Components,
+        optimizer: &OptimizerConfig,
+        options: TrainerOptions,
+    ) -> Result<Self> {
+        Self::with_models(policy, StartingModels::default(), components, optimizer, options)
+    }
+
+    /// Builds a trainer around `policy` with the reference model and critic backbone of `models`. When the
+    /// algorithm uses a reference model and none is given, a frozen copy of `policy` becomes it; when it uses a
+    /// critic and no backbone is given, a copy of `policy` in fp32 with a fresh value head becomes it. The
+    /// critic's optimizer uses the same settings and schedule.
+    pub fn with_models(
+        policy: Decoder,
+        models: StartingModels,
         components: Components,
         optimizer: &OptimizerConfig,
         options: TrainerOptions,
@@ -183,30 +214,23 @@ impl Trainer {
         }
         let schedule = LrSchedule::new(optimizer, options.total_steps)?;
         let adamw = AdamW::new(policy.named_parameters()?, AdamWSettings::from(optimizer))?;
-        let reference = if components.use_reference {
-            Some(ReferenceModel::from_policy(&policy, options.reference_kind.unwrap_or(policy.kind()))?)
-        } else {
-            None
+        let reference = match (components.use_reference, models.reference) {
+            (false, _) => None,
+            (true, Some(decoder)) => Some(ReferenceModel::new(decoder)),
+            (true, None) => {
+                Some(ReferenceModel::from_policy(&policy, options.reference_kind.unwrap_or(policy.kind()))?)
+            }
         };
         let critic = if components.use_critic {
-            let backbone = copy_decoder(&policy, Kind::Float)?;
+            let backbone = match models.critic {
+                Some(decoder) => decoder,
+                None => copy_decoder(&policy, Kind::Float)?,
+            };
             Some(Critic::new(backbone, optimizer, schedule.clone(), options.cliprange_value)?)
         } else {
             None
         };
         Ok(Trainer { policy, optimizer: adamw, schedule, components, reference, critic, options, global_step: 0 })
-    }
-
-    /// Uses `reference` as the reference model.
-    pub fn with_reference(mut self, reference: ReferenceModel) -> Self {
-        self.reference = Some(reference);
-        self
-    }
-
-    /// Uses `critic` as the critic.
-    pub fn with_critic(mut self, critic: Critic) -> Self {
-        self.critic = Some(critic);
-        self
     }
 
     /// The policy, e.g. for weight sync: `generation_decoder.copy_weights_from(trainer.policy())`.
@@ -335,40 +359,54 @@ impl Trainer {
         }
 
         let (active, returns) = self.advantages(&mut batch, &mut metrics)?;
-        let micro_batches = if self.components.policy_loss.name == "dpo" {
-            // DPO rows come as (chosen, rejected) pairs that must share a micro-batch, in order.
-            split(rows, &active, MicroBatching::Rows(2))?
-        } else {
-            split(rows, &active, self.options.micro_batching)?
-        };
-
-        if let Some(critic) = &mut self.critic {
-            let returns = returns.as_ref().ok_or_else(|| {
-                TrainerError::InvalidBatch("the critic needs returns from a trainer-side advantage function".into())
-            })?;
-            let values = batch.values.as_ref().ok_or_else(|| TrainerError::InvalidBatch("no critic values".into()))?;
-            let update = critic.update(
-                rows,
-                &micro_batches,
-                returns,
-                values,
-                &batch.action_mask,
-                self.components.loss_agg_mode,
-                active.len(),
-                self.global_step,
-            )?;
-            metrics.extend(update.metrics.into_iter().map(|(k, v)| (format!("critic/{k}"), v)));
-        }
-
-        let means = self.update_actor(rows, &batch, &micro_batches, active.len())?;
-        means.into_metrics(&mut metrics);
-        let grad_norm = self.optimizer.clip_grad_norm(self.options.grad_clip)?;
+        // veRL's update: `ppo_epochs` passes over the step's rows, each pass one optimizer step per mini-batch,
+        // gradients accumulated over the mini-batch's micro-batches. The learning rate is the train step's for
+        // every optimizer step in it (the schedule advances once per train step, as veRL's scheduler does).
         let lr = self.schedule.lr(self.global_step);
-        if grad_norm.is_finite() {
-            self.optimizer.step(lr)?;
+        let mini_batches = self.mini_batches(&active);
+        let mut means = MetricMeans::default();
+        let (mut grad_norms, mut micro_count) = (Vec::new(), 0usize);
+        for _epoch in 0..self.options.ppo_epochs.max(1) {
+            for mini in &mini_batches {
+                let micro_batches = if self.components.policy_loss.name == "dpo" {
+                    // DPO rows come as (chosen, rejected) pairs that must share a micro-batch, in order.
+                    split(rows, mini, MicroBatching::Rows(2))?
+                } else {
+                    split(rows, mini, self.options.micro_batching)?
+                };
+                micro_count += micro_batches.len();
+                if let Some(critic) = &mut self.critic {
+                    let returns = returns.as_ref().ok_or_else(|| {
+                        TrainerError::InvalidBatch(
+                            "the critic needs returns from a trainer-side advantage function".into(),
+                        )
+                    })?;
+                    let values =
+                        batch.values.as_ref().ok_or_else(|| TrainerError::InvalidBatch("no critic values".into()))?;
+                    let update = critic.update(
+                        rows,
+                        &micro_batches,
+                        returns,
+                        values,
+                        &batch.action_mask,
+                        self.components.loss_agg_mode,
+                        mini.len(),
+                        self.global_step,
+                    )?;
+                    means.add("critic/", update.metrics);
+                }
+                self.update_actor(rows, &batch, &micro_batches, mini.len(), &mut means)?;
+                let grad_norm = self.optimizer.clip_grad_norm(self.options.grad_clip)?;
+                if grad_norm.is_finite() {
+                    self.optimizer.step(lr)?;
+                }
+                self.optimizer.zero_grad();
+                grad_norms.push(grad_norm);
+            }
         }
-        self.optimizer.zero_grad();
+        means.into_metrics(&mut metrics);
         self.global_step += 1;
+        let grad_norm = grad_norms.iter().sum::<f64>() / grad_norms.len().max(1) as f64;
 
         let tokens: usize = active.iter().map(|&i| rows[i].tokens.len()).sum();
         let seconds = start.elapsed().as_secs_f64();
@@ -377,9 +415,22 @@ impl Trainer {
         metrics.insert("perf/step_time_s".into(), seconds);
         metrics.insert("perf/total_num_tokens".into(), tokens as f64);
         metrics.insert("perf/tokens_per_s".into(), tokens as f64 / seconds.max(1e-9));
-        metrics.insert("perf/micro_batches".into(), micro_batches.len() as f64);
+        metrics.insert("perf/micro_batches".into(), micro_count as f64);
+        metrics.insert("actor/optimizer_steps".into(), grad_norms.len() as f64);
         metrics.insert("perf/rows".into(), active.len() as f64);
         Ok(metrics)
+    }
+
+    /// The step's rows cut into mini-batches of `options.mini_batch_rows` (in order; the last may be shorter), one
+    /// optimizer step each; all rows in one mini-batch when unset. DPO mini-batches hold whole (chosen, rejected)
+    /// pairs.
+    fn mini_batches(&self, active: &[usize]) -> Vec<Vec<usize>> {
+        let Some(size) = self.options.mini_batch_rows else {
+            return vec![active.to_vec()];
+        };
+        let pairs = self.components.policy_loss.name == "dpo";
+        let size = if pairs { size.max(2).next_multiple_of(2) } else { size.max(1) };
+        active.chunks(size).map(<[usize]>::to_vec).collect()
     }
 
     /// Step 3 of the module docs: fills `batch.advantages` unless present; returns the rows that train (indices
@@ -412,15 +463,16 @@ impl Trainer {
         Ok((active, Some(out.returns)))
     }
 
-    /// Step 4 (actor): accumulates gradients over the micro-batches; returns the mean metrics.
+    /// Step 4 (actor): accumulates the gradients of one mini-batch over its micro-batches (`active` rows in all,
+    /// the loss-scale denominator) and adds their metrics to `means`.
     fn update_actor(
         &mut self,
         rows: &[TrainRow],
         batch: &Batch,
         micro_batches: &[Vec<usize>],
         active: usize,
-    ) -> Result<MetricMeans> {
-        let mut means = MetricMeans::default();
+        means: &mut MetricMeans,
+    ) -> Result<()> {
         let (temperature, chunk) = (self.options.temperature, self.options.logit_chunk_tokens);
         let width = batch.len() as i64;
         let c = &self.components;
@@ -500,6 +552,6 @@ impl Trainer {
                 grad_ent.as_ref(),
             )?;
         }
-        Ok(means)
+        Ok(())
     }
 }

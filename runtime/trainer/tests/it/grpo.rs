@@ -81,3 +81,40 @@ fn group_advantages_are_computed_when_rows_bring_none() {
     assert_eq!(m["perf/rows"], GROUP as f64);
     assert!(m.contains_key("group_advantages/reward_mean/mean"), "{m:?}");
 }
+
+/// `ppo_mini_batch_size` and `ppo_epochs` are several optimizer steps in one train step: 16 rows in mini-batches
+/// of 4 over 2 epochs must move the policy exactly as 8 one-mini-batch train steps on the same rows in the same
+/// order do (constant learning rate, advantages and old logprobs fixed by the rollout).
+#[test]
+fn mini_batches_and_epochs_are_optimizer_steps_within_one_train_step() {
+    let alg = algorithm("grpo", |_| {});
+    tch::manual_seed(5);
+    let mut rows = rollout(&next_token_probs(&tiny_model(3, Kind::Float), &PROMPT));
+    // Advantages of both signs whatever was sampled, so that every optimizer step moves the policy.
+    for (i, row) in rows.iter_mut().enumerate() {
+        row.advantages = Some(vec![if i % 3 == 0 { 1.0 } else { -0.5 }]);
+    }
+    let options = TrainerOptions { ppo_epochs: 2, mini_batch_rows: Some(4), ..TrainerOptions::default() };
+    let mut batched = trainer(tiny_model(3, Kind::Float), &alg, 1e-2, options);
+    let metrics = batched.train_step(&rows).unwrap();
+    assert_eq!(metrics.get("actor/optimizer_steps"), Some(&8.0));
+
+    let mut stepwise = trainer(tiny_model(3, Kind::Float), &alg, 1e-2, TrainerOptions::default());
+    for _epoch in 0..2 {
+        for chunk in rows.chunks(4) {
+            stepwise.train_step(chunk).unwrap();
+        }
+    }
+    let diff = crate::max_param_diff(batched.policy(), stepwise.policy());
+    let moved = crate::max_param_diff(batched.policy(), &tiny_model(3, Kind::Float));
+    assert!(moved > 1e-3, "the policy moved by {moved}");
+    assert!(diff < 1e-5 * moved.max(1.0), "mini-batched and step-wise policies differ by {diff}");
+
+    // One mini-batch and one epoch is the plain train step.
+    let mut whole = trainer(tiny_model(3, Kind::Float), &alg, 1e-2, TrainerOptions::default());
+    let options = TrainerOptions { mini_batch_rows: Some(rows.len()), ..TrainerOptions::default() };
+    let mut explicit = trainer(tiny_model(3, Kind::Float), &alg, 1e-2, options);
+    whole.train_step(&rows).unwrap();
+    assert_eq!(explicit.train_step(&rows).unwrap().get("actor/optimizer_steps"), Some(&1.0));
+    assert_eq!(crate::max_param_diff(whole.policy(), explicit.policy()), 0.0);
+}
