@@ -5,8 +5,9 @@
 //! * [`Workflow`] is the interface every workflow implements — the built-ins here, and WASM workflows through
 //!   the same trait. Built-ins register by name with `inventory` ([`WorkflowEntry`]), plugins at run time
 //!   ([`register_workflow`]).
-//! * [`ExperienceOperator`]s transform one explore step's experiences before they enter the buffer; plugins
-//!   register them by name ([`register_operator`]) and [`apply_operators`] runs a configured pipeline.
+//! * [`ExperienceOperator`]s transform one explore step's experiences before they enter the buffer: Trinity-RFT's
+//!   pure ones are built in ([`OperatorEntry`]), plugins register by name ([`register_operator`]), and
+//!   [`apply_pipeline`] runs a configured pipeline, collecting the selectors' feedback.
 //! * [`run_tasks`] runs a batch of tasks with `runner_per_model` workflows in flight, a per-task timeout and
 //!   retries; a task that fails for good is logged and counted, never fatal to the run.
 
@@ -14,6 +15,9 @@ mod countdown_workflow;
 mod error;
 mod math_workflow;
 mod operator;
+mod pass_rate_calculator;
+mod reward_filters;
+mod reward_shaping_mapper;
 mod rollout_model;
 mod runner;
 mod workflow;
@@ -21,7 +25,8 @@ mod workflow;
 pub use error::ExplorerError;
 pub use math_workflow::mix as seed_mix;
 pub use operator::{
-    ExperienceOperator, OperatorOutput, apply_operators, lookup_operator, operator_names, register_operator,
+    ExperienceOperator, OperatorEntry, OperatorOutput, PipelineOutput, apply_operators, apply_pipeline,
+    builtin_operators, lookup_operator, operator_names, register_operator,
 };
 pub use rollout_model::RolloutModel;
 pub use runner::{RunReport, RunnerOptions, TaskFailure, run_tasks};

@@ -4,8 +4,8 @@
 //! as the start of the assistant turn), the group's `repeat_times` samples come from one request (one prefill),
 //! each answer is scored by the task's reward function, and the reward components become experience metrics.
 
-use trinity_buffer::{Eid, Experience, Task};
-use trinity_engine::SamplingParams;
+use trinity_buffer::{Eid, Experience, Task, TruncateStatus};
+use trinity_engine::{FinishReason, SamplingParams};
 use trinity_model::ChatMessage;
 use trinity_reward::RewardInput;
 
@@ -92,6 +92,9 @@ pub(crate) async fn rollout(
         experience.model_version = version;
         experience.prompt_text = Some(rendered_prompt.clone());
         experience.response_text = Some(completion.text);
+        if completion.finish_reason == FinishReason::Length {
+            experience.truncate_status = Some(TruncateStatus::ResponseTruncated);
+        }
         experience.info.insert("finish_reason".to_owned(), format!("{:?}", completion.finish_reason).into());
         experience.info.insert("taskset".to_owned(), task.taskset.clone().into());
         experiences.push(experience);

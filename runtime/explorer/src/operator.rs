@@ -1,15 +1,22 @@
 //! Experience operators: transform one explore step's experiences before they enter the buffer (filter groups,
 //! reshape rewards, add fields), reporting metrics.
 //!
-//! Operators come from plugins and register by name at run time. [`apply_operators`] runs a configured pipeline
-//! with one rule: an operator that fails costs its own effect on this batch, never the batch — the experiences
-//! go on unchanged, the error is logged and counted (`pipeline/<name>/errors`).
+//! Built-in operators (Trinity-RFT's pure ones: `reward_filter`, `reward_shaping_mapper`,
+//! `pass_rate_calculator`, ...) register by name with `inventory` ([`OperatorEntry`]); plugins register at run
+//! time ([`register_operator`]) and are consulted first. [`apply_pipeline`] runs a configured pipeline with one
+//! rule: an operator that fails costs its own effect on this batch, never the batch — the experiences go on
+//! unchanged, the error is logged and counted (`pipeline/<name>/errors`).
+//!
+//! Besides metrics, an operator may return feedback for the task selectors (Trinity's `selector_metric`): the
+//! observed pass rates of the rows it saw, which a `difficulty_based` selector learns from
+//! (`TaskScheduler::feedback`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use serde_json::{Map, Value};
 use trinity_buffer::Experience;
+use trinity_buffer::selector::PassRates;
 
 use crate::workflow::NameTaken;
 
@@ -19,6 +26,8 @@ pub struct OperatorOutput {
     pub experiences: Vec<Experience>,
     /// Reported as `pipeline/<operator>/<name>`.
     pub metrics: BTreeMap<String, f64>,
+    /// Observed pass rates per taskset, for the task selectors (empty for most operators).
+    pub selector_feedback: Vec<PassRates>,
 }
 
 /// One experience operator.
@@ -28,44 +37,93 @@ pub trait ExperienceOperator: Send + Sync + std::fmt::Debug {
     fn apply(&self, experiences: &[Experience], args: &Map<String, Value>) -> Result<OperatorOutput, String>;
 }
 
+/// A built-in operator, registered by name.
+pub struct OperatorEntry {
+    /// The name configs use (`data_processor.experience_pipeline.operators[].name`).
+    pub name: &'static str,
+    /// One line for `trinity plugins list`.
+    pub description: &'static str,
+    /// Builds the operator.
+    pub build: fn() -> Box<dyn ExperienceOperator>,
+}
+
+impl std::fmt::Debug for OperatorEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorEntry").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+inventory::collect!(OperatorEntry);
+
+/// The built-in operator called `name`.
+pub fn lookup_builtin_operator(name: &str) -> Option<&'static OperatorEntry> {
+    inventory::iter::<OperatorEntry>().find(|entry| entry.name == name)
+}
+
+/// Every built-in operator, sorted by name.
+pub fn builtin_operators() -> Vec<&'static OperatorEntry> {
+    let mut all: Vec<&'static OperatorEntry> = inventory::iter::<OperatorEntry>().collect();
+    all.sort_by_key(|entry| entry.name);
+    all
+}
+
 static OPERATORS: RwLock<BTreeMap<String, Arc<dyn ExperienceOperator>>> = RwLock::new(BTreeMap::new());
 
-/// Registers `operator` under `name` for the rest of the process; a name is registered once. (There are no
-/// built-in operators yet, so `replace_builtin` has nothing to replace; it is taken for symmetry with
-/// workflows and rewards.)
+/// Registers `operator` under `name` for the rest of the process. A built-in of the same name is an error unless
+/// `replace_builtin` (the plugin then wins); a second registration of one name is always an error.
 pub fn register_operator(
     name: &str,
     operator: Arc<dyn ExperienceOperator>,
-    _replace_builtin: bool,
+    replace_builtin: bool,
 ) -> Result<(), NameTaken> {
     let mut all = OPERATORS.write().unwrap_or_else(|poisoned| poisoned.into_inner());
     if all.contains_key(name) {
         return Err(NameTaken { kind: "operator", name: name.to_owned(), by: "another plugin" });
     }
+    if lookup_builtin_operator(name).is_some() && !replace_builtin {
+        return Err(NameTaken { kind: "operator", name: name.to_owned(), by: "a built-in operator" });
+    }
     all.insert(name.to_owned(), operator);
     Ok(())
 }
 
-/// The operator registered as `name`.
+/// The operator registered as `name`: a plugin, else a built-in.
 pub fn lookup_operator(name: &str) -> Option<Arc<dyn ExperienceOperator>> {
-    OPERATORS.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name).cloned()
+    if let Some(operator) = OPERATORS.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name) {
+        return Some(Arc::clone(operator));
+    }
+    lookup_builtin_operator(name).map(|entry| Arc::from((entry.build)()))
 }
 
-/// Every registered operator name, sorted.
+/// Every operator name, built-in or plugin, sorted.
 pub fn operator_names() -> Vec<String> {
-    OPERATORS.read().unwrap_or_else(|poisoned| poisoned.into_inner()).keys().cloned().collect()
+    let mut names: Vec<String> = inventory::iter::<OperatorEntry>().map(|entry| entry.name.to_owned()).collect();
+    names.extend(OPERATORS.read().unwrap_or_else(|poisoned| poisoned.into_inner()).keys().cloned());
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// What a pipeline made of one step's experiences.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PipelineOutput {
+    pub experiences: Vec<Experience>,
+    /// `pipeline/<operator>/<name>`, plus `pipeline/<operator>/errors` (0 or 1) for every operator.
+    pub metrics: BTreeMap<String, f64>,
+    /// Every operator's selector feedback, in pipeline order; hand it to `TaskScheduler::feedback`.
+    pub selector_feedback: Vec<PassRates>,
 }
 
 /// Runs `operators` (name, args) in order over `experiences`. Every output experience is validated; an operator
 /// that fails, is not registered or returns an invalid experience is skipped for this batch (logged, counted).
-pub fn apply_operators<'a>(
+pub fn apply_pipeline<'a>(
     operators: impl IntoIterator<Item = (&'a str, &'a Map<String, Value>)>,
-    mut experiences: Vec<Experience>,
-) -> (Vec<Experience>, BTreeMap<String, f64>) {
-    let mut metrics = BTreeMap::new();
+    experiences: Vec<Experience>,
+) -> PipelineOutput {
+    let mut out = PipelineOutput { experiences, ..PipelineOutput::default() };
     for (name, args) in operators {
         let result = match lookup_operator(name) {
-            Some(operator) => operator.apply(&experiences, args).and_then(|output| {
+            Some(operator) => operator.apply(&out.experiences, args).and_then(|output| {
                 for experience in &output.experiences {
                     experience.validate().map_err(|e| format!("invalid output experience: {e}"))?;
                 }
@@ -75,17 +133,49 @@ pub fn apply_operators<'a>(
         };
         match result {
             Ok(output) => {
-                metrics.extend(output.metrics.into_iter().map(|(k, v)| (format!("pipeline/{name}/{k}"), v)));
-                metrics.insert(format!("pipeline/{name}/errors"), 0.0);
-                experiences = output.experiences;
+                out.metrics.extend(output.metrics.into_iter().map(|(k, v)| (format!("pipeline/{name}/{k}"), v)));
+                out.metrics.insert(format!("pipeline/{name}/errors"), 0.0);
+                out.experiences = output.experiences;
+                out.selector_feedback.extend(output.selector_feedback);
             }
             Err(message) => {
                 tracing::error!("operator `{name}` failed; this batch goes on without it: {message}");
-                metrics.insert(format!("pipeline/{name}/errors"), 1.0);
+                out.metrics.insert(format!("pipeline/{name}/errors"), 1.0);
             }
         }
     }
-    (experiences, metrics)
+    out
+}
+
+/// [`apply_pipeline`] without the selector feedback: the experiences and the metrics.
+pub fn apply_operators<'a>(
+    operators: impl IntoIterator<Item = (&'a str, &'a Map<String, Value>)>,
+    experiences: Vec<Experience>,
+) -> (Vec<Experience>, BTreeMap<String, f64>) {
+    let out = apply_pipeline(operators, experiences);
+    (out.experiences, out.metrics)
+}
+
+/// An optional number argument of an operator.
+pub(crate) fn number_arg(args: &Map<String, Value>, key: &str, default: f64) -> Result<f64, String> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(value) => value.as_f64().ok_or_else(|| format!("args.{key} must be a number, found {value}")),
+    }
+}
+
+/// Experiences grouped by `group_id` (runs of one task), groups in order of first appearance.
+pub(crate) fn groups(experiences: &[Experience]) -> Vec<Vec<&Experience>> {
+    let mut order: Vec<&str> = Vec::new();
+    let mut by_id: BTreeMap<&str, Vec<&Experience>> = BTreeMap::new();
+    for experience in experiences {
+        let members = by_id.entry(&experience.group_id).or_default();
+        if members.is_empty() {
+            order.push(&experience.group_id);
+        }
+        members.push(experience);
+    }
+    order.into_iter().filter_map(|id| by_id.remove(id)).collect()
 }
 
 #[cfg(test)]
@@ -100,7 +190,11 @@ mod tests {
         fn apply(&self, experiences: &[Experience], _: &Map<String, Value>) -> Result<OperatorOutput, String> {
             let mut metrics = BTreeMap::new();
             metrics.insert("kept".to_owned(), 1.0);
-            Ok(OperatorOutput { experiences: experiences.iter().take(1).cloned().collect(), metrics })
+            Ok(OperatorOutput {
+                experiences: experiences.iter().take(1).cloned().collect(),
+                metrics,
+                ..Default::default()
+            })
         }
     }
 
@@ -111,7 +205,7 @@ mod tests {
         fn apply(&self, experiences: &[Experience], _: &Map<String, Value>) -> Result<OperatorOutput, String> {
             let mut broken: Vec<Experience> = experiences.to_vec();
             broken[0].reward = f64::NAN;
-            Ok(OperatorOutput { experiences: broken, metrics: BTreeMap::new() })
+            Ok(OperatorOutput { experiences: broken, ..Default::default() })
         }
     }
 
@@ -120,6 +214,8 @@ mod tests {
         register_operator("test_keep_first", Arc::new(KeepFirst), false).unwrap();
         register_operator("test_breaks", Arc::new(Breaks), false).unwrap();
         assert!(register_operator("test_breaks", Arc::new(Breaks), true).is_err());
+        let taken = register_operator("reward_filter", Arc::new(Breaks), false).unwrap_err();
+        assert!(taken.to_string().contains("built-in"), "{taken}");
         let batch: Vec<Experience> = (0..3)
             .map(|run| Experience::single_turn(Eid { run, ..Eid::default() }, vec![1, 2, 3], 1, vec![0.0; 2]))
             .collect();

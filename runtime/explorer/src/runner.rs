@@ -94,6 +94,15 @@ pub async fn run_tasks(model: Arc<RolloutModel>, tasks: Vec<Task>, options: &Run
     report
 }
 
+/// Records which taskset row each experience came from (`info.task_index`, Trinity's field), whatever workflow
+/// made it: operators such as `pass_rate_calculator` report per row.
+fn stamp_task_index(task: &Task, group: &mut [Experience]) {
+    for experience in group {
+        let index = serde_json::json!({"taskset_id": task.taskset_id, "index": task.index});
+        experience.info.insert("task_index".to_owned(), index);
+    }
+}
+
 async fn run_with_retries(
     model: &Arc<RolloutModel>,
     task: &Task,
@@ -112,7 +121,10 @@ async fn run_with_retries(
     for attempt in 0..=options.max_retries {
         let ctx = WorkflowContext { model: Arc::clone(model), repeat_times: task.repeat_times, attempt };
         let error = match tokio::time::timeout(options.timeout, workflow.run(task, &ctx)).await {
-            Ok(Ok(group)) => return (Ok(group), attempt),
+            Ok(Ok(mut group)) => {
+                stamp_task_index(task, &mut group);
+                return (Ok(group), attempt);
+            }
             Ok(Err(error)) => error,
             Err(_) => ExplorerError::Timeout { task: describe(task), seconds: options.timeout.as_secs() },
         };

@@ -97,7 +97,7 @@ impl OperatorPlugin {
             out.push(experience);
         }
         let metrics = metrics_map(&name, "batch metrics", output.metrics)?;
-        Ok(OperatorOutput { experiences: out, metrics })
+        Ok(OperatorOutput { experiences: out, metrics, ..OperatorOutput::default() })
     }
 }
 
