@@ -55,11 +55,23 @@ impl ReferenceModel {
 
     /// Logprobs of the response tokens of `rows[micro]`, `[b, R]` f32 on the CPU (R = longest response there).
     pub fn logprobs(&self, rows: &[TrainRow], micro: &[usize], temperature: f64, chunk_tokens: i64) -> Result<Tensor> {
-        let inputs = PaddedInputs::new(rows, micro, self.decoder.device())?;
-        tch::no_grad(|| {
-            let hidden = inputs.hidden(&self.decoder)?;
-            let stats = logprobs::score(&self.decoder, &hidden, &inputs.targets, temperature, chunk_tokens, false)?;
-            Ok(stats.logprob.f_to_device(Device::Cpu)?)
-        })
+        response_logprobs(&self.decoder, rows, micro, temperature, chunk_tokens)
     }
+}
+
+/// Logprobs of the response tokens of `rows[micro]` under `decoder`, without gradients: `[b, R]` f32 on the CPU
+/// (R = longest response there). The reference model's scores, and the policy's when old logprobs are recomputed.
+pub(crate) fn response_logprobs(
+    decoder: &Decoder,
+    rows: &[TrainRow],
+    micro: &[usize],
+    temperature: f64,
+    chunk_tokens: i64,
+) -> Result<Tensor> {
+    let inputs = PaddedInputs::new(rows, micro, decoder.device())?;
+    tch::no_grad(|| {
+        let hidden = inputs.hidden(decoder)?;
+        let stats = logprobs::score(decoder, &hidden, &inputs.targets, temperature, chunk_tokens, false)?;
+        Ok(stats.logprob.f_to_device(Device::Cpu)?)
+    })
 }

@@ -2,7 +2,8 @@
 //!
 //! For a batch of [`TrainRow`]s:
 //! 1. Response-token fields are gathered into an algorithm [`Batch`] of `[N, R]` (R = longest response);
-//!    `old_logprob` is the rollout logprobs (Trinity's default `bypass_mode`, no recomputation).
+//!    `old_logprob` is the rollout logprobs (Trinity's default `bypass_mode`), or the policy's own before the
+//!    update with `rollout_correction.bypass_mode: false` ([`TrainerOptions::recompute_old_logprobs`]).
 //! 2. With a reference model: reference logprobs (`no_grad`). With a critic: values (`no_grad`).
 //! 3. Advantages, unless every row brings its own: trainer-side functions (preset
 //!    `compute_advantage_in_trainer`) after the KL reward penalty; a group (explorer-side) function also runs
@@ -46,7 +47,7 @@ use crate::logprobs::{self, HeadMode};
 use crate::lr_schedule::LrSchedule;
 use crate::micro_batch::{MicroBatching, split};
 use crate::optimizer::{AdamW, AdamWSettings};
-use crate::reference::{ReferenceModel, copy_decoder};
+use crate::reference::{ReferenceModel, copy_decoder, response_logprobs};
 
 /// Knobs of the training engine that are not part of the algorithm.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,6 +75,11 @@ pub struct TrainerOptions {
     pub ppo_epochs: u32,
     /// veRL's `ppo_mini_batch_size`, in rows: one optimizer step per this many rows; `None`: one per pass.
     pub mini_batch_rows: Option<usize>,
+    /// The critic's optimizer (veRL's `critic.optim`); `None`: the policy's.
+    pub critic_optimizer: Option<OptimizerConfig>,
+    /// Recompute `old_logprob` with the policy before the update instead of using the rollout logprobs (veRL's
+    /// `rollout_correction.bypass_mode: false`).
+    pub recompute_old_logprobs: bool,
 }
 
 impl Default for TrainerOptions {
@@ -90,6 +96,8 @@ impl Default for TrainerOptions {
             reference_kind: None,
             ppo_epochs: 1,
             mini_batch_rows: None,
+            critic_optimizer: None,
+            recompute_old_logprobs: false,
         }
     }
 }
@@ -113,17 +121,30 @@ impl TrainerOptions {
             .map(|b| b as usize)
             .or(config.model.max_model_len.map(|l| 2 * l as usize))
             .unwrap_or(16384);
+        let verl = &config.trainer.trainer_config;
+        let actor = &verl.actor_rollout_ref.actor;
+        let critic = &verl.critic;
+        let defaults = TrainerOptions::default();
         TrainerOptions {
             // Temperature 0 means greedy sampling; its logprobs are taken at temperature 1, as veRL does.
             temperature: if temperature > 0.0 { temperature } else { 1.0 },
             micro_batching: if config.trainer.use_dynamic_bsz {
                 MicroBatching::TokenBudget(budget)
             } else {
-                MicroBatching::Rows(1)
+                MicroBatching::Rows(actor.ppo_micro_batch_size_per_gpu.unwrap_or(1).max(1) as usize)
             },
             total_steps: config.trainer.total_steps,
             grad_clip: config.trainer.grad_clip.unwrap_or(config.algorithm.optimizer.clip_grad),
-            ..TrainerOptions::default()
+            cliprange_value: if critic.cliprange_value > 0.0 {
+                critic.cliprange_value
+            } else {
+                defaults.cliprange_value
+            },
+            ppo_epochs: actor.ppo_epochs.max(1),
+            mini_batch_rows: actor.ppo_mini_batch_size.map(|m| m as usize),
+            critic_optimizer: critic.optim_resolved.clone(),
+            recompute_old_logprobs: !verl.algorithm.rollout_correction.bypass_mode,
+            ..defaults
         }
     }
 }
@@ -226,7 +247,11 @@ impl Trainer {
                 Some(decoder) => decoder,
                 None => copy_decoder(&policy, Kind::Float)?,
             };
-            Some(Critic::new(backbone, optimizer, schedule.clone(), options.cliprange_value)?)
+            let (critic_optimizer, critic_schedule) = match &options.critic_optimizer {
+                Some(own) => (own, LrSchedule::new(own, options.total_steps)?),
+                None => (optimizer, schedule.clone()),
+            };
+            Some(Critic::new(backbone, critic_optimizer, critic_schedule, options.cliprange_value)?)
         } else {
             None
         };
@@ -340,15 +365,22 @@ impl Trainer {
         }
         batch.expert_mask = Some(rows.iter().map(|r| r.expert).collect());
 
-        // Reference logprobs and critic values for every row, micro-batch by micro-batch, without gradients.
+        // Reference logprobs and critic values for every row, micro-batch by micro-batch, without gradients; with
+        // `bypass_mode: false` the policy's own logprobs replace the rollout's as `old_logprob`.
         let forward_batches = split(rows, &all, self.options.micro_batching)?;
-        if let Some(reference) = &self.reference {
+        let score_all = |decoder: &Decoder| -> Result<Tensor> {
             let mut out = Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu))?;
             for micro in &forward_batches {
-                let lp = pad_to(&reference.logprobs(rows, micro, temperature, chunk)?, w)?;
+                let lp = pad_to(&response_logprobs(decoder, rows, micro, temperature, chunk)?, w)?;
                 out = out.f_index_copy(0, &indices(micro), &lp)?;
             }
-            batch.ref_logprob = Some(out);
+            Ok(out)
+        };
+        if self.options.recompute_old_logprobs {
+            batch.old_logprob = Some(score_all(&self.policy)?);
+        }
+        if let Some(reference) = &self.reference {
+            batch.ref_logprob = Some(score_all(reference.decoder())?);
         }
         if let Some(critic) = &self.critic {
             let mut out = Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu))?;

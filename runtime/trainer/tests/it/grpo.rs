@@ -88,33 +88,65 @@ fn group_advantages_are_computed_when_rows_bring_none() {
 #[test]
 fn mini_batches_and_epochs_are_optimizer_steps_within_one_train_step() {
     let alg = algorithm("grpo", |_| {});
-    tch::manual_seed(5);
-    let mut rows = rollout(&next_token_probs(&tiny_model(3, Kind::Float), &PROMPT));
+    // Every trainer starts from copies of one model: tests run in parallel and share libtorch's generator, so two
+    // seeded constructions are not guaranteed the same weights.
+    let base = tiny_model(3, Kind::Float);
+    let copy = || {
+        let mut model = tiny_model(3, Kind::Float);
+        model.copy_weights_from(&base).unwrap();
+        model
+    };
+    let mut rows = rollout(&next_token_probs(&base, &PROMPT));
     // Advantages of both signs whatever was sampled, so that every optimizer step moves the policy.
     for (i, row) in rows.iter_mut().enumerate() {
         row.advantages = Some(vec![if i % 3 == 0 { 1.0 } else { -0.5 }]);
     }
     let options = TrainerOptions { ppo_epochs: 2, mini_batch_rows: Some(4), ..TrainerOptions::default() };
-    let mut batched = trainer(tiny_model(3, Kind::Float), &alg, 1e-2, options);
+    let mut batched = trainer(copy(), &alg, 1e-2, options);
     let metrics = batched.train_step(&rows).unwrap();
     assert_eq!(metrics.get("actor/optimizer_steps"), Some(&8.0));
 
-    let mut stepwise = trainer(tiny_model(3, Kind::Float), &alg, 1e-2, TrainerOptions::default());
+    let mut stepwise = trainer(copy(), &alg, 1e-2, TrainerOptions::default());
     for _epoch in 0..2 {
         for chunk in rows.chunks(4) {
             stepwise.train_step(chunk).unwrap();
         }
     }
     let diff = crate::max_param_diff(batched.policy(), stepwise.policy());
-    let moved = crate::max_param_diff(batched.policy(), &tiny_model(3, Kind::Float));
+    let moved = crate::max_param_diff(batched.policy(), &base);
     assert!(moved > 1e-3, "the policy moved by {moved}");
     assert!(diff < 1e-5 * moved.max(1.0), "mini-batched and step-wise policies differ by {diff}");
 
     // One mini-batch and one epoch is the plain train step.
-    let mut whole = trainer(tiny_model(3, Kind::Float), &alg, 1e-2, TrainerOptions::default());
+    let mut whole = trainer(copy(), &alg, 1e-2, TrainerOptions::default());
     let options = TrainerOptions { mini_batch_rows: Some(rows.len()), ..TrainerOptions::default() };
-    let mut explicit = trainer(tiny_model(3, Kind::Float), &alg, 1e-2, options);
+    let mut explicit = trainer(copy(), &alg, 1e-2, options);
     whole.train_step(&rows).unwrap();
     assert_eq!(explicit.train_step(&rows).unwrap().get("actor/optimizer_steps"), Some(&1.0));
     assert_eq!(crate::max_param_diff(whole.policy(), explicit.policy()), 0.0);
+}
+
+/// `rollout_correction.bypass_mode: false`: the PPO ratio is taken against the policy's own logprobs before the
+/// update, so rollout logprobs that are off (here by a constant) no longer enter it.
+#[test]
+fn recomputed_old_logprobs_replace_the_rollout_ones() {
+    let alg = algorithm("grpo", |_| {});
+    let base = tiny_model(4, Kind::Float);
+    let copy = || {
+        let mut model = tiny_model(4, Kind::Float);
+        model.copy_weights_from(&base).unwrap();
+        model
+    };
+    let mut rows = rollout(&next_token_probs(&base, &PROMPT));
+    for (i, row) in rows.iter_mut().enumerate() {
+        row.advantages = Some(vec![if i % 2 == 0 { 1.0 } else { -1.0 }]);
+        row.logprobs = vec![row.logprobs[0] - 2.0];
+    }
+    let mut bypass = trainer(copy(), &alg, 1e-3, TrainerOptions::default());
+    let off = bypass.train_step(&rows).unwrap()["actor/ppo_kl"];
+    let options = TrainerOptions { recompute_old_logprobs: true, ..TrainerOptions::default() };
+    let mut recompute = trainer(copy(), &alg, 1e-3, options);
+    let on = recompute.train_step(&rows).unwrap()["actor/ppo_kl"];
+    assert!(off.abs() > 1.0, "rollout logprobs 2 nats off give ppo_kl {off}");
+    assert!(on.abs() < 1e-5, "the policy against itself gives ppo_kl {on}");
 }
