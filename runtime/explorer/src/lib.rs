@@ -13,6 +13,7 @@
 
 mod countdown_workflow;
 mod error;
+mod math_eval_workflow;
 mod math_workflow;
 mod operator;
 mod pass_rate_calculator;
@@ -20,6 +21,7 @@ mod reward_filters;
 mod reward_shaping_mapper;
 mod rollout_model;
 mod runner;
+mod tool_call_workflow;
 mod workflow;
 
 pub use error::ExplorerError;

@@ -47,7 +47,7 @@ impl Workflow for SingleTurn {
     }
 }
 
-/// Samples the group for one prompt and scores every answer.
+/// Samples the group for one prompt and scores every answer with the reward called `reward`.
 pub(crate) async fn rollout(
     task: &Task,
     ctx: &WorkflowContext,
@@ -56,39 +56,51 @@ pub(crate) async fn rollout(
     reward: &str,
     truth: Option<&str>,
 ) -> Result<Vec<Experience>, ExplorerError> {
+    let mut experiences = sample_group(task, ctx, messages, sampling_params(task, ctx)).await?;
+    // The whole group is scored in one call: a reward plugin pays its call overhead once per task.
+    let inputs: Vec<RewardInput<'_>> = experiences
+        .iter()
+        .map(|experience| RewardInput {
+            response: experience.response_text.as_deref().unwrap_or(""),
+            truth,
+            prompt: prompt_text,
+            args: &task.reward_fn_args,
+            response_tokens: Some(experience.response_length()),
+        })
+        .collect();
+    let scores = trinity_reward::score_group(reward, Some(&task.raw), &inputs)
+        .map_err(|source| ExplorerError::Reward { task: describe(task), reward: reward.to_owned(), source })?;
+    drop(inputs);
+    for (experience, components) in experiences.iter_mut().zip(scores) {
+        experience.reward = trinity_reward::total(&components);
+        experience.metrics = components;
+    }
+    Ok(experiences)
+}
+
+/// Samples `params.n` answers to one chat prompt (one request, one prefill) and builds their experiences:
+/// tokens, logprobs, texts, model version and truncation status, reward not yet set.
+pub(crate) async fn sample_group(
+    task: &Task,
+    ctx: &WorkflowContext,
+    messages: &[ChatMessage],
+    params: SamplingParams,
+) -> Result<Vec<Experience>, ExplorerError> {
     let model = &ctx.model;
     let model_error = |source| ExplorerError::Model { task: describe(task), source };
     let prompt_tokens = model.chat_prompt(messages, task.reply_prefix()).map_err(model_error)?;
-    let params = sampling_params(task, ctx);
     let version = model.model_version();
     let generation = model
         .generate(prompt_tokens.clone(), params)
         .await
         .map_err(|source| ExplorerError::Engine { task: describe(task), source })?;
     let rendered_prompt = model.decode(&prompt_tokens).map_err(model_error)?;
-    // The whole group is scored in one call: a reward plugin pays its call overhead once per task.
-    let inputs: Vec<RewardInput<'_>> = generation
-        .completions
-        .iter()
-        .map(|completion| RewardInput {
-            response: &completion.text,
-            truth,
-            prompt: prompt_text,
-            args: &task.reward_fn_args,
-            response_tokens: Some(completion.tokens.len()),
-        })
-        .collect();
-    let scores = trinity_reward::score_group(reward, Some(&task.raw), &inputs)
-        .map_err(|source| ExplorerError::Reward { task: describe(task), reward: reward.to_owned(), source })?;
-    drop(inputs);
     let mut experiences = Vec::with_capacity(generation.completions.len());
-    for (run, (completion, components)) in generation.completions.into_iter().zip(scores).enumerate() {
+    for (run, completion) in generation.completions.into_iter().enumerate() {
         let eid = Eid { batch: task.batch_id, task: task.index as u64, run: run as u64, step: 0 };
         let mut tokens = prompt_tokens.clone();
         tokens.extend_from_slice(&completion.tokens);
         let mut experience = Experience::single_turn(eid, tokens, prompt_tokens.len(), completion.logprobs);
-        experience.reward = trinity_reward::total(&components);
-        experience.metrics = components;
         experience.model_version = version;
         experience.prompt_text = Some(rendered_prompt.clone());
         experience.response_text = Some(completion.text);
@@ -106,7 +118,7 @@ pub(crate) async fn rollout(
 ///
 /// Every request gets its own seed, derived from the configured seed, the task and the attempt, so that a run
 /// is reproducible while different tasks (and retries) do not share one random stream.
-fn sampling_params(task: &Task, ctx: &WorkflowContext) -> SamplingParams {
+pub(crate) fn sampling_params(task: &Task, ctx: &WorkflowContext) -> SamplingParams {
     let args = &task.rollout_args;
     let base_seed = args.seed.unwrap_or(42);
     let seed = mix(&[base_seed, task.batch_id, task.taskset_id as u64, task.index as u64, u64::from(ctx.attempt)]);
@@ -163,6 +175,17 @@ inventory::submit! {
 }
 inventory::submit! {
     WorkflowEntry { name: "math_boxed_workflow", description: "math question, answer in \\boxed{}; math_boxed_reward", build: math_boxed }
+}
+// Trinity-RFT registers an `async_` twin of these workflows (the same workflow run through its async model
+// API); every workflow here is async, so the twins are the same workflows under Trinity's names.
+inventory::submit! {
+    WorkflowEntry { name: "async_simple_workflow", description: "Trinity's async name of simple_workflow (the same workflow)", build: simple }
+}
+inventory::submit! {
+    WorkflowEntry { name: "async_math_workflow", description: "Trinity's async name of math_workflow (the same workflow)", build: math }
+}
+inventory::submit! {
+    WorkflowEntry { name: "async_math_boxed_workflow", description: "Trinity's async name of math_boxed_workflow (the same workflow)", build: math_boxed }
 }
 
 #[cfg(test)]
