@@ -12,6 +12,8 @@ pub enum RftError {
     Algorithm(#[from] trinity_algorithm::AlgorithmError),
     #[error("buffer: {0}")]
     Buffer(#[from] trinity_buffer::BufferError),
+    #[error("{0}")]
+    Replay(#[from] trinity_buffer::ReplayConfigError),
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] trinity_checkpoint::CheckpointError),
     #[error("monitor: {0}")]

@@ -21,7 +21,9 @@ use serde::{Deserialize, Serialize};
 use tch::Kind;
 use trinity_algorithm::advantage::AdvantageFn;
 use trinity_algorithm::registry::{self, Kind as ComponentKind};
-use trinity_buffer::{Experience, ExperienceBuffer, JsonlWriter, SchedulerState, TaskScheduler, Taskset};
+use trinity_buffer::{
+    Experience, ExperienceBuffer, JsonlWriter, ReplayBuffer, ReplayTake, SchedulerState, TaskScheduler, Taskset,
+};
 use trinity_checkpoint::CheckpointDir;
 use trinity_config::synchronizer::SyncMethod;
 use trinity_config::{Config, Mode};
@@ -109,6 +111,8 @@ struct Run<'a> {
     advantage: Option<Box<dyn AdvantageFn>>,
     /// Expert rows added to every train step (sample strategy `mix`).
     expert: Option<ExpertData>,
+    /// Prioritised replay (`experience_buffer.replay_buffer.enable`): train steps draw from it by priority.
+    replay: Option<ReplayBuffer>,
     buffer: ExperienceBuffer,
     experiences_log: JsonlWriter,
     schedule: SyncSchedule,
@@ -223,6 +227,14 @@ impl<'a> Run<'a> {
         let buffer_dir = job_dir.join("buffer");
         let experience_buffer = config.buffer.trainer_input.experience_buffer.clone().unwrap_or_default();
         let buffer = ExperienceBuffer::open(&experience_buffer, &buffer_dir)?;
+        let replay = match experience_buffer.replay_buffer.enable {
+            true => Some(ReplayBuffer::from_config(
+                &experience_buffer.replay_buffer,
+                experience_buffer.capacity,
+                config.explorer.rollout_model.seed,
+            )?),
+            false => None,
+        };
         let mut explored = trained;
         let mut positions = BTreeMap::new();
         let mut pending = BTreeMap::new();
@@ -258,6 +270,7 @@ impl<'a> Run<'a> {
             eval_tasksets,
             advantage,
             expert,
+            replay,
             buffer,
             experiences_log,
             schedule: SyncSchedule {
@@ -359,7 +372,10 @@ impl<'a> Run<'a> {
             let timeout = Duration::from_secs_f64(
                 self.config.buffer.trainer_input.experience_buffer.as_ref().map_or(1800.0, |b| b.max_read_timeout),
             );
-            let batch = self.buffer.get_batch_for_step(count, timeout, step).await?;
+            let mut batch = self.buffer.get_batch_for_step(count, timeout, step).await?;
+            if let Some(replay) = &mut self.replay {
+                batch = draw_replay(replay, batch, step, &mut metrics)?;
+            }
             let mut rows: Vec<TrainRow> = batch.iter().map(train_row).collect();
             if let Some(expert) = &mut self.expert {
                 rows.extend(expert.rows_for(step)?);
@@ -482,6 +498,41 @@ impl<'a> Run<'a> {
         self.positions.retain(|&s, _| s > step);
         Ok(())
     }
+}
+
+/// The rows train step `step` trains with prioritised replay: the explore step's experiences enter the replay
+/// buffer as one item (Trinity-RFT's `put_batch`), then the step reads as many experiences as the explore step
+/// made, by priority: fresh ones first, earlier steps' again once their cooldown has passed and their priority
+/// ranks them. Entering at the train step instead of the explore step keeps a resumed run's replay equal to its
+/// buffer. When fewer are readable (Trinity's reader would wait, which in one process would wait forever), the
+/// step trains on those that are.
+fn draw_replay(
+    replay: &mut ReplayBuffer,
+    fresh: Vec<Experience>,
+    step: u64,
+    metrics: &mut Metrics,
+) -> Result<Vec<Experience>, RftError> {
+    let wanted = fresh.len();
+    let now = Instant::now();
+    replay.put(fresh, now)?;
+    let batch = match replay.take(wanted, now, None) {
+        ReplayTake::Batch(batch) => batch,
+        ReplayTake::Short { available, .. } => {
+            tracing::warn!(
+                "train step {step}: replay has {available} of {wanted} experiences readable; training on those"
+            );
+            match replay.take(available, now, None) {
+                ReplayTake::Batch(batch) => batch,
+                ReplayTake::Short { .. } => Vec::new(),
+            }
+        }
+    };
+    let reused = batch.iter().filter(|e| e.info.get("use_count").and_then(serde_json::Value::as_u64) > Some(1)).count();
+    let stats = replay.stats();
+    metrics.insert("replay/reused_experiences".into(), reused as f64);
+    metrics.insert("replay/queued_items".into(), replay.queued_items() as f64);
+    metrics.insert("replay/items_evicted".into(), stats.items_evicted as f64);
+    Ok(batch)
 }
 
 /// The trainer's view of an experience.

@@ -225,3 +225,25 @@ fn mix_trains_expert_rows_beside_the_rollouts() {
     assert!(step["train/usual/pg_loss"].is_number(), "no usual PPO loss: {step}");
     assert_eq!(step["train/perf/rows"], 10.0, "8 rollouts and 2 expert rows: {step}");
 }
+
+#[test]
+fn replay_draws_earlier_steps_again_by_priority() {
+    let dir = tempfile::tempdir().unwrap();
+    // Cooldown 0 brings every read step back at once; noise far larger than the version gap lets earlier steps
+    // outrank the fresh one (seeded, so the run repeats).
+    let replay = "buffer.trainer_input.experience_buffer.replay_buffer";
+    let overrides = [
+        format!("{replay}.enable=true"),
+        format!("{replay}.priority_fn=decay_limit_randomization"),
+        format!("{replay}.reuse_cooldown_time=0"),
+        format!("{replay}.priority_fn_args.sigma=50"),
+        "explorer.eval_on_startup=false".to_owned(),
+    ];
+    let config = config(dir.path(), &overrides);
+    let summary = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap();
+    assert_eq!(summary.train_steps, 5);
+    let lines: Vec<_> = metrics(&summary.job_dir).into_iter().filter(|l| l["step"].as_u64() > Some(0)).collect();
+    let reused: f64 = lines.iter().map(|l| l["replay/reused_experiences"].as_f64().unwrap()).sum();
+    assert!(reused > 0.0, "no step trained on an earlier step's experiences: {lines:?}");
+    assert!(lines.iter().all(|l| l["train/perf/rows"] == 8.0), "every step trains a full batch: {lines:?}");
+}
