@@ -21,6 +21,7 @@ mod reward_filters;
 mod reward_shaping_mapper;
 mod rollout_model;
 mod runner;
+mod sudoku_workflow;
 mod tool_call_workflow;
 mod workflow;
 
