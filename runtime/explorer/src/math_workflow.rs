@@ -57,6 +57,10 @@ pub(crate) async fn rollout(
     truth: Option<&str>,
 ) -> Result<Vec<Experience>, ExplorerError> {
     let mut experiences = sample_group(task, ctx, messages, sampling_params(task, ctx)).await?;
+    // Placeholders of a prompt over the limit keep reward 0: nothing was answered to score.
+    if experiences.iter().all(|e| e.truncate_status == Some(TruncateStatus::PromptTruncated)) {
+        return Ok(experiences);
+    }
     // The whole group is scored in one call: a reward plugin pays its call overhead once per task.
     let inputs: Vec<RewardInput<'_>> = experiences
         .iter()
@@ -89,6 +93,9 @@ pub(crate) async fn sample_group(
     let model = &ctx.model;
     let model_error = |source| ExplorerError::Model { task: describe(task), source };
     let prompt_tokens = model.chat_prompt(messages, task.reply_prefix()).map_err(model_error)?;
+    if let Some(limit) = model.prompt_over_limit(prompt_tokens.len()) {
+        return Ok(prompt_truncated(task, ctx, &prompt_tokens, limit));
+    }
     let version = model.model_version();
     let generation = model
         .generate(prompt_tokens.clone(), params)
@@ -112,6 +119,36 @@ pub(crate) async fn sample_group(
         experiences.push(experience);
     }
     Ok(experiences)
+}
+
+/// The group of a task whose prompt is longer than the engine accepts, with `model.enable_prompt_truncation`:
+/// as Trinity-RFT does, one placeholder per rollout with reward 0, `truncate_status: prompt_truncated` and no
+/// trained token, so the task costs nothing and fails nothing. A placeholder holds the prompt's first
+/// `limit - 1` tokens and one masked response token (the trainer needs a response position to exist).
+pub(crate) fn prompt_truncated(task: &Task, ctx: &WorkflowContext, prompt: &[u32], limit: usize) -> Vec<Experience> {
+    tracing::warn!(
+        "task {}: prompt of {} tokens exceeds {limit} (model.max_prompt_tokens); its {} rollouts are masked placeholders",
+        describe(task),
+        prompt.len(),
+        ctx.repeat_times
+    );
+    let kept = limit.saturating_sub(1).max(1).min(prompt.len());
+    let filler = ctx.model.tokenizer().eos_token_id().unwrap_or(0);
+    (0..ctx.repeat_times)
+        .map(|run| {
+            let eid = Eid { batch: task.batch_id, task: task.index as u64, run: u64::from(run), step: 0 };
+            let mut tokens = prompt[..kept].to_vec();
+            tokens.push(filler);
+            let mut experience = Experience::single_turn(eid, tokens, kept, vec![0.0]);
+            experience.action_mask = vec![false];
+            experience.truncate_status = Some(TruncateStatus::PromptTruncated);
+            experience.model_version = ctx.model.model_version();
+            experience.response_text = Some(String::new());
+            experience.info.insert("finish_reason".to_owned(), "prompt_truncated".into());
+            experience.info.insert("taskset".to_owned(), task.taskset.clone().into());
+            experience
+        })
+        .collect()
 }
 
 /// The task's rollout arguments as engine sampling parameters.

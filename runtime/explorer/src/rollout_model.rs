@@ -14,11 +14,29 @@ pub struct RolloutModel {
     tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
     version: AtomicU64,
+    /// `model.enable_prompt_truncation`: a prompt over the engine's limit yields masked placeholder experiences
+    /// instead of failing its task.
+    truncate_long_prompts: bool,
 }
 
 impl RolloutModel {
     pub fn new(engine: Arc<Engine>, tokenizer: Tokenizer, chat_template: Option<ChatTemplate>) -> Self {
-        RolloutModel { engine, tokenizer, chat_template, version: AtomicU64::new(0) }
+        RolloutModel { engine, tokenizer, chat_template, version: AtomicU64::new(0), truncate_long_prompts: true }
+    }
+
+    /// Sets `model.enable_prompt_truncation` (Trinity-RFT's default is on): with it, a workflow whose prompt is
+    /// longer than the engine accepts gets placeholder experiences ([`RolloutModel::prompt_over_limit`]) instead
+    /// of a failed task.
+    pub fn with_prompt_truncation(mut self, enable: bool) -> Self {
+        self.truncate_long_prompts = enable;
+        self
+    }
+
+    /// The engine's prompt limit when `prompt_tokens` exceed it and prompt truncation is on; `None` when the
+    /// prompt fits, or when truncation is off (the engine then refuses the request and the task fails).
+    pub fn prompt_over_limit(&self, prompt_tokens: usize) -> Option<usize> {
+        let limit = self.engine.info().max_prompt_tokens;
+        (self.truncate_long_prompts && prompt_tokens > limit).then_some(limit)
     }
 
     /// The engine, for weight synchronisation.

@@ -194,7 +194,10 @@ impl<'a> Run<'a> {
             ),
             None => None,
         };
-        let rollout = Arc::new(RolloutModel::new(Arc::new(engine), tokenizer.clone(), template_copy));
+        let rollout = Arc::new(
+            RolloutModel::new(Arc::new(engine), tokenizer.clone(), template_copy)
+                .with_prompt_truncation(config.model.enable_prompt_truncation),
+        );
 
         let mut scheduler = TaskScheduler::from_config(&config.buffer)?;
         let trained_before = meta.as_ref().map_or(0, |m| m.train_step);
@@ -380,14 +383,21 @@ impl<'a> Run<'a> {
             if let Some(expert) = &mut self.expert {
                 rows.extend(expert.rows_for(step)?);
             }
-            tokens = rows.iter().map(|r| r.tokens.len()).sum();
-            let trainer = &mut self.trainer;
-            let step_metrics = on_pool(self.threads, || trainer.train_step(&rows))?;
-            // The trainer reports veRL's `actor/...` names; the run's metrics are `train/...` (pg_loss, kl_loss,
-            // entropy, grad_norm, lr, ...).
-            metrics.extend(
-                step_metrics.into_iter().map(|(k, v)| (format!("train/{}", k.strip_prefix("actor/").unwrap_or(&k)), v)),
-            );
+            if rows.iter().any(|r| r.action_mask.contains(&true)) {
+                tokens = rows.iter().map(|r| r.tokens.len()).sum();
+                let trainer = &mut self.trainer;
+                let step_metrics = on_pool(self.threads, || trainer.train_step(&rows))?;
+                // The trainer reports veRL's `actor/...` names; the run's metrics are `train/...` (pg_loss,
+                // kl_loss, entropy, grad_norm, lr, ...).
+                metrics.extend(
+                    step_metrics
+                        .into_iter()
+                        .map(|(k, v)| (format!("train/{}", k.strip_prefix("actor/").unwrap_or(&k)), v)),
+                );
+            } else {
+                // Every row is a masked placeholder (prompts over the limit): there is no token to train on.
+                tracing::warn!("train step {step} skipped: none of its {} experiences has a trained token", rows.len());
+            }
         } else {
             tracing::warn!("explore step {step} kept no experience (every group dropped); train step {step} skipped");
         }

@@ -247,3 +247,32 @@ fn replay_draws_earlier_steps_again_by_priority() {
     assert!(reused > 0.0, "no step trained on an earlier step's experiences: {lines:?}");
     assert!(lines.iter().all(|l| l["train/perf/rows"] == 8.0), "every step trains a full batch: {lines:?}");
 }
+
+#[test]
+fn prompts_over_the_limit_become_masked_placeholders_unless_truncation_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    // Prompts of the toy taskset render to about 20 tokens; a limit of 6 puts every one over it.
+    let set = |truncate: bool| {
+        ["model.max_prompt_tokens=6", "explorer.eval_on_startup=false", "buffer.total_steps=1"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain([format!("model.enable_prompt_truncation={truncate}")])
+            .collect::<Vec<_>>()
+    };
+    let config = config(dir.path(), &set(true));
+    let summary = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap();
+    let experiences = std::fs::read_to_string(summary.job_dir.join("experiences.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = experiences.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 8, "two tasks × four placeholders");
+    for row in &rows {
+        assert_eq!(row["truncate_status"], "prompt_truncated", "{row}");
+        assert_eq!(row["reward"], 0.0, "{row}");
+        assert_eq!(row["action_mask"], serde_json::json!([false]), "{row}");
+        assert!(row["tokens"].as_array().unwrap().len() <= 6, "{row}");
+    }
+
+    let strict = tempfile::tempdir().unwrap();
+    let config = self::config(strict.path(), &set(false));
+    let error = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap_err().to_string();
+    assert!(error.contains("too long"), "{error}");
+}

@@ -1,0 +1,153 @@
+//! Trinity-RFT's own example configs, run as shipped on the tiny model: only environment variables and `--set`
+//! change them (model and data paths, the tiny model's lengths, two tasks per step, two steps), so a key that one
+//! of them sets and trinity ignores or mishandles shows up here as a failed or different run.
+
+use std::path::Path;
+
+use crate::support::{fixture, stderr, tiny_model_dir};
+
+/// GSM8K-like rows (`question` / `answer` with the `#### n` final line).
+fn gsm8k_rows(dir: &Path) -> String {
+    let path = dir.join("gsm8k.jsonl");
+    let rows: String = (0..6)
+        .map(|i| {
+            // `question` for the GSM8K configs, `problem` for mix_math's MATH-style rows.
+            let (question, answer) = (format!("ab{i} + {i}?"), format!("so\n#### {}", 2 * i));
+            let row = serde_json::json!({"question": question, "problem": question, "answer": answer});
+            format!("{row}\n")
+        })
+        .collect();
+    std::fs::write(&path, rows).unwrap();
+    path.display().to_string()
+}
+
+/// Countdown rows: the answer is the JSON target and numbers `countdown_reward` reads.
+fn countdown_rows(dir: &Path) -> String {
+    let path = dir.join("countdown.jsonl");
+    let rows: String = (0..6)
+        .map(|i| {
+            let truth = serde_json::json!({"target": 10 + i, "numbers": [i, 10]}).to_string();
+            format!(
+                "{}\n",
+                serde_json::json!({"question": format!("make {} from {i} and 10", 10 + i), "answer": truth})
+            )
+        })
+        .collect();
+    std::fs::write(&path, rows).unwrap();
+    path.display().to_string()
+}
+
+/// SFT chats for `mix_math`'s auxiliary buffer.
+fn sft_rows(dir: &Path) -> String {
+    let path = dir.join("sft.jsonl");
+    let rows: String = (0..8)
+        .map(|i| {
+            let messages = serde_json::json!([
+                {"role": "user", "content": format!("ab{i}")},
+                {"role": "assistant", "content": format!("{i}")},
+            ]);
+            format!("{}\n", serde_json::json!({ "messages": messages }))
+        })
+        .collect();
+    std::fs::write(&path, rows).unwrap();
+    path.display().to_string()
+}
+
+/// Runs `config` (a path under the fixtures' `trinity-rft-0.5.2/examples/`) for two steps and returns the
+/// metrics lines of the run.
+fn run_example(config: &str, extra: &[String]) -> Vec<serde_json::Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = if config.contains("countdown") { countdown_rows(dir.path()) } else { gsm8k_rows(dir.path()) };
+    let sft = sft_rows(dir.path());
+    let path = fixture(&format!("trinity-rft-0.5.2/examples/{config}"));
+    let mut args: Vec<String> = ["run", "--config", path.to_str().unwrap()].map(str::to_owned).to_vec();
+    let mut set = |s: String| args.extend(["--set".to_owned(), s]);
+    // The tiny model's positions (with a system prompt short enough for them), two tasks per explore step, two
+    // steps.
+    set("model.max_model_len=64".into());
+    set("buffer.explorer_input.taskset.format.system_prompt=Be brief.".into());
+    set("model.max_response_tokens=8".into());
+    set("buffer.batch_size=2".into());
+    set("buffer.total_steps=2".into());
+    set(format!("buffer.explorer_input.taskset.path={tasks}"));
+    for e in extra {
+        set(e.clone());
+    }
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_trinity"))
+        .current_dir(dir.path())
+        .args(&args)
+        .env_remove("RUST_LOG")
+        .env("TRINITY_MODEL_PATH", tiny_model_dir())
+        .env("TRINITY_TASKSET_PATH", &tasks)
+        .env("TRINITY_SFT_DATASET_PATH", &sft)
+        .env("TRINITY_CHECKPOINT_ROOT_DIR", dir.path().join("ckpt"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{config} failed:\n{}", stderr(&output));
+    let metrics = walk_for(&dir.path().join("ckpt"), "metrics.jsonl").unwrap_or_else(|| panic!("{config}: no metrics"));
+    let text = std::fs::read_to_string(metrics).unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn walk_for(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = walk_for(&path, name) {
+                return Some(found);
+            }
+        } else if path.file_name().is_some_and(|n| n == name) {
+            return Some(path);
+        }
+    }
+    None
+}
+
+/// The metrics line of train step `step`.
+fn step(lines: &[serde_json::Value], step: u64) -> &serde_json::Value {
+    lines.iter().find(|l| l["step"].as_u64() == Some(step) && l.get("train/loss").is_some()).unwrap_or_else(|| {
+        panic!("no train metrics at step {step}: {lines:?}");
+    })
+}
+
+#[test]
+fn group_algorithms_run_their_gsm8k_examples() {
+    for (config, loss_key) in [
+        ("grpo_gsm8k/gsm8k.yaml", "train/pg_clipfrac"),
+        ("asymre_gsm8k/gsm8k.yaml", "train/loss"),
+        ("opmd_gsm8k/opmd_gsm8k.yaml", "train/loss"),
+        ("cispo_gsm8k/gsm8k.yaml", "train/loss"),
+        ("topr_gsm8k/gsm8k.yaml", "train/loss"),
+        ("sppo_gsm8k/gsm8k.yaml", "train/loss"),
+        ("rec_gsm8k/gsm8k.yaml", "train/loss"),
+    ] {
+        let lines = run_example(config, &[]);
+        for s in [1, 2] {
+            let line = step(&lines, s);
+            assert!(line[loss_key].as_f64().is_some_and(f64::is_finite), "{config} step {s}: {line}");
+            assert_eq!(line["train/perf/rows"], 16.0, "{config} step {s}: two tasks × eight rollouts");
+        }
+    }
+}
+
+#[test]
+fn ppo_countdown_trains_its_critic_and_replays_experiences() {
+    for config in ["ppo_countdown/countdown.yaml", "ppo_countdown_exp_replay/countdown.yaml"] {
+        let lines = run_example(config, &[]);
+        let line = step(&lines, 2);
+        assert!(line["train/critic/vf_loss"].as_f64().is_some_and(f64::is_finite), "{config}: {line}");
+        assert!(line["rollout/reward_mean"].as_f64().is_some(), "{config}: {line}");
+        if config.contains("replay") {
+            assert!(line["replay/queued_items"].is_number(), "{config}: no replay metrics: {line}");
+        }
+    }
+}
+
+#[test]
+fn mix_math_trains_expert_rows_from_its_sft_dataset() {
+    // Two tasks × eight rollouts are the usual rows; ceil(0.2 · 20) = 4 expert rows per step.
+    let lines = run_example("mix_math/mix_math.yaml", &["buffer.train_batch_size=20".into()]);
+    let line = step(&lines, 1);
+    assert!(line["train/expert/sft_loss"].as_f64().is_some_and(|l| l > 0.0), "{line}");
+    assert_eq!(line["train/perf/rows"], 20.0, "{line}");
+}
