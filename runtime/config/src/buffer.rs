@@ -5,6 +5,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// Reads `null` as an empty string.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(deserializer)?.unwrap_or_default())
+}
+
 /// Batch sizes, epochs and the explorer's and trainer's inputs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -78,7 +83,9 @@ pub struct TasksetConfig {
     pub name: String,
     /// Storage kind.
     pub storage_type: StorageType,
-    /// A file, a dataset directory, or a `sqlite:///` URL.
+    /// A file, a dataset directory, or a `sqlite:///` URL. `null` (as Trinity-RFT's templates leave it) is
+    /// read as unset, so resolution names the missing path.
+    #[serde(deserialize_with = "null_as_empty")]
     pub path: String,
     /// Dataset subset (`<path>/<subset_name>/<split>-*.parquet`).
     pub subset_name: Option<String>,

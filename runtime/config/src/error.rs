@@ -74,11 +74,11 @@ pub enum ConfigError {
 fn bring_text(kind: &str) -> String {
     match kind {
         "workflow" => crate::external::HOW_TO_BRING.to_owned(),
-        other => format!(
-            "bring it as a WASM {} plugin (`cargo xtask new-plugin --kind {}`, then list it under `plugins:`)",
-            other.split_whitespace().next().unwrap_or(other),
-            other.split_whitespace().next().unwrap_or(other)
-        ),
+        "reward function" => "bring it as a WASM reward plugin (`cargo xtask new-plugin --kind reward`, then list it \
+                               under `plugins:`)"
+            .to_owned(),
+        _ => "bring it as an algorithm library (`cargo xtask new-algorithm NAME`, then list it under `plugins:`)"
+            .to_owned(),
     }
 }
 

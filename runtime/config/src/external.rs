@@ -39,6 +39,8 @@ const NOT_PORTED: &[&str] = &[
     "synthetic_workflow",
     "math_dapo_reward",
     "math_boxed_reward_naive_dapo",
+    "clipb",
+    "clipv",
 ];
 
 /// What a Trinity-RFT workflow or reward named `name` needs from outside trinity, when trinity knows it:

@@ -316,7 +316,8 @@ mod tests {
             "trainer": {"ulysses_sequence_parallel_size": 2, "trainer_config": {"actor_rollout_ref": {"actor": {
                 "fsdp_config": {"param_offload": true}, "ppo_epochs": 2}}}},
             "explorer": {"rollout_model": {"engine_num": 4, "tool_call_parser": null}, "auxiliary_models": []},
-            "buffer": {"trainer_input": {"experience_buffer": {"replay_buffer": {"enable": false, "priority_fn_args": {"decay": 0.1}}}}},
+            "buffer": {"trainer_input": {"experience_buffer": {"enable_progress_bar": true,
+                "format": {"enable_concatenated_multi_turn": false}}}},
         });
         let notes = check(&schema, &tree).unwrap();
         let mut keys: Vec<&str> = notes.iter().map(|n| n.key.as_str()).collect();
@@ -324,7 +325,7 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "buffer.trainer_input.experience_buffer.replay_buffer.priority_fn_args",
+                "buffer.trainer_input.experience_buffer.enable_progress_bar",
                 "explorer.rollout_model.engine_num",
                 "trainer.trainer_config.actor_rollout_ref.actor.fsdp_config",
                 "trainer.ulysses_sequence_parallel_size",
@@ -338,8 +339,8 @@ mod tests {
                 "explorer.rollout_model.tool_call_parser",
             ),
             (
-                json!({"buffer": {"trainer_input": {"experience_buffer": {"replay_buffer": {"enable": true}}}}}),
-                "buffer.trainer_input.experience_buffer.replay_buffer.enable",
+                json!({"buffer": {"explorer_input": {"taskset": {"format": {"enable_concatenated_multi_turn": true}}}}}),
+                "buffer.explorer_input.taskset.format.enable_concatenated_multi_turn",
             ),
             (json!({"explorer": {"over_rollout": {"ratio": 0.5}}}), "explorer.over_rollout.ratio"),
         ] {

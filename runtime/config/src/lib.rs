@@ -27,6 +27,7 @@ pub mod model;
 pub mod monitor;
 pub mod overrides;
 pub mod resolve;
+mod runnable;
 pub mod schema;
 pub mod source;
 pub mod synchronizer;

@@ -69,7 +69,7 @@ impl Resolver<'_> {
             return Ok(());
         }
         let key = self.key(key);
-        if matches!(kind, ComponentKind::Workflow | ComponentKind::RewardFn)
+        if kind != ComponentKind::Operator
             && let Some(needs) = crate::external::needs(name)
         {
             return Err(ConfigError::MissingComponent {
@@ -413,13 +413,16 @@ impl Resolver<'_> {
             let key = format!("buffer.explorer_input.eval_tasksets[{i}]");
             self.resolve_taskset(taskset, &key, format!("eval_taskset_{i}"), None, &defaults, config)?;
         }
-        let mut names: Vec<&str> = tasksets.iter().chain(&eval_tasksets).map(|t| t.name.as_str()).collect();
-        names.sort_unstable();
-        if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
-            return Err(self.invalid(
-                "buffer.explorer_input",
-                format!("two tasksets are named `{}`; names must be unique", pair[0]),
-            ));
+        // Names label metrics (`eval/<name>/...`) and selector state, so they must be unique within each list;
+        // a training and an eval taskset may share one, as in Trinity-RFT's own configs.
+        for (list, key) in
+            [(&tasksets, "buffer.explorer_input.tasksets"), (&eval_tasksets, "buffer.explorer_input.eval_tasksets")]
+        {
+            let mut names: Vec<&str> = list.iter().map(|t| t.name.as_str()).collect();
+            names.sort_unstable();
+            if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
+                return Err(self.invalid(key, format!("two tasksets are named `{}`; names must be unique", pair[0])));
+            }
         }
         config.buffer.explorer_input.tasksets = tasksets;
         config.buffer.explorer_input.eval_tasksets = eval_tasksets;
@@ -574,18 +577,22 @@ impl Resolver<'_> {
             buffer.storage_type = StorageType::Queue;
             self.notes.push(format!("{key}.storage_type `file` is a queue in mode `{}`", mode.name()));
         }
-        let path = buffer.path.as_deref().unwrap_or_default();
+        let path = buffer.path.clone().unwrap_or_default();
+        let path = path.as_str();
         match buffer.storage_type {
             StorageType::Queue => {
                 let persisted = path.is_empty()
                     || path.starts_with("sqlite:///")
                     || path.ends_with(".jsonl")
                     || path.ends_with(".json");
-                self.check(
-                    persisted,
-                    &format!("{key}.path"),
-                    format!("a queue keeps its copy in a `sqlite:///` database or a `.jsonl` file, got `{path}`"),
-                )?;
+                if !persisted {
+                    // The path of a queue only names a write-only copy; one trinity cannot write changes nothing
+                    // that trains, so it is dropped with a note rather than refused.
+                    self.notes.push(format!(
+                        "{key}.path `{path}` is neither a `sqlite:///` database nor a `.jsonl` file, so no copy of the queue is kept"
+                    ));
+                    buffer.path = None;
+                }
             }
             StorageType::Sql => {
                 self.check(

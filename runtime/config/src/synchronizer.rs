@@ -53,8 +53,11 @@ pub enum SyncMethod {
 pub enum SyncStyle {
     /// Every `sync_interval` explore steps.
     Fixed,
-    /// Whenever the explorer finishes its interval and new weights exist.
+    /// Whenever the explorer finishes its interval and new weights exist (Trinity-RFT's newer name:
+    /// `explorer_driven`).
+    #[serde(alias = "explorer_driven")]
     DynamicByExplorer,
-    /// Whenever the trainer finishes a step.
+    /// Whenever the trainer finishes a step (Trinity-RFT's newer name: `trainer_driven`).
+    #[serde(alias = "trainer_driven")]
     DynamicByTrainer,
 }

@@ -192,10 +192,9 @@ impl Resolver<'_> {
         }
 
         if !verl.algorithm.rollout_correction.bypass_mode {
-            return Err(self.invalid(
-                &format!("{AT}.algorithm.rollout_correction.bypass_mode"),
-                "`false` recomputes the old logprobs with the trainer before each update, which trinity does not do: \
-                 its PPO ratio always uses the rollout engine's logprobs (Trinity-RFT's default, `true`); remove it",
+            self.notes.push(format!(
+                "`{AT}.algorithm.rollout_correction.bypass_mode` is false: the trainer recomputes the old logprobs \
+                 before each update instead of using the rollout engine's"
             ));
         }
 
