@@ -1,7 +1,6 @@
 //! `trinity run`: load a config, then run its mode.
 
-use anyhow::{Context, Result, bail};
-use trinity_config::Mode;
+use anyhow::{Context, Result};
 
 use crate::cli::{LogLevel, RunArgs};
 use crate::logging;
@@ -18,6 +17,8 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
     specs.extend(trinity_config::plugin_entries(&args.config, options)?);
     plugins::load(&specs)?;
     let loaded = trinity_config::load_file(&args.config, options)?;
+    // The dry run refuses exactly what the run refuses: both go through this one check.
+    loaded.check_runnable()?;
     let config = &loaded.config;
     if args.dry_run {
         let _guard = logging::init(log_level, None)?;
@@ -26,16 +27,6 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
         }
         print!("{}", config.to_yaml());
         return Ok(());
-    }
-    if !config.stages.is_empty() {
-        bail!("{}: `stages` are not supported yet; run each stage's config on its own", args.config.display());
-    }
-    if !matches!(config.mode, Mode::Both | Mode::Colocate) {
-        bail!(
-            "{}: mode `{}` is not supported yet; modes `both` and `colocate` run (explorer and trainer in one process)",
-            args.config.display(),
-            config.mode.name()
-        );
     }
     let job_dir = trinity_rft::job_dir(config);
     let _guard = logging::init(log_level, Some(&job_dir.join("log")))?;
