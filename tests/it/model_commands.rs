@@ -48,6 +48,18 @@ fn score_and_convert_round_trip_through_the_cli() {
     let logprobs = line["logprobs"].as_array().unwrap();
     assert_eq!(logprobs.len(), line["response_tokens"].as_array().unwrap().len());
     assert!(logprobs.iter().all(|l| l.as_f64().unwrap() <= 0.0));
+    // The config's dtype spellings are the flag's too, with the same meaning.
+    let spelled = trinity(
+        dir.path(),
+        &["score", "--model", &model, "--input", "pairs.jsonl", "--device", "cpu", "--dtype", "float32"],
+    );
+    assert!(spelled.status.success(), "{}", stderr(&spelled));
+    assert_eq!(stdout(&spelled), stdout(&scored), "--dtype float32 is --dtype f32");
+    let bf16 = trinity(
+        dir.path(),
+        &["score", "--model", &model, "--input", "pairs.jsonl", "--device", "cpu", "--dtype", "bfloat16"],
+    );
+    assert!(bf16.status.success(), "{}", stderr(&bf16));
 
     let missing = trinity(dir.path(), &["score", "--model", "nowhere", "--input", "pairs.jsonl"]);
     assert_clean_failure(&missing, &["nowhere"]);

@@ -95,8 +95,9 @@ pub(crate) struct GenerateArgs {
     #[arg(long, default_value = "auto")]
     pub(crate) device: String,
 
-    /// Parameter dtype.
-    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    /// Parameter dtype: `f32` / `float32` or `bf16` / `bfloat16` (the config's `rollout_model.dtype`
+    /// spellings work too).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "float32", "bfloat16"])]
     pub(crate) dtype: String,
 }
 

@@ -32,8 +32,9 @@ pub(crate) struct ScoreArgs {
     #[arg(long, default_value = "auto")]
     pub(crate) device: String,
 
-    /// Parameter dtype for the forward pass.
-    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    /// Parameter dtype for the forward pass: `f32` / `float32` or `bf16` / `bfloat16` (the config's `rollout_model.dtype`
+    /// spellings work too).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16", "float32", "bfloat16"])]
     pub(crate) dtype: String,
 }
 
