@@ -2,6 +2,7 @@
 
 mod algorithm_plugins;
 mod cli;
+mod compat;
 mod config;
 mod config_rules;
 mod model_commands;
