@@ -11,8 +11,10 @@
 //! * [`run_tasks`] runs a batch of tasks with `runner_per_model` workflows in flight, a per-task timeout and
 //!   retries; a task that fails for good is logged and counted, never fatal to the run.
 
+mod conversation;
 mod countdown_workflow;
 mod error;
+mod frozen_lake_workflow;
 mod math_eval_workflow;
 mod math_workflow;
 mod operator;

@@ -1,0 +1,147 @@
+//! One multi-turn conversation of a built-in workflow, recorded as the token sequence the trainer will score.
+//!
+//! Turns are appended, never re-tokenized: each request sends the sequence so far plus the tokens of the
+//! *new* rendered text only (the environment's reply and the next generation prompt, as context), and each
+//! answer appends exactly the tokens the model sampled (its actions, with their logprobs). Re-tokenizing the
+//! whole conversation could split the model's own tokens differently from how it sampled them, and the trainer
+//! would then score tokens the model never produced. The experience is the whole sequence: the prompt is
+//! everything before the first answer, the action mask marks the model's tokens.
+
+use trinity_buffer::{Eid, Experience};
+use trinity_engine::{Completion, SamplingParams};
+use trinity_model::ChatMessage;
+
+use crate::rollout_model::RolloutModel;
+
+/// Why a turn could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TurnError {
+    #[error("model: {0}")]
+    Model(#[from] trinity_model::ModelError),
+    #[error("generation: {0}")]
+    Engine(#[from] trinity_engine::EngineError),
+    /// The chat template rendered the earlier turns differently once new messages were added (some templates
+    /// drop earlier reasoning): the recorded tokens are no longer a prefix of the conversation.
+    #[error("the chat template re-rendered earlier turns; the conversation cannot be extended token for token")]
+    NotAPrefix,
+    #[error("the engine returned no completion")]
+    NoCompletion,
+}
+
+/// The recorded sequence of one conversation.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Conversation {
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    mask: Vec<bool>,
+    /// Tokens before the first answer.
+    prompt_length: Option<usize>,
+    /// The text `tokens` stand for (rendered prompts and decoded answers, special tokens kept).
+    text: String,
+    /// Weights version of the first answer.
+    model_version: Option<u64>,
+}
+
+impl Conversation {
+    /// Tokens the sequence would have with `messages` rendered and a generation prompt added: what a request
+    /// would send. Context tokens are appended to the recording.
+    pub(crate) fn extend_to(&mut self, model: &RolloutModel, messages: &[ChatMessage]) -> Result<usize, TurnError> {
+        let rendered = model.render_chat(messages, true)?;
+        let delta = rendered.strip_prefix(self.text.as_str()).ok_or(TurnError::NotAPrefix)?;
+        let tokens = model.tokenizer().encode(delta, false)?;
+        self.logprobs.extend(std::iter::repeat_n(0.0, tokens.len()));
+        self.mask.extend(std::iter::repeat_n(false, tokens.len()));
+        self.tokens.extend(tokens);
+        self.text = rendered;
+        Ok(self.tokens.len())
+    }
+
+    /// Asks the model for the next answer to the sequence (after [`Conversation::extend_to`]) and records it.
+    pub(crate) async fn answer(
+        &mut self,
+        model: &RolloutModel,
+        mut params: SamplingParams,
+    ) -> Result<Completion, TurnError> {
+        params.n = 1;
+        let version = model.model_version();
+        let generation = model.generate(self.tokens.clone(), params).await?;
+        let completion = generation.completions.into_iter().next().ok_or(TurnError::NoCompletion)?;
+        self.prompt_length.get_or_insert(self.tokens.len());
+        self.model_version.get_or_insert(version);
+        self.text.push_str(&model.decode(&completion.tokens)?);
+        self.tokens.extend_from_slice(&completion.tokens);
+        self.logprobs.extend_from_slice(&completion.logprobs);
+        self.mask.extend(std::iter::repeat_n(true, completion.tokens.len()));
+        Ok(completion)
+    }
+
+    /// The experience of the conversation: up to its last answer (context tokens after it are not trained).
+    /// `None` when the model never answered.
+    pub(crate) fn into_experience(mut self, eid: Eid, model: &RolloutModel) -> Option<Experience> {
+        let prompt_length = self.prompt_length?;
+        let end = self.mask.iter().rposition(|m| *m).map_or(prompt_length, |last| last + 1);
+        self.tokens.truncate(end);
+        self.logprobs.truncate(end);
+        self.mask.truncate(end);
+        let mut experience =
+            Experience::single_turn(eid, self.tokens, prompt_length, self.logprobs[prompt_length..].to_vec());
+        experience.action_mask = self.mask[prompt_length..].to_vec();
+        experience.model_version = self.model_version.unwrap_or(0);
+        experience.prompt_text = model.decode(&experience.tokens[..prompt_length]).ok();
+        experience.response_text = model.decode(&experience.tokens[prompt_length..]).ok();
+        Some(experience)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use trinity_engine::{Engine, EngineConfig, EngineModel};
+
+    use super::*;
+
+    fn tiny_model() -> RolloutModel {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied");
+        let mut loaded = trinity_model::load_model(&dir, tch::Kind::Float, tch::Device::Cpu).unwrap();
+        let tokenizer = loaded.tokenizer.clone();
+        let template = loaded.chat_template.take();
+        let config = EngineConfig { max_model_len: 64, max_num_seqs: 4, ..EngineConfig::default() };
+        RolloutModel::new(Arc::new(Engine::start(EngineModel::from(loaded), config).unwrap()), tokenizer, template)
+    }
+
+    fn params(seed: u64) -> SamplingParams {
+        SamplingParams { max_tokens: Some(3), seed: Some(seed), ..SamplingParams::default() }
+    }
+
+    #[tokio::test]
+    async fn two_turns_make_one_experience_masking_only_the_answers() {
+        let model = tiny_model();
+        let mut conversation = Conversation::default();
+        let mut messages = vec![ChatMessage::new("user", "ab")];
+        let first_prompt = conversation.extend_to(&model, &messages).unwrap();
+        let first = conversation.answer(&model, params(1)).await.unwrap();
+        messages.push(ChatMessage::new("assistant", first.text.clone()));
+        messages.push(ChatMessage::new("user", "ba"));
+        let before_second = conversation.extend_to(&model, &messages).unwrap();
+        let second = conversation.answer(&model, params(2)).await.unwrap();
+        // The first prompt is exactly what a fresh render of the first message tokenizes to.
+        let fresh = model.chat_prompt(&messages[..1], None).unwrap();
+        let experience = conversation.into_experience(Eid::default(), &model).unwrap();
+        experience.validate().unwrap();
+        assert_eq!(experience.prompt_length, first_prompt);
+        assert_eq!(&experience.tokens[..first_prompt], &fresh[..]);
+        let (a, b) = (first.tokens.len(), second.tokens.len());
+        let context = before_second - first_prompt - a;
+        assert!(context > 0, "the second user turn is context");
+        let mut mask = vec![true; a];
+        mask.extend(vec![false; context]);
+        mask.extend(vec![true; b]);
+        assert_eq!(experience.action_mask, mask);
+        assert_eq!(&experience.tokens[first_prompt..first_prompt + a], &first.tokens[..]);
+        assert_eq!(&experience.tokens[before_second..], &second.tokens[..]);
+        assert_eq!(&experience.logprobs[..a], &first.logprobs[..]);
+        assert!(experience.logprobs[a..a + context].iter().all(|l| *l == 0.0));
+    }
+}
