@@ -13,7 +13,12 @@ fn gsm8k_rows(dir: &Path) -> String {
         .map(|i| {
             // `question` for the GSM8K configs, `problem` for mix_math's MATH-style rows.
             let (question, answer) = (format!("ab{i} + {i}?"), format!("so\n#### {}", 2 * i));
-            let row = serde_json::json!({"question": question, "problem": question, "answer": answer});
+            // The offline pass rates BOTS's `difficulty_based` selector starts from.
+            let row = serde_json::json!({
+                "question": question, "problem": question, "prompt": question, "answer": answer,
+                "reward_model.ground_truth": format!("{}", 2 * i),
+                "qwen2.5_7b_pass_rate": 0.1 * i as f64, "qwen3_30b_pass_rate": 0.5,
+            });
             format!("{row}\n")
         })
         .collect();
@@ -70,8 +75,9 @@ fn run_example(config: &str, extra: &[String]) -> Vec<serde_json::Value> {
     set("buffer.batch_size=2".into());
     set("buffer.total_steps=2".into());
     set(format!("buffer.explorer_input.taskset.path={tasks}"));
+    // `TASKS` in an extra override stands for the written taskset's path.
     for e in extra {
-        set(e.clone());
+        set(e.replace("TASKS", &tasks));
     }
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_trinity"))
         .current_dir(dir.path())
@@ -150,4 +156,20 @@ fn mix_math_trains_expert_rows_from_its_sft_dataset() {
     let line = step(&lines, 1);
     assert!(line["train/expert/sft_loss"].as_f64().is_some_and(|l| l > 0.0), "{line}");
     assert_eq!(line["train/perf/rows"], 20.0, "{line}");
+}
+
+#[test]
+fn bots_selects_tasks_by_difficulty_from_measured_pass_rates() {
+    // BOTS: `pass_rate_calculator` measures each task's pass rate and the `difficulty_based` selector, seeded
+    // from the rows' two offline pass-rate columns, draws the next tasks from its updated beliefs. Its workflow is
+    // a Python class of Trinity-RFT's examples (a boxed-answer math workflow), so the built-in one stands in.
+    let extra = [
+        "model.max_prompt_tokens=56".to_owned(),
+        "buffer.explorer_input.default_workflow_type=math_boxed_workflow".to_owned(),
+        "buffer.explorer_input.eval_tasksets[0].path=TASKS".to_owned(),
+    ];
+    let lines = run_example("bots/bots.yaml", &extra);
+    let line = step(&lines, 2);
+    assert_eq!(line["pipeline/pass_rate_calculator/errors"], 0.0, "{line}");
+    assert_eq!(line["train/perf/rows"], 32.0, "two tasks × sixteen rollouts: {line}");
 }

@@ -343,9 +343,12 @@ impl<'a> Run<'a> {
         let operators = &self.config.data_processor.experience_pipeline.operators;
         if !operators.is_empty() {
             let named = operators.iter().map(|operator| (operator.name.as_str(), &operator.args));
-            let (transformed, operator_metrics) = trinity_explorer::apply_operators(named, experiences);
-            experiences = transformed;
-            metrics.extend(operator_metrics);
+            let output = trinity_explorer::apply_pipeline(named, experiences);
+            experiences = output.experiences;
+            metrics.extend(output.metrics);
+            // Pass rates an operator measured (`pass_rate_calculator`) feed the task selectors before the next
+            // step draws its tasks (the `difficulty_based` selector's beliefs).
+            self.scheduler.feedback(&output.selector_feedback)?;
         }
         if let Some(advantage) = &self.advantage {
             let (with_advantages, pipeline_metrics) = apply_group_advantage(advantage.as_ref(), experiences)?;
