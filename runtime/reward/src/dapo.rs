@@ -12,6 +12,9 @@
 //! * `format_score` is the overlong penalty when `reward_fn_args.enable_overlong_penalty` is true, else 0. With
 //!   `max_response_length` Lmax, `cache_length` C and `penalty_factor` f (all required then, Lmax > C) and a
 //!   response of L tokens: L ≤ Lmax − C → 0; L > Lmax → −f; otherwise (Lmax − C − L) / C · f.
+//!
+//! `math_boxed_reward_naive_dapo` (the reward of Trinity-RFT's guru-math benchmark plugin, `NaiveDapoRewardFn`)
+//! grades the same way but scores `accuracy` 1 or 0, with `format_score` always 0 and no length penalty.
 
 use crate::answer::{Rational, normalize, parse_number};
 use crate::error::RewardError;
@@ -118,6 +121,23 @@ fn math_dapo_reward(input: &RewardInput<'_>) -> Result<RewardComponents, RewardE
     Ok(RewardComponents::from([("accuracy".to_owned(), accuracy), ("format_score".to_owned(), format_score)]))
 }
 
+fn math_boxed_reward_naive_dapo(input: &RewardInput<'_>) -> Result<RewardComponents, RewardError> {
+    let truth = match input.truth {
+        Some(t) if !t.trim().is_empty() => t,
+        _ => return Err(RewardError::MissingTruth { reward: "math_boxed_reward_naive_dapo" }),
+    };
+    let accuracy = if dapo_correct(dapo_answer(input.response), truth) { 1.0 } else { 0.0 };
+    Ok(RewardComponents::from([("accuracy".to_owned(), accuracy), ("format_score".to_owned(), 0.0)]))
+}
+
+inventory::submit! {
+    RewardEntry {
+        name: "math_boxed_reward_naive_dapo",
+        description: "naive DAPO grading of the last \\boxed{} after </think>: accuracy 1 or 0",
+        func: math_boxed_reward_naive_dapo,
+    }
+}
+
 inventory::submit! {
     RewardEntry {
         name: "math_dapo_reward",
@@ -155,6 +175,19 @@ mod tests {
         assert_eq!(dapo_answer("\\fbox{ 2 }"), "2");
         assert_eq!(dapo_answer("\\boxed{\\frac{a}{b}}"), "\\frac{a}{b}");
         assert_eq!(dapo_answer("open \\boxed{3"), "open \\boxed{3");
+    }
+
+    #[test]
+    fn naive_dapo_scores_one_or_zero_without_penalty() {
+        let args = json!({"enable_overlong_penalty": true}).as_object().cloned().unwrap_or_default();
+        let run = |response: &str| {
+            let input =
+                RewardInput { response, truth: Some("72"), prompt: None, args: &args, response_tokens: Some(99_999) };
+            math_boxed_reward_naive_dapo(&input).unwrap()
+        };
+        assert_eq!(run("<think>..</think> \\boxed{72}")["accuracy"], 1.0);
+        assert_eq!(run("\\boxed{71}")["accuracy"], 0.0);
+        assert_eq!(run("\\boxed{72}")["format_score"], 0.0);
     }
 
     #[test]

@@ -210,6 +210,7 @@ mod tests {
                 "countdown_reward",
                 "format_reward",
                 "math_boxed_reward",
+                "math_boxed_reward_naive_dapo",
                 "math_dapo_reward",
                 "math_reward"
             ]
