@@ -91,6 +91,13 @@ fn refused_keys_name_the_key_and_the_reason_only_when_not_default() {
             vec!["`trainer.trainer_config.actor_rollout_ref.model.lora_rank`", "LoRA"],
         ),
         (
+            BASE.replace(
+                "      path: /data/train.jsonl\n",
+                "      path: /data/train.jsonl\n      format:\n        messages_key: chat\n",
+            ),
+            vec!["`buffer.explorer_input.taskset.format.messages_key`", "SFT / DPO rows"],
+        ),
+        (
             format!("{BASE}data_processor:\n  task_pipeline:\n    operators: []\n"),
             vec!["`data_processor.task_pipeline`", "Data-Juicer"],
         ),

@@ -10,7 +10,7 @@
 //! - **refused**: a value other than the default would change results in a way trinity cannot honour; such a
 //!   value is an error that says why and what to do. The default (or `null`) is accepted.
 //!
-//! [`RULES`] gives the category of every property of every schema definition; [`annotate`] writes them into
+//! [`RULES`] (and [`crate::verl_category::VERL_RULES`] for `trainer.trainer_config`) give the category of every property of every schema definition; [`annotate`] writes them into
 //! the JSON Schema (`x-trinity-category`, `x-trinity-note`), where the key walk ([`crate::keys`]) reads them
 //! while it checks the user's tree. Keys trinity has no field for at all are in [`crate::keys`]'s table.
 
@@ -46,29 +46,31 @@ impl Category {
 
 use Category::{Derived as D, Honoured as H, Placement as P, Refused as R};
 
-const NO_GPU_SPLIT: &str = "trinity runs explorer and trainer on this machine's one device (CUDA when present, else CPU); device counts have no effect";
-const ONE_ENGINE: &str = "trinity runs one generation engine and batches concurrent requests in it (concurrency is explorer.runner_per_model); no effect here";
-const VLLM: &str = "a vLLM engine setting; trinity's own engine has no such knob, so it has no effect here";
-const SEQ_PARALLEL: &str =
+pub(crate) const NO_GPU_SPLIT: &str = "trinity runs explorer and trainer on this machine's one device (CUDA when present, else CPU); device counts have no effect";
+pub(crate) const ONE_ENGINE: &str = "trinity runs one generation engine and batches concurrent requests in it (concurrency is explorer.runner_per_model); no effect here";
+pub(crate) const VLLM: &str = "a vLLM engine setting; trinity's own engine has no such knob, so it has no effect here";
+pub(crate) const SEQ_PARALLEL: &str =
     "sequences are not split across devices in trinity; sequence parallelism has no effect on the numbers";
-const TOKEN_BUDGET: &str = "mapped onto trinity's micro-batch token budget (trainer.max_token_len_per_gpu)";
-const MICRO_BATCH: &str = "micro-batches only split the gradient accumulation; trinity forms them by token budget (trainer.max_token_len_per_gpu), so the numbers do not change";
-const STRATEGY: &str =
+pub(crate) const TOKEN_BUDGET: &str = "mapped onto trinity's micro-batch token budget (trainer.max_token_len_per_gpu)";
+pub(crate) const MICRO_BATCH: &str = "micro-batches only split the gradient accumulation; trinity forms them by token budget (trainer.max_token_len_per_gpu), so the numbers do not change";
+pub(crate) const STRATEGY: &str =
     "trinity trains on one device with its own libtorch trainer; FSDP/Megatron sharding and strategy have no effect";
-const OFFLOAD: &str = "a memory / offload / kernel setting of veRL's engines; trinity's trainer manages its memory itself, so it has no effect here";
-const CKPT_CONTENTS: &str =
+pub(crate) const OFFLOAD: &str = "a memory / offload / kernel setting of veRL's engines; trinity's trainer manages its memory itself, so it has no effect here";
+pub(crate) const CKPT_CONTENTS: &str =
     "trinity always checkpoints weights, optimizer state and run state together; no effect here";
-const RAY: &str = "trinity does not use Ray; no effect here";
-const SERVE: &str = "a setting of `mode: serve`, which trinity does not run yet (issue 16); no effect here";
-const PROFILER: &str = "veRL's profiler; trinity reports its own phase timings, so it has no effect here";
-const LOGGING: &str = "logging only; trinity logs its fixed set of metrics, so it has no effect on the run";
-const VERL_SET: &str = "Trinity-RFT sets it itself from the top-level config; the value here is replaced";
-const MEGATRON_OPT: &str = "a Megatron optimizer setting; trinity's AdamW has no such knob, so it has no effect here";
-const LORA: &str = "LoRA trains adapters instead of the full weights, which changes the result; trinity trains full weights only — remove it";
-const PYTHON_LIB: &str = "it imports Python code, and trinity runs no Python; remove it";
-const OVERRIDE_MODEL: &str = "it changes the model's architecture config, which trinity reads only from the checkpoint's config.json; edit that file instead";
-const LOAD_WEIGHT: &str = "training from random weights is not supported; remove it to start from the checkpoint";
-const REWARD_MODEL: &str = "Trinity-RFT computes rewards in workflows and reward functions (default_reward_fn_type), not veRL's reward workers; remove it";
+pub(crate) const RAY: &str = "trinity does not use Ray; no effect here";
+pub(crate) const SERVE: &str = "a setting of `mode: serve`, which trinity does not run yet (issue 16); no effect here";
+pub(crate) const PROFILER: &str = "veRL's profiler; trinity reports its own phase timings, so it has no effect here";
+pub(crate) const LOGGING: &str = "logging only; trinity logs its fixed set of metrics, so it has no effect on the run";
+pub(crate) const VERL_SET: &str = "Trinity-RFT sets it itself from the top-level config; the value here is replaced";
+pub(crate) const MEGATRON_OPT: &str =
+    "a Megatron optimizer setting; trinity's AdamW has no such knob, so it has no effect here";
+pub(crate) const LORA: &str = "LoRA trains adapters instead of the full weights, which changes the result; trinity trains full weights only — remove it";
+pub(crate) const PYTHON_LIB: &str = "it imports Python code, and trinity runs no Python; remove it";
+pub(crate) const OVERRIDE_MODEL: &str = "it changes the model's architecture config, which trinity reads only from the checkpoint's config.json; edit that file instead";
+pub(crate) const LOAD_WEIGHT: &str =
+    "training from random weights is not supported; remove it to start from the checkpoint";
+pub(crate) const REWARD_MODEL: &str = "Trinity-RFT computes rewards in workflows and reward functions (default_reward_fn_type), not veRL's reward workers; remove it";
 
 /// The category of every property, by (schema definition, key), with the note users see.
 pub const RULES: &[(&str, &str, Category, &str)] = &[
@@ -438,379 +440,15 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("PluginSpec", "allow_dir", H, ""),
     ("PluginSpec", "max_memory_mib", H, ""),
     ("PluginSpec", "timeout_s", H, ""),
-    // trainer.trainer_config (veRL)
-    ("VerlConfig", "data", D, VERL_SET),
-    ("VerlConfig", "actor_rollout_ref", H, ""),
-    ("VerlConfig", "critic", H, ""),
-    ("VerlConfig", "reward_model", R, REWARD_MODEL),
-    ("VerlConfig", "reward", R, REWARD_MODEL),
-    ("VerlConfig", "custom_reward_function", R, REWARD_MODEL),
-    ("VerlConfig", "algorithm", H, ""),
-    ("VerlConfig", "trainer", H, ""),
-    ("VerlConfig", "global_profiler", P, PROFILER),
-    (
-        "VerlConfig",
-        "synchronizer",
-        D,
-        "Trinity-RFT copies the top-level `synchronizer` here; the value here is replaced",
-    ),
-    ("VerlConfig", "enable_preview", D, "Trinity-RFT copies trainer.enable_preview here; the value here is replaced"),
-    (
-        "ActorRolloutRef",
-        "hybrid_engine",
-        P,
-        "trinity's explorer and trainer share one process and device; no effect here",
-    ),
-    ("ActorRolloutRef", "model", H, ""),
-    ("ActorRolloutRef", "actor", H, ""),
-    ("ActorRolloutRef", "ref", H, ""),
-    (
-        "ActorRolloutRef",
-        "rollout",
-        D,
-        "Trinity-RFT's explorer replaces veRL's rollout worker: sampling comes from model.* and the tasksets' rollout_args; the value here is replaced",
-    ),
-    (
-        "ActorRolloutRef",
-        "nccl_timeout",
-        D,
-        "Trinity-RFT sets it from synchronizer.sync_timeout; the value here is replaced",
-    ),
-    ("ActorRolloutRef", "synchronizer", D, VERL_SET),
-    ("ActorRolloutRef", "explorer_name", D, "Trinity-RFT sets it from explorer.name; the value here is replaced"),
-    ("VerlActorModel", "path", D, "Trinity-RFT sets it from model.model_path; the value here is replaced"),
-    ("VerlActorModel", "external_lib", R, PYTHON_LIB),
-    ("VerlActorModel", "override_config", R, OVERRIDE_MODEL),
-    (
-        "VerlActorModel",
-        "enable_gradient_checkpointing",
-        P,
-        "activation recomputation trades memory for time; trinity's trainer chooses it per micro-batch itself, so the numbers do not change",
-    ),
-    ("VerlActorModel", "use_remove_padding", P, OFFLOAD),
-    ("VerlActorModel", "use_fused_kernels", P, OFFLOAD),
-    ("VerlActorModel", "fused_kernel_options", P, OFFLOAD),
-    (
-        "VerlActorModel",
-        "custom_chat_template",
-        D,
-        "Trinity-RFT sets it from model.custom_chat_template; the value here is replaced",
-    ),
-    ("VerlActorModel", "enable_activation_offload", P, OFFLOAD),
-    ("VerlActorModel", "use_shm", P, OFFLOAD),
-    (
-        "VerlActorModel",
-        "trust_remote_code",
-        D,
-        "Trinity-RFT sets it from model.trust_remote_code; the value here is replaced",
-    ),
-    ("VerlActorModel", "lora_rank", R, LORA),
-    ("VerlActorModel", "lora_alpha", R, LORA),
-    ("VerlActorModel", "target_modules", R, LORA),
-    ("VerlActorModel", "exclude_modules", R, LORA),
-    ("VerlActorModel", "lora_adapter_path", R, LORA),
-    (
-        "VerlActorModel",
-        "mtp",
-        R,
-        "multi-token prediction adds a training objective trinity's models do not have; remove it",
-    ),
-    ("VerlActorModel", "rope_scaling", D, "Trinity-RFT sets it from model.rope_scaling; the value here is replaced"),
-    ("VerlActorModel", "rope_theta", D, "Trinity-RFT sets it from model.rope_theta; the value here is replaced"),
-    ("VerlActor", "strategy", P, STRATEGY),
-    ("VerlActor", "ppo_mini_batch_size", H, ""),
-    ("VerlActor", "ppo_micro_batch_size", P, MICRO_BATCH),
-    (
-        "VerlActor",
-        "ppo_micro_batch_size_per_gpu",
-        P,
-        "mapped: rows per micro-batch when use_dynamic_bsz is false; micro-batches only split the gradient accumulation",
-    ),
-    (
-        "VerlActor",
-        "use_dynamic_bsz",
-        P,
-        "mapped onto trainer.use_dynamic_bsz: trinity always forms micro-batches by token budget",
-    ),
-    ("VerlActor", "use_prefix_grouper", P, OFFLOAD),
-    ("VerlActor", "calculate_sum_pi_squared", P, LOGGING),
-    ("VerlActor", "sum_pi_squared_checkpointing", P, OFFLOAD),
-    ("VerlActor", "ppo_max_token_len_per_gpu", P, TOKEN_BUDGET),
-    (
-        "VerlActor",
-        "fix_actor_microbatch_loss_scale",
-        R,
-        "this experimental Trinity-RFT loss scaling changes the gradient and trinity does not implement it; remove it",
-    ),
-    ("VerlActor", "grad_clip", H, ""),
-    ("VerlActor", "ppo_epochs", H, ""),
-    (
-        "VerlActor",
-        "shuffle",
-        R,
-        "trinity takes mini-batches in buffer order; shuffling them between epochs is not implemented — remove it",
-    ),
-    ("VerlActor", "ulysses_sequence_parallel_size", P, SEQ_PARALLEL),
-    ("VerlActor", "entropy_from_logits_with_chunking", P, OFFLOAD),
-    ("VerlActor", "entropy_checkpointing", P, OFFLOAD),
-    ("VerlActor", "checkpoint", P, CKPT_CONTENTS),
-    ("VerlActor", "optim", H, ""),
-    ("VerlActor", "fsdp_config", P, OFFLOAD),
-    ("VerlActor", "megatron", P, STRATEGY),
-    ("VerlActor", "profile", P, PROFILER),
-    (
-        "VerlActor",
-        "data_loader_seed",
-        P,
-        "veRL's data-loader seed; trinity's trainer reads the buffer in order, so no effect here",
-    ),
-    ("VerlActor", "load_weight", R, LOAD_WEIGHT),
-    (
-        "VerlActor",
-        "policy_loss",
-        D,
-        "Trinity-RFT computes the policy loss with algorithm.policy_loss_fn; the value here is replaced",
-    ),
-    ("VerlActor", "profiler", P, PROFILER),
-    (
-        "VerlActor",
-        "router_replay",
-        P,
-        "mixture-of-experts routing replay; trinity's models are dense, so no effect here",
-    ),
-    ("VerlActor", "loss_agg_mode", H, ""),
-    (
-        "VerlActor",
-        "loss_scale_factor",
-        R,
-        "a constant loss scale changes the gradient size; trinity does not implement it — remove it",
-    ),
-    ("VerlActor", "clip_ratio", H, ""),
-    ("VerlActor", "clip_ratio_low", H, ""),
-    ("VerlActor", "clip_ratio_high", H, ""),
-    ("VerlActor", "entropy_coeff", H, ""),
-    ("VerlActor", "use_kl_loss", H, ""),
-    ("VerlActor", "kl_loss_coef", H, ""),
-    ("VerlActor", "kl_loss_type", H, ""),
-    ("VerlRef", "strategy", P, STRATEGY),
-    ("VerlRef", "fsdp_config", P, OFFLOAD),
-    ("VerlRef", "log_prob_micro_batch_size", P, MICRO_BATCH),
-    ("VerlRef", "log_prob_micro_batch_size_per_gpu", P, MICRO_BATCH),
-    ("VerlRef", "log_prob_use_dynamic_bsz", P, MICRO_BATCH),
-    ("VerlRef", "use_prefix_grouper", P, OFFLOAD),
-    ("VerlRef", "log_prob_max_token_len_per_gpu", P, TOKEN_BUDGET),
-    ("VerlRef", "ulysses_sequence_parallel_size", P, SEQ_PARALLEL),
-    ("VerlRef", "entropy_from_logits_with_chunking", P, OFFLOAD),
-    ("VerlRef", "entropy_checkpointing", P, OFFLOAD),
-    ("VerlRef", "checkpoint", P, CKPT_CONTENTS),
-    ("VerlRef", "megatron", P, STRATEGY),
-    ("VerlRef", "profile", P, PROFILER),
-    ("VerlRef", "load_weight", R, LOAD_WEIGHT),
-    ("VerlRef", "profiler", P, PROFILER),
-    ("VerlRef", "router_replay", P, "mixture-of-experts routing replay; trinity's models are dense, so no effect here"),
-    (
-        "VerlCritic",
-        "enable",
-        D,
-        "Trinity-RFT sets it from the algorithm preset (whether it trains a critic); the value here is replaced",
-    ),
-    ("VerlCritic", "strategy", P, STRATEGY),
-    ("VerlCritic", "optim", H, ""),
-    ("VerlCritic", "model", H, ""),
-    (
-        "VerlCritic",
-        "ppo_mini_batch_size",
-        D,
-        "Trinity-RFT sets it from buffer.train_batch_size; the value here is replaced",
-    ),
-    ("VerlCritic", "ppo_micro_batch_size", P, MICRO_BATCH),
-    ("VerlCritic", "ppo_micro_batch_size_per_gpu", P, MICRO_BATCH),
-    ("VerlCritic", "forward_micro_batch_size", P, MICRO_BATCH),
-    ("VerlCritic", "forward_micro_batch_size_per_gpu", P, MICRO_BATCH),
-    ("VerlCritic", "use_dynamic_bsz", P, MICRO_BATCH),
-    ("VerlCritic", "ppo_max_token_len_per_gpu", P, TOKEN_BUDGET),
-    ("VerlCritic", "forward_max_token_len_per_gpu", P, TOKEN_BUDGET),
-    ("VerlCritic", "ulysses_sequence_parallel_size", P, SEQ_PARALLEL),
-    (
-        "VerlCritic",
-        "ppo_epochs",
-        R,
-        "trinity updates the critic once per train step; several critic epochs are not implemented — use 1",
-    ),
-    ("VerlCritic", "shuffle", R, "trinity takes critic batches in buffer order; remove it"),
-    ("VerlCritic", "grad_clip", R, "the critic uses trainer.grad_clip (or critic.optim.clip_grad); remove it"),
-    ("VerlCritic", "cliprange_value", H, ""),
-    ("VerlCritic", "checkpoint", P, CKPT_CONTENTS),
-    ("VerlCritic", "rollout_n", D, "Trinity-RFT sets it from algorithm.repeat_times; the value here is replaced"),
-    ("VerlCritic", "loss_agg_mode", R, "trinity's critic loss is a token mean; use `token-mean`"),
-    ("VerlCritic", "megatron", P, STRATEGY),
-    ("VerlCritic", "profile", P, PROFILER),
-    (
-        "VerlCritic",
-        "data_loader_seed",
-        P,
-        "veRL's data-loader seed; trinity's trainer reads the buffer in order, so no effect here",
-    ),
-    ("VerlCritic", "load_weight", R, LOAD_WEIGHT),
-    ("VerlCritic", "nccl_timeout", D, "Trinity-RFT sets it from synchronizer.sync_timeout; the value here is replaced"),
-    ("VerlCritic", "ray_namespace", D, VERL_SET),
-    ("VerlCritic", "profiler", P, PROFILER),
-    (
-        "VerlCritic",
-        "optim_resolved",
-        D,
-        "filled at resolution from critic.optim over algorithm.optimizer; the value here is replaced",
-    ),
-    ("CriticOptim", "optimizer", H, ""),
-    ("CriticOptim", "optimizer_impl", P, "trinity's AdamW is its own libtorch implementation; no effect here"),
-    ("CriticOptim", "lr", H, ""),
-    ("CriticOptim", "lr_warmup_steps", H, ""),
-    ("CriticOptim", "lr_warmup_steps_ratio", H, ""),
-    ("CriticOptim", "min_lr_ratio", H, ""),
-    ("CriticOptim", "warmup_style", H, ""),
-    ("CriticOptim", "lr_scheduler_type", H, ""),
-    (
-        "CriticOptim",
-        "total_training_steps",
-        D,
-        "Trinity-RFT sets it from trainer.total_steps; the value here is replaced",
-    ),
-    ("CriticOptim", "betas", H, ""),
-    ("CriticOptim", "clip_grad", H, ""),
-    ("CriticOptim", "lr_warmup_init", P, MEGATRON_OPT),
-    ("CriticOptim", "lr_decay_steps", P, MEGATRON_OPT),
-    ("CriticOptim", "lr_decay_style", P, MEGATRON_OPT),
-    ("CriticOptim", "min_lr", P, MEGATRON_OPT),
-    ("CriticOptim", "weight_decay", H, ""),
-    ("CriticOptim", "weight_decay_incr_style", P, MEGATRON_OPT),
-    ("CriticOptim", "lr_wsd_decay_style", P, MEGATRON_OPT),
-    ("CriticOptim", "lr_wsd_decay_steps", P, MEGATRON_OPT),
-    ("CriticOptim", "use_checkpoint_opt_param_scheduler", P, MEGATRON_OPT),
-    (
-        "CriticOptim",
-        "override_optimizer_config",
-        R,
-        "extra optimizer arguments of veRL's Python optimizers cannot be passed to trinity's AdamW; remove it",
-    ),
-    ("VerlCriticModel", "path", D, "Trinity-RFT sets it from model.critic_model_path; the value here is replaced"),
-    (
-        "VerlCriticModel",
-        "tokenizer_path",
-        D,
-        "Trinity-RFT sets it from model.critic_model_path; the value here is replaced",
-    ),
-    ("VerlCriticModel", "override_config", R, OVERRIDE_MODEL),
-    ("VerlCriticModel", "external_lib", R, PYTHON_LIB),
-    (
-        "VerlCriticModel",
-        "trust_remote_code",
-        D,
-        "Trinity-RFT sets it from model.trust_remote_code; the value here is replaced",
-    ),
-    (
-        "VerlCriticModel",
-        "enable_gradient_checkpointing",
-        P,
-        "activation recomputation trades memory for time; trinity's trainer chooses it itself, so the numbers do not change",
-    ),
-    ("VerlCriticModel", "use_remove_padding", P, OFFLOAD),
-    ("VerlCriticModel", "fsdp_config", P, OFFLOAD),
-    ("VerlCriticModel", "rope_scaling", D, "Trinity-RFT sets it from model.rope_scaling; the value here is replaced"),
-    ("VerlCriticModel", "rope_theta", D, "Trinity-RFT sets it from model.rope_theta; the value here is replaced"),
-    ("VerlAlgorithm", "rollout_correction", H, ""),
-    ("VerlAlgorithm", "gamma", H, ""),
-    ("VerlAlgorithm", "lam", H, ""),
-    ("VerlAlgorithm", "adv_estimator", D, "Trinity-RFT uses algorithm.advantage_fn; the value here is replaced"),
-    (
-        "VerlAlgorithm",
-        "norm_adv_by_std_in_grpo",
-        D,
-        "Trinity-RFT uses algorithm.advantage_fn_args; the value here is replaced",
-    ),
-    (
-        "VerlAlgorithm",
-        "use_kl_in_reward",
-        D,
-        "Trinity-RFT sets it from algorithm.kl_penalty_fn; the value here is replaced",
-    ),
-    ("VerlAlgorithm", "kl_penalty", D, "Trinity-RFT uses algorithm.kl_penalty_fn; the value here is replaced"),
-    ("VerlAlgorithm", "kl_ctrl", H, ""),
-    ("RolloutCorrection", "bypass_mode", H, ""),
-    (
-        "KlCtrl",
-        "type",
-        R,
-        "only the fixed KL penalty weight (kl_penalty_fn_args.kl_coef) exists in trinity; use `fixed`",
-    ),
-    ("KlCtrl", "kl_coef", H, ""),
-    ("KlCtrl", "horizon", R, "only the fixed KL penalty weight exists in trinity; remove it"),
-    ("KlCtrl", "target_kl", R, "only the fixed KL penalty weight exists in trinity; remove it"),
-    (
-        "VerlTrainer",
-        "balance_batch",
-        P,
-        "veRL reorders rows so data-parallel ranks get similar token counts; with one device there is nothing to balance",
-    ),
-    ("VerlTrainer", "total_epochs", D, "Trinity-RFT sets it from buffer.total_epochs; the value here is replaced"),
-    (
-        "VerlTrainer",
-        "total_training_steps",
-        D,
-        "Trinity-RFT sets it from trainer.total_steps; the value here is replaced",
-    ),
-    ("VerlTrainer", "project_name", D, "Trinity-RFT sets it from `project`; the value here is replaced"),
-    ("VerlTrainer", "group_name", D, "Trinity-RFT sets it from `group`; the value here is replaced"),
-    ("VerlTrainer", "experiment_name", D, "Trinity-RFT sets it from `name`; the value here is replaced"),
-    ("VerlTrainer", "logger", D, "Trinity-RFT sets it from monitor.monitor_type; the value here is replaced"),
-    ("VerlTrainer", "val_generations_to_log_to_wandb", P, LOGGING),
-    ("VerlTrainer", "nnodes", P, NO_GPU_SPLIT),
-    ("VerlTrainer", "n_gpus_per_node", P, NO_GPU_SPLIT),
-    ("VerlTrainer", "save_freq", D, "Trinity-RFT sets it from trainer.save_interval; the value here is replaced"),
-    ("VerlTrainer", "resume_mode", D, "Trinity-RFT sets it from continue_from_checkpoint; the value here is replaced"),
-    (
-        "VerlTrainer",
-        "resume_from_path",
-        R,
-        "trinity resumes from the latest checkpoint of this experiment; to start from other weights set model.model_path",
-    ),
-    ("VerlTrainer", "test_freq", D, "Trinity-RFT sets it from explorer.eval_interval; the value here is replaced"),
-    (
-        "VerlTrainer",
-        "critic_warmup",
-        R,
-        "training only the critic for the first steps is not implemented in trinity; use 0",
-    ),
-    ("VerlTrainer", "default_hdfs_dir", P, "trinity writes checkpoints under checkpoint_root_dir only; no effect here"),
-    ("VerlTrainer", "remove_previous_ckpt_in_save", P, "deprecated in veRL; trainer.max_checkpoints_to_keep decides"),
-    ("VerlTrainer", "del_local_ckpt_after_load", P, "trinity keeps local checkpoints; no effect here"),
-    (
-        "VerlTrainer",
-        "default_local_dir",
-        D,
-        "Trinity-RFT sets it from the checkpoint directory; the value here is replaced",
-    ),
-    (
-        "VerlTrainer",
-        "val_before_train",
-        D,
-        "Trinity-RFT sets it from explorer.eval_on_startup; the value here is replaced",
-    ),
-    ("VerlTrainer", "training_rollout_mode", D, VERL_SET),
-    ("VerlTrainer", "enable_exp_buffer", D, VERL_SET),
-    ("VerlTrainer", "sync_freq", D, "Trinity-RFT sets it from synchronizer.sync_interval; the value here is replaced"),
-    ("VerlTrainer", "max_actor_ckpt_to_keep", H, ""),
-    (
-        "VerlTrainer",
-        "max_critic_ckpt_to_keep",
-        P,
-        "trinity keeps the critic inside the actor's checkpoints, so trainer.max_checkpoints_to_keep decides",
-    ),
-    ("VerlTrainer", "device", P, NO_GPU_SPLIT),
 ];
 
 /// The rule of `key` in definition `def`.
 pub fn rule(def: &str, key: &str) -> Option<(Category, &'static str)> {
-    RULES.iter().find(|(d, k, _, _)| *d == def && *k == key).map(|(_, _, category, note)| (*category, *note))
+    RULES
+        .iter()
+        .chain(crate::verl_category::VERL_RULES)
+        .find(|(d, k, _, _)| *d == def && *k == key)
+        .map(|(_, _, category, note)| (*category, *note))
 }
 
 /// Writes every property's category and note into the schema (`x-trinity-category`, `x-trinity-note`).
@@ -866,7 +504,7 @@ mod tests {
         }
         assert!(missing.is_empty(), "properties without a category: {missing:?}");
         assert!(checked > 300, "only {checked} properties walked");
-        for (def, key, _, _) in RULES {
+        for (def, key, _, _) in RULES.iter().chain(crate::verl_category::VERL_RULES) {
             let def_schema = definitions.iter().find(|(n, _)| n == def).map(|(_, d)| d);
             assert!(
                 def_schema.and_then(|d| d.get("properties")).and_then(|p| p.get(*key)).is_some(),
@@ -878,7 +516,7 @@ mod tests {
     #[test]
     fn placement_keys_never_refuse_and_refused_keys_have_a_default() {
         let schema = json_schema();
-        for (def, key, category, _) in RULES {
+        for (def, key, category, _) in RULES.iter().chain(crate::verl_category::VERL_RULES) {
             if *category != Category::Refused {
                 continue;
             }

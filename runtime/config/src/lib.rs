@@ -18,6 +18,7 @@ pub mod buffer;
 pub mod catalog;
 pub mod category;
 pub mod config;
+mod corrections;
 pub mod error;
 pub mod explorer;
 pub mod external;
@@ -33,6 +34,7 @@ pub mod source;
 pub mod synchronizer;
 pub mod trainer;
 pub mod verl;
+pub mod verl_category;
 mod verl_resolve;
 pub mod yaml;
 

@@ -15,7 +15,6 @@ use crate::catalog::{Catalog, ComponentKind, ExperienceSchema};
 use crate::config::{Config, Mode};
 use crate::error::{ConfigError, closest};
 use crate::source::Source;
-use crate::synchronizer::SyncMethod;
 
 /// A remark about the config that is not an error (a knob with no effect, a mapped value); logged at start.
 pub type Note = String;
@@ -53,7 +52,7 @@ impl Resolver<'_> {
         if ok { Ok(()) } else { Err(self.invalid(key, message)) }
     }
 
-    fn one_of(&self, key: &str, value: &str, allowed: &[&str]) -> Result<(), ConfigError> {
+    pub(crate) fn one_of(&self, key: &str, value: &str, allowed: &[&str]) -> Result<(), ConfigError> {
         if allowed.contains(&value) {
             return Ok(());
         }
@@ -457,6 +456,24 @@ impl Resolver<'_> {
             taskset.name = default_name;
         }
         self.check(!taskset.path.trim().is_empty(), &format!("{key}.path"), "a taskset needs a `path`")?;
+        // These format keys describe SFT and DPO rows; the explorer's workflows read prompts with prompt_key and
+        // friends, so on a taskset they would be silently ignored.
+        let format = &taskset.format;
+        let plain = crate::buffer::FormatConfig::default();
+        for (field, set) in [
+            ("prompt_type", format.prompt_type != plain.prompt_type),
+            ("messages_key", format.messages_key != plain.messages_key),
+            ("tools_key", format.tools_key != plain.tools_key),
+            ("chosen_key", format.chosen_key != plain.chosen_key),
+            ("rejected_key", format.rejected_key != plain.rejected_key),
+        ] {
+            self.check(
+                !set,
+                &format!("{key}.format.{field}"),
+                "it describes SFT / DPO rows (buffer.trainer_input), and the explorer's workflows do not read it; \
+                 remove it from the taskset (workflows read prompt_key, response_key and system_prompt_key)",
+            )?;
+        }
         self.one_of(&format!("{key}.storage_type"), storage_name(taskset.storage_type), &["file", "sql"])?;
         if taskset.storage_type == StorageType::Sql {
             self.check(
@@ -660,89 +677,6 @@ impl Resolver<'_> {
             ));
         }
         Ok(())
-    }
-
-    /// Trinity-RFT's `SynchronizerConfigValidator` and `IntervalConfigValidator`: values it corrects are
-    /// corrected the same way here, each with a note.
-    fn resolve_synchronizer(&mut self, config: &mut Config, schema: ExperienceSchema) -> Result<(), ConfigError> {
-        let sync = &config.synchronizer;
-        self.check(sync.sync_interval >= 1, "synchronizer.sync_interval", "must be at least 1")?;
-        self.check(sync.sync_timeout >= 1, "synchronizer.sync_timeout", "must be at least 1 second")?;
-        let separate = matches!(config.mode, Mode::Explore | Mode::Train | Mode::Bench | Mode::Serve);
-        let dataset = schema != ExperienceSchema::Experience;
-        if config.synchronizer.sync_method == SyncMethod::Nccl {
-            if separate {
-                config.synchronizer.sync_method = SyncMethod::Checkpoint;
-                self.notes.push(format!(
-                    "synchronizer.sync_method `nccl` is set to `checkpoint`: mode `{}` has no NCCL group (as Trinity-RFT does)",
-                    config.mode.name()
-                ));
-            } else if config.mode == Mode::Colocate {
-                config.synchronizer.sync_method = SyncMethod::Memory;
-                self.notes.push(
-                    "synchronizer.sync_method `nccl` is set to `memory` in mode `colocate` (as Trinity-RFT does)"
-                        .into(),
-                );
-            } else {
-                self.notes.push("synchronizer.sync_method `nccl` on one device is an in-place `memory` sync".into());
-            }
-        }
-        if dataset {
-            // SFT and DPO have no explorer to feed: Trinity-RFT saves weights as checkpoints every save_interval.
-            if config.synchronizer.sync_method != SyncMethod::Checkpoint {
-                config.synchronizer.sync_method = SyncMethod::Checkpoint;
-                self.notes.push(format!(
-                    "synchronizer.sync_method is set to `checkpoint` for algorithm `{}` (as Trinity-RFT does)",
-                    config.algorithm.algorithm_type
-                ));
-            }
-            let save_interval = config.trainer.save_interval;
-            if save_interval >= 1 && u64::from(config.synchronizer.sync_interval) != save_interval {
-                config.synchronizer.sync_interval = u32::try_from(save_interval).unwrap_or(u32::MAX);
-                self.notes.push(format!(
-                    "synchronizer.sync_interval is set to trainer.save_interval ({save_interval}) for algorithm `{}`",
-                    config.algorithm.algorithm_type
-                ));
-            }
-        }
-        let method = match config.synchronizer.sync_method {
-            SyncMethod::Nccl => "nccl",
-            SyncMethod::Memory => "memory",
-            SyncMethod::Checkpoint => "checkpoint",
-        };
-        if separate && config.synchronizer.sync_method != SyncMethod::Checkpoint && !dataset {
-            return Err(self.invalid(
-                "synchronizer.sync_method",
-                format!(
-                    "`{method}` needs explorer and trainer in one process; mode `{}` syncs through `checkpoint`",
-                    config.mode.name()
-                ),
-            ));
-        }
-        let interval = u64::from(config.synchronizer.sync_interval);
-        let eval_interval = config.explorer.eval_interval;
-        if config.mode != Mode::Bench && !dataset && !eval_interval.is_multiple_of(interval) {
-            let rounded = (eval_interval / interval).max(1) * interval;
-            config.explorer.eval_interval = rounded;
-            self.notes.push(format!(
-                "explorer.eval_interval ({eval_interval}) is rounded to {rounded}, a multiple of synchronizer.sync_interval ({interval}), as Trinity-RFT does"
-            ));
-        }
-        Ok(())
-    }
-
-    fn resolve_monitor(&mut self, config: &mut Config) -> Result<(), ConfigError> {
-        let monitor = config.monitor.monitor_type.clone();
-        if matches!(monitor.as_str(), "wandb" | "mlflow" | "swanlab") {
-            // A hosted service cannot be reached from here; metrics still go to TensorBoard and metrics.jsonl.
-            config.monitor.monitor_type = "tensorboard".to_owned();
-            let args = if config.monitor.monitor_args.is_empty() { "" } else { "; monitor.monitor_args are ignored" };
-            self.notes.push(format!(
-                "monitor.monitor_type `{monitor}` is a hosted service that cannot be reached from here: metrics go to TensorBoard and metrics.jsonl instead{args}"
-            ));
-            return Ok(());
-        }
-        self.one_of("monitor.monitor_type", &monitor, &["tensorboard", "csv", "jsonl"])
     }
 
     /// Stages: each given section replaces the whole global section (Trinity-RFT's rule, not a deep merge),
