@@ -5,6 +5,11 @@
 //! * [`Workflow`] is the interface every workflow implements — the built-ins here, and WASM workflows through
 //!   the same trait. Built-ins register by name with `inventory` ([`WorkflowEntry`]), plugins at run time
 //!   ([`register_workflow`]).
+//!   The built-ins are Trinity-RFT's workflows that need no outside environment, under its names: single-turn
+//!   math and Q&A (`simple_workflow`, `math_workflow`, `math_boxed_workflow`, their `async_*` names,
+//!   `math_eval_workflow`), `countdown`, `tool_call_workflow` (ToolACE function calling), the multi-step
+//!   `sudoku_workflow` (one experience per step) and the multi-turn `frozen_lake_workflow` (one experience per
+//!   run over the whole conversation, see `conversation.rs`).
 //! * [`ExperienceOperator`]s transform one explore step's experiences before they enter the buffer: Trinity-RFT's
 //!   pure ones are built in ([`OperatorEntry`]), plugins register by name ([`register_operator`]), and
 //!   [`apply_pipeline`] runs a configured pipeline, collecting the selectors' feedback.
