@@ -43,6 +43,13 @@ pub struct AlgorithmConfig {
     pub entropy_loss_fn_args: Option<Map<String, Value>>,
     /// How token losses are reduced to one number. Unset: the preset's choice, else `token-mean`.
     pub loss_agg_mode: Option<LossAggMode>,
+    /// Replay the rollout's mixture-of-experts routing in training (newer Trinity-RFT).
+    pub enable_router_replay: bool,
+    /// Use the rollout engine's logprobs as the old logprobs (newer Trinity-RFT's spelling of
+    /// `trainer.trainer_config.algorithm.rollout_correction.bypass_mode`).
+    pub bypass_old_logprobs: bool,
+    /// Off-policy corrections (importance weights, rejection sampling) of newer Trinity-RFT.
+    pub rollout_correction: Option<Map<String, Value>>,
 }
 
 impl Default for AlgorithmConfig {
@@ -64,6 +71,9 @@ impl Default for AlgorithmConfig {
             entropy_loss_fn: None,
             entropy_loss_fn_args: None,
             loss_agg_mode: None,
+            enable_router_replay: false,
+            bypass_old_logprobs: true,
+            rollout_correction: None,
         }
     }
 }

@@ -51,6 +51,12 @@ pub struct ExplorerConfig {
     pub db_url: Option<String>,
     /// Seconds between runner state reports in the log; 0 disables them.
     pub runner_state_report_interval: u64,
+    /// Runners preparing at once (newer Trinity-RFT).
+    pub runner_prepare_concurrency: u32,
+    /// Retries of a runner's preparation (newer Trinity-RFT).
+    pub runner_prepare_max_retries: u32,
+    /// Train batches the rollout coordinator holds at once (newer Trinity-RFT).
+    pub max_inflight_batches: u32,
 }
 
 /// `explorer.over_rollout`: do not wait for the slowest tasks of a step.
@@ -79,11 +85,13 @@ pub struct DynamicTimeoutConfig {
     pub enable: bool,
     /// Multiple of the mean task time.
     pub ratio: f64,
+    /// Fully observed steps before the timeout adapts (newer Trinity-RFT).
+    pub warmup_min_steps: u32,
 }
 
 impl Default for DynamicTimeoutConfig {
     fn default() -> Self {
-        DynamicTimeoutConfig { enable: false, ratio: 3.0 }
+        DynamicTimeoutConfig { enable: false, ratio: 3.0, warmup_min_steps: 1 }
     }
 }
 
@@ -111,6 +119,9 @@ impl Default for ExplorerConfig {
             min_running_model_num: 1,
             db_url: None,
             runner_state_report_interval: 0,
+            runner_prepare_concurrency: 128,
+            runner_prepare_max_retries: 3,
+            max_inflight_batches: 2,
         }
     }
 }
@@ -160,6 +171,16 @@ pub struct RolloutModelConfig {
     pub tool_call_parser: Option<String>,
     /// Parser of reasoning text in the OpenAI-compatible API's responses.
     pub reasoning_parser: Option<String>,
+    /// Data-parallel replicas inside one engine (newer Trinity-RFT).
+    pub data_parallel_size: u32,
+    /// Pipeline-parallel degree of one engine (newer Trinity-RFT).
+    pub pipeline_parallel_size: u32,
+    /// Expert parallelism of mixture-of-experts models (newer Trinity-RFT).
+    pub enable_expert_parallel: bool,
+    /// Extra engine-specific arguments of vLLM / SGLang (newer Trinity-RFT).
+    pub extra_engine_args: Map<String, Value>,
+    /// Buffer of batched NCCL weight sync, in MB (newer Trinity-RFT).
+    pub weight_sync_buffer_size: u32,
 }
 
 impl Default for RolloutModelConfig {
@@ -185,6 +206,11 @@ impl Default for RolloutModelConfig {
             enable_auto_tool_choice: false,
             tool_call_parser: None,
             reasoning_parser: None,
+            data_parallel_size: 1,
+            pipeline_parallel_size: 1,
+            enable_expert_parallel: false,
+            extra_engine_args: Map::new(),
+            weight_sync_buffer_size: 1024,
         }
     }
 }

@@ -20,6 +20,12 @@ pub struct SynchronizerConfig {
     pub sync_timeout: u64,
     /// Unused by Trinity-RFT itself; kept for its configs.
     pub wait_for_checkpoint: bool,
+    /// The explorer's own sync interval (newer Trinity-RFT); unset means `sync_interval`.
+    pub explorer_sync_interval: Option<u32>,
+    /// The trainer's own sync interval (newer Trinity-RFT); unset means `sync_interval`.
+    pub trainer_sync_interval: Option<u32>,
+    /// Name of the NCCL weight-sync group (newer Trinity-RFT).
+    pub group_name: Option<String>,
 }
 
 impl Default for SynchronizerConfig {
@@ -31,6 +37,9 @@ impl Default for SynchronizerConfig {
             sync_offset: 0,
             sync_timeout: 3600,
             wait_for_checkpoint: false,
+            explorer_sync_interval: None,
+            trainer_sync_interval: None,
+            group_name: None,
         }
     }
 }

@@ -33,6 +33,22 @@ pub struct TrainerConfig {
     pub save_strategy: String,
     /// Scale micro-batch losses by their token share (Trinity-RFT, experimental).
     pub fix_actor_microbatch_loss_scale: bool,
+    /// Pack sequences without padding (newer Trinity-RFT; veRL's `use_remove_padding`).
+    pub use_remove_padding: bool,
+    /// Balance tokens across data-parallel ranks (newer Trinity-RFT; veRL's `balance_batch`).
+    pub balance_batch: bool,
+    /// Train steps during which only the critic is updated (newer Trinity-RFT).
+    pub critic_warmup: u32,
+    /// Offload parameters to host memory (newer Trinity-RFT).
+    pub param_offload: bool,
+    /// Offload optimizer state to host memory (newer Trinity-RFT).
+    pub optimizer_offload: bool,
+    /// Offload gradients to host memory (newer Trinity-RFT).
+    pub grad_offload: bool,
+    /// FSDP2's CPU offload policy (newer Trinity-RFT).
+    pub offload_policy: bool,
+    /// Megatron parallel sizes (newer Trinity-RFT).
+    pub megatron: serde_json::Map<String, serde_json::Value>,
     /// Inline veRL settings (`actor_rollout_ref`, `critic`, `algorithm`, `trainer`), read into typed sections
     /// with Trinity-RFT's precedence against the top-level keys.
     pub trainer_config: VerlConfig,
@@ -61,6 +77,14 @@ impl Default for TrainerConfig {
             ulysses_sequence_parallel_size: 1,
             save_strategy: "unrestricted".to_owned(),
             fix_actor_microbatch_loss_scale: false,
+            use_remove_padding: true,
+            balance_batch: true,
+            critic_warmup: 0,
+            param_offload: false,
+            optimizer_offload: false,
+            grad_offload: false,
+            offload_policy: false,
+            megatron: serde_json::Map::new(),
             trainer_config: VerlConfig::default(),
             max_checkpoints_to_keep: None,
             enable_preview: true,

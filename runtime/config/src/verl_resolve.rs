@@ -108,6 +108,11 @@ impl Resolver<'_> {
             }
         }
 
+        if !config.algorithm.bypass_old_logprobs {
+            // Newer Trinity-RFT's spelling of the veRL switch; either `false` asks for recomputed old logprobs.
+            config.trainer.trainer_config.algorithm.rollout_correction.bypass_mode = false;
+            self.notes.push("algorithm.bypass_old_logprobs `false` sets trainer.trainer_config.algorithm.rollout_correction.bypass_mode to false".into());
+        }
         self.map_actor_optim(config, &actor.optim)?;
         Ok(())
     }
