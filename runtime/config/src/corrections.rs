@@ -97,3 +97,78 @@ impl Resolver<'_> {
         self.one_of("monitor.monitor_type", &monitor, &["tensorboard", "csv", "jsonl"])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use serde_json::{Map, Value};
+
+    use crate::catalog::{Catalog, ComponentKind, ExperienceSchema, Preset};
+    use crate::synchronizer::SyncMethod;
+    use crate::{LoadOptions, Loaded, load_str};
+
+    /// A catalog that knows every name and gives `sft` its dataset schema, so only the corrections matter.
+    struct AnyName;
+
+    impl Catalog for AnyName {
+        fn names(&self, _kind: ComponentKind) -> Vec<String> {
+            Vec::new()
+        }
+        fn preset(&self, algorithm_type: &str) -> Option<Preset> {
+            let schema = if algorithm_type == "sft" { ExperienceSchema::Sft } else { ExperienceSchema::Experience };
+            Some(Preset { schema, ..Preset::default() })
+        }
+        fn default_args(&self, _kind: ComponentKind, _name: &str) -> Option<Map<String, Value>> {
+            None
+        }
+    }
+
+    fn load(text: &str) -> Loaded {
+        let env = |_: &str| None;
+        let options = LoadOptions { overrides: &[], env: &env, catalog: &AnyName, cwd: Path::new("/work") };
+        load_str(text, Path::new("c.yaml"), options).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    const MODEL: &str = "model:\n  model_path: /m\n  max_model_len: 64\n";
+
+    #[test]
+    fn nccl_becomes_checkpoint_in_separate_modes_and_memory_in_colocate() {
+        let serve = load(&format!("mode: serve\n{MODEL}"));
+        assert_eq!(serve.config.synchronizer.sync_method, SyncMethod::Checkpoint);
+        assert!(serve.notes.iter().any(|n| n.contains("mode `serve`")), "{:?}", serve.notes);
+        let colocate =
+            load(&format!("mode: colocate\n{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n"));
+        assert_eq!(colocate.config.synchronizer.sync_method, SyncMethod::Memory);
+    }
+
+    #[test]
+    fn sft_syncs_by_checkpoint_at_the_save_interval() {
+        let sft = load(&format!(
+            "mode: train\nalgorithm:\n  algorithm_type: sft\n{MODEL}buffer:\n  train_batch_size: 4\n  trainer_input:\n    experience_buffer:\n      storage_type: file\n      path: /sft.jsonl\ntrainer:\n  save_interval: 5\nsynchronizer:\n  sync_method: memory\n"
+        ));
+        assert_eq!(sft.config.synchronizer.sync_method, SyncMethod::Checkpoint);
+        assert_eq!(sft.config.synchronizer.sync_interval, 5);
+        assert_eq!(sft.config.explorer.eval_interval, 100, "SFT keeps its eval_interval");
+    }
+
+    #[test]
+    fn eval_interval_rounds_down_to_a_multiple_of_sync_interval_but_not_below_one_interval() {
+        let base = format!("{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n");
+        let rounded = load(&format!("{base}synchronizer:\n  sync_interval: 4\nexplorer:\n  eval_interval: 10\n"));
+        assert_eq!(rounded.config.explorer.eval_interval, 8);
+        let raised = load(&format!("{base}synchronizer:\n  sync_interval: 4\nexplorer:\n  eval_interval: 3\n"));
+        assert_eq!(raised.config.explorer.eval_interval, 4);
+        let kept = load(&format!("{base}synchronizer:\n  sync_interval: 4\nexplorer:\n  eval_interval: 12\n"));
+        assert_eq!(kept.config.explorer.eval_interval, 12);
+        assert!(!kept.notes.iter().any(|n| n.contains("eval_interval")), "{:?}", kept.notes);
+    }
+
+    #[test]
+    fn hosted_monitors_fall_back_to_tensorboard_with_a_note() {
+        let base = format!("{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n");
+        let loaded = load(&format!("{base}monitor:\n  monitor_type: mlflow\n  monitor_args:\n    uri: http://x\n"));
+        assert_eq!(loaded.config.monitor.monitor_type, "tensorboard");
+        assert!(loaded.notes.iter().any(|n| n.contains("`mlflow`") && n.contains("monitor_args are ignored")));
+    }
+}

@@ -285,3 +285,30 @@ fn critic_optimizer(optim: &crate::verl::CriticOptim, grad_clip: f64) -> Result<
     }
     Ok(resolved)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::LrScheduler;
+    use crate::verl::CriticOptim;
+
+    #[test]
+    fn the_critic_optimizer_starts_from_verl_defaults_not_the_actor_optimizer() {
+        let resolved = critic_optimizer(&CriticOptim::default(), 0.7).unwrap();
+        assert_eq!(resolved.lr, 1e-6);
+        assert_eq!(resolved.min_lr_ratio, 0.01);
+        assert_eq!(resolved.clip_grad, 0.7, "the trainer's gradient clip");
+        let user = CriticOptim {
+            lr: Some(1e-5),
+            warmup_style: Some("cosine".into()),
+            clip_grad: Some(2.0),
+            optimizer: Some("AdamW".into()),
+            ..CriticOptim::default()
+        };
+        let resolved = critic_optimizer(&user, 0.7).unwrap();
+        assert_eq!((resolved.lr, resolved.clip_grad), (1e-5, 2.0));
+        assert_eq!(resolved.lr_scheduler_type, LrScheduler::Cosine);
+        let bad = CriticOptim { lr: Some(-1.0), ..CriticOptim::default() };
+        assert!(critic_optimizer(&bad, 1.0).unwrap_err().contains("lr must be a positive number"));
+    }
+}
