@@ -131,3 +131,81 @@ async fn unknown_workflows_and_timeouts_are_named_failures() {
     assert!(matches!(report.failures[0].error, ExplorerError::Timeout { .. }), "{:?}", report.failures);
     assert_eq!(report.retries, 1, "a timeout may be transient, so it is retried");
 }
+
+/// The tiny model with room for the long prompts of Trinity's game and tool workflows (its tokenizer knows few
+/// characters, so their prompts shrink to what it knows; the workflows' mechanics are what is tested here).
+fn roomy_model() -> Arc<RolloutModel> {
+    let mut loaded = trinity_model::load_model(&tiny_model_dir(), tch::Kind::Float, tch::Device::Cpu).unwrap();
+    let tokenizer = loaded.tokenizer.clone();
+    let template = loaded.chat_template.take();
+    let config = EngineConfig { max_model_len: 4096, max_num_seqs: 8, ..EngineConfig::default() };
+    let engine = Engine::start(EngineModel::from(loaded), config).unwrap();
+    Arc::new(RolloutModel::new(Arc::new(engine), tokenizer, template))
+}
+
+fn one_task(row: serde_json::Value, workflow: &str, workflow_args: serde_json::Value, repeat: u32) -> Vec<Task> {
+    let mut batch = tasks(vec![row], workflow);
+    for task in &mut batch {
+        task.workflow_args = workflow_args.as_object().cloned().unwrap_or_default();
+        task.repeat_times = repeat;
+        // FrozenLake spends this over the whole conversation (Trinity's response token budget): room for a few
+        // turns of observations, which this tokenizer spells out almost a token per character.
+        task.rollout_args.max_tokens = Some(if workflow == "frozen_lake_workflow" { 1500 } else { 4 });
+    }
+    batch
+}
+
+#[tokio::test]
+async fn frozen_lake_runs_are_whole_conversations_with_their_answers_masked() {
+    let model = roomy_model();
+    let args = json!({"desc": ["SF", "FG"], "agent_max_steps": 3});
+    let batch = one_task(json!({"prompt": "lake"}), "frozen_lake_workflow", args, 2);
+    let report = run_tasks(model, batch, &options("frozen_lake_workflow")).await;
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    let group = &report.groups[0];
+    assert_eq!(group.len(), 2, "one experience per run");
+    assert!(group.iter().any(|e| e.metrics["env_steps"] >= 2.0), "a random model does not find the goal at once");
+    for (run, experience) in group.iter().enumerate() {
+        experience.validate().unwrap();
+        assert_eq!(experience.eid.run, run as u64);
+        let turns = experience.metrics["env_steps"] as usize;
+        assert!((1..=3).contains(&turns));
+        // Answers are actions, the observations between them are context: as many masked runs as turns.
+        let mask = &experience.action_mask;
+        let answer_runs = mask.windows(2).filter(|w| w[0] && !w[1]).count() + usize::from(mask[mask.len() - 1]);
+        assert_eq!(answer_runs, turns, "{mask:?}");
+        assert!(mask[0], "the response starts with the first answer");
+        assert!(experience.reward == 0.0 || experience.reward == 1.0);
+        assert_eq!(experience.info["task_index"], json!({"taskset_id": 0, "index": 0}));
+    }
+}
+
+#[tokio::test]
+async fn sudoku_tool_call_and_math_eval_run_on_the_engine() {
+    let model = roomy_model();
+    let sudoku = one_task(json!({"prompt": "s"}), "sudoku_workflow", json!({}), 2);
+    let report = run_tasks(Arc::clone(&model), sudoku, &options("sudoku_workflow")).await;
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    let steps = &report.groups[0];
+    // A random model's first answer is no move list: each run ends at its first step with −1.
+    assert!(steps.len() >= 2);
+    assert!(steps.iter().all(|e| e.validate().is_ok() && e.reward >= -1.0 && e.reward <= 1.0));
+    assert_eq!(steps.iter().filter(|e| e.eid.step == 0).count(), 2, "each run starts at step 0");
+
+    let row = json!({
+        "tools": "[{\"name\": \"clock\", \"parameters\": {}}]",
+        "raw_system": "sys",
+        "conversations": [{"from": "human", "value": "time?"}],
+        "answer": "[{\"name\": \"clock\", \"arguments\": {}}]",
+    });
+    let report = run_tasks(Arc::clone(&model), one_task(row, "tool_call_workflow", json!({}), 3), &options("x")).await;
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!(report.groups[0].len(), 3);
+    assert!(report.groups[0].iter().all(|e| e.reward == 0.0 && e.metrics["accuracy"] == 0.0));
+
+    let row = json!({"question": "ab", "response": "1"});
+    let report = run_tasks(model, one_task(row, "math_eval_workflow", json!({}), 3), &options("x")).await;
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!(report.groups[0].len(), 1, "Trinity's eval samples once per task");
+    assert!(report.groups[0][0].metrics.contains_key("accuracy"));
+}
