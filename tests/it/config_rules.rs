@@ -246,6 +246,16 @@ fn dry_run_refuses_exactly_what_the_run_refuses() {
             ),
             vec!["storage_type`", "`sql` tasksets are not read yet"],
         ),
+        (
+            format!(
+                "{BASE}data_processor:\n  experience_pipeline:\n    operators:\n      - name: reward_shapping_mapper\n"
+            ),
+            vec!["unknown operator `reward_shapping_mapper`", "did you mean `reward_shaping_mapper`"],
+        ),
+        (
+            BASE.replace("algorithm_type: grpo", "algorithm_type: grpo\n  sample_strategy: mix"),
+            vec!["`buffer.trainer_input.auxiliary_buffers`", "auxiliary buffer `sft_dataset`"],
+        ),
     ];
     for (text, expected) in cases {
         let dry = run(&text, true);

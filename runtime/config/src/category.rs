@@ -52,7 +52,7 @@ pub(crate) const VLLM: &str = "a vLLM engine setting; trinity's own engine has n
 pub(crate) const SEQ_PARALLEL: &str =
     "sequences are not split across devices in trinity; sequence parallelism has no effect on the numbers";
 pub(crate) const TOKEN_BUDGET: &str = "mapped onto trinity's micro-batch token budget (trainer.max_token_len_per_gpu)";
-pub(crate) const MICRO_BATCH: &str = "micro-batches only split the gradient accumulation; trinity forms them by token budget (trainer.max_token_len_per_gpu), so the numbers do not change";
+pub(crate) const MICRO_BATCH: &str = "micro-batches only split the gradient accumulation; trinity forms them by token budget (trainer.max_token_len_per_gpu), or by actor.ppo_micro_batch_size_per_gpu rows when use_dynamic_bsz is false";
 pub(crate) const STRATEGY: &str =
     "trinity trains on one device with its own libtorch trainer; FSDP/Megatron sharding and strategy have no effect";
 pub(crate) const OFFLOAD: &str = "a memory / offload / kernel setting of veRL's engines; trinity's trainer manages its memory itself, so it has no effect here";
@@ -448,7 +448,12 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("TrainerConfig", "total_steps", H, ""),
     ("TrainerConfig", "save_hf_checkpoint", H, ""),
     ("TrainerConfig", "grad_clip", H, ""),
-    ("TrainerConfig", "use_dynamic_bsz", P, "mapped: trinity always forms micro-batches by token budget"),
+    (
+        "TrainerConfig",
+        "use_dynamic_bsz",
+        P,
+        "mapped: true forms micro-batches by token budget (max_token_len_per_gpu), false by rows (ppo_micro_batch_size_per_gpu); micro-batches only split the gradient accumulation",
+    ),
     ("TrainerConfig", "max_token_len_per_gpu", P, TOKEN_BUDGET),
     ("TrainerConfig", "ulysses_sequence_parallel_size", P, SEQ_PARALLEL),
     ("TrainerConfig", "save_strategy", P, "trinity writes checkpoints from one process; no effect here"),

@@ -440,6 +440,17 @@ impl Resolver<'_> {
             self.resolve_experience_buffer(buffer, &key, config.mode, ExperienceSchema::Sft)?;
         }
         config.buffer.trainer_input.auxiliary_buffers = auxiliary;
+        // Sample strategy `mix` trains expert rows from a named auxiliary buffer; a missing one would only fail
+        // once the run has loaded its models.
+        if config.algorithm.sample_strategy.as_deref() == Some("mix") {
+            let args = config.algorithm.sample_strategy_args.clone().unwrap_or_default();
+            let name = args.get("sft_dataset_name").and_then(Value::as_str).unwrap_or("sft_dataset").to_owned();
+            self.check(
+                config.buffer.trainer_input.auxiliary_buffers.contains_key(&name),
+                "buffer.trainer_input.auxiliary_buffers",
+                format!("sample strategy `mix` reads expert rows from auxiliary buffer `{name}` (sample_strategy_args.sft_dataset_name), which is not configured"),
+            )?;
+        }
         Ok(())
     }
 
