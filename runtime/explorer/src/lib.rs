@@ -20,6 +20,7 @@ mod conversation;
 mod countdown_workflow;
 mod error;
 mod frozen_lake_workflow;
+mod math_boxed_workflow;
 mod math_eval_workflow;
 mod math_workflow;
 mod operator;

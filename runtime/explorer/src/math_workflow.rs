@@ -1,4 +1,4 @@
-//! Single-turn question → answer workflows: `simple_workflow`, `math_workflow`, `math_boxed_workflow`.
+//! Single-turn question → answer workflows: `simple_workflow`, `math_workflow` (and their `async_*` names).
 //!
 //! As in Trinity-RFT's `SimpleWorkflow`: messages are `[system?, user: task prompt]` (plus the reply prefix
 //! as the start of the assistant turn), the group's `repeat_times` samples come from one request (one prefill),
@@ -17,9 +17,6 @@ pub(crate) const THINK_ANSWER_PROMPT: &str = "A conversation between User and As
 and the Assistant solves it. The assistant first thinks about the reasoning process in the mind and then provides \
 the user with the answer. The reasoning process and answer are enclosed within <think> </think> and <answer> \
 </answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> answer here </answer>.";
-
-/// Trinity-RFT's `math_boxed_workflow` system prompt.
-pub(crate) const BOXED_PROMPT: &str = "Please reason step by step, and put your final answer within \\boxed{}.";
 
 /// A single-turn workflow with its defaults.
 #[derive(Debug, Clone, Copy)]
@@ -61,14 +58,28 @@ pub(crate) async fn rollout(
     if experiences.iter().all(|e| e.truncate_status == Some(TruncateStatus::PromptTruncated)) {
         return Ok(experiences);
     }
-    // The whole group is scored in one call: a reward plugin pays its call overhead once per task.
+    score(task, &mut experiences, reward, &task.reward_fn_args, truth, prompt_text)?;
+    Ok(experiences)
+}
+
+/// Scores a group with the reward called `reward` and `args`: the components become the experiences' metrics,
+/// their sum the reward. The whole group is scored in one call: a reward plugin pays its call overhead once
+/// per task.
+pub(crate) fn score(
+    task: &Task,
+    experiences: &mut [Experience],
+    reward: &str,
+    args: &serde_json::Map<String, serde_json::Value>,
+    truth: Option<&str>,
+    prompt_text: Option<&str>,
+) -> Result<(), ExplorerError> {
     let inputs: Vec<RewardInput<'_>> = experiences
         .iter()
         .map(|experience| RewardInput {
             response: experience.response_text.as_deref().unwrap_or(""),
             truth,
             prompt: prompt_text,
-            args: &task.reward_fn_args,
+            args,
             response_tokens: Some(experience.response_length()),
         })
         .collect();
@@ -79,7 +90,7 @@ pub(crate) async fn rollout(
         experience.reward = trinity_reward::total(&components);
         experience.metrics = components;
     }
-    Ok(experiences)
+    Ok(())
 }
 
 /// Samples `params.n` answers to one chat prompt (one request, one prefill) and builds their experiences:
@@ -90,9 +101,22 @@ pub(crate) async fn sample_group(
     messages: &[ChatMessage],
     params: SamplingParams,
 ) -> Result<Vec<Experience>, ExplorerError> {
+    let prompt_tokens = ctx
+        .model
+        .chat_prompt(messages, task.reply_prefix())
+        .map_err(|source| ExplorerError::Model { task: describe(task), source })?;
+    sample_prompt(task, ctx, prompt_tokens, params).await
+}
+
+/// [`sample_group`] for a prompt already tokenized (a base model's raw-text prompt).
+pub(crate) async fn sample_prompt(
+    task: &Task,
+    ctx: &WorkflowContext,
+    prompt_tokens: Vec<u32>,
+    params: SamplingParams,
+) -> Result<Vec<Experience>, ExplorerError> {
     let model = &ctx.model;
     let model_error = |source| ExplorerError::Model { task: describe(task), source };
-    let prompt_tokens = model.chat_prompt(messages, task.reply_prefix()).map_err(model_error)?;
     if let Some(limit) = model.prompt_over_limit(prompt_tokens.len()) {
         return Ok(prompt_truncated(task, ctx, &prompt_tokens, limit));
     }
@@ -200,18 +224,11 @@ fn math() -> Box<dyn Workflow> {
     Box::new(SingleTurn { default_system_prompt: Some(THINK_ANSWER_PROMPT), default_reward: "math_reward" })
 }
 
-fn math_boxed() -> Box<dyn Workflow> {
-    Box::new(SingleTurn { default_system_prompt: Some(BOXED_PROMPT), default_reward: "math_boxed_reward" })
-}
-
 inventory::submit! {
     WorkflowEntry { name: "simple_workflow", description: "one question, one answer, scored by the task's reward", build: simple }
 }
 inventory::submit! {
     WorkflowEntry { name: "math_workflow", description: "math question with a think/answer system prompt; math_reward", build: math }
-}
-inventory::submit! {
-    WorkflowEntry { name: "math_boxed_workflow", description: "math question, answer in \\boxed{}; math_boxed_reward", build: math_boxed }
 }
 // Trinity-RFT registers an `async_` twin of these workflows (the same workflow run through its async model
 // API); every workflow here is async, so the twins are the same workflows under Trinity's names.
@@ -220,9 +237,6 @@ inventory::submit! {
 }
 inventory::submit! {
     WorkflowEntry { name: "async_math_workflow", description: "Trinity's async name of math_workflow (the same workflow)", build: math }
-}
-inventory::submit! {
-    WorkflowEntry { name: "async_math_boxed_workflow", description: "Trinity's async name of math_boxed_workflow (the same workflow)", build: math_boxed }
 }
 
 #[cfg(test)]

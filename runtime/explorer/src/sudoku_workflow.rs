@@ -14,7 +14,7 @@
 //! (rollout seed, taskset, row) so that all runs of a group play the same board — Trinity draws it unseeded.
 
 use serde_json::Value;
-use trinity_buffer::Task;
+use trinity_buffer::{Task, TruncateStatus};
 use trinity_model::ChatMessage;
 
 use crate::error::ExplorerError;
@@ -231,6 +231,11 @@ impl Workflow for SudokuWorkflow {
                     params.seed = params.seed.map(|seed| mix(&[seed, u64::from(run), step as u64]));
                     let mut sampled = sample_group(task, ctx, &messages, params).await?;
                     let Some(mut experience) = sampled.pop() else { break };
+                    // A prompt over the length limit comes back as a masked placeholder: nothing was played.
+                    if experience.truncate_status == Some(TruncateStatus::PromptTruncated) {
+                        experiences.push(experience);
+                        break;
+                    }
                     let outcome = game.play(experience.response_text.as_deref().unwrap_or(""));
                     experience.eid.run = u64::from(run);
                     experience.eid.step = step as u64;

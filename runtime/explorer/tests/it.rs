@@ -209,3 +209,23 @@ async fn sudoku_tool_call_and_math_eval_run_on_the_engine() {
     assert_eq!(report.groups[0].len(), 1, "Trinity's eval samples once per task");
     assert!(report.groups[0][0].metrics.contains_key("accuracy"));
 }
+
+#[tokio::test]
+async fn math_boxed_base_prompts_and_truncated_answers_train_nothing() {
+    let model = roomy_model();
+    let row = json!({"prompt": "ab", "response": "1"});
+    let batch = one_task(row, "math_boxed_workflow", json!({"use_base": true, "with_think": true}), 3);
+    let report = run_tasks(model, batch, &options("x")).await;
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    for experience in &report.groups[0] {
+        experience.validate().unwrap();
+        // The raw-text prompt, not the chat template.
+        assert!(!experience.prompt_text.as_deref().unwrap_or("").contains("<|im_start|>"));
+        // with_think reaches the reward: no <think> in a random answer costs the format coefficient.
+        assert_eq!(experience.metrics["format_score"], -0.1);
+        if experience.truncate_status.is_some() {
+            assert!(experience.action_mask.iter().all(|m| !m), "a cut answer trains no token");
+        }
+    }
+    assert!(report.groups[0].iter().any(|e| e.truncate_status.is_some()), "four tokens cut some answer short");
+}
