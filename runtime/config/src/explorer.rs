@@ -133,9 +133,9 @@ impl Default for ExplorerConfig {
 pub struct RolloutModelConfig {
     /// `vllm` and `vllm_async` (Trinity-RFT's names) and `native` all select trinity's engine.
     pub engine_type: String,
-    /// Rollout engines; one per device, so only 1 is supported.
+    /// Trinity-RFT's number of rollout engines; trinity runs one engine and batches concurrent requests in it.
     pub engine_num: u32,
-    /// Tensor-parallel degree; only 1 is supported.
+    /// Tensor-parallel degree of Trinity-RFT's engines; trinity's engine runs on one device.
     pub tensor_parallel_size: u32,
     /// Weight dtype of the rollout engine: `bfloat16`, `float16` or `float32`.
     pub dtype: String,

@@ -34,7 +34,7 @@ pub struct ModelConfig {
     pub min_response_tokens: u32,
     /// Cut prompts longer than `max_prompt_tokens` from the left instead of failing the task.
     pub enable_prompt_truncation: bool,
-    /// Penalty on repeated tokens; only 1.0 (off) is supported.
+    /// Penalty on repeated tokens; trinity's sampler has none, so only 1.0 (off) is accepted.
     pub repetition_penalty: f64,
     /// Passed to chat templates that understand it (Qwen3).
     pub enable_thinking: Option<bool>,
@@ -76,9 +76,9 @@ impl Default for ModelConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// Trinity-RFT's Ray address; trinity has no Ray, only `auto` is accepted.
+    /// Trinity-RFT's Ray address; trinity has no Ray.
     pub ray_address: String,
-    /// Number of nodes; multi-node runs are not supported yet, so only 1.
+    /// Trinity-RFT's number of nodes; trinity runs on this machine.
     pub node_num: u32,
     /// GPUs per node. trinity runs explorer and trainer on one device (colocated), CUDA when present, else CPU.
     pub gpu_per_node: u32,

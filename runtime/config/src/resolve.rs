@@ -312,7 +312,7 @@ impl Resolver<'_> {
         self.check(
             model.repetition_penalty == 1.0,
             "model.repetition_penalty",
-            "repetition penalties are not supported yet; use 1.0",
+            "a repetition penalty changes what is sampled, and trinity's sampler has none; use 1.0",
         )?;
         self.check(
             !model.trust_remote_code,
