@@ -50,7 +50,8 @@ pub enum BufferError {
     #[error("taskset `{taskset}`: storage type `{storage}` cannot be read as a taskset here")]
     UnsupportedStorage { taskset: String, storage: String },
     #[error(
-        "taskset `{taskset}`: selector `{selector}` is not supported (use sequential, shuffle, random or difficulty_based)"
+        "taskset `{taskset}`: selector `{selector}` is not supported (use sequential, shuffle, random, \
+         offline_easy2hard or difficulty_based)"
     )]
     UnsupportedSelector { taskset: String, selector: String },
     #[error("taskset `{taskset}`: data_selector: {problem}")]

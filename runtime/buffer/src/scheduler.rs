@@ -81,6 +81,15 @@ impl TaskScheduler {
                     selector.seed,
                     &selector.kwargs,
                 )?,
+                SelectorKind::OfflineEasy2Hard => {
+                    if selector.feature_keys.is_empty() {
+                        return Err(BufferError::SelectorArgs {
+                            taskset: taskset.name().to_owned(),
+                            problem: "offline_easy2hard needs feature_keys (row fields, higher = easier)".to_owned(),
+                        });
+                    }
+                    Selector::offline_easy2hard(&feature_columns(taskset, &selector.feature_keys)?, selector.seed)
+                }
                 _ => Selector::new(kind, taskset.len(), selector.seed),
             });
         }
@@ -209,7 +218,7 @@ impl TaskScheduler {
 
 /// The two offline pass-rate columns a `difficulty_based` selector starts from, one `[weak, strong]` pair per row.
 fn difficulty_features(taskset: &Taskset, keys: &[String]) -> Result<Vec<[f64; 2]>> {
-    let [weak, strong] = keys else {
+    if keys.len() != 2 {
         return Err(BufferError::SelectorArgs {
             taskset: taskset.name().to_owned(),
             problem: format!(
@@ -218,7 +227,12 @@ fn difficulty_features(taskset: &Taskset, keys: &[String]) -> Result<Vec<[f64; 2
                 keys.len()
             ),
         });
-    };
+    }
+    Ok(feature_columns(taskset, keys)?.into_iter().map(|row| [row[0], row[1]]).collect())
+}
+
+/// The numeric `keys` fields of every row of `taskset` (a selector's `feature_keys`).
+fn feature_columns(taskset: &Taskset, keys: &[String]) -> Result<Vec<Vec<f64>>> {
     let value = |row: usize, key: &String| -> Result<f64> {
         let found = taskset.rows[row].get(key);
         found.and_then(serde_json::Value::as_f64).filter(|v| v.is_finite()).ok_or_else(|| BufferError::BadField {
@@ -226,12 +240,12 @@ fn difficulty_features(taskset: &Taskset, keys: &[String]) -> Result<Vec<[f64; 2
             row,
             key: key.clone(),
             problem: match found {
-                None => "is missing (a feature_keys column of the difficulty_based selector)".to_owned(),
-                Some(other) => format!("must be a pass rate (a number), found {other}"),
+                None => "is missing (a feature_keys column of the taskset's selector)".to_owned(),
+                Some(other) => format!("must be a number (a feature_keys column), found {other}"),
             },
         })
     };
-    (0..taskset.len()).map(|row| Ok([value(row, weak)?, value(row, strong)?])).collect()
+    (0..taskset.len()).map(|row| keys.iter().map(|key| value(row, key)).collect()).collect()
 }
 
 #[cfg(test)]
@@ -308,6 +322,27 @@ mod tests {
         };
         let rows = rows.into_iter().map(|r| r.as_object().unwrap().clone()).collect();
         Taskset::from_rows(&config, rows, 0, false, Path::new("mem")).unwrap()
+    }
+
+    #[test]
+    fn offline_easy2hard_orders_by_the_feature_columns() {
+        let config = |keys: Vec<String>| TasksetConfig {
+            name: "ts".into(),
+            data_selector: Some(SelectorConfig {
+                selector_type: "offline_easy2hard".into(),
+                feature_keys: keys,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let rows: Vec<crate::Row> =
+            [0.5, 0.9, 0.1].iter().map(|p| json!({"prompt": "p", "pass": p}).as_object().unwrap().clone()).collect();
+        let ts = Taskset::from_rows(&config(vec!["pass".into()]), rows.clone(), 0, false, Path::new("mem")).unwrap();
+        let mut s = TaskScheduler::new(vec![ts], 3, 1, None).unwrap();
+        assert_eq!(ids(&s.next_batch().unwrap().unwrap()), [(0, 1), (0, 0), (0, 2)]);
+        let no_keys = Taskset::from_rows(&config(Vec::new()), rows, 0, false, Path::new("mem")).unwrap();
+        let err = TaskScheduler::new(vec![no_keys], 1, 1, None).unwrap_err().to_string();
+        assert!(err.contains("offline_easy2hard needs feature_keys"), "{err}");
     }
 
     #[test]

@@ -9,6 +9,9 @@
 //! * `sequential`: row `d mod len`, epoch after epoch.
 //! * `shuffle`: epoch `e = d / len` visits every row once, in a permutation seeded by `(seed, e)`.
 //! * `random`: each draw is uniform over all rows, independently (with replacement), seeded by `(seed, d)`.
+//! * `offline_easy2hard` (Trinity's `OfflineEasy2HardSelector`): a curriculum — the rows sorted once by their
+//!   `feature_keys` values, highest (easiest) first (ties: the later row first, as Python's reversed sort
+//!   puts them), then taken in that order, epoch after epoch.
 //! * `difficulty_based` (BOTS, arXiv:2510.26374; Trinity-RFT's `DifficultyBasedSelector`): the one selector with
 //!   state. Each row has a Beta(α, β) belief of its pass rate, seeded from two offline pass-rate columns
 //!   (`feature_keys`) and updated from the pass rates observed while training ([`PassRates`], written by the
@@ -38,6 +41,7 @@ pub enum SelectorKind {
     Sequential,
     Shuffle,
     Random,
+    OfflineEasy2Hard,
     DifficultyBased,
 }
 
@@ -48,6 +52,7 @@ impl SelectorKind {
             "sequential" => Ok(SelectorKind::Sequential),
             "shuffle" => Ok(SelectorKind::Shuffle),
             "random" => Ok(SelectorKind::Random),
+            "offline_easy2hard" => Ok(SelectorKind::OfflineEasy2Hard),
             "difficulty_based" => Ok(SelectorKind::DifficultyBased),
             other => Err(BufferError::UnsupportedSelector { taskset: taskset.to_owned(), selector: other.to_owned() }),
         }
@@ -64,13 +69,34 @@ pub struct Selector {
     cached: Option<(u64, Vec<usize>)>,
     /// The pass-rate beliefs (`difficulty_based` only).
     difficulty: Option<DifficultyEstimator>,
+    /// The rows, easiest first (`offline_easy2hard` only).
+    curriculum: Option<Vec<usize>>,
 }
 
 impl Selector {
     /// A selector over `len` rows; `len` must be at least 1 (tasksets are never empty, see `Taskset::load`).
     /// A `difficulty_based` selector needs its features: build it with [`Selector::difficulty_based`].
     pub fn new(kind: SelectorKind, len: usize, seed: u64) -> Selector {
-        Selector { kind, len: len.max(1), seed, cached: None, difficulty: None }
+        Selector { kind, len: len.max(1), seed, cached: None, difficulty: None, curriculum: None }
+    }
+
+    /// An `offline_easy2hard` selector over `features` (one row of `feature_keys` values per taskset row; higher
+    /// means easier).
+    pub fn offline_easy2hard(features: &[Vec<f64>], seed: u64) -> Selector {
+        let mut order: Vec<usize> = (0..features.len()).collect();
+        // Python sorts `[f1, .., fk, index]` ascending and reverses: descending by features, then by index.
+        order.sort_by(|&a, &b| {
+            let by_features = features[b].iter().zip(&features[a]).map(|(x, y)| x.total_cmp(y)).find(|o| o.is_ne());
+            by_features.unwrap_or(std::cmp::Ordering::Equal).then(b.cmp(&a))
+        });
+        Selector {
+            kind: SelectorKind::OfflineEasy2Hard,
+            len: features.len().max(1),
+            seed,
+            cached: None,
+            difficulty: None,
+            curriculum: Some(order),
+        }
     }
 
     /// A `difficulty_based` selector over `features` (one `[weak, strong]` offline pass-rate pair per row) with
@@ -90,6 +116,7 @@ impl Selector {
             seed,
             cached: None,
             difficulty: Some(estimator),
+            curriculum: None,
         })
     }
 
@@ -128,8 +155,13 @@ impl Selector {
         if let Some(estimator) = &self.difficulty {
             return estimator.select(1, self.seed, draw).first().copied().unwrap_or(0);
         }
+        if let Some(order) = &self.curriculum {
+            return order.get((draw % len) as usize).copied().unwrap_or(0);
+        }
         match self.kind {
-            SelectorKind::Sequential | SelectorKind::DifficultyBased => (draw % len) as usize,
+            SelectorKind::Sequential | SelectorKind::DifficultyBased | SelectorKind::OfflineEasy2Hard => {
+                (draw % len) as usize
+            }
             SelectorKind::Random => uniform(splitmix64(self.seed ^ splitmix64(draw)), self.len),
             SelectorKind::Shuffle => {
                 let epoch = draw / len;
@@ -457,6 +489,15 @@ mod tests {
         let text = SelectorKind::parse("ts", "hardest_first").unwrap_err().to_string();
         assert!(text.contains("hardest_first") && text.contains("`ts`"), "{text}");
         assert_eq!(SelectorKind::parse("ts", "difficulty_based").unwrap(), SelectorKind::DifficultyBased);
+    }
+
+    #[test]
+    fn offline_easy2hard_walks_the_rows_easiest_first() {
+        let features = vec![vec![0.2, 1.0], vec![0.9, 0.0], vec![0.2, 3.0], vec![0.9, 0.0]];
+        let mut s = Selector::offline_easy2hard(&features, 0);
+        // 0.9 ties broken by the later row first (3, then 1); then 0.2 by the second column (2 before 0).
+        assert_eq!(draws(&mut s, 0..6), [3, 1, 2, 0, 3, 1]);
+        assert_eq!(SelectorKind::parse("ts", "offline_easy2hard").unwrap(), SelectorKind::OfflineEasy2Hard);
     }
 
     fn kwargs(value: Value) -> Map<String, Value> {
