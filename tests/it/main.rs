@@ -3,6 +3,7 @@
 mod algorithm_plugins;
 mod cli;
 mod compat;
+mod compat_runs;
 mod config;
 mod config_rules;
 mod model_commands;
