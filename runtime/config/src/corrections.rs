@@ -165,6 +165,19 @@ mod tests {
     }
 
     #[test]
+    fn lengths_are_derived_from_one_another_with_a_note() {
+        let base = "buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n";
+        let half = load(&format!("model:\n  model_path: /m\n  max_model_len: 64\n  min_response_tokens: 40\n{base}"));
+        let model = &half.config.model;
+        assert_eq!((model.max_prompt_tokens, model.max_response_tokens), (Some(32), Some(32)));
+        assert_eq!(model.min_response_tokens, 31, "one token below the maximum, as Trinity-RFT sets it");
+        assert!(half.notes.iter().any(|n| n.contains("model lengths derived")), "{:?}", half.notes);
+        let summed =
+            load(&format!("model:\n  model_path: /m\n  max_prompt_tokens: 10\n  max_response_tokens: 6\n{base}"));
+        assert_eq!(summed.config.model.max_model_len, Some(16));
+    }
+
+    #[test]
     fn hosted_monitors_fall_back_to_tensorboard_with_a_note() {
         let base = format!("{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n");
         let loaded = load(&format!("{base}monitor:\n  monitor_type: mlflow\n  monitor_args:\n    uri: http://x\n"));

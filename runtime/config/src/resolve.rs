@@ -263,7 +263,8 @@ impl Resolver<'_> {
         if model.critic_model_path.is_empty() {
             model.critic_model_path = model.model_path.clone();
         }
-        match (model.max_model_len, model.max_prompt_tokens, model.max_response_tokens) {
+        let given = (model.max_model_len, model.max_prompt_tokens, model.max_response_tokens);
+        match given {
             (Some(len), Some(prompt), Some(response)) => {
                 if prompt + response > len {
                     return Err(self.invalid(
@@ -295,12 +296,27 @@ impl Resolver<'_> {
             }
         }
         let model = &config.model;
+        let derived = (model.max_model_len, model.max_prompt_tokens, model.max_response_tokens);
+        if derived != given {
+            self.notes.push(format!(
+                "model lengths derived as Trinity-RFT does: max_model_len {}, max_prompt_tokens {}, max_response_tokens {}",
+                derived.0.unwrap_or(0),
+                derived.1.unwrap_or(0),
+                derived.2.unwrap_or(0)
+            ));
+        }
         self.check(model.max_model_len.unwrap_or(0) >= 2, "model.max_model_len", "must be at least 2")?;
         self.check(model.max_response_tokens.unwrap_or(0) >= 1, "model.max_response_tokens", "must be at least 1")?;
         self.check(model.max_prompt_tokens.unwrap_or(0) >= 1, "model.max_prompt_tokens", "must be at least 1")?;
+        // Trinity-RFT: a minimum at or above the maximum becomes one token below it.
         let max_response = model.max_response_tokens.unwrap_or(0);
-        if model.min_response_tokens > max_response {
-            config.model.min_response_tokens = max_response;
+        if model.min_response_tokens >= max_response && model.min_response_tokens > 0 {
+            let min = max_response.saturating_sub(1);
+            self.notes.push(format!(
+                "model.min_response_tokens ({}) is set to {min}, below max_response_tokens ({max_response})",
+                model.min_response_tokens
+            ));
+            config.model.min_response_tokens = min;
         }
         let model = &config.model;
         self.check_sampling("model", model.temperature, model.top_p, model.top_k, None)?;
