@@ -71,7 +71,7 @@ const EXPECTED: &[(&str, Outcome)] = &[
     ("examples/grpo_alfworld/alfworld.yaml", Fails(Refused, "explorer.env_vars")),
     ("examples/grpo_alfworld_general_multi_step/alfworld.yaml", Fails(Refused, "enable_history")),
     ("examples/grpo_email_search/email_search.yaml", Fails(Refused, "enable_history")),
-    ("examples/grpo_frozen_lake/frozen_lake.yaml", Fails(MissingComponent, "frozen_lake_workflow")),
+    ("examples/grpo_frozen_lake/frozen_lake.yaml", Pass),
     ("examples/grpo_gsm8k/gsm8k.yaml", Pass),
     ("examples/grpo_gsm8k_experience_pipeline/gsm8k.yaml", Fails(Refused, "service")),
     ("examples/grpo_gsm8k_ruler/gsm8k_ruler.yaml", Fails(AuxiliaryModel, "explorer.auxiliary_models")),

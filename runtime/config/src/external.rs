@@ -29,16 +29,9 @@ const NEEDS: &[(&str, &str)] = &[
 
 /// Trinity-RFT built-ins that need nothing outside trinity but have no trinity port yet.
 const NOT_PORTED: &[&str] = &[
-    "frozen_lake_workflow",
-    "sudoku_workflow",
-    "toolcall_workflow",
-    "tool_call_workflow",
-    "math_eval_workflow",
-    "async_math_workflow",
-    "async_simple_workflow",
+    // Trinity-RFT's synthetic long-context workflow of scripts/context_length_test.
     "synthetic_workflow",
-    "math_dapo_reward",
-    "math_boxed_reward_naive_dapo",
+    // The advantage functions of Trinity-RFT's entropy-control example (examples/entropy).
     "clipb",
     "clipv",
 ];
