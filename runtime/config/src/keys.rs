@@ -183,7 +183,7 @@ pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
 ];
 
 /// Walks `value` against the root `schema`: the first refused key is an error; placement and derived keys the
-/// user set come back as notes, one per key.
+/// user set to something other than their default come back as notes, one per key.
 pub fn check(schema: &Value, value: &Value) -> Result<Vec<KeyNote>, KeyProblem> {
     let mut walker = Walker { root: schema, notes: Vec::new() };
     match walker.walk(schema, "Config", value, "") {
@@ -241,7 +241,11 @@ impl<'a> Walker<'a> {
                             Some(Category::Refused) if !same_as_default(item, child.get("default")) => {
                                 return Some(KeyProblem::Unsupported { key: child_path, reason: note() });
                             }
-                            Some(category @ (Category::Placement | Category::Derived)) if !item.is_null() => {
+                            // A value equal to the default changes nothing even in Trinity-RFT; only other values
+                            // are worth a line in the log.
+                            Some(category @ (Category::Placement | Category::Derived))
+                                if !same_as_default(item, child.get("default")) =>
+                            {
                                 self.notes.push(KeyNote { key: child_path, category, note: note() });
                             }
                             _ => {
