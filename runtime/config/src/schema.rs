@@ -33,9 +33,9 @@ pub fn markdown_reference() -> String {
          Keys and meanings follow Trinity-RFT; `null` as a default means \"derived at resolution\" (see\n\
          `trinity run --dry-run`, which prints every value after resolution).\n\n\
          Every key has a category: **honoured** (its value changes what runs), **placement** (how Trinity-RFT\n\
-         spreads work over devices or manages engine memory; accepted, and a value you set is logged with what it\n\
-         maps to or why it has no effect here), **derived** (Trinity-RFT itself overwrites it from another key;\n\
-         accepted with a note naming that key), **refused** (a value other than the default would change results in\n\
+         spreads work over devices or manages engine memory; accepted, and a value other than the default is logged\n\
+         with what it maps to or why it has no effect here), **derived** (Trinity-RFT itself overwrites it from\n\
+         another key; accepted, with a note naming that key), **refused** (a value other than the default would change results in\n\
          a way trinity cannot honour; such a value is an error saying why and what to do).\n",
     );
     let mut seen = BTreeSet::new();
