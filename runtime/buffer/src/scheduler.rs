@@ -18,7 +18,7 @@ use trinity_config::buffer::BufferConfig;
 
 use crate::error::{BufferError, Result};
 use crate::reader::Taskset;
-use crate::selector::{PassRates, Selector, SelectorKind, mix, permutation};
+use crate::selector::{DifficultyEstimator, PassRates, Selector, SelectorKind, mix, permutation};
 use crate::task::Task;
 
 /// Where a run stands; saved in checkpoints.
@@ -198,6 +198,27 @@ impl TaskScheduler {
         &self.selectors
     }
 
+    /// The `difficulty_based` selectors' beliefs, one entry per taskset (`None` for other selectors): save them
+    /// with a checkpoint (serde) so that [`TaskScheduler::restore_beliefs`] resumes the selection exactly.
+    pub fn beliefs(&self) -> Vec<Option<DifficultyEstimator>> {
+        self.selectors.iter().map(|s| s.estimator().cloned()).collect()
+    }
+
+    /// Puts back beliefs saved by [`TaskScheduler::beliefs`]; they must be for the same tasksets.
+    pub fn restore_beliefs(&mut self, saved: Vec<Option<DifficultyEstimator>>) -> Result<()> {
+        if saved.len() != self.selectors.len() {
+            return Err(BufferError::BadState {
+                reason: format!("beliefs for {} tasksets, the config has {}", saved.len(), self.selectors.len()),
+            });
+        }
+        for ((selector, taskset), beliefs) in self.selectors.iter_mut().zip(&self.tasksets).zip(saved) {
+            if let Some(beliefs) = beliefs {
+                selector.restore_estimator(taskset.name(), beliefs)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Which taskset global draw `draw` belongs to.
     fn taskset_of(&mut self, draw: u64) -> usize {
         if self.tasksets.len() == 1 {
@@ -373,5 +394,19 @@ mod tests {
         assert_eq!(s.state().taskset_draws, [4]);
         let unknown = PassRates { taskset_id: 3, indices: vec![0], values: vec![0.5] };
         assert!(s.feedback(&[unknown]).unwrap_err().to_string().contains("taskset 3"));
+
+        // A resumed scheduler given the saved position and beliefs draws what this one draws next.
+        let (position, beliefs) = (s.state(), s.beliefs());
+        let saved: Vec<Option<DifficultyEstimator>> =
+            serde_json::from_str(&serde_json::to_string(&beliefs).unwrap()).unwrap();
+        let rows: Vec<serde_json::Value> =
+            (0..6).map(|i| json!({"prompt": format!("p{i}"), "weak": 0.5, "strong": 0.5})).collect();
+        let kwargs = json!({"tau": 0, "target_reward": 0.5, "lamb": 0.1, "rho": 0.1});
+        let mut resumed =
+            TaskScheduler::new(vec![bots_taskset(rows, &["weak", "strong"], kwargs)], 2, 10, None).unwrap();
+        resumed.restore(position).unwrap();
+        resumed.restore_beliefs(saved).unwrap();
+        assert_eq!(ids(&resumed.next_batch().unwrap().unwrap()), ids(&s.next_batch().unwrap().unwrap()));
+        assert!(resumed.restore_beliefs(vec![None, None]).is_err());
     }
 }

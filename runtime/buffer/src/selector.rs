@@ -148,6 +148,30 @@ impl Selector {
         self.difficulty.as_ref()
     }
 
+    /// Puts back beliefs saved from [`Selector::estimator`] (a resumed run). Trinity-RFT keeps only the draw
+    /// count across a restart; keeping the beliefs makes a resumed run select as the uninterrupted one would.
+    /// Beliefs for another number of rows, or for a selector that is not `difficulty_based`, are refused.
+    pub fn restore_estimator(&mut self, taskset: &str, saved: DifficultyEstimator) -> Result<()> {
+        match &mut self.difficulty {
+            Some(current) if current.features.len() == saved.features.len() => {
+                *current = saved;
+                Ok(())
+            }
+            Some(current) => Err(BufferError::SelectorArgs {
+                taskset: taskset.to_owned(),
+                problem: format!(
+                    "saved difficulty beliefs cover {} rows, the taskset has {}",
+                    saved.features.len(),
+                    current.features.len()
+                ),
+            }),
+            None => Err(BufferError::SelectorArgs {
+                taskset: taskset.to_owned(),
+                problem: "saved difficulty beliefs, but the selector is not difficulty_based".to_owned(),
+            }),
+        }
+    }
+
     /// Row index of draw number `draw` (0-based, counted over the whole run). A `difficulty_based` selector
     /// answers for a batch of one ([`Selector::indices`] is the call to use for it).
     pub fn index(&mut self, draw: u64) -> usize {
