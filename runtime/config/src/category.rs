@@ -231,8 +231,18 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("FormatConfig", "reply_prefix", H, ""),
     ("FormatConfig", "workflow_key", H, ""),
     ("FormatConfig", "reward_fn_key", H, ""),
-    ("FormatConfig", "chosen_key", H, ""),
-    ("FormatConfig", "rejected_key", H, ""),
+    (
+        "FormatConfig",
+        "chosen_key",
+        R,
+        "trinity does not read DPO datasets yet (they train in `mode: train`, issue 15); remove it",
+    ),
+    (
+        "FormatConfig",
+        "rejected_key",
+        R,
+        "trinity does not read DPO datasets yet (they train in `mode: train`, issue 15); remove it",
+    ),
     (
         "FormatConfig",
         "enable_concatenated_multi_turn",
