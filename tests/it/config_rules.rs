@@ -270,3 +270,17 @@ fn dry_run_refuses_exactly_what_the_run_refuses() {
         assert_eq!(last_line(&dry), last_line(&real), "same message from the dry run and the run");
     }
 }
+
+#[test]
+fn log_level_from_the_config_applies_unless_the_flag_says_otherwise() {
+    // A placement note is a warning: `log.level: ERROR` hides it, `--log-level warn` brings it back.
+    let text = format!("{BASE}log:\n  level: ERROR\ntrainer:\n  ulysses_sequence_parallel_size: 2\n");
+    let quiet = run(&text, true);
+    assert!(quiet.status.success(), "{}", stderr(&quiet));
+    assert!(!stderr(&quiet).contains("ulysses_sequence_parallel_size"), "{}", stderr(&quiet));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, &text).unwrap();
+    let loud = trinity(dir.path(), &["--log-level", "warn", "run", "--config", path.to_str().unwrap(), "--dry-run"]);
+    assert!(stderr(&loud).contains("ulysses_sequence_parallel_size"), "{}", stderr(&loud));
+}

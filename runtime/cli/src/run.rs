@@ -20,6 +20,7 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
     // The dry run refuses exactly what the run refuses: both go through this one check.
     loaded.check_runnable()?;
     let config = &loaded.config;
+    let log_level = effective_level(log_level, &config.log.level);
     if args.dry_run {
         let _guard = logging::init(log_level, None)?;
         for note in &loaded.notes {
@@ -41,4 +42,18 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
         job_dir.join("monitor").display()
     );
     Ok(())
+}
+
+/// The config's `log.level` applies unless `--log-level` asked for something other than its default (`info`);
+/// `RUST_LOG` wins over both (see [`logging::init`]).
+fn effective_level(flag: LogLevel, config_level: &str) -> LogLevel {
+    if flag != LogLevel::Info {
+        return flag;
+    }
+    match config_level.to_uppercase().as_str() {
+        "DEBUG" => LogLevel::Debug,
+        "WARNING" | "WARN" => LogLevel::Warn,
+        "ERROR" => LogLevel::Error,
+        _ => LogLevel::Info,
+    }
 }
