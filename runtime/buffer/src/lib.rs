@@ -52,6 +52,7 @@
 //!
 //! No tensors here: token ids and per-token floats are plain vectors, so this crate builds without libtorch.
 
+pub mod difficulty_estimator;
 pub mod error;
 pub mod experience;
 pub mod experience_buffer;
