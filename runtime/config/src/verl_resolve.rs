@@ -171,7 +171,11 @@ impl Resolver<'_> {
         }
 
         self.check(actor.ppo_epochs >= 1, &format!("{at}.ppo_epochs"), "must be at least 1")?;
-        let mini = actor.ppo_mini_batch_size.unwrap_or(train_batch_size);
+        // A value resolution filled in earlier (a stage re-resolves the resolved global config) follows this
+        // train_batch_size; only a value the user wrote is kept.
+        let written = self.user_set(&format!("{at}.ppo_mini_batch_size"))
+            || self.source.positions.contains_key(&format!("{at}.ppo_mini_batch_size"));
+        let mini = actor.ppo_mini_batch_size.filter(|_| written).unwrap_or(train_batch_size);
         self.check(mini >= 1, &format!("{at}.ppo_mini_batch_size"), "must be at least 1")?;
         self.check(
             mini <= train_batch_size && train_batch_size.is_multiple_of(mini),
