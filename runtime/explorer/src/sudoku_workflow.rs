@@ -14,7 +14,10 @@
 //! (rollout seed, taskset, row) so that all runs of a group play the same board — Trinity draws it unseeded.
 
 use serde_json::Value;
-use trinity_buffer::{Task, TruncateStatus};
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+use trinity_buffer::{Experience, Task, TruncateStatus};
 use trinity_model::ChatMessage;
 
 use crate::error::ExplorerError;
@@ -216,38 +219,64 @@ impl SudokuWorkflow {
     }
 }
 
+/// One run: steps until the game ends, one experience per step.
+async fn play_run(
+    task: &Task,
+    ctx: &WorkflowContext,
+    mut game: Sudoku,
+    run: u32,
+) -> Result<Vec<Experience>, ExplorerError> {
+    let mut experiences = Vec::new();
+    for step in 0..MAX_STEPS {
+        let messages = [ChatMessage::new("user", game.prompt())];
+        let mut params = sampling_params(task, ctx);
+        params.n = 1;
+        // Every request gets its own seed: the run and the step select it.
+        params.seed = params.seed.map(|seed| mix(&[seed, u64::from(run), step as u64]));
+        let mut sampled = sample_group(task, ctx, &messages, params).await?;
+        let Some(mut experience) = sampled.pop() else { break };
+        experience.eid.run = u64::from(run);
+        experience.eid.step = step as u64;
+        // A prompt over the length limit comes back as a masked placeholder: nothing was played.
+        if experience.truncate_status == Some(TruncateStatus::PromptTruncated) {
+            experiences.push(experience);
+            break;
+        }
+        let outcome = game.play(experience.response_text.as_deref().unwrap_or(""));
+        experience.reward = outcome.reward();
+        experience.metrics.insert("sudoku/solved".to_owned(), f64::from(outcome == StepOutcome::Solved));
+        experiences.push(experience);
+        if outcome != StepOutcome::Progress {
+            break;
+        }
+    }
+    Ok(experiences)
+}
+
 impl Workflow for SudokuWorkflow {
     fn run<'a>(&'a self, task: &'a Task, ctx: &'a WorkflowContext) -> WorkflowFuture<'a> {
         Box::pin(async move {
             let start = Self::game(task)?;
-            let mut experiences = Vec::new();
+            // The runs play concurrently so that the engine batches their steps together.
+            let shared = Arc::new((task.clone(), ctx.clone()));
+            let mut runs = JoinSet::new();
             for run in 0..ctx.repeat_times {
-                let mut game = start.clone();
-                for step in 0..MAX_STEPS {
-                    let messages = [ChatMessage::new("user", game.prompt())];
-                    let mut params = sampling_params(task, ctx);
-                    params.n = 1;
-                    // Every request gets its own seed: the run and the step select it.
-                    params.seed = params.seed.map(|seed| mix(&[seed, u64::from(run), step as u64]));
-                    let mut sampled = sample_group(task, ctx, &messages, params).await?;
-                    let Some(mut experience) = sampled.pop() else { break };
-                    // A prompt over the length limit comes back as a masked placeholder: nothing was played.
-                    if experience.truncate_status == Some(TruncateStatus::PromptTruncated) {
-                        experiences.push(experience);
-                        break;
-                    }
-                    let outcome = game.play(experience.response_text.as_deref().unwrap_or(""));
-                    experience.eid.run = u64::from(run);
-                    experience.eid.step = step as u64;
-                    experience.reward = outcome.reward();
-                    experience.metrics.insert("sudoku/solved".to_owned(), f64::from(outcome == StepOutcome::Solved));
-                    experiences.push(experience);
-                    if outcome != StepOutcome::Progress {
-                        break;
-                    }
-                }
+                let (shared, game) = (Arc::clone(&shared), start.clone());
+                runs.spawn(async move {
+                    let (task, ctx) = &*shared;
+                    (run, play_run(task, ctx, game, run).await)
+                });
             }
-            Ok(experiences)
+            let mut played = Vec::with_capacity(ctx.repeat_times as usize);
+            while let Some(joined) = runs.join_next().await {
+                let (run, result) = joined.map_err(|e| ExplorerError::Task {
+                    task: describe(task),
+                    message: format!("a Sudoku run panicked: {e}"),
+                })?;
+                played.push((run, result?));
+            }
+            played.sort_by_key(|(run, _)| *run);
+            Ok(played.into_iter().flat_map(|(_, steps)| steps).collect())
         })
     }
 }

@@ -191,6 +191,8 @@ async fn sudoku_tool_call_and_math_eval_run_on_the_engine() {
     assert!(steps.len() >= 2);
     assert!(steps.iter().all(|e| e.validate().is_ok() && e.reward >= -1.0 && e.reward <= 1.0));
     assert_eq!(steps.iter().filter(|e| e.eid.step == 0).count(), 2, "each run starts at step 0");
+    assert_eq!(steps.first().map(|e| e.eid.run), Some(0));
+    assert_eq!(steps.last().map(|e| e.eid.run), Some(1), "runs in order");
 
     let row = json!({
         "tools": "[{\"name\": \"clock\", \"parameters\": {}}]",
