@@ -61,6 +61,11 @@ fn sft_rows(dir: &Path) -> String {
 /// Runs `config` (a path under the fixtures' `trinity-rft-0.5.2/examples/`) for two steps and returns the
 /// metrics lines of the run.
 fn run_example(config: &str, extra: &[String]) -> Vec<serde_json::Value> {
+    run_example_with_meta(config, extra).0
+}
+
+/// [`run_example`], also returning the last checkpoint's `meta.json`.
+fn run_example_with_meta(config: &str, extra: &[String]) -> (Vec<serde_json::Value>, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let tasks = if config.contains("countdown") { countdown_rows(dir.path()) } else { gsm8k_rows(dir.path()) };
     let sft = sft_rows(dir.path());
@@ -92,7 +97,9 @@ fn run_example(config: &str, extra: &[String]) -> Vec<serde_json::Value> {
     assert!(output.status.success(), "{config} failed:\n{}", stderr(&output));
     let metrics = walk_for(&dir.path().join("ckpt"), "metrics.jsonl").unwrap_or_else(|| panic!("{config}: no metrics"));
     let text = std::fs::read_to_string(metrics).unwrap();
-    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    let lines = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let meta = walk_for(&dir.path().join("ckpt"), "meta.json").unwrap_or_else(|| panic!("{config}: no checkpoint"));
+    (lines, serde_json::from_str(&std::fs::read_to_string(meta).unwrap()).unwrap())
 }
 
 fn walk_for(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
@@ -168,8 +175,10 @@ fn bots_selects_tasks_by_difficulty_from_measured_pass_rates() {
         "buffer.explorer_input.default_workflow_type=math_boxed_workflow".to_owned(),
         "buffer.explorer_input.eval_tasksets[0].path=TASKS".to_owned(),
     ];
-    let lines = run_example("bots/bots.yaml", &extra);
+    let (lines, meta) = run_example_with_meta("bots/bots.yaml", &extra);
     let line = step(&lines, 2);
+    // The checkpoint keeps the selector's beliefs, so a resumed run selects as the uninterrupted one.
+    assert!(meta["beliefs"][0].is_object(), "no difficulty beliefs in the checkpoint: {meta}");
     assert_eq!(line["pipeline/pass_rate_calculator/errors"], 0.0, "{line}");
     assert_eq!(line["train/perf/rows"], 32.0, "two tasks × sixteen rollouts: {line}");
 }

@@ -124,6 +124,7 @@ fn listing() -> Vec<Row> {
     let mut rows: Vec<Row> = Vec::new();
     rows.extend(trinity_explorer::builtin_workflows().into_iter().map(|entry| builtin("workflow", entry.name)));
     rows.extend(trinity_reward::registry::entries().into_iter().map(|entry| builtin("reward", entry.name)));
+    rows.extend(trinity_explorer::builtin_operators().into_iter().map(|entry| builtin("operator", entry.name)));
     let algorithms = trinity_algorithm::list().into_iter().filter(|item| item.library.is_none());
     rows.extend(algorithms.map(|item| builtin(&item.kind.to_string(), &item.name)));
     rows.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));

@@ -239,7 +239,8 @@ pub struct RolloutArgs {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct SelectorConfig {
-    /// `sequential`, `shuffle` (new order every epoch), `random` (with replacement) or `difficulty_based`.
+    /// `sequential`, `shuffle` (new order every epoch), `random` (with replacement), `difficulty_based` (BOTS) or
+    /// `offline_easy2hard` (easiest rows first by `feature_keys`).
     pub selector_type: String,
     /// Seed of `shuffle` and `random`.
     pub seed: u64,

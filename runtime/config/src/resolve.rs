@@ -522,7 +522,7 @@ impl Resolver<'_> {
             self.one_of(
                 &format!("{key}.data_selector.selector_type"),
                 &selector.selector_type,
-                &["sequential", "shuffle", "random", "difficulty_based"],
+                &["sequential", "shuffle", "random", "difficulty_based", "offline_easy2hard"],
             )?;
         }
         let is_eval = train_repeat_times.is_none();

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use tch::Kind;
 use trinity_algorithm::advantage::AdvantageFn;
 use trinity_algorithm::registry::{self, Kind as ComponentKind};
+use trinity_buffer::difficulty_estimator::DifficultyEstimator;
 use trinity_buffer::{
     Experience, ExperienceBuffer, JsonlWriter, ReplayBuffer, ReplayTake, SchedulerState, TaskScheduler, Taskset,
 };
@@ -65,6 +66,9 @@ struct Meta {
     train_step: u64,
     syncs: u64,
     scheduler: SchedulerState,
+    /// The `difficulty_based` selectors' pass-rate beliefs, per taskset (absent in older checkpoints).
+    #[serde(default)]
+    beliefs: Vec<Option<DifficultyEstimator>>,
 }
 
 /// The experiment directory of a config: `<checkpoint_root_dir>/<project>/[<group>/]<name>`, or, when
@@ -223,6 +227,9 @@ impl<'a> Run<'a> {
         if let (Some(meta), Some(checkpoint)) = (&meta, &latest) {
             trainer.load_state(&checkpoint.path.join("trainer"), meta.train_step)?;
             scheduler.restore(meta.scheduler.clone())?;
+            if !meta.beliefs.is_empty() {
+                scheduler.restore_beliefs(meta.beliefs.clone())?;
+            }
             trained = meta.train_step;
             syncs = meta.syncs;
             rollout.set_model_version(meta.train_step);
@@ -496,7 +503,7 @@ impl<'a> Run<'a> {
 
     fn save(&mut self, step: u64) -> Result<(), RftError> {
         let scheduler = self.positions.get(&step).cloned().unwrap_or_else(|| self.scheduler.state());
-        let meta = Meta { train_step: step, syncs: self.syncs, scheduler };
+        let meta = Meta { train_step: step, syncs: self.syncs, scheduler, beliefs: self.scheduler.beliefs() };
         let (trainer, tokenizer, template, eos) =
             (&self.trainer, &self.tokenizer, self.chat_template.as_ref(), &self.eos_token_ids);
         self.checkpoints.save(step, &meta, |dir| {
