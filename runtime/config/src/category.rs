@@ -456,7 +456,12 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("TrainerConfig", "trainer_strategy", P, STRATEGY),
     ("TrainerConfig", "save_interval", H, ""),
     ("TrainerConfig", "total_steps", H, ""),
-    ("TrainerConfig", "save_hf_checkpoint", H, ""),
+    (
+        "TrainerConfig",
+        "save_hf_checkpoint",
+        P,
+        "every trinity checkpoint holds the policy as a Hugging Face directory (what a run resumes from), so there is nothing to switch",
+    ),
     ("TrainerConfig", "grad_clip", H, ""),
     (
         "TrainerConfig",

@@ -7,7 +7,7 @@ use crate::catalog::ExperienceSchema;
 use crate::config::{Config, Mode};
 use crate::error::ConfigError;
 use crate::resolve::Resolver;
-use crate::synchronizer::SyncMethod;
+use crate::synchronizer::{SyncMethod, SyncStyle, SynchronizerConfig};
 
 impl Resolver<'_> {
     /// Trinity-RFT's `SynchronizerConfigValidator` and `IntervalConfigValidator`: values it corrects are
@@ -71,6 +71,26 @@ impl Resolver<'_> {
                 ),
             ));
         }
+        if matches!(config.mode, Mode::Both | Mode::Colocate) {
+            // In one process explorer and trainer alternate (`schedule.rs`): the trainer's weights are always ready
+            // when the explorer reaches a sync point and nothing ever waits for them. The dynamic styles and the
+            // timeout only differ from `fixed` when the two run apart (modes explore and train).
+            if config.synchronizer.sync_style != SyncStyle::Fixed {
+                self.notes.push(format!(
+                    "synchronizer.sync_style `{}`: in mode `{}` explorer and trainer alternate in one process, so the \
+                     trainer's weights are ready at every sync point and syncs happen where `fixed` has them",
+                    config.synchronizer.sync_style.name(),
+                    config.mode.name()
+                ));
+            }
+            if config.synchronizer.sync_timeout != SynchronizerConfig::default().sync_timeout {
+                self.notes.push(format!(
+                    "synchronizer.sync_timeout ({} s): in mode `{}` nothing waits for weights, so it never expires",
+                    config.synchronizer.sync_timeout,
+                    config.mode.name()
+                ));
+            }
+        }
         let interval = u64::from(config.synchronizer.sync_interval);
         let eval_interval = config.explorer.eval_interval;
         if config.mode != Mode::Bench && !dataset && !eval_interval.is_multiple_of(interval) {
@@ -105,7 +125,7 @@ mod tests {
     use serde_json::{Map, Value};
 
     use crate::catalog::{Catalog, ComponentKind, ExperienceSchema, Preset};
-    use crate::synchronizer::SyncMethod;
+    use crate::synchronizer::{SyncMethod, SyncStyle, SynchronizerConfig};
     use crate::{LoadOptions, Loaded, load_str};
 
     /// A catalog that knows every name and gives `sft` its dataset schema, so only the corrections matter.
@@ -183,5 +203,20 @@ mod tests {
         let loaded = load(&format!("{base}monitor:\n  monitor_type: mlflow\n  monitor_args:\n    uri: http://x\n"));
         assert_eq!(loaded.config.monitor.monitor_type, "tensorboard");
         assert!(loaded.notes.iter().any(|n| n.contains("`mlflow`") && n.contains("monitor_args are ignored")));
+    }
+
+    #[test]
+    fn dynamic_sync_styles_and_timeouts_are_noted_in_one_process() {
+        let base = format!("{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n");
+        let driven = load(&format!("{base}synchronizer:\n  sync_style: explorer_driven\n  sync_timeout: 1200\n"));
+        let notes = driven.notes.join("\n");
+        assert!(notes.contains("sync_style `explorer_driven`") && notes.contains("where `fixed` has them"), "{notes}");
+        assert!(notes.contains("sync_timeout (1200 s)"), "{notes}");
+        let fixed = load(&base);
+        assert!(
+            !fixed.notes.iter().any(|n| n.contains("sync_style") || n.contains("sync_timeout")),
+            "{:?}",
+            fixed.notes
+        );
     }
 }

@@ -70,3 +70,14 @@ pub enum SyncStyle {
     #[serde(alias = "trainer_driven")]
     DynamicByTrainer,
 }
+
+impl SyncStyle {
+    /// The name configs use (Trinity-RFT's newer spelling).
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncStyle::Fixed => "fixed",
+            SyncStyle::DynamicByExplorer => "explorer_driven",
+            SyncStyle::DynamicByTrainer => "trainer_driven",
+        }
+    }
+}
