@@ -79,12 +79,8 @@ fn refused_keys_name_the_key_and_the_reason_only_when_not_default() {
             vec!["`buffer.explorer_input.taskset.format.image_key`", "text-only"],
         ),
         (
-            BASE.replace("algorithm_type: grpo", "algorithm_type: grpo\n  sample_strategy: staleness_control"),
-            vec!["`algorithm.sample_strategy`", "staleness_control"],
-        ),
-        (
-            format!("{BASE}trainer:\n  trainer_config:\n    critic:\n      ppo_epochs: 2\n"),
-            vec!["`trainer.trainer_config.critic.ppo_epochs`", "once per train step"],
+            format!("{BASE}trainer:\n  trainer_config:\n    critic:\n      shuffle: true\n"),
+            vec!["`trainer.trainer_config.critic.shuffle`", "buffer order"],
         ),
         (
             format!("{BASE}trainer:\n  trainer_config:\n    actor_rollout_ref:\n      model:\n        lora_rank: 8\n"),

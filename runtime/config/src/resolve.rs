@@ -204,11 +204,12 @@ impl Resolver<'_> {
             *args = Some(merged);
         }
         if algorithm.sample_strategy.as_deref() == Some("staleness_control") {
-            return Err(self.invalid(
-                "algorithm.sample_strategy",
-                "`staleness_control` drops experiences older than max_staleness model versions, which trinity does not \
-                 implement yet (issue 14); use `default` (every experience trains once, in order)",
-            ));
+            let max = algorithm.sample_strategy_args.as_ref().and_then(|a| a.get("max_staleness"));
+            self.check(
+                max.is_none_or(|v| v.is_null() || v.as_u64().is_some()),
+                "algorithm.sample_strategy_args.max_staleness",
+                "must be a whole number of model versions (null: no limit)",
+            )?;
         }
         // Like Trinity-RFT: a policy loss that aggregates reads the algorithm's aggregation mode.
         if let (Some(args), Some(mode)) = (algorithm.policy_loss_fn_args.as_mut(), algorithm.loss_agg_mode)

@@ -363,8 +363,8 @@ pub struct VerlCritic {
     pub forward_max_token_len_per_gpu: Option<u32>,
     /// Sequence-parallel degree of the critic.
     pub ulysses_sequence_parallel_size: Option<u32>,
-    /// Passes of the critic over each train step's experiences.
-    pub ppo_epochs: u32,
+    /// Passes of the critic over each train step's experiences; unset: the actor's `ppo_epochs` (veRL's default).
+    pub ppo_epochs: Option<u32>,
     /// Shuffle rows between critic epochs.
     pub shuffle: bool,
     /// The critic's own gradient clip.
@@ -412,7 +412,7 @@ impl Default for VerlCritic {
             ppo_max_token_len_per_gpu: None,
             forward_max_token_len_per_gpu: None,
             ulysses_sequence_parallel_size: None,
-            ppo_epochs: 1,
+            ppo_epochs: None,
             shuffle: false,
             grad_clip: None,
             cliprange_value: 0.0,

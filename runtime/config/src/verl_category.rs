@@ -200,12 +200,7 @@ pub const VERL_RULES: &[(&str, &str, Category, &str)] = &[
     ("VerlCritic", "ppo_max_token_len_per_gpu", P, TOKEN_BUDGET),
     ("VerlCritic", "forward_max_token_len_per_gpu", P, TOKEN_BUDGET),
     ("VerlCritic", "ulysses_sequence_parallel_size", P, SEQ_PARALLEL),
-    (
-        "VerlCritic",
-        "ppo_epochs",
-        R,
-        "trinity updates the critic once per train step; several critic epochs are not implemented — use 1",
-    ),
+    ("VerlCritic", "ppo_epochs", H, ""),
     ("VerlCritic", "shuffle", R, "trinity takes critic batches in buffer order; remove it"),
     ("VerlCritic", "grad_clip", R, "the critic uses trainer.grad_clip (or critic.optim.clip_grad); remove it"),
     ("VerlCritic", "cliprange_value", H, ""),

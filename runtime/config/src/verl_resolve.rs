@@ -171,6 +171,9 @@ impl Resolver<'_> {
         }
 
         self.check(actor.ppo_epochs >= 1, &format!("{at}.ppo_epochs"), "must be at least 1")?;
+        if let Some(epochs) = verl.critic.ppo_epochs {
+            self.check(epochs >= 1, &format!("{AT}.critic.ppo_epochs"), "must be at least 1")?;
+        }
         // A value resolution filled in earlier (a stage re-resolves the resolved global config) follows this
         // train_batch_size; only a value the user wrote is kept.
         let written = self.user_set(&format!("{at}.ppo_mini_batch_size"))

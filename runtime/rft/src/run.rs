@@ -386,8 +386,13 @@ impl<'a> Run<'a> {
                 self.config.buffer.trainer_input.experience_buffer.as_ref().map_or(1800.0, |b| b.max_read_timeout),
             );
             let mut batch = self.buffer.get_batch_for_step(count, timeout, step).await?;
+            let min_version = min_model_version(self.config, step);
             if let Some(replay) = &mut self.replay {
-                batch = draw_replay(replay, batch, step, &mut metrics)?;
+                batch = draw_replay(replay, batch, step, min_version, &mut metrics)?;
+            } else if let Some(min_version) = min_version {
+                let before = batch.len();
+                batch.retain(|e| e.model_version >= min_version);
+                metrics.insert("buffer/stale_dropped".into(), (before - batch.len()) as f64);
             }
             let mut rows: Vec<TrainRow> = batch.iter().map(train_row).collect();
             if let Some(expert) = &mut self.expert {
@@ -530,18 +535,19 @@ fn draw_replay(
     replay: &mut ReplayBuffer,
     fresh: Vec<Experience>,
     step: u64,
+    min_version: Option<u64>,
     metrics: &mut Metrics,
 ) -> Result<Vec<Experience>, RftError> {
     let wanted = fresh.len();
     let now = Instant::now();
     replay.put(fresh, now)?;
-    let batch = match replay.take(wanted, now, None) {
+    let batch = match replay.take(wanted, now, min_version) {
         ReplayTake::Batch(batch) => batch,
         ReplayTake::Short { available, .. } => {
             tracing::warn!(
                 "train step {step}: replay has {available} of {wanted} experiences readable; training on those"
             );
-            match replay.take(available, now, None) {
+            match replay.take(available, now, min_version) {
                 ReplayTake::Batch(batch) => batch,
                 ReplayTake::Short { .. } => Vec::new(),
             }
@@ -553,6 +559,16 @@ fn draw_replay(
     metrics.insert("replay/queued_items".into(), replay.queued_items() as f64);
     metrics.insert("replay/items_evicted".into(), stats.items_evicted as f64);
     Ok(batch)
+}
+
+/// Sample strategy `staleness_control`: train step `step` keeps only experiences sampled with model version
+/// `step − max_staleness` or newer (Trinity-RFT's `min_model_version`); `None` for other strategies or no limit.
+fn min_model_version(config: &Config, step: u64) -> Option<u64> {
+    if config.algorithm.sample_strategy.as_deref() != Some("staleness_control") {
+        return None;
+    }
+    let max = config.algorithm.sample_strategy_args.as_ref()?.get("max_staleness")?.as_u64()?;
+    Some(step.saturating_sub(max))
 }
 
 /// The trainer's view of an experience.

@@ -276,3 +276,24 @@ fn prompts_over_the_limit_become_masked_placeholders_unless_truncation_is_off() 
     let error = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap_err().to_string();
     assert!(error.contains("too long"), "{error}");
 }
+
+#[test]
+fn staleness_control_drops_experiences_older_than_max_staleness() {
+    let dir = tempfile::tempdir().unwrap();
+    // Interval 2, offset 1: explore steps 1-3 sample with version 0 and 4-5 with version 2 (see the test above).
+    // Train step s keeps versions ≥ s − 2: steps 3 and 5 find only older experiences and train nothing.
+    let overrides = [
+        "synchronizer.sync_interval=2",
+        "synchronizer.sync_offset=1",
+        "explorer.eval_on_startup=false",
+        "algorithm.sample_strategy=staleness_control",
+        "algorithm.sample_strategy_args.max_staleness=2",
+    ];
+    let config = config(dir.path(), &overrides.map(str::to_owned));
+    let summary = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap();
+    let lines = metrics(&summary.job_dir);
+    let dropped: Vec<f64> = lines.iter().map(|l| l["buffer/stale_dropped"].as_f64().unwrap()).collect();
+    assert_eq!(dropped, vec![0.0, 0.0, 8.0, 0.0, 8.0]);
+    let trained: Vec<bool> = lines.iter().map(|l| l.get("train/loss").is_some()).collect();
+    assert_eq!(trained, vec![true, true, false, true, false]);
+}

@@ -9,8 +9,9 @@
 //!    `compute_advantage_in_trainer`) after the KL reward penalty; a group (explorer-side) function also runs
 //!    here when the rows arrive without advantages, so a loop without an experience pipeline still trains.
 //!    Rows a group function drops leave the step, duplicated ones count twice.
-//! 4. `ppo_epochs` passes over the rows, each cut into mini-batches (`ppo_mini_batch_size`; by default the
-//!    whole step is one). Per mini-batch the critic's update (PPO), then the actor's: micro-batches
+//! 4. The critic's update (PPO): `critic.ppo_epochs` passes over all rows, one optimizer step each. Then
+//!    `ppo_epochs` passes of the actor over the rows, each cut into mini-batches (`ppo_mini_batch_size`; by
+//!    default the whole step is one). Per mini-batch: micro-batches
 //!    ([`crate::micro_batch`]); per micro-batch the current logprobs with the rollout temperature (and entropy
 //!    when a coefficient or the metric needs it), `loss = pg_loss − entropy_coef·H + kl_coef·KL` from
 //!    trinity-algorithm's components, scaled by `rows_in_micro / rows_in_mini_batch` (Trinity's
@@ -75,6 +76,8 @@ pub struct TrainerOptions {
     pub ppo_epochs: u32,
     /// veRL's `ppo_mini_batch_size`, in rows: one optimizer step per this many rows; `None`: one per pass.
     pub mini_batch_rows: Option<usize>,
+    /// veRL's `critic.ppo_epochs`: critic updates per train step; `None`: `ppo_epochs`.
+    pub critic_epochs: Option<u32>,
     /// The critic's optimizer (veRL's `critic.optim`); `None`: the policy's.
     pub critic_optimizer: Option<OptimizerConfig>,
     /// Recompute `old_logprob` with the policy before the update instead of using the rollout logprobs (veRL's
@@ -96,6 +99,7 @@ impl Default for TrainerOptions {
             reference_kind: None,
             ppo_epochs: 1,
             mini_batch_rows: None,
+            critic_epochs: None,
             critic_optimizer: None,
             recompute_old_logprobs: false,
         }
@@ -142,6 +146,7 @@ impl TrainerOptions {
             },
             ppo_epochs: actor.ppo_epochs.max(1),
             mini_batch_rows: actor.ppo_mini_batch_size.map(|m| m as usize),
+            critic_epochs: critic.ppo_epochs,
             critic_optimizer: critic.optim_resolved.clone(),
             recompute_old_logprobs: !verl.algorithm.rollout_correction.bypass_mode,
             ..defaults
@@ -398,35 +403,39 @@ impl Trainer {
         let mini_batches = self.mini_batches(&active);
         let mut means = MetricMeans::default();
         let (mut grad_norms, mut micro_count) = (Vec::new(), 0usize);
+        // DPO rows come as (chosen, rejected) pairs that must share a micro-batch, in order.
+        let how = if self.components.policy_loss.name == "dpo" {
+            MicroBatching::Rows(2)
+        } else {
+            self.options.micro_batching
+        };
+        let micro_batches_of = |mini: &[usize]| split(rows, mini, how);
+        // veRL updates the critic first, over the whole step (Trinity-RFT sets its mini-batch to the train batch),
+        // `critic.ppo_epochs` times (unset: the actor's epochs).
+        if let Some(critic) = &mut self.critic {
+            let returns = returns.as_ref().ok_or_else(|| {
+                TrainerError::InvalidBatch("the critic needs returns from a trainer-side advantage function".into())
+            })?;
+            let values = batch.values.as_ref().ok_or_else(|| TrainerError::InvalidBatch("no critic values".into()))?;
+            let critic_micro_batches = micro_batches_of(&active)?;
+            for _epoch in 0..self.options.critic_epochs.unwrap_or(self.options.ppo_epochs).max(1) {
+                let update = critic.update(
+                    rows,
+                    &critic_micro_batches,
+                    returns,
+                    values,
+                    &batch.action_mask,
+                    self.components.loss_agg_mode,
+                    active.len(),
+                    self.global_step,
+                )?;
+                means.add("critic/", update.metrics);
+            }
+        }
         for _epoch in 0..self.options.ppo_epochs.max(1) {
             for mini in &mini_batches {
-                let micro_batches = if self.components.policy_loss.name == "dpo" {
-                    // DPO rows come as (chosen, rejected) pairs that must share a micro-batch, in order.
-                    split(rows, mini, MicroBatching::Rows(2))?
-                } else {
-                    split(rows, mini, self.options.micro_batching)?
-                };
+                let micro_batches = micro_batches_of(mini)?;
                 micro_count += micro_batches.len();
-                if let Some(critic) = &mut self.critic {
-                    let returns = returns.as_ref().ok_or_else(|| {
-                        TrainerError::InvalidBatch(
-                            "the critic needs returns from a trainer-side advantage function".into(),
-                        )
-                    })?;
-                    let values =
-                        batch.values.as_ref().ok_or_else(|| TrainerError::InvalidBatch("no critic values".into()))?;
-                    let update = critic.update(
-                        rows,
-                        &micro_batches,
-                        returns,
-                        values,
-                        &batch.action_mask,
-                        self.components.loss_agg_mode,
-                        mini.len(),
-                        self.global_step,
-                    )?;
-                    means.add("critic/", update.metrics);
-                }
                 self.update_actor(rows, &batch, &micro_batches, mini.len(), &mut means)?;
                 let grad_norm = self.optimizer.clip_grad_norm(self.options.grad_clip)?;
                 if grad_norm.is_finite() {
