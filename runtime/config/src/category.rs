@@ -51,7 +51,7 @@ pub(crate) const ONE_ENGINE: &str = "trinity runs one generation engine and batc
 pub(crate) const VLLM: &str = "a vLLM engine setting; trinity's own engine has no such knob, so it has no effect here";
 pub(crate) const SEQ_PARALLEL: &str =
     "sequences are not split across devices in trinity; sequence parallelism has no effect on the numbers";
-pub(crate) const TOKEN_BUDGET: &str = "mapped onto trinity's micro-batch token budget (trainer.max_token_len_per_gpu)";
+pub(crate) const TOKEN_BUDGET: &str = "mapped onto trinity's micro-batch token budget (trainer.max_token_len_per_gpu), lowered on a CPU to what fits in memory";
 pub(crate) const MICRO_BATCH: &str = "micro-batches only split the gradient accumulation; trinity forms them by token budget (trainer.max_token_len_per_gpu), or by actor.ppo_micro_batch_size_per_gpu rows when use_dynamic_bsz is false";
 pub(crate) const STRATEGY: &str =
     "trinity trains on one device with its own libtorch trainer; FSDP/Megatron sharding and strategy have no effect";

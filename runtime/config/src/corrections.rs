@@ -125,7 +125,7 @@ mod tests {
     use serde_json::{Map, Value};
 
     use crate::catalog::{Catalog, ComponentKind, ExperienceSchema, Preset};
-    use crate::synchronizer::{SyncMethod, SyncStyle, SynchronizerConfig};
+    use crate::synchronizer::SyncMethod;
     use crate::{LoadOptions, Loaded, load_str};
 
     /// A catalog that knows every name and gives `sft` its dataset schema, so only the corrections matter.

@@ -56,6 +56,29 @@ pub fn split(rows: &[TrainRow], active: &[usize], how: MicroBatching) -> Result<
     }
 }
 
+/// The most padded tokens a CPU micro-batch may hold for a model of `layers` layers of width `hidden` and MLP width
+/// `intermediate` so that its activations fit in half of `available_bytes`, or `None` when that is not known.
+///
+/// Trinity-RFT's token budgets (`max_token_len_per_gpu`, 16384 and more in its configs) size micro-batches for an
+/// 80 GB accelerator; on a CPU machine the same budget can ask for more memory than the machine has (SmolLM2-135M
+/// keeps about 1 MB of activations per token for the backward pass: 16384 tokens filled 24 GB). A micro-batch
+/// only places work in memory — the gradient is the same row-weighted sum — so the budget is lowered to what
+/// fits. Per token and layer the backward keeps about `8·hidden + 3·intermediate` values (norms, q/k/v,
+/// attention and projection outputs, the MLP's gate, up and product), counted here at 4 bytes with a 1.5× margin.
+pub fn memory_token_cap(layers: i64, hidden: i64, intermediate: i64, available_bytes: Option<u64>) -> Option<usize> {
+    let available = available_bytes?;
+    let per_token = (layers * (8 * hidden + 3 * intermediate)).max(1) as f64 * 4.0 * 1.5;
+    Some(((available as f64 / 2.0) / per_token).max(1.0) as usize)
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes (Linux); `None` elsewhere or when unreadable.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +111,15 @@ mod tests {
         let micro = split(&rows, &[4, 0, 1, 2, 3], MicroBatching::Rows(2)).unwrap();
         assert_eq!(micro, vec![vec![4, 0], vec![1, 2], vec![3]]);
         assert!(split(&rows, &[0], MicroBatching::Rows(0)).is_err());
+    }
+
+    #[test]
+    fn the_memory_cap_scales_with_the_model_and_the_memory() {
+        // SmolLM2-135M: 30 layers, hidden 576, intermediate 1536 → 30 · 9216 values · 6 bytes ≈ 1.66 MB a token.
+        let gib = 1u64 << 30;
+        let cap = memory_token_cap(30, 576, 1536, Some(20 * gib)).unwrap();
+        assert!((6000..6600).contains(&cap), "{cap}");
+        assert_eq!(memory_token_cap(30, 576, 1536, Some(40 * gib)).unwrap() / 2, cap);
+        assert_eq!(memory_token_cap(30, 576, 1536, None), None);
     }
 }

@@ -238,6 +238,22 @@ impl Trainer {
         if options.logit_chunk_tokens < 1 {
             return Err(TrainerError::setting("logit_chunk_tokens", "must be at least 1"));
         }
+        let mut options = options;
+        if let (MicroBatching::TokenBudget(budget), Device::Cpu) = (options.micro_batching, policy.device()) {
+            let c = policy.config();
+            let available = crate::micro_batch::available_memory();
+            if let Some(cap) =
+                crate::micro_batch::memory_token_cap(c.num_hidden_layers, c.hidden_size, c.intermediate_size, available)
+                && cap < budget
+            {
+                tracing::info!(
+                    "micro-batch token budget {budget} lowered to {cap} so that a micro-batch's activations fit in \
+                     memory ({:.1} GiB available); the gradient is the same",
+                    available.unwrap_or(0) as f64 / f64::from(1u32 << 30)
+                );
+                options.micro_batching = MicroBatching::TokenBudget(cap);
+            }
+        }
         let schedule = LrSchedule::new(optimizer, options.total_steps)?;
         let adamw = AdamW::new(policy.named_parameters()?, AdamWSettings::from(optimizer))?;
         let reference = match (components.use_reference, models.reference) {
