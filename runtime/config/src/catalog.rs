@@ -96,3 +96,22 @@ pub trait Catalog {
     /// The default arguments of one component, or `None` when it is not registered.
     fn default_args(&self, kind: ComponentKind, name: &str) -> Option<Map<String, Value>>;
 }
+
+/// A catalog for unit tests of resolution rules: every name is registered (an empty list means "not checked")
+/// and every preset is plain, except that `sft` trains on an SFT dataset.
+#[cfg(test)]
+pub(crate) struct AnyName;
+
+#[cfg(test)]
+impl Catalog for AnyName {
+    fn names(&self, _kind: ComponentKind) -> Vec<String> {
+        Vec::new()
+    }
+    fn preset(&self, algorithm_type: &str) -> Option<Preset> {
+        let schema = if algorithm_type == "sft" { ExperienceSchema::Sft } else { ExperienceSchema::Experience };
+        Some(Preset { schema, ..Preset::default() })
+    }
+    fn default_args(&self, _kind: ComponentKind, _name: &str) -> Option<Map<String, Value>> {
+        None
+    }
+}

@@ -122,27 +122,9 @@ impl Resolver<'_> {
 mod tests {
     use std::path::Path;
 
-    use serde_json::{Map, Value};
-
-    use crate::catalog::{Catalog, ComponentKind, ExperienceSchema, Preset};
+    use crate::catalog::AnyName;
     use crate::synchronizer::SyncMethod;
     use crate::{LoadOptions, Loaded, load_str};
-
-    /// A catalog that knows every name and gives `sft` its dataset schema, so only the corrections matter.
-    struct AnyName;
-
-    impl Catalog for AnyName {
-        fn names(&self, _kind: ComponentKind) -> Vec<String> {
-            Vec::new()
-        }
-        fn preset(&self, algorithm_type: &str) -> Option<Preset> {
-            let schema = if algorithm_type == "sft" { ExperienceSchema::Sft } else { ExperienceSchema::Experience };
-            Some(Preset { schema, ..Preset::default() })
-        }
-        fn default_args(&self, _kind: ComponentKind, _name: &str) -> Option<Map<String, Value>> {
-            None
-        }
-    }
 
     fn load(text: &str) -> Loaded {
         let env = |_: &str| None;

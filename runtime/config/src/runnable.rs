@@ -102,26 +102,9 @@ impl Loaded {
 mod tests {
     use std::path::Path;
 
-    use serde_json::{Map, Value};
-
-    use crate::catalog::{Catalog, ComponentKind, Preset};
+    use crate::catalog::AnyName;
     use crate::error::ConfigError;
     use crate::{LoadOptions, Loaded, load_str};
-
-    /// Every name is known and every preset is plain: only the runnable check matters.
-    struct AnyName;
-
-    impl Catalog for AnyName {
-        fn names(&self, _kind: ComponentKind) -> Vec<String> {
-            Vec::new()
-        }
-        fn preset(&self, _algorithm_type: &str) -> Option<Preset> {
-            Some(Preset::default())
-        }
-        fn default_args(&self, _kind: ComponentKind, _name: &str) -> Option<Map<String, Value>> {
-            None
-        }
-    }
 
     fn load(extra: &str) -> Loaded {
         load_with(extra, "")
