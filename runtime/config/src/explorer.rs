@@ -137,7 +137,8 @@ pub struct RolloutModelConfig {
     pub engine_num: u32,
     /// Tensor-parallel degree of Trinity-RFT's engines; trinity's engine runs on one device.
     pub tensor_parallel_size: u32,
-    /// Weight dtype of the rollout engine: `bfloat16`, `float16` or `float32`.
+    /// Weight dtype of the rollout engine: `bfloat16`, `float16` or `float32`; `bfloat16` runs with fp32 weights on
+    /// a CPU without native bf16 (libtorch would emulate it many times slower).
     pub dtype: String,
     /// Seed of the rollout sampler.
     pub seed: u64,

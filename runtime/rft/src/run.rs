@@ -172,7 +172,7 @@ impl<'a> Run<'a> {
         let tokenizer = policy.tokenizer.clone();
         let eos_token_ids = policy.eos_token_ids.clone();
 
-        let engine_kind = engine_kind(&config.explorer.rollout_model.dtype);
+        let engine_kind = engine_kind(&config.explorer.rollout_model.dtype, device);
         let generation = on_pool(threads, || load_model(&model_path, engine_kind, device))
             .map_err(|e| model_error(&model_path, e))?;
         let model = &config.model;
@@ -713,12 +713,20 @@ fn on_pool<T: Send>(threads: usize, work: impl FnOnce() -> T + Send) -> T {
     })
 }
 
-fn engine_kind(dtype: &str) -> Kind {
+/// The rollout engine's weight dtype. `bfloat16` (Trinity-RFT's default, sized for GPUs) and `auto` are bf16
+/// where the device computes bf16 natively; elsewhere (a CPU without AVX512-BF16 or AMX) libtorch emulates bf16
+/// far slower than fp32, so the engine keeps fp32 weights, as the trainer's `auto` precision does, and says so.
+fn engine_kind(dtype: &str, device: tch::Device) -> Kind {
     match dtype {
         "float32" | "fp32" => Kind::Float,
         "float16" | "fp16" => Kind::Half,
-        // `bfloat16` (Trinity-RFT's default) and `auto`.
-        _ => Kind::BFloat16,
+        _ if trinity_model::fast_bf16(device) => Kind::BFloat16,
+        _ => {
+            tracing::info!(
+                "explorer.rollout_model.dtype `{dtype}`: this CPU has no native bf16, so rollouts run with fp32 weights"
+            );
+            Kind::Float
+        }
     }
 }
 
