@@ -454,10 +454,12 @@ impl<'a> Run<'a> {
         self.step_mark = Instant::now();
         self.monitor.record(step, &metrics)?;
         tracing::info!(
-            "step {step}/{}: reward {:.3}, pg_loss {:.4}, explore {:.1}s, train {:.1}s",
+            // `train/loss` is what every policy loss reports (`pg_loss` is PPO-family only); absent when the step
+            // trained nothing.
+            "step {step}/{}: reward {:.3}, loss {:.4}, explore {:.1}s, train {:.1}s",
             self.total_steps,
             metrics.get("rollout/reward_mean").copied().unwrap_or(f64::NAN),
-            metrics.get("train/pg_loss").copied().unwrap_or(f64::NAN),
+            metrics.get("train/loss").copied().unwrap_or(f64::NAN),
             metrics.get("time/explore_s").copied().unwrap_or(0.0),
             train_seconds,
         );
