@@ -183,6 +183,7 @@ impl<'a> Run<'a> {
                 .clamp(1, 256),
             max_prompt_tokens: model.max_prompt_tokens.map(|t| t as usize),
             max_response_tokens: model.max_response_tokens.map(|t| t as usize),
+            kv_cache_bytes: cpu_kv_budget(device),
             num_threads: Some(threads),
             ..EngineConfig::default()
         };
@@ -713,6 +714,17 @@ fn on_pool<T: Send>(threads: usize, work: impl FnOnce() -> T + Send) -> T {
         });
         handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
+}
+
+/// The KV cache's memory budget on a CPU: a quarter of the memory available at start, as Trinity-RFT caps a
+/// colocated engine's `gpu_memory_utilization` at 0.25, because the trainer shares the same memory. Without it a
+/// long `max_model_len` (11264 in mix_math) times `runner_per_model × repeat_times` slots asked for more than the
+/// machine has; with it the engine runs fewer sequences at once. On CUDA the engine allocates every slot.
+fn cpu_kv_budget(device: tch::Device) -> Option<u64> {
+    if device != tch::Device::Cpu {
+        return None;
+    }
+    trinity_trainer::micro_batch::available_memory().map(|bytes| bytes / 4)
 }
 
 /// The rollout engine's weight dtype. `bfloat16` (Trinity-RFT's default, sized for GPUs) and `auto` are bf16
