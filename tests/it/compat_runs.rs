@@ -182,3 +182,13 @@ fn bots_selects_tasks_by_difficulty_from_measured_pass_rates() {
     assert_eq!(line["pipeline/pass_rate_calculator/errors"], 0.0, "{line}");
     assert_eq!(line["train/perf/rows"], 32.0, "two tasks × sixteen rollouts: {line}");
 }
+
+#[test]
+fn a_bad_replay_priority_function_fails_the_dry_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = fixture("trinity-rft-0.5.2/examples/ppo_countdown_exp_replay/countdown.yaml");
+    let set = "buffer.trainer_input.experience_buffer.replay_buffer.priority_fn=linear_decy";
+    let output =
+        crate::support::trinity(dir.path(), &["run", "--config", path.to_str().unwrap(), "--dry-run", "--set", set]);
+    crate::support::assert_clean_failure(&output, &["replay_buffer.priority_fn", "linear_decy"]);
+}

@@ -19,6 +19,7 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
     let loaded = trinity_config::load_file(&args.config, options)?;
     // The dry run refuses exactly what the run refuses: both go through this one check.
     loaded.check_runnable()?;
+    trinity_rft::check_components(&loaded.config).with_context(|| args.config.display().to_string())?;
     let config = &loaded.config;
     let log_level = effective_level(log_level, &config.log.level);
     if args.dry_run {

@@ -13,4 +13,4 @@ pub mod schedule;
 pub mod sft_data;
 
 pub use error::RftError;
-pub use run::{RunSummary, job_dir, run_both};
+pub use run::{RunSummary, check_components, job_dir, run_both};

@@ -87,6 +87,17 @@ pub fn job_dir(config: &Config) -> PathBuf {
     dir.join(format!("{}_{}", config.name, timestamp(std::time::SystemTime::now())))
 }
 
+/// Checks what only the run's own components can check, so that `--dry-run` refuses it as the run would: the
+/// replay buffer's priority function and its arguments.
+pub fn check_components(config: &Config) -> Result<(), RftError> {
+    if let Some(buffer) = &config.buffer.trainer_input.experience_buffer
+        && buffer.replay_buffer.enable
+    {
+        ReplayBuffer::from_config(&buffer.replay_buffer, buffer.capacity, config.explorer.rollout_model.seed)?;
+    }
+    Ok(())
+}
+
 /// Runs a resolved config in mode `both` (or `colocate`, the same on one device), writing to `job_dir` (see
 /// [`job_dir`]).
 pub fn run_both(config: &Config, job_dir: &Path) -> Result<RunSummary, RftError> {
