@@ -78,6 +78,18 @@ impl Default for AlgorithmConfig {
     }
 }
 
+/// The expert rows of sample strategy `mix` in a train step of `train_batch_size` rows, with the ratio they come
+/// from: `ceil(expert_data_ratio · train_batch_size)`, as Trinity-RFT's `MixSampleStrategy` computes it (ratio 0.5
+/// when unset). `None` for every other strategy. The run draws this many rows and the runnable check counts them.
+pub fn mix_expert_rows(algorithm: &AlgorithmConfig, train_batch_size: u32) -> Option<(u64, f64)> {
+    if algorithm.sample_strategy.as_deref() != Some("mix") {
+        return None;
+    }
+    let args = algorithm.sample_strategy_args.as_ref();
+    let ratio = args.and_then(|a| a.get("expert_data_ratio")).and_then(Value::as_f64).unwrap_or(0.5);
+    Some(((ratio * f64::from(train_batch_size)).ceil() as u64, ratio))
+}
+
 /// Token-loss reduction, with Trinity-RFT's names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum LossAggMode {
@@ -173,4 +185,22 @@ pub enum OptimizerType {
     Adam,
     /// AdamW (explicit spelling).
     Adamw,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mix_expert_share_rounds_up() {
+        let mix = |ratio: Option<f64>| AlgorithmConfig {
+            sample_strategy: Some("mix".into()),
+            sample_strategy_args: ratio.map(|r| Map::from_iter([("expert_data_ratio".to_owned(), Value::from(r))])),
+            ..AlgorithmConfig::default()
+        };
+        assert_eq!(mix_expert_rows(&mix(Some(0.2)), 320), Some((64, 0.2)));
+        assert_eq!(mix_expert_rows(&mix(Some(0.11)), 864), Some((96, 0.11)));
+        assert_eq!(mix_expert_rows(&mix(None), 5), Some((3, 0.5)));
+        assert_eq!(mix_expert_rows(&AlgorithmConfig::default(), 64), None);
+    }
 }

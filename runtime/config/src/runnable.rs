@@ -5,6 +5,7 @@
 //! matching check here and nowhere else.
 
 use crate::Loaded;
+use crate::algorithm::mix_expert_rows;
 use crate::buffer::StorageType;
 use crate::config::Mode;
 use crate::error::ConfigError;
@@ -70,15 +71,11 @@ impl Loaded {
         let buffer = &config.buffer;
         let explored = u64::from(buffer.batch_size) * u64::from(config.algorithm.repeat_times.unwrap_or(1));
         let total = u64::from(buffer.train_batch_size);
-        let (expert, note) = match config.algorithm.sample_strategy.as_deref() {
-            Some("mix") => {
-                let args = config.algorithm.sample_strategy_args.as_ref();
-                let ratio = args.and_then(|a| a.get("expert_data_ratio")).and_then(|v| v.as_f64()).unwrap_or(0.5);
-                // Trinity-RFT's MixSampleStrategy: ceil(ratio · train_batch_size) expert rows.
-                let expert = (ratio * total as f64).ceil() as u64;
+        let (expert, note) = match mix_expert_rows(&config.algorithm, buffer.train_batch_size) {
+            Some((expert, ratio)) => {
                 (expert, format!(" and {expert} expert rows (ceil(expert_data_ratio {ratio} × train_batch_size))"))
             }
-            _ => (0, String::new()),
+            None => (0, String::new()),
         };
         if total.saturating_sub(expert) == explored {
             return Ok(());

@@ -8,6 +8,7 @@
 //! SFT term and the usual rows with its PPO term.
 
 use trinity_config::Config;
+use trinity_config::algorithm::mix_expert_rows;
 use trinity_model::{ChatTemplate, Tokenizer};
 use trinity_trainer::TrainRow;
 
@@ -32,17 +33,17 @@ impl ExpertData {
         trained: u64,
     ) -> Result<Option<ExpertData>, RftError> {
         let algorithm = &config.algorithm;
-        if algorithm.sample_strategy.as_deref() != Some("mix") {
+        // Resolution has set train_batch_size (batch_size × repeat_times when the config leaves it unset).
+        let Some((per_step, _)) = mix_expert_rows(algorithm, config.buffer.train_batch_size) else {
             return Ok(None);
-        }
+        };
+        let per_step = per_step as usize;
         let args = algorithm.sample_strategy_args.clone().unwrap_or_default();
-        let ratio = args.get("expert_data_ratio").and_then(serde_json::Value::as_f64).unwrap_or(0.5);
         let name = args.get("sft_dataset_name").and_then(serde_json::Value::as_str).unwrap_or("sft_dataset");
         let setting = |message: String| RftError::Setting { key: "algorithm.sample_strategy_args", message };
         let buffer = config.buffer.trainer_input.auxiliary_buffers.get(name).ok_or_else(|| {
             setting(format!("sample strategy `mix` reads expert rows from buffer.trainer_input.auxiliary_buffers.{name}, which is not configured"))
         })?;
-        let per_step = expert_rows_per_step(ratio, train_batch_size(config));
         // The dataset's own template and `enable_thinking` win over the model's.
         let source =
             buffer.format.chat_template.as_deref().or(template.map(ChatTemplate::source)).ok_or_else(|| {
@@ -79,30 +80,5 @@ impl ExpertData {
             row.step = Some(step as i64);
         }
         Ok(rows)
-    }
-}
-
-/// Trinity's `read_batch_size`: `buffer.train_batch_size`, or `batch_size × repeat_times` when it is 0.
-fn train_batch_size(config: &Config) -> usize {
-    match config.buffer.train_batch_size {
-        0 => config.buffer.batch_size as usize * config.algorithm.repeat_times.unwrap_or(1) as usize,
-        n => n as usize,
-    }
-}
-
-/// `ceil(ratio · train_batch_size)`, as Trinity-RFT's `MixSampleStrategy` computes it.
-pub fn expert_rows_per_step(ratio: f64, train_batch_size: usize) -> usize {
-    (ratio * train_batch_size as f64).ceil() as usize
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn expert_share_rounds_up() {
-        assert_eq!(expert_rows_per_step(0.2, 320), 64);
-        assert_eq!(expert_rows_per_step(0.5, 5), 3);
-        assert_eq!(expert_rows_per_step(0.0, 64), 0);
     }
 }
