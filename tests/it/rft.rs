@@ -152,7 +152,8 @@ fn every_sync_method_runs_and_checkpoint_sync_goes_through_disk() {
         assert!(output.status.success(), "{method}: {}", stderr(&output));
         let job = dir.path().join("ckpt/p/n");
         assert_eq!(metric_steps(&job), [1, 2], "{method}");
-        let synced = job.join("sync/model.safetensors");
+        let synced = job.join("sync/latest.json");
         assert_eq!(synced.exists(), method == "checkpoint", "{method}: {synced:?}");
+        assert_eq!(job.join("sync/weights_2.safetensors").exists(), method == "checkpoint", "{method}");
     }
 }

@@ -36,7 +36,7 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
         tracing::warn!("{note}");
     }
     tracing::info!("config {} → {}", args.config.display(), job_dir.display());
-    let summary = trinity_rft::run_both(config, &job_dir).with_context(|| format!("run {}", job_dir.display()))?;
+    let summary = trinity_rft::run(config, &job_dir).with_context(|| format!("run {}", job_dir.display()))?;
     tracing::info!(
         "finished after {} train steps; metrics in {}",
         summary.train_steps,

@@ -26,6 +26,9 @@ pub enum RftError {
     Io { path: std::path::PathBuf, source: std::io::Error },
     #[error("{0}")]
     Unsupported(String),
+    /// A process waited `sync_timeout` for the other side of the run (weights, an answer to a sync request).
+    #[error("synchronizer: {0}")]
+    SyncTimeout(String),
     /// A config value the run cannot use, found only once models or data are open.
     #[error("{key}: {message}")]
     Setting { key: &'static str, message: String },

@@ -1,16 +1,29 @@
-//! The RFT loop: explorer, buffer, trainer and synchronizer wired together.
+//! The RFT loop: Trinity-RFT's Explorer, Trainer and Synchronizer, and the modes that compose them.
 //!
+//! * [`explorer`]: draws tasks, runs workflows on the rollout engine, makes experiences, evaluates.
+//! * [`trainer`]: consumes experiences (with the sample strategy) or dataset rows, writes checkpoints.
+//! * [`synchronizer`]: when weights move and how (in place, or through a weight store on disk).
+//! * [`modes`]: `both`/`colocate` (one process), and the decoupled modes.
 //! * [`schedule`]: Trinity-RFT's `sync_interval` / `sync_offset` plan as a pure function.
 //! * [`pipeline`]: the explorer-side experience pipeline (group advantages).
-//! * [`mix_strategy`] and [`sft_data`]: the `mix` sample strategy's expert rows, read from an SFT dataset.
-//! * [`run`]: mode `both` on one device with in-memory weight sync, evaluation, checkpoints and metrics.
+//! * [`dataset`], [`sft_data`] and [`dpo_data`]: SFT and DPO datasets, tokenized as Trinity-RFT's formatters do.
+//! * [`mix_strategy`]: the `mix` sample strategy's expert rows, read from an SFT dataset.
+//! * [`run`]: the entry point: a resolved config's mode in a job directory.
 
+pub mod dataset;
+pub mod dpo_data;
 pub mod error;
+pub(crate) mod explorer;
 pub mod mix_strategy;
+pub(crate) mod models;
+pub(crate) mod modes;
 pub mod pipeline;
+pub(crate) mod rollout_metrics;
 pub mod run;
 pub mod schedule;
 pub mod sft_data;
+pub(crate) mod synchronizer;
+pub(crate) mod trainer;
 
 pub use error::RftError;
-pub use run::{RunSummary, check_components, job_dir, run_both};
+pub use run::{RunSummary, check_components, job_dir, run};

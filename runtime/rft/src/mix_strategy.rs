@@ -55,7 +55,13 @@ impl ExpertData {
             .map_err(|e| setting(format!("{name}.format.chat_template: {e}")))?
             .with_enable_thinking(buffer.format.enable_thinking.or(config.model.enable_thinking));
         let max_model_len = config.model.max_model_len.unwrap_or(2048) as usize;
-        let mut rows = SftRows::load(buffer, buffer.total_epochs.unwrap_or(1), tokenizer, &template, max_model_len)?;
+        let mut rows = SftRows::load_sft(
+            buffer,
+            "buffer.trainer_input.auxiliary_buffers",
+            buffer.total_epochs.unwrap_or(1),
+            (tokenizer, &template),
+            max_model_len,
+        )?;
         rows.skip_to(per_step * trained as usize);
         tracing::info!(
             "sample strategy `mix`: {per_step} expert rows of `{name}` per train step, {} left",

@@ -1,123 +1,52 @@
-//! SFT rows read from a dataset, as Trinity-RFT's `SFTFormatter` makes them: the expert data of the `mix` and
-//! `mix_chord` algorithms (`buffer.trainer_input.auxiliary_buffers.<sft_dataset_name>`).
+//! SFT rows read from a dataset, as Trinity-RFT's `SFTFormatter` makes them: the training data of algorithm `sft`
+//! in mode `train` (`buffer.trainer_input.experience_buffer`) and the expert data of the `mix` and `mix_chord`
+//! algorithms (`buffer.trainer_input.auxiliary_buffers.<sft_dataset_name>`).
 //!
 //! A row is a chat: `format.messages_key` holds a message list (`prompt_type: messages`), or the system prompt,
 //! `prompt_key` and `response_key` make one (`plaintext`). Its tokens are the whole chat rendered by the chat
 //! template without a generation prompt; the prompt is every message but the last, rendered with one, so the
-//! trained tokens are the last (assistant) message and what the template closes it with. Rows are tokenized once at
-//! start-up, where a malformed one fails naming the file and row; they are then served in file order, pass after
-//! pass, `total_epochs` times.
-
-use std::path::PathBuf;
+//! trained tokens are the last (assistant) message and what the template closes it with. Serving the rows is
+//! [`DatasetRows`]'s business.
 
 use serde_json::Value;
 use trinity_config::buffer::{ExperienceBufferConfig, PromptType};
 use trinity_model::{ChatTemplate, Tokenizer};
 use trinity_trainer::TrainRow;
 
+use crate::dataset::DatasetRows;
 use crate::error::RftError;
 
-/// The tokenized rows of one SFT dataset and the position of the next one to serve.
-#[derive(Debug)]
-pub struct SftRows {
-    name: String,
-    rows: Vec<TrainRow>,
-    total_epochs: u32,
-    /// Rows served so far over all passes.
-    served: usize,
-}
+/// The rows of an SFT dataset: one training row per dataset row.
+pub type SftRows = DatasetRows;
 
-impl SftRows {
-    /// Reads and tokenizes every row of `buffer` (a `file` buffer), cutting responses at `max_model_len` tokens in
-    /// all.
-    pub fn load(
+impl DatasetRows {
+    /// Reads and tokenizes every row of `buffer` (a `file` buffer) as an SFT chat, cutting responses at
+    /// `max_model_len` tokens in all; errors name `key` (where the config sets this dataset).
+    pub fn load_sft(
         buffer: &ExperienceBufferConfig,
+        key: &'static str,
         total_epochs: u32,
-        tokenizer: &Tokenizer,
-        template: &ChatTemplate,
+        (tokenizer, template): (&Tokenizer, &ChatTemplate),
         max_model_len: usize,
     ) -> Result<SftRows, RftError> {
-        let path = PathBuf::from(buffer.path.as_deref().unwrap_or_default());
-        let raw = trinity_buffer::read_rows(&path, buffer.subset_name.as_deref(), &buffer.split)?;
-        let format = &buffer.format;
-        let mut rows = Vec::with_capacity(raw.len());
-        let mut cut = 0usize;
-        for (index, row) in raw.iter().enumerate() {
-            let bad = |message: String| RftError::Setting {
-                key: "buffer.trainer_input.auxiliary_buffers",
-                message: format!("{} ({}), row {index}: {message}", buffer.name, path.display()),
-            };
+        DatasetRows::load(buffer, key, total_epochs, max_model_len, |row| {
+            let format = &buffer.format;
             let messages = match format.prompt_type {
-                PromptType::Messages => messages_of(row, &format.messages_key).map_err(bad)?,
-                PromptType::Plaintext => plaintext_messages(row, buffer).map_err(bad)?,
+                PromptType::Messages => messages_of(row, &format.messages_key)?,
+                PromptType::Plaintext => {
+                    let mut messages = plaintext_prompt(row, buffer)?;
+                    messages.push(assistant(row, &format.response_key, "format.response_key")?);
+                    messages
+                }
             };
-            let tools = row.get(&format.tools_key).filter(|t| !t.is_null()).map(tools_of).transpose().map_err(bad)?;
-            let mut train_row = tokenize(&messages, tools.as_ref(), tokenizer, template).map_err(bad)?;
-            if train_row.prompt_length >= max_model_len {
-                return Err(bad(format!(
-                    "its prompt has {} tokens, model.max_model_len is {max_model_len}",
-                    train_row.prompt_length
-                )));
-            }
-            if train_row.tokens.len() > max_model_len {
-                train_row.tokens.truncate(max_model_len);
-                train_row.action_mask.truncate(max_model_len - train_row.prompt_length);
-                cut += 1;
-            }
-            rows.push(train_row);
-        }
-        if rows.is_empty() {
-            return Err(RftError::Setting {
-                key: "buffer.trainer_input.auxiliary_buffers",
-                message: format!("{} ({}) has no rows", buffer.name, path.display()),
-            });
-        }
-        if cut > 0 {
-            tracing::warn!(
-                "{}: {cut} of {} rows cut at model.max_model_len ({max_model_len})",
-                buffer.name,
-                rows.len()
-            );
-        }
-        Ok(SftRows { name: buffer.name.clone(), rows, total_epochs: total_epochs.max(1), served: 0 })
-    }
-
-    /// Rows left to serve over all passes.
-    pub fn remaining(&self) -> usize {
-        self.rows.len() * self.total_epochs as usize - self.served
-    }
-
-    /// Rows served so far (saved with checkpoints, restored with [`SftRows::skip_to`]).
-    pub fn served(&self) -> usize {
-        self.served
-    }
-
-    /// Continues after `served` rows (a resumed run).
-    pub fn skip_to(&mut self, served: usize) {
-        self.served = served.min(self.rows.len() * self.total_epochs as usize);
-    }
-
-    /// The next `n` rows in file order, wrapping into the next pass; an error when fewer are left.
-    pub fn take(&mut self, n: usize) -> Result<Vec<TrainRow>, RftError> {
-        if n > self.remaining() {
-            return Err(RftError::Setting {
-                key: "buffer.trainer_input.auxiliary_buffers",
-                message: format!(
-                    "{}: {n} rows wanted, {} left of {} passes; raise its total_epochs",
-                    self.name,
-                    self.remaining(),
-                    self.total_epochs
-                ),
-            });
-        }
-        let rows = (self.served..self.served + n).map(|i| self.rows[i % self.rows.len()].clone()).collect();
-        self.served += n;
-        Ok(rows)
+            let tools = row.get(&format.tools_key).filter(|t| !t.is_null()).map(tools_of).transpose()?;
+            Ok(vec![tokenize(&messages, tools.as_ref(), tokenizer, template)?])
+        })
     }
 }
 
 /// The message list of a `messages` row; a JSON string holding the list is accepted too, as Trinity does.
-fn messages_of(row: &trinity_buffer::Row, key: &str) -> Result<Vec<Value>, String> {
+pub(crate) fn messages_of(row: &trinity_buffer::Row, key: &str) -> Result<Vec<Value>, String> {
     let value = row.get(key).ok_or_else(|| format!("no `{key}` field (format.messages_key)"))?;
     let parsed;
     let value = match value {
@@ -139,31 +68,37 @@ fn messages_of(row: &trinity_buffer::Row, key: &str) -> Result<Vec<Value>, Strin
     Ok(list.clone())
 }
 
-/// The chat of a `plaintext` row: the system prompt (`system_prompt_key`'s field, else `system_prompt`), the user
-/// prompt and the assistant response.
-fn plaintext_messages(row: &trinity_buffer::Row, buffer: &ExperienceBufferConfig) -> Result<Vec<Value>, String> {
+/// The prompt of a `plaintext` row: the system prompt (`system_prompt_key`'s field, else `system_prompt`) and the
+/// user prompt (`prompt_key`).
+pub(crate) fn plaintext_prompt(row: &trinity_buffer::Row, buffer: &ExperienceBufferConfig) -> Result<Vec<Value>, String> {
     let format = &buffer.format;
-    let text = |key: &str, what: &str| {
-        row.get(key)
-            .map(|v| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()))
-            .ok_or_else(|| format!("no `{key}` field ({what})"))
-    };
     let mut messages = Vec::new();
     let system = match &format.system_prompt_key {
-        Some(key) => Some(text(key, "format.system_prompt_key")?),
+        Some(key) => Some(text_field(row, key, "format.system_prompt_key")?),
         None => format.system_prompt.clone(),
     };
     if let Some(system) = system {
         messages.push(serde_json::json!({"role": "system", "content": system}));
     }
-    messages.push(serde_json::json!({"role": "user", "content": text(&format.prompt_key, "format.prompt_key")?}));
-    let response = text(&format.response_key, "format.response_key")?;
-    messages.push(serde_json::json!({"role": "assistant", "content": response}));
+    let prompt = text_field(row, &format.prompt_key, "format.prompt_key")?;
+    messages.push(serde_json::json!({"role": "user", "content": prompt}));
     Ok(messages)
 }
 
+/// An assistant message holding the text of `key`'s field.
+pub(crate) fn assistant(row: &trinity_buffer::Row, key: &str, what: &str) -> Result<Value, String> {
+    Ok(serde_json::json!({"role": "assistant", "content": text_field(row, key, what)?}))
+}
+
+/// A field as text (a non-string value as its JSON), or an error naming the config key that names the field.
+fn text_field(row: &trinity_buffer::Row, key: &str, what: &str) -> Result<String, String> {
+    row.get(key)
+        .map(|v| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()))
+        .ok_or_else(|| format!("no `{key}` field ({what})"))
+}
+
 /// Tool definitions: a list, or a JSON string holding one.
-fn tools_of(value: &Value) -> Result<Value, String> {
+pub(crate) fn tools_of(value: &Value) -> Result<Value, String> {
     match value {
         Value::String(text) => serde_json::from_str(text).map_err(|e| format!("tools are not valid JSON: {e}")),
         other => Ok(other.clone()),
@@ -171,7 +106,7 @@ fn tools_of(value: &Value) -> Result<Value, String> {
 }
 
 /// One chat as a training row: the last message is the trained response.
-fn tokenize(
+pub(crate) fn tokenize(
     messages: &[Value],
     tools: Option<&Value>,
     tokenizer: &Tokenizer,
@@ -205,6 +140,8 @@ mod tests {
 
     use super::*;
 
+    const KEY: &str = "buffer.trainer_input.auxiliary_buffers";
+
     fn tiny() -> (Tokenizer, ChatTemplate) {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied");
         let tokenizer = Tokenizer::from_files(&dir.join("tokenizer.json"), None).unwrap();
@@ -232,7 +169,7 @@ mod tests {
         let (tokenizer, template) = tiny();
         let chat = json!([{"role": "user", "content": "ab1"}, {"role": "assistant", "content": "1"}]);
         let buffer = buffer(dir.path(), &[json!({"messages": chat})], |b| b.format.messages_key = "messages".into());
-        let mut rows = SftRows::load(&buffer, 1, &tokenizer, &template, 256).unwrap();
+        let mut rows = SftRows::load_sft(&buffer, KEY, 1, (&tokenizer, &template), 256).unwrap();
         let row = rows.take(1).unwrap().remove(0);
         let prompt = template.render(chat.as_array().unwrap().split_last().unwrap().1, true, None).unwrap();
         let prompt_ids = tokenizer.encode(&prompt, false).unwrap();
@@ -257,7 +194,7 @@ mod tests {
             b.format.response_key = "a".into();
             b.format.system_prompt_key = Some("sys".into());
         });
-        let mut loaded = SftRows::load(&buffer, 3, &tokenizer, &template, 256).unwrap();
+        let mut loaded = SftRows::load_sft(&buffer, KEY, 3, (&tokenizer, &template), 256).unwrap();
         assert_eq!(loaded.remaining(), 3, "one row, three passes");
         let row = loaded.take(1).unwrap().remove(0);
         let text = tokenizer.decode(&row.tokens.iter().map(|&t| t as u32).collect::<Vec<_>>(), false).unwrap();
@@ -279,7 +216,7 @@ mod tests {
             json!({"text": "no messages"}),
         ];
         let buffer = buffer(dir.path(), &rows, |b| b.format.messages_key = "messages".into());
-        let error = SftRows::load(&buffer, 1, &tokenizer, &template, 256).unwrap_err().to_string();
+        let error = SftRows::load_sft(&buffer, KEY, 1, (&tokenizer, &template), 256).unwrap_err().to_string();
         assert!(error.contains("row 1") && error.contains("no `messages` field"), "{error}");
     }
 }

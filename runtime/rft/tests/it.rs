@@ -65,7 +65,7 @@ fn metrics(job: &Path) -> Vec<serde_json::Value> {
 fn trains_checkpoints_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let first = config(dir.path(), &["buffer.total_steps=2".to_owned()]);
-    let summary = trinity_rft::run_both(&first, &trinity_rft::job_dir(&first)).unwrap();
+    let summary = trinity_rft::run(&first, &trinity_rft::job_dir(&first)).unwrap();
     assert_eq!(summary.train_steps, 2);
     assert_eq!(summary.resumed_from, None);
     let job = summary.job_dir;
@@ -107,7 +107,7 @@ fn trains_checkpoints_and_resumes() {
 
     // Same command with more steps: resumes from step 2 and continues at step 3.
     let second = config(dir.path(), &["buffer.total_steps=3".to_owned()]);
-    let summary = trinity_rft::run_both(&second, &trinity_rft::job_dir(&second)).unwrap();
+    let summary = trinity_rft::run(&second, &trinity_rft::job_dir(&second)).unwrap();
     assert_eq!(summary.resumed_from, Some(2));
     assert_eq!(summary.train_steps, 3);
     let steps: Vec<u64> = metrics(&job).iter().map(|l| l["step"].as_u64().unwrap()).collect();
@@ -120,7 +120,7 @@ fn interval_two_offset_one_runs_off_policy() {
     let dir = tempfile::tempdir().unwrap();
     let overrides = ["synchronizer.sync_interval=2", "synchronizer.sync_offset=1", "explorer.eval_on_startup=false"];
     let config = config(dir.path(), &overrides.map(str::to_owned));
-    let summary = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap();
+    let summary = trinity_rft::run(&config, &trinity_rft::job_dir(&config)).unwrap();
     assert_eq!(summary.train_steps, 5);
     let experiences = std::fs::read_to_string(summary.job_dir.join("experiences.jsonl")).unwrap();
     let versions: Vec<(u64, u64)> = experiences
@@ -139,12 +139,12 @@ fn interval_two_offset_one_runs_off_policy() {
 fn a_fresh_start_never_mixes_with_an_old_run() {
     let dir = tempfile::tempdir().unwrap();
     let first = config(dir.path(), &["buffer.total_steps=1".to_owned()]);
-    let old = trinity_rft::run_both(&first, &trinity_rft::job_dir(&first)).unwrap().job_dir;
+    let old = trinity_rft::run(&first, &trinity_rft::job_dir(&first)).unwrap().job_dir;
     let fresh = config(dir.path(), &["buffer.total_steps=1".to_owned(), "continue_from_checkpoint=false".to_owned()]);
     let new = trinity_rft::job_dir(&fresh);
     assert_ne!(new, old);
     assert!(new.file_name().unwrap().to_string_lossy().starts_with("run_"), "{}", new.display());
-    let summary = trinity_rft::run_both(&fresh, &new).unwrap();
+    let summary = trinity_rft::run(&fresh, &new).unwrap();
     assert_eq!(summary.resumed_from, None);
     assert!(new.join("global_step_1/meta.json").exists());
 }
@@ -166,13 +166,13 @@ fn a_resumed_run_measures_kl_against_the_base_model() {
 
     let whole = tempfile::tempdir().unwrap();
     let config = config(whole.path(), &set(3));
-    let uninterrupted = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap().job_dir;
+    let uninterrupted = trinity_rft::run(&config, &trinity_rft::job_dir(&config)).unwrap().job_dir;
 
     let split = tempfile::tempdir().unwrap();
     let first = self::config(split.path(), &set(2));
-    trinity_rft::run_both(&first, &trinity_rft::job_dir(&first)).unwrap();
+    trinity_rft::run(&first, &trinity_rft::job_dir(&first)).unwrap();
     let second = self::config(split.path(), &set(3));
-    let summary = trinity_rft::run_both(&second, &trinity_rft::job_dir(&second)).unwrap();
+    let summary = trinity_rft::run(&second, &trinity_rft::job_dir(&second)).unwrap();
     assert_eq!(summary.resumed_from, Some(2));
 
     // After two steps at lr 1e-3 the policy has left the base model, so step 3's KL is clearly positive; a
@@ -216,7 +216,7 @@ fn mix_trains_expert_rows_beside_the_rollouts() {
         "explorer.eval_on_startup=false".to_owned(),
     ];
     let config = config(dir.path(), &overrides);
-    let summary = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap();
+    let summary = trinity_rft::run(&config, &trinity_rft::job_dir(&config)).unwrap();
     assert_eq!(summary.train_steps, 3, "the expert rows run out after three steps");
     let lines = metrics(&summary.job_dir);
     let step = lines.iter().find(|l| l["step"] == 1).unwrap();
@@ -240,7 +240,7 @@ fn replay_draws_earlier_steps_again_by_priority() {
         "explorer.eval_on_startup=false".to_owned(),
     ];
     let config = config(dir.path(), &overrides);
-    let summary = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap();
+    let summary = trinity_rft::run(&config, &trinity_rft::job_dir(&config)).unwrap();
     assert_eq!(summary.train_steps, 5);
     let lines: Vec<_> = metrics(&summary.job_dir).into_iter().filter(|l| l["step"].as_u64() > Some(0)).collect();
     let reused: f64 = lines.iter().map(|l| l["replay/reused_experiences"].as_f64().unwrap()).sum();
@@ -260,7 +260,7 @@ fn prompts_over_the_limit_become_masked_placeholders_unless_truncation_is_off() 
             .collect::<Vec<_>>()
     };
     let config = config(dir.path(), &set(true));
-    let summary = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap();
+    let summary = trinity_rft::run(&config, &trinity_rft::job_dir(&config)).unwrap();
     let experiences = std::fs::read_to_string(summary.job_dir.join("experiences.jsonl")).unwrap();
     let rows: Vec<serde_json::Value> = experiences.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(rows.len(), 8, "two tasks × four placeholders");
@@ -273,7 +273,7 @@ fn prompts_over_the_limit_become_masked_placeholders_unless_truncation_is_off() 
 
     let strict = tempfile::tempdir().unwrap();
     let config = self::config(strict.path(), &set(false));
-    let error = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap_err().to_string();
+    let error = trinity_rft::run(&config, &trinity_rft::job_dir(&config)).unwrap_err().to_string();
     assert!(error.contains("too long"), "{error}");
 }
 
@@ -290,7 +290,7 @@ fn staleness_control_drops_experiences_older_than_max_staleness() {
         "algorithm.sample_strategy_args.max_staleness=2",
     ];
     let config = config(dir.path(), &overrides.map(str::to_owned));
-    let summary = trinity_rft::run_both(&config, &trinity_rft::job_dir(&config)).unwrap();
+    let summary = trinity_rft::run(&config, &trinity_rft::job_dir(&config)).unwrap();
     let lines = metrics(&summary.job_dir);
     let dropped: Vec<f64> = lines.iter().map(|l| l["buffer/stale_dropped"].as_f64().unwrap()).collect();
     assert_eq!(dropped, vec![0.0, 0.0, 8.0, 0.0, 8.0]);

@@ -1,0 +1,244 @@
+//! The Explorer: draws tasks, runs their workflows against the rollout engine, turns the results into
+//! experiences (experience pipeline, group advantages) and evaluates the current weights on the eval tasksets.
+//!
+//! Its interface is narrow on purpose: it produces experiences ([`Explorer::explore_step`]) and takes weights
+//! ([`Explorer::load_weights`]); where the experiences go (a buffer the trainer shares in-process or across
+//! processes) and where the weights come from (the trainer in place, or files it publishes) is the mode's business.
+//! Every experience carries the model version of the weights that sampled it, which the trainer's staleness
+//! control reads.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use trinity_algorithm::advantage::AdvantageFn;
+use trinity_algorithm::registry::{self, Kind as ComponentKind};
+use trinity_buffer::{Experience, JsonlWriter, TaskScheduler, Taskset};
+use trinity_config::Config;
+use trinity_engine::{Engine, EngineConfig, EngineModel};
+use trinity_explorer::{RolloutModel, RunnerOptions, run_tasks};
+use trinity_model::ChatTemplate;
+use trinity_monitor::Metrics;
+use trinity_trainer::Components;
+
+use crate::error::RftError;
+use crate::models::{self, model_error};
+use crate::pipeline::apply_group_advantage;
+use crate::rollout_metrics::{is_accurate, rollout_metrics};
+
+/// What the explorer is started for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExplorerRole {
+    /// Explore the training tasksets (and evaluate): modes `both` and `explore`.
+    Explore,
+    /// Evaluate only (no training taskset is read): mode `bench`, and evaluation in mode `train`.
+    EvaluateOnly,
+}
+
+/// One explore step's result: the experiences for the trainer and the step's metrics.
+#[derive(Debug)]
+pub(crate) struct ExploreOutput {
+    pub experiences: Vec<Experience>,
+    pub metrics: Metrics,
+}
+
+/// The explorer of a run.
+pub(crate) struct Explorer {
+    rollout: Arc<RolloutModel>,
+    scheduler: Option<TaskScheduler>,
+    eval_tasksets: Vec<Taskset>,
+    advantage: Option<Box<dyn AdvantageFn>>,
+    operators: Vec<(String, serde_json::Map<String, serde_json::Value>)>,
+    options: RunnerOptions,
+    experiences_log: Option<JsonlWriter>,
+}
+
+impl std::fmt::Debug for Explorer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Explorer").field("model_version", &self.rollout.model_version()).finish_non_exhaustive()
+    }
+}
+
+impl Explorer {
+    /// Loads the rollout engine from `model_path` (the base model, or weights a trainer saved) and the tasksets of
+    /// `role`; every experience explored is also appended to `experiences_log` when given.
+    pub(crate) fn start(
+        config: &Config,
+        model_path: &Path,
+        device: tch::Device,
+        threads: usize,
+        role: ExplorerRole,
+        experiences_log: Option<&Path>,
+    ) -> Result<Explorer, RftError> {
+        let kind = models::engine_kind(&config.explorer.rollout_model.dtype, device);
+        let mut generation = models::load(model_path, kind, device, threads)?;
+        let template = models::chat_template(config, &mut generation)?;
+        let tokenizer = generation.tokenizer.clone();
+        let model = &config.model;
+        let engine_config = EngineConfig {
+            max_model_len: model.max_model_len.unwrap_or(2048) as usize,
+            max_num_seqs: (config.explorer.runner_per_model as usize
+                * config.algorithm.repeat_times.unwrap_or(1) as usize)
+                .clamp(1, 256),
+            max_prompt_tokens: model.max_prompt_tokens.map(|t| t as usize),
+            max_response_tokens: model.max_response_tokens.map(|t| t as usize),
+            kv_cache_bytes: models::cpu_kv_budget(device),
+            num_threads: Some(threads),
+            ..EngineConfig::default()
+        };
+        let engine = Engine::start(EngineModel::from(generation), engine_config)?;
+        // Rollouts render with `enable_thinking` (the rollout model's, else the model's), as Trinity-RFT passes it to
+        // `apply_chat_template`.
+        let enable_thinking = config.explorer.rollout_model.enable_thinking.or(config.model.enable_thinking);
+        let template = template.map(|t: ChatTemplate| t.with_enable_thinking(enable_thinking));
+        let rollout = Arc::new(
+            RolloutModel::new(Arc::new(engine), tokenizer, template)
+                .with_prompt_truncation(config.model.enable_prompt_truncation),
+        );
+        let scheduler = match role {
+            ExplorerRole::Explore => Some(TaskScheduler::from_config(&config.buffer)?),
+            ExplorerRole::EvaluateOnly => None,
+        };
+        let components = Components::from_config(&config.algorithm)?;
+        let explorer = &config.explorer;
+        Ok(Explorer {
+            rollout,
+            scheduler,
+            eval_tasksets: trinity_buffer::load_eval_tasksets(&config.buffer)?,
+            advantage: explorer_side_advantage(config, &components)?,
+            operators: config
+                .data_processor
+                .experience_pipeline
+                .operators
+                .iter()
+                .map(|op| (op.name.clone(), op.args.clone()))
+                .collect(),
+            options: RunnerOptions {
+                concurrency: explorer.runner_per_model as usize,
+                timeout: Duration::from_secs(explorer.max_timeout),
+                max_retries: explorer.max_retry_times,
+                default_workflow: "simple_workflow".to_owned(),
+            },
+            experiences_log: experiences_log.map(JsonlWriter::open).transpose()?,
+        })
+    }
+
+    pub(crate) fn rollout(&self) -> &Arc<RolloutModel> {
+        &self.rollout
+    }
+
+    /// The version of the weights the engine holds (the trainer step they come from; 0 for the base model).
+    pub(crate) fn model_version(&self) -> u64 {
+        self.rollout.model_version()
+    }
+
+    /// The task scheduler of the training tasksets.
+    ///
+    /// # Panics
+    /// On an evaluate-only explorer, which has none (a programming error).
+    pub(crate) fn scheduler(&mut self) -> &mut TaskScheduler {
+        self.scheduler.as_mut().expect("an exploring explorer has a task scheduler")
+    }
+
+    pub(crate) fn has_eval_tasksets(&self) -> bool {
+        !self.eval_tasksets.is_empty()
+    }
+
+    /// Runs explore step `step`: draws a batch of tasks, runs them, applies the experience pipeline and the group
+    /// advantage. `None` when the tasksets are used up.
+    pub(crate) async fn explore_step(&mut self, step: u64) -> Result<Option<ExploreOutput>, RftError> {
+        let started = Instant::now();
+        let Some(tasks) = self.scheduler().next_batch()? else {
+            return Ok(None);
+        };
+        let report = run_tasks(Arc::clone(&self.rollout), tasks, &self.options).await;
+        if report.groups.is_empty() {
+            let first = report.failures.first().map(|f| f.error.to_string()).unwrap_or_default();
+            return Err(RftError::AllTasksFailed { step, first });
+        }
+        let mut metrics = rollout_metrics("rollout", &report);
+        let mut experiences: Vec<Experience> = report.groups.into_iter().flatten().collect();
+        // The configured operators (plugins) run before the group advantage, as in Trinity-RFT's pipeline; one
+        // that fails is skipped for this batch and counted, never fatal.
+        if !self.operators.is_empty() {
+            let named = self.operators.iter().map(|(name, args)| (name.as_str(), args));
+            let output = trinity_explorer::apply_pipeline(named, experiences);
+            experiences = output.experiences;
+            metrics.extend(output.metrics);
+            // Pass rates an operator measured (`pass_rate_calculator`) feed the task selectors before the next
+            // step draws its tasks (the `difficulty_based` selector's beliefs).
+            self.scheduler().feedback(&output.selector_feedback)?;
+        }
+        if let Some(advantage) = &self.advantage {
+            let (with_advantages, pipeline_metrics) = apply_group_advantage(advantage.as_ref(), experiences)?;
+            experiences = with_advantages;
+            metrics.extend(pipeline_metrics.into_iter().map(|(k, v)| (format!("pipeline/{k}"), v)));
+        }
+        if let Some(log) = &mut self.experiences_log {
+            log.write_batch(&experiences)?;
+        }
+        let response_tokens: usize = experiences.iter().map(Experience::response_length).sum();
+        let seconds = started.elapsed().as_secs_f64();
+        metrics.insert("time/explore_s".into(), seconds);
+        metrics.insert("perf/rollout_tokens_per_s".into(), response_tokens as f64 / seconds.max(1e-9));
+        metrics.insert("rollout/model_version".into(), self.model_version() as f64);
+        Ok(Some(ExploreOutput { experiences, metrics }))
+    }
+
+    /// Evaluates the current weights on every eval taskset: `<prefix>/<taskset>/accuracy` and the rollout statistics,
+    /// plus `time/eval_<taskset>_s`.
+    pub(crate) async fn evaluate(&self, prefix: &str) -> Result<Metrics, RftError> {
+        let mut metrics = Metrics::new();
+        for taskset in &self.eval_tasksets {
+            let started = Instant::now();
+            let report = run_tasks(Arc::clone(&self.rollout), taskset.all_tasks()?, &self.options).await;
+            let name = format!("{prefix}/{}", taskset.config.name);
+            let mut taskset_metrics = rollout_metrics(&name, &report);
+            let experiences: Vec<&Experience> = report.experiences().collect();
+            let accurate = experiences.iter().filter(|e| is_accurate(e)).count();
+            taskset_metrics.insert(format!("{name}/accuracy"), accurate as f64 / experiences.len().max(1) as f64);
+            taskset_metrics.insert(format!("time/eval_{}_s", taskset.config.name), started.elapsed().as_secs_f64());
+            metrics.extend(taskset_metrics);
+        }
+        Ok(metrics)
+    }
+
+    /// Puts `weights` (HF parameter names) into the engine between decode steps and stamps what is sampled from
+    /// now on with `version`.
+    pub(crate) async fn load_weights(&self, weights: Vec<(String, tch::Tensor)>, version: u64) -> Result<(), RftError> {
+        self.rollout.engine().sync_weights(weights).await?;
+        self.rollout.set_model_version(version);
+        Ok(())
+    }
+
+    /// Loads the weights of a Hugging Face directory (a checkpoint's `hf/`) into the engine as `version`.
+    pub(crate) async fn load_weights_from_dir(&self, dir: &Path, version: u64) -> Result<(), RftError> {
+        let stored = trinity_model::SafetensorsWeights::open_dir(dir).map_err(|e| model_error(dir, e))?;
+        let names: Vec<String> =
+            self.rollout.engine().with_decoder(|decoder| decoder.var_store().variables().into_keys().collect()).await?;
+        let weights = names
+            .into_iter()
+            .map(|name| {
+                let tensor = stored.get(&name).map_err(|e| model_error(dir, e))?;
+                Ok((name, tensor))
+            })
+            .collect::<Result<Vec<_>, RftError>>()?;
+        self.load_weights(weights, version).await
+    }
+}
+
+/// The advantage function the explorer's pipeline runs (group advantages), if the algorithm has one there.
+fn explorer_side_advantage(config: &Config, components: &Components) -> Result<Option<Box<dyn AdvantageFn>>, RftError> {
+    if components.compute_advantage_in_trainer {
+        return Ok(None);
+    }
+    let Some(name) = config.algorithm.advantage_fn.as_deref() else {
+        return Ok(None);
+    };
+    if components.advantage.is_none() {
+        return Ok(None);
+    }
+    let args = registry::resolve_args(ComponentKind::AdvantageFn, name, config.algorithm.advantage_fn_args.as_ref())?;
+    let (function, in_trainer) = registry::advantage_fn(name, &args)?;
+    Ok(if in_trainer { None } else { Some(function) })
+}

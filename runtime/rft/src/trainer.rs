@@ -1,0 +1,358 @@
+//! The Trainer: consumes experiences (or dataset rows), applies the algorithm, publishes weights and writes
+//! checkpoints.
+//!
+//! Its interface is narrow on purpose: it takes a train step's experiences ([`Trainer::train_experiences`]) or
+//! rows ([`Trainer::train_rows`]) and gives out weights ([`Trainer::weights`]); which experiences come (one explore
+//! step in one process, or a buffer shared with other processes) is the mode's business. What it adds to a step's
+//! experiences is the sample strategy, a trainer concept in Trinity-RFT: staleness control drops experiences older
+//! than `max_staleness` versions, prioritised replay mixes earlier steps back in, and `mix` adds expert rows.
+//!
+//! Checkpoints (`global_step_N/`) hold the policy as a Hugging Face directory (`hf/`), the optimizer state
+//! (`trainer/`) and `meta.json` ([`Meta`]); a resumed trainer reloads all three. KL terms are measured against the
+//! base model (`model.model_path`) for the whole run, never the checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tch::Kind;
+use trinity_buffer::difficulty_estimator::DifficultyEstimator;
+use trinity_buffer::{Experience, ReplayBuffer, ReplayTake, SchedulerState};
+use trinity_checkpoint::{Checkpoint, CheckpointDir};
+use trinity_config::Config;
+use trinity_model::{ChatTemplate, Decoder, Tokenizer, save_hf_parts};
+use trinity_monitor::Metrics;
+use trinity_trainer::{Components, StartingModels, TrainRow, Trainer as TrainEngine, TrainerOptions};
+
+use crate::error::RftError;
+use crate::mix_strategy::ExpertData;
+use crate::models::{self, model_error, on_pool};
+
+/// `meta.json` of a checkpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct Meta {
+    pub train_step: u64,
+    pub syncs: u64,
+    /// The explorer's taskset position after the explore step this train step trained (mode `both`); absent in
+    /// modes where the trainer runs without an explorer.
+    #[serde(default)]
+    pub scheduler: Option<SchedulerState>,
+    /// The `difficulty_based` selectors' pass-rate beliefs, per taskset (absent in older checkpoints).
+    #[serde(default)]
+    pub beliefs: Vec<Option<DifficultyEstimator>>,
+    /// Rows of the training dataset served so far (SFT and DPO in mode `train`).
+    #[serde(default)]
+    pub dataset_rows: Option<usize>,
+}
+
+/// The trainer of a run.
+pub(crate) struct Trainer {
+    engine: TrainEngine,
+    tokenizer: Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    eos_token_ids: Vec<i64>,
+    checkpoints: CheckpointDir,
+    max_checkpoints_to_keep: Option<u32>,
+    expert: Option<ExpertData>,
+    replay: Option<ReplayBuffer>,
+    staleness: Option<u64>,
+    total_steps: u64,
+    threads: usize,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer").field("total_steps", &self.total_steps).finish_non_exhaustive()
+    }
+}
+
+/// A trainer and the checkpoint it resumed from.
+#[derive(Debug)]
+pub(crate) struct Started {
+    pub trainer: Trainer,
+    pub resumed: Option<(Checkpoint, Meta)>,
+}
+
+impl Trainer {
+    /// Loads the policy (from the latest checkpoint under `job_dir` when `continue_from_checkpoint` and one
+    /// exists, else `model.model_path`), the reference model and critic the algorithm needs, and the sample
+    /// strategy's state. `planned_steps` is the run's length as the mode knows it; `mix` shortens it to what its
+    /// expert rows can feed ([`Trainer::total_steps`]).
+    pub(crate) fn start(
+        config: &Config,
+        job_dir: &Path,
+        device: tch::Device,
+        threads: usize,
+        planned_steps: u64,
+    ) -> Result<Started, RftError> {
+        let checkpoints = CheckpointDir::open(job_dir)?;
+        let latest = if config.continue_from_checkpoint { checkpoints.latest()? } else { None };
+        let resumed = match latest {
+            Some(checkpoint) => {
+                tracing::info!("resuming from {}", checkpoint.path.display());
+                let meta: Meta = checkpoint.meta()?;
+                Some((checkpoint, meta))
+            }
+            None => None,
+        };
+        let model_path = match &resumed {
+            Some((checkpoint, _)) => checkpoint.path.join("hf"),
+            None => PathBuf::from(&config.model.model_path),
+        };
+        let kind = models::trainer_kind(&config.trainer.dtype, device);
+        tracing::info!(
+            "training precision: {}",
+            if kind == Kind::Float { "fp32" } else { "bf16 compute, fp32 master weights" }
+        );
+        let mut policy = models::load(&model_path, kind, device, threads)?;
+        let chat_template = models::chat_template(config, &mut policy)?;
+        let tokenizer = policy.tokenizer.clone();
+        let eos_token_ids = policy.eos_token_ids.clone();
+
+        let trained = resumed.as_ref().map_or(0, |(_, meta)| meta.train_step);
+        let expert = ExpertData::from_config(config, &tokenizer, chat_template.as_ref(), trained)?;
+        let mut total_steps = planned_steps;
+        if let Some(expert) = &expert
+            && trained + expert.steps_left() < total_steps
+        {
+            total_steps = trained + expert.steps_left();
+            tracing::warn!("the expert rows last for {total_steps} train steps: the run stops there");
+        }
+        let components = Components::from_config(&config.algorithm)?;
+        let options = TrainerOptions { total_steps: Some(total_steps), ..TrainerOptions::from_config(config) };
+        let vocab = policy.decoder.config().vocab_size;
+        let models = starting_models(config, &components, resumed.is_some(), (kind, device, vocab), threads)?;
+        let decoder = policy.decoder;
+        let optimizer = &config.algorithm.optimizer;
+        let mut engine =
+            on_pool(threads, move || TrainEngine::with_models(decoder, models, components, optimizer, options))?;
+        if let Some((checkpoint, meta)) = &resumed {
+            engine.load_state(&checkpoint.path.join("trainer"), meta.train_step)?;
+        }
+        let experience_buffer = config.buffer.trainer_input.experience_buffer.clone().unwrap_or_default();
+        let replay = match experience_buffer.replay_buffer.enable {
+            true => Some(ReplayBuffer::from_config(
+                &experience_buffer.replay_buffer,
+                experience_buffer.capacity,
+                config.explorer.rollout_model.seed,
+            )?),
+            false => None,
+        };
+        let trainer = Trainer {
+            engine,
+            tokenizer,
+            chat_template,
+            eos_token_ids,
+            checkpoints,
+            max_checkpoints_to_keep: config.trainer.max_checkpoints_to_keep,
+            expert,
+            replay,
+            staleness: max_staleness(config),
+            total_steps,
+            threads,
+        };
+        Ok(Started { trainer, resumed })
+    }
+
+    /// Train steps the run makes in all (the planned length, or fewer when `mix`'s expert rows run out).
+    pub(crate) fn total_steps(&self) -> u64 {
+        self.total_steps
+    }
+
+    pub(crate) fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub(crate) fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// Sample strategy `staleness_control`: train step `step` keeps only experiences sampled with model version
+    /// `step − max_staleness` or newer (Trinity-RFT's `min_model_version`).
+    pub(crate) fn min_model_version(&self, step: u64) -> Option<u64> {
+        self.staleness.map(|max| step.saturating_sub(max))
+    }
+
+    /// Trains step `step` on `batch` after the sample strategy (staleness, replay, expert rows); returns the tokens
+    /// trained. Metrics go under `train/`, `buffer/` and `replay/`.
+    pub(crate) fn train_experiences(
+        &mut self,
+        step: u64,
+        mut batch: Vec<Experience>,
+        metrics: &mut Metrics,
+    ) -> Result<usize, RftError> {
+        let min_version = self.min_model_version(step);
+        if let Some(replay) = &mut self.replay {
+            batch = draw_replay(replay, batch, step, min_version, metrics)?;
+        } else if let Some(min_version) = min_version {
+            let before = batch.len();
+            batch.retain(|e| e.model_version >= min_version);
+            metrics.insert("buffer/stale_dropped".into(), (before - batch.len()) as f64);
+        }
+        if let Some(oldest) = batch.iter().map(|e| e.model_version).min() {
+            metrics.insert("buffer/oldest_model_version".into(), oldest as f64);
+        }
+        let mut rows: Vec<TrainRow> = batch.iter().map(train_row).collect();
+        if let Some(expert) = &mut self.expert {
+            rows.extend(expert.rows_for(step)?);
+        }
+        self.train_rows(step, &rows, metrics)
+    }
+
+    /// Trains step `step` on `rows` (one or more optimizer steps, as `ppo_epochs` and mini-batches say); returns the
+    /// tokens trained. A step whose rows have no trained token is skipped with a warning.
+    pub(crate) fn train_rows(&mut self, step: u64, rows: &[TrainRow], metrics: &mut Metrics) -> Result<usize, RftError> {
+        let started = Instant::now();
+        let mut tokens = 0;
+        if rows.iter().any(|r| r.action_mask.contains(&true)) {
+            tokens = rows.iter().map(|r| r.tokens.len()).sum();
+            let engine = &mut self.engine;
+            let step_metrics = on_pool(self.threads, || engine.train_step(rows))?;
+            // The engine reports veRL's `actor/...` names; the run's metrics are `train/...` (pg_loss, kl_loss,
+            // entropy, grad_norm, lr, ...).
+            metrics.extend(
+                step_metrics.into_iter().map(|(k, v)| (format!("train/{}", k.strip_prefix("actor/").unwrap_or(&k)), v)),
+            );
+        } else if rows.is_empty() {
+            tracing::warn!("train step {step} skipped: it has no experience (every group was dropped)");
+        } else {
+            // Every row is a masked placeholder (prompts over the limit): there is no token to train on.
+            tracing::warn!("train step {step} skipped: none of its {} experiences has a trained token", rows.len());
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        metrics.insert("time/train_s".into(), seconds);
+        metrics.insert("perf/train_tokens_per_s".into(), tokens as f64 / seconds.max(1e-9));
+        Ok(tokens)
+    }
+
+    /// The policy's parameters by HF name (shallow handles: valid until the next train step changes them).
+    pub(crate) fn weights(&self) -> Result<Vec<(String, tch::Tensor)>, RftError> {
+        self.engine.policy().named_parameters().map_err(|e| model_error(Path::new("policy"), e))
+    }
+
+    /// The policy, to copy into an engine in place.
+    pub(crate) fn policy(&self) -> &Decoder {
+        self.engine.policy()
+    }
+
+    /// Writes checkpoint `global_step_<step>` with `meta`, then prunes to `max_checkpoints_to_keep`.
+    pub(crate) fn save(&mut self, meta: &Meta) -> Result<(), RftError> {
+        let (engine, tokenizer, template, eos) =
+            (&self.engine, &self.tokenizer, self.chat_template.as_ref(), &self.eos_token_ids);
+        self.checkpoints.save(meta.train_step, meta, |dir| {
+            save_hf_parts(engine.policy(), tokenizer, template, eos, &dir.join("hf")).map_err(|e| e.to_string())?;
+            let state = dir.join("trainer");
+            std::fs::create_dir_all(&state).map_err(|e| e.to_string())?;
+            engine.save_state(&state).map_err(|e| e.to_string())
+        })?;
+        if let Some(keep) = self.max_checkpoints_to_keep {
+            self.checkpoints.prune(keep as usize)?;
+        }
+        Ok(())
+    }
+}
+
+/// `max_staleness` of sample strategy `staleness_control`; `None` for other strategies or no limit.
+fn max_staleness(config: &Config) -> Option<u64> {
+    if config.algorithm.sample_strategy.as_deref() != Some("staleness_control") {
+        return None;
+    }
+    config.algorithm.sample_strategy_args.as_ref()?.get("max_staleness")?.as_u64()
+}
+
+/// The rows train step `step` trains with prioritised replay: the step's experiences enter the replay buffer as one
+/// item (Trinity-RFT's `put_batch`), then the step reads as many experiences as came in, by priority: fresh ones
+/// first, earlier steps' again once their cooldown has passed and their priority ranks them. When fewer are
+/// readable (Trinity's reader would wait, which in one process would wait forever), the step trains on those that
+/// are.
+fn draw_replay(
+    replay: &mut ReplayBuffer,
+    fresh: Vec<Experience>,
+    step: u64,
+    min_version: Option<u64>,
+    metrics: &mut Metrics,
+) -> Result<Vec<Experience>, RftError> {
+    let wanted = fresh.len();
+    let now = Instant::now();
+    replay.put(fresh, now)?;
+    let batch = match replay.take(wanted, now, min_version) {
+        ReplayTake::Batch(batch) => batch,
+        ReplayTake::Short { available, .. } => {
+            tracing::warn!(
+                "train step {step}: replay has {available} of {wanted} experiences readable; training on those"
+            );
+            match replay.take(available, now, min_version) {
+                ReplayTake::Batch(batch) => batch,
+                ReplayTake::Short { .. } => Vec::new(),
+            }
+        }
+    };
+    let reused = batch.iter().filter(|e| e.info.get("use_count").and_then(serde_json::Value::as_u64) > Some(1)).count();
+    let stats = replay.stats();
+    metrics.insert("replay/reused_experiences".into(), reused as f64);
+    metrics.insert("replay/queued_items".into(), replay.queued_items() as f64);
+    metrics.insert("replay/items_evicted".into(), stats.items_evicted as f64);
+    Ok(batch)
+}
+
+/// The trainer's view of an experience.
+pub(crate) fn train_row(experience: &Experience) -> TrainRow {
+    TrainRow {
+        tokens: experience.tokens.iter().map(|&t| i64::from(t)).collect(),
+        prompt_length: experience.prompt_length,
+        action_mask: experience.action_mask.clone(),
+        logprobs: experience.logprobs.clone(),
+        reward: Some(experience.reward as f32),
+        token_level_rewards: experience.token_level_rewards.clone(),
+        advantages: experience.advantages.clone(),
+        teacher_logprobs: experience.teacher_logprobs.clone(),
+        expert: false,
+        group_id: Some(experience.eid.tid()),
+        run_id: Some(format!("{}/{}", experience.eid.tid(), experience.eid.run)),
+        step: Some(experience.eid.batch as i64),
+    }
+}
+
+/// The reference model and critic backbone the trainer starts from, where copying the policy would be wrong.
+///
+/// KL terms are measured against the base model (`model.model_path`) for the whole run: a resumed run's policy
+/// comes from its checkpoint, so the base model is loaded for the reference (a fresh run's policy is the base
+/// model, and copying it saves a load). The critic starts from `model.critic_model_path` when that names another
+/// model; on resume its trained weights then come from the checkpoint's trainer state.
+fn starting_models(
+    config: &Config,
+    components: &Components,
+    resuming: bool,
+    (kind, device, vocab): (Kind, tch::Device, i64),
+    threads: usize,
+) -> Result<StartingModels, RftError> {
+    let load = |path: &Path, kind: Kind| models::load(path, kind, device, threads).map(|m| m.decoder);
+    let base = Path::new(&config.model.model_path);
+    let reference = if components.use_reference && resuming {
+        tracing::info!("reference model: {} (the base model, not the checkpoint)", base.display());
+        Some(load(base, kind)?)
+    } else {
+        None
+    };
+    let critic_path = Path::new(&config.model.critic_model_path);
+    let critic = if components.use_critic && !critic_path.as_os_str().is_empty() && critic_path != base {
+        tracing::info!("critic starts from {}", critic_path.display());
+        let critic = load(critic_path, Kind::Float)?;
+        // The critic scores the policy's token ids, so it must read the same vocabulary.
+        if critic.config().vocab_size != vocab {
+            return Err(RftError::Setting {
+                key: "model.critic_model_path",
+                message: format!(
+                    "{} has a vocabulary of {} tokens, the policy's has {vocab}; the critic must use the policy's \
+                     tokenizer",
+                    critic_path.display(),
+                    critic.config().vocab_size
+                ),
+            });
+        }
+        Some(critic)
+    } else {
+        None
+    };
+    Ok(StartingModels { reference, critic })
+}
