@@ -150,7 +150,11 @@ impl Drop for PgServer {
 /// The directory of `initdb` and `pg_ctl`: `PATH` first (resolving links, so that `pg_ctl` finds `postgres`
 /// beside it), then the newest Debian install.
 fn server_binaries() -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH")
+    find_server_binaries(std::env::var_os("PATH"), Path::new("/usr/lib/postgresql"))
+}
+
+fn find_server_binaries(path: Option<std::ffi::OsString>, debian: &Path) -> Option<PathBuf> {
+    let on_path = path
         .and_then(|path| std::env::split_paths(&path).map(|dir| dir.join("initdb")).find(|initdb| initdb.is_file()));
     if let Some(initdb) = on_path {
         let real = std::fs::canonicalize(&initdb).unwrap_or(initdb);
@@ -158,7 +162,7 @@ fn server_binaries() -> Option<PathBuf> {
             return Some(dir.to_owned());
         }
     }
-    let mut installed: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+    let mut installed: Vec<(u32, PathBuf)> = std::fs::read_dir(debian)
         .ok()?
         .filter_map(|entry| {
             let entry = entry.ok()?;
@@ -192,6 +196,21 @@ fn run(command: &mut Command) -> Result<(), PgServerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_binaries_say_how_to_install_them() {
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(find_server_binaries(Some(empty.path().into()), empty.path()), None);
+        assert!(PgServerError::Missing.to_string().contains("run `cargo xtask setup`"));
+        // Debian's layout, off PATH: the newest version wins.
+        for version in ["13", "15"] {
+            let bin = empty.path().join(version).join("bin");
+            std::fs::create_dir_all(&bin).unwrap();
+            std::fs::write(bin.join("initdb"), "").unwrap();
+            std::fs::write(bin.join("pg_ctl"), "").unwrap();
+        }
+        assert_eq!(find_server_binaries(None, empty.path()), Some(empty.path().join("15/bin")));
+    }
 
     #[tokio::test]
     async fn a_server_starts_answers_and_is_removed() {
