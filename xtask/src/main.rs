@@ -26,7 +26,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
-    /// Install libtorch, the wasm32-wasip2 target and the SmolLM2 model into `.deps/` (idempotent).
+    /// Install libtorch, the wasm32-wasip2 target and the SmolLM2 model into `.deps/`, and Debian's postgresql
+    /// package where initdb is missing (idempotent).
     Setup,
     /// Setup, then `cargo fmt --check`, clippy with `-D warnings`, and every test of the workspace.
     Test,

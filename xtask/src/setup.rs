@@ -5,6 +5,9 @@
 //!
 //! `TRINITY_DEPS_DIR` moves the folder elsewhere; CI points it outside the clone so that the libtorch path, and
 //! therefore torch-sys's build fingerprint, stays the same from one run to the next.
+//!
+//! One step installs outside that folder: the PostgreSQL server binaries the buffer's tests run throwaway
+//! servers with are a system package (Debian's `postgresql`), installed only where `initdb` is missing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -95,6 +98,7 @@ impl Deps {
         step("setup: libtorch", || self.install_libtorch())?;
         step("setup: wasm32-wasip2 target", install_wasm_target)?;
         step("setup: SmolLM2-135M-Instruct model", || self.install_model())?;
+        install_postgres()?;
         Ok(())
     }
 
@@ -147,6 +151,49 @@ impl Deps {
         std::fs::remove_dir_all(&download)?;
         Ok(())
     }
+}
+
+/// The PostgreSQL server binaries (`initdb`, `pg_ctl`) that the buffer's tests start throwaway servers with
+/// (`trinity_buffer::testing`): Debian's `postgresql` package, installed only when `initdb` is missing, so a
+/// machine that has it hears nothing of this step.
+fn install_postgres() -> Result<()> {
+    if postgres_installed() {
+        return Ok(());
+    }
+    step("setup: PostgreSQL server (initdb not found; installing Debian's postgresql package)", || {
+        let root = Command::new("id").arg("-u").output().is_ok_and(|out| out.stdout.trim_ascii() == b"0");
+        let apt = |args: &[&str]| {
+            let mut command = if root {
+                Command::new("apt-get")
+            } else {
+                let mut sudo = Command::new("sudo");
+                sudo.args(["-n", "apt-get"]);
+                sudo
+            };
+            command.env("DEBIAN_FRONTEND", "noninteractive").args(["-q", "-y"]).args(args);
+            run(&mut command)
+        };
+        // A machine whose package lists were never fetched cannot find the package: fetch them and try again.
+        if apt(&["install", "postgresql"]).is_err() {
+            apt(&["update"])?;
+            apt(&["install", "postgresql"])
+                .context("cannot install postgresql; as root, run `apt-get install postgresql`")?;
+        }
+        if !postgres_installed() {
+            bail!("the postgresql package is installed but initdb is still missing");
+        }
+        Ok(())
+    })
+}
+
+/// `initdb` on `PATH`, or in any `/usr/lib/postgresql/<version>/bin` (Debian keeps it off `PATH`).
+fn postgres_installed() -> bool {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("initdb").is_file()));
+    on_path
+        || std::fs::read_dir("/usr/lib/postgresql")
+            .map(|versions| versions.flatten().any(|version| version.path().join("bin/initdb").is_file()))
+            .unwrap_or(false)
 }
 
 fn install_wasm_target() -> Result<()> {

@@ -68,21 +68,45 @@ pub enum BufferError {
         #[source]
         source: rusqlite::Error,
     },
-    #[error("SQLite store `{path}` row {id}: stored experience is unreadable: {source}")]
-    CorruptRow {
-        path: String,
-        id: i64,
+    #[error("PostgreSQL buffer `{url}`: {source}")]
+    Postgres {
+        /// The buffer's URL without its password.
+        url: String,
         #[source]
-        source: serde_json::Error,
+        source: tokio_postgres::Error,
     },
+    #[error("{store} row {id}: stored experience is unreadable: {problem}")]
+    CorruptRow { store: String, id: i64, problem: String },
+    #[error("{store}: {problem}")]
+    CorruptRecord { store: String, problem: String },
+    #[error(
+        "{store}: schema version {found} is newer than this trinity understands ({supported}); use a newer trinity"
+    )]
+    SchemaTooNew { store: String, found: i64, supported: i64 },
     #[error("`{url}` is not a `sqlite:///` URL")]
     NotSqliteUrl { url: String },
+    #[error(
+        "experience buffer `{name}`: `{url}` is not a buffer URL (expected `sqlite:///path.db` or \
+         `postgresql://user:password@host:port/database`)"
+    )]
+    UnsupportedUrl { name: String, url: String },
     #[error("experience {uid}: cannot serialise: {source}")]
     Encode {
         uid: String,
         #[source]
         source: serde_json::Error,
     },
+    #[error("experience {uid}: cannot compress: {source}")]
+    Compress {
+        uid: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "experience buffer `{name}`: consumer `{consumer}` already holds {held} experiences for train step {step}, \
+         not the {wanted} asked for (release them with release_after first)"
+    )]
+    StepClaimMismatch { name: String, consumer: String, step: u64, held: usize, wanted: usize },
     #[error("experience {uid}: {problem}")]
     InvalidExperience { uid: String, problem: String },
     #[error("experience buffer `{name}` is closed")]

@@ -5,10 +5,12 @@
 //!   workflow, reward and rollout settings resolved; [`TaskScheduler`] hands out `batch_size` tasks per
 //!   explore step from one or several tasksets through seeded [`selector`]s, with a serialisable
 //!   [`SchedulerState`] for exact resume.
-//! * Experiences: [`Experience`] (serde); [`ExperienceQueue`] is the bounded in-process queue with
-//!   back-pressure; [`SqliteStore`] persists experiences crash-safely and lets explorer and trainer run as
-//!   separate processes; [`JsonlWriter`] appends every experience to the run's `experiences.jsonl`;
-//!   [`ExperienceBuffer`] opens the right one of these from `trainer_input.experience_buffer`.
+//! * Experiences: [`Experience`] (serde); [`ExperienceBuffer`] is the contract between explorer and trainer,
+//!   opened from `trainer_input.experience_buffer`: in memory ([`ExperienceQueue`] with back-pressure), SQLite
+//!   ([`SqliteStore`], processes on one machine, crash-safe) or PostgreSQL ([`PgStore`], several machines).
+//!   Explorers store idempotent explore steps with their state; the trainer claims rows per train step and
+//!   commits them once its checkpoint is durable ([`store`] has the rules). [`JsonlWriter`] appends every
+//!   experience to the run's `experiences.jsonl`.
 //!
 //! How the loop uses it (mode `both`, one process):
 //!
@@ -28,9 +30,12 @@
 //! if let Some(state) = saved {
 //!     scheduler.restore(state)?;
 //! }
-//! let buffer = ExperienceBuffer::open(&ExperienceBufferConfig::default(), Path::new("buffer"))?;
-//! // Explorer: one batch of tasks per step; each task's group of `repeat_times` experiences goes in together.
+//! let buffer = ExperienceBuffer::open(&ExperienceBufferConfig::default(), Path::new("buffer")).await?;
+//! // Explorer: one batch of tasks per step; each task's group of `repeat_times` experiences goes in together,
+//! // stored with the scheduler's position so that a restarted explorer continues after it.
+//! let mut step = 0;
 //! while let Some(tasks) = scheduler.next_batch()? {
+//!     step += 1;
 //!     let mut experiences = Vec::new();
 //!     for (t, task) in tasks.iter().enumerate() {
 //!         for run in 0..task.repeat_times as u64 {
@@ -40,12 +45,13 @@
 //!             experiences.push(exp);
 //!         }
 //!     }
-//!     buffer.put_batch(experiences).await?;
-//!     // Checkpoint: save `scheduler.state()` (serde) with the weights.
+//!     let state = serde_json::to_string(&scheduler.state()).unwrap_or_default();
+//!     buffer.put_step("explorer", step, experiences, &state).await?;
 //! }
-//! // Trainer: `batch_size × repeat_times` experiences per step, none older than the allowed model version.
-//! let batch = buffer.get_batch_within(2, Duration::from_secs(1), Some(0)).await?;
+//! // Trainer: `batch_size × repeat_times` experiences for train step 1, then commit once its checkpoint is saved.
+//! let batch = buffer.get_batch_for_step(2, Duration::from_secs(1), 1).await?;
 //! assert_eq!(batch.len(), 2);
+//! buffer.commit_through(1).await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -57,22 +63,33 @@ pub mod error;
 pub mod experience;
 pub mod experience_buffer;
 pub mod jsonl_writer;
+mod memory_store;
+mod payload;
+mod postgres_connection;
+mod postgres_schema;
+pub mod postgres_store;
 pub mod queue;
 pub mod reader;
 pub mod replay;
 pub mod scheduler;
 pub mod selector;
+mod sqlite_schema;
 pub mod sqlite_store;
+pub mod store;
 pub mod task;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 
 pub use crate::error::{BufferError, Result};
 pub use crate::experience::{Eid, Experience, TruncateStatus};
 pub use crate::experience_buffer::ExperienceBuffer;
 pub use crate::jsonl_writer::{JsonlWriter, read_experiences};
+pub use crate::postgres_store::PgStore;
 pub use crate::queue::ExperienceQueue;
 pub use crate::reader::{Taskset, load_eval_tasksets, read_rows};
 pub use crate::replay::{ReplayBuffer, ReplayConfigError, ReplayStats, ReplayTake};
 pub use crate::scheduler::{SchedulerState, TaskScheduler};
 pub use crate::selector::{Selector, SelectorKind};
-pub use crate::sqlite_store::{ExploreStep, SqliteStore, sqlite_url_path};
+pub use crate::sqlite_store::{SqliteStore, sqlite_url_path};
+pub use crate::store::{DEFAULT_CONSUMER, DEFAULT_LEASE, ExploreStep, ProducerState, ProducerStatus};
 pub use crate::task::{Row, Task};

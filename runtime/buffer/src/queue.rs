@@ -148,6 +148,24 @@ impl ExperienceQueue {
         }
     }
 
+    /// Takes the `n` oldest fresh experiences if they are there now; `None` (nothing removed but stale ones)
+    /// otherwise, or `Closed` once the queue is closed and cannot fill up any more.
+    pub fn try_get_batch(&self, n: usize, min_model_version: Option<u64>) -> Result<Option<Vec<Experience>>> {
+        let mut state = self.lock();
+        if let Some(min) = min_model_version {
+            let before = state.items.len();
+            state.items.retain(|e| e.model_version >= min);
+            state.stale_dropped += (before - state.items.len()) as u64;
+        }
+        if state.items.len() < n {
+            return if state.closed { Err(self.closed()) } else { Ok(None) };
+        }
+        let batch: Vec<Experience> = state.items.drain(..n).collect();
+        drop(state);
+        self.inner.changed.notify_waiters();
+        Ok(Some(batch))
+    }
+
     /// Takes everything queued now, without waiting (the last partial batch at the end of a run).
     pub fn drain(&self) -> Vec<Experience> {
         let items: Vec<Experience> = self.lock().items.drain(..).collect();

@@ -13,6 +13,7 @@ use crate::support::experience;
 
 const CHILD_DB: &str = "TRINITY_BUFFER_TEST_CHILD_DB";
 const GROUP: u64 = 4;
+const LEASE: Duration = Duration::from_secs(60);
 
 /// The child's body: write groups of 4 forever, announcing each commit. A no-op in a normal test run.
 #[test]
@@ -22,7 +23,7 @@ fn writer_child() {
     let mut jsonl = JsonlWriter::open(&std::path::Path::new(&db).with_extension("jsonl")).unwrap();
     for step in 0.. {
         let batch: Vec<_> = (0..GROUP).map(|run| experience(step, 0, run, step)).collect();
-        store.write_batch(&batch).unwrap();
+        store.put_step("explorer", step, &batch, "{}").unwrap();
         jsonl.write_batch(&batch).unwrap();
         println!("committed {step}");
     }
@@ -50,7 +51,7 @@ fn kill_9_loses_no_committed_experience_and_leaves_no_half_batch() {
             last_committed = Some(step);
             // The trainer process reads while the explorer writes.
             if step.is_multiple_of(5)
-                && let Some(batch) = reader.take_batch(GROUP as usize, None, None).unwrap()
+                && let Some(batch) = reader.try_take("trainer", LEASE, step, GROUP as usize, None).unwrap()
             {
                 consumed.extend(batch);
             }
@@ -65,16 +66,16 @@ fn kill_9_loses_no_committed_experience_and_leaves_no_half_batch() {
 
     let reopened = SqliteStore::open(&db).unwrap();
     let total = reopened.total_count().unwrap();
+    assert_eq!(reopened.explored_after("explorer", 0).unwrap().len() + 1, total / GROUP as usize, "a record per step");
     assert_eq!(total as u64 % GROUP, 0, "a batch is all there or not at all");
     assert!(total as u64 >= (last_committed + 1) * GROUP, "every announced commit is in the database");
-    let unconsumed = reopened.unconsumed().unwrap();
+    let unconsumed: Vec<_> = reopened.waiting().unwrap().into_iter().map(|(_, e)| e).collect();
     assert_eq!(unconsumed.len() + consumed.len(), total, "consumed and unconsumed rows partition the table");
-    let mut steps: Vec<(u64, u64)> =
-        consumed.iter().chain(&unconsumed).map(|(_, e)| (e.eid.batch, e.eid.run)).collect();
+    let mut steps: Vec<(u64, u64)> = consumed.iter().chain(&unconsumed).map(|e| (e.eid.batch, e.eid.run)).collect();
     steps.sort();
     let expected: Vec<(u64, u64)> = (0..total as u64 / GROUP).flat_map(|s| (0..GROUP).map(move |r| (s, r))).collect();
     assert_eq!(steps, expected, "no row lost, duplicated or read twice");
-    for (_, exp) in &unconsumed {
+    for exp in &unconsumed {
         exp.validate().unwrap();
     }
 
@@ -92,15 +93,21 @@ async fn two_handles_share_one_database() {
     let writer = tokio::spawn(async move {
         for step in 0..5 {
             tokio::time::sleep(Duration::from_millis(5)).await;
-            explorer.write_batch(&(0..GROUP).map(|r| experience(step, 0, r, step)).collect::<Vec<_>>()).unwrap();
+            let batch: Vec<_> = (0..GROUP).map(|r| experience(step, 0, r, step)).collect();
+            explorer.put_step("explorer", step, &batch, "{}").unwrap();
         }
     });
     let mut got = Vec::new();
-    for _ in 0..5 {
-        let batch = trainer.read_batch(4, Duration::from_secs(10), Duration::from_millis(2), None, None).await.unwrap();
-        got.extend(batch);
+    for step in 0..5 {
+        loop {
+            if let Some(batch) = trainer.try_take("trainer", LEASE, step, 4, None).unwrap() {
+                got.extend(batch);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
     writer.await.unwrap();
     assert_eq!(got.len(), 20);
-    assert_eq!(trainer.unconsumed_count().unwrap(), 0);
+    assert_eq!(trainer.waiting_count().unwrap(), 0);
 }
