@@ -60,10 +60,17 @@ impl DatasetRows {
             items.push(item);
         }
         if items.is_empty() {
-            return Err(RftError::Setting { key, message: format!("{} ({}) has no rows", buffer.name, path.display()) });
+            return Err(RftError::Setting {
+                key,
+                message: format!("{} ({}) has no rows", buffer.name, path.display()),
+            });
         }
         if cut > 0 {
-            tracing::warn!("{}: {cut} rows of {} cut at model.max_model_len ({max_model_len})", buffer.name, items.len());
+            tracing::warn!(
+                "{}: {cut} rows of {} cut at model.max_model_len ({max_model_len})",
+                buffer.name,
+                items.len()
+            );
         }
         Ok(DatasetRows { name: buffer.name.clone(), key, items, total_epochs: total_epochs.max(1), served: 0 })
     }

@@ -124,7 +124,8 @@ mod tests {
     fn plaintext_and_messages_rows_give_the_same_pair() {
         let dir = tempfile::tempdir().unwrap();
         let (tokenizer, template) = tiny();
-        let plain = buffer(dir.path(), &[json!({"prompt": "ab1", "chosen": "1", "rejected": "2"})], PromptType::Plaintext);
+        let plain =
+            buffer(dir.path(), &[json!({"prompt": "ab1", "chosen": "1", "rejected": "2"})], PromptType::Plaintext);
         let mut plain = DatasetRows::load_dpo(&plain, KEY, 1, (&tokenizer, &template), 256).unwrap();
         let rows = plain.take(1).unwrap();
         assert_eq!(rows.len(), 2, "chosen then rejected");

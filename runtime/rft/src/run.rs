@@ -58,6 +58,9 @@ pub fn run(config: &Config, job_dir: &Path) -> Result<RunSummary, RftError> {
     runtime.block_on(async {
         match config.mode {
             Mode::Both | Mode::Colocate => modes::both::run(config, job_dir, threads).await,
+            Mode::Explore => modes::explore::run(config, job_dir, threads).await,
+            Mode::Train => modes::train::run(config, job_dir, threads).await,
+            Mode::Bench => modes::bench::run(config, job_dir, threads).await,
             other => Err(RftError::Unsupported(format!("mode `{}` is not supported yet", other.name()))),
         }
     })

@@ -70,7 +70,10 @@ pub(crate) fn messages_of(row: &trinity_buffer::Row, key: &str) -> Result<Vec<Va
 
 /// The prompt of a `plaintext` row: the system prompt (`system_prompt_key`'s field, else `system_prompt`) and the
 /// user prompt (`prompt_key`).
-pub(crate) fn plaintext_prompt(row: &trinity_buffer::Row, buffer: &ExperienceBufferConfig) -> Result<Vec<Value>, String> {
+pub(crate) fn plaintext_prompt(
+    row: &trinity_buffer::Row,
+    buffer: &ExperienceBufferConfig,
+) -> Result<Vec<Value>, String> {
     let format = &buffer.format;
     let mut messages = Vec::new();
     let system = match &format.system_prompt_key {

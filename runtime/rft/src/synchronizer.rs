@@ -142,12 +142,33 @@ impl WeightStore {
         self.read_json(&format!("answer_{explorer}.json"))
     }
 
+    /// Marks the trainer finished after train step `step` (explorers waiting for weights then stop waiting), or
+    /// clears the mark (`None`: a trainer is running again).
+    pub(crate) fn set_trainer_finished(&self, step: Option<u64>) -> Result<(), RftError> {
+        match step {
+            Some(step) => self.write_json("trainer_finished.json", &step),
+            None => match std::fs::remove_file(self.dir.join("trainer_finished.json")) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(RftError::Io { path: self.dir.join("trainer_finished.json"), source: e })
+                }
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// The step the trainer finished after, when it has finished.
+    pub(crate) fn trainer_finished(&self) -> Result<Option<u64>, RftError> {
+        self.read_json("trainer_finished.json")
+    }
+
     /// Removes weight files other than `keep` and the one published just before it.
     fn prune(&self, keep: u64) -> Result<(), RftError> {
         let mut versions: Vec<u64> = std::fs::read_dir(&self.dir)
             .map_err(|source| RftError::Io { path: self.dir.clone(), source })?
             .flatten()
-            .filter_map(|e| e.file_name().to_str()?.strip_prefix("weights_")?.strip_suffix(".safetensors")?.parse().ok())
+            .filter_map(|e| {
+                e.file_name().to_str()?.strip_prefix("weights_")?.strip_suffix(".safetensors")?.parse().ok()
+            })
             .collect();
         versions.sort_unstable();
         let previous = versions.iter().copied().filter(|&v| v < keep).max();
@@ -273,17 +294,33 @@ mod tests {
         store.request("explorer_a", SyncRequest { seq: 4, have: 2 }).unwrap();
         store.write_answer("explorer_a", SyncAnswer { seq: 3, version: 2 }).unwrap();
         let pending = store.pending_requests().unwrap();
-        assert_eq!(pending.iter().map(|(n, r)| (n.as_str(), r.seq)).collect::<Vec<_>>(), [("explorer_a", 4), ("explorer_b", 1)]);
+        assert_eq!(
+            pending.iter().map(|(n, r)| (n.as_str(), r.seq)).collect::<Vec<_>>(),
+            [("explorer_a", 4), ("explorer_b", 1)]
+        );
         store.write_answer("explorer_a", SyncAnswer { seq: 4, version: 5 }).unwrap();
         assert_eq!(store.pending_requests().unwrap().len(), 1);
         assert_eq!(store.answer("explorer_a").unwrap(), Some(SyncAnswer { seq: 4, version: 5 }));
     }
 
+    #[test]
+    fn the_finished_mark_comes_and_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = WeightStore::open(dir.path()).unwrap();
+        assert_eq!(store.trainer_finished().unwrap(), None);
+        store.set_trainer_finished(Some(9)).unwrap();
+        assert_eq!(store.trainer_finished().unwrap(), Some(9));
+        store.set_trainer_finished(None).unwrap();
+        store.set_trainer_finished(None).unwrap();
+        assert_eq!(store.trainer_finished().unwrap(), None);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn waiting_ends_with_a_named_timeout() {
-        let err = wait_until(Duration::from_secs(5), || "waiting".into(), || "no weights ≥ 3".into(), || Ok(None::<u64>))
-            .await
-            .unwrap_err();
+        let err =
+            wait_until(Duration::from_secs(5), || "waiting".into(), || "no weights ≥ 3".into(), || Ok(None::<u64>))
+                .await
+                .unwrap_err();
         assert!(err.to_string().contains("no weights ≥ 3"), "{err}");
         let mut calls = 0;
         let value = wait_until(Duration::from_secs(5), String::new, String::new, || {

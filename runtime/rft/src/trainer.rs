@@ -20,7 +20,7 @@ use trinity_buffer::difficulty_estimator::DifficultyEstimator;
 use trinity_buffer::{Experience, ReplayBuffer, ReplayTake, SchedulerState};
 use trinity_checkpoint::{Checkpoint, CheckpointDir};
 use trinity_config::Config;
-use trinity_model::{ChatTemplate, Decoder, Tokenizer, save_hf_parts};
+use trinity_model::{ChatTemplate, Tokenizer, save_hf_parts};
 use trinity_monitor::Metrics;
 use trinity_trainer::{Components, StartingModels, TrainRow, Trainer as TrainEngine, TrainerOptions};
 
@@ -76,14 +76,15 @@ pub(crate) struct Started {
 impl Trainer {
     /// Loads the policy (from the latest checkpoint under `job_dir` when `continue_from_checkpoint` and one
     /// exists, else `model.model_path`), the reference model and critic the algorithm needs, and the sample
-    /// strategy's state. `planned_steps` is the run's length as the mode knows it; `mix` shortens it to what its
-    /// expert rows can feed ([`Trainer::total_steps`]).
+    /// strategy's state. `plan` gives the run's length as the mode knows it, once the tokenizer is loaded (a
+    /// dataset's length needs it) and the steps already trained are known; `mix` shortens it to what its expert
+    /// rows can feed ([`Trainer::total_steps`]).
     pub(crate) fn start(
         config: &Config,
         job_dir: &Path,
         device: tch::Device,
         threads: usize,
-        planned_steps: u64,
+        plan: impl FnOnce(&Tokenizer, Option<&ChatTemplate>, u64) -> Result<u64, RftError>,
     ) -> Result<Started, RftError> {
         let checkpoints = CheckpointDir::open(job_dir)?;
         let latest = if config.continue_from_checkpoint { checkpoints.latest()? } else { None };
@@ -111,7 +112,7 @@ impl Trainer {
 
         let trained = resumed.as_ref().map_or(0, |(_, meta)| meta.train_step);
         let expert = ExpertData::from_config(config, &tokenizer, chat_template.as_ref(), trained)?;
-        let mut total_steps = planned_steps;
+        let mut total_steps = plan(&tokenizer, chat_template.as_ref(), trained)?;
         if let Some(expert) = &expert
             && trained + expert.steps_left() < total_steps
         {
@@ -159,14 +160,6 @@ impl Trainer {
         self.total_steps
     }
 
-    pub(crate) fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
-    }
-
-    pub(crate) fn chat_template(&self) -> Option<&ChatTemplate> {
-        self.chat_template.as_ref()
-    }
-
     /// Sample strategy `staleness_control`: train step `step` keeps only experiences sampled with model version
     /// `step − max_staleness` or newer (Trinity-RFT's `min_model_version`).
     pub(crate) fn min_model_version(&self, step: u64) -> Option<u64> {
@@ -201,7 +194,12 @@ impl Trainer {
 
     /// Trains step `step` on `rows` (one or more optimizer steps, as `ppo_epochs` and mini-batches say); returns the
     /// tokens trained. A step whose rows have no trained token is skipped with a warning.
-    pub(crate) fn train_rows(&mut self, step: u64, rows: &[TrainRow], metrics: &mut Metrics) -> Result<usize, RftError> {
+    pub(crate) fn train_rows(
+        &mut self,
+        step: u64,
+        rows: &[TrainRow],
+        metrics: &mut Metrics,
+    ) -> Result<usize, RftError> {
         let started = Instant::now();
         let mut tokens = 0;
         if rows.iter().any(|r| r.action_mask.contains(&true)) {
@@ -228,11 +226,6 @@ impl Trainer {
     /// The policy's parameters by HF name (shallow handles: valid until the next train step changes them).
     pub(crate) fn weights(&self) -> Result<Vec<(String, tch::Tensor)>, RftError> {
         self.engine.policy().named_parameters().map_err(|e| model_error(Path::new("policy"), e))
-    }
-
-    /// The policy, to copy into an engine in place.
-    pub(crate) fn policy(&self) -> &Decoder {
-        self.engine.policy()
     }
 
     /// Writes checkpoint `global_step_<step>` with `meta`, then prunes to `max_checkpoints_to_keep`.

@@ -479,14 +479,15 @@ impl Trainer {
     }
 
     /// The step's rows cut into mini-batches of `options.mini_batch_rows` (in order; the last may be shorter), one
-    /// optimizer step each; all rows in one mini-batch when unset. DPO mini-batches hold whole (chosen, rejected)
-    /// pairs.
+    /// optimizer step each; all rows in one mini-batch when unset. For DPO the size counts (chosen, rejected) pairs,
+    /// as veRL multiplies `ppo_mini_batch_size` by the rollout count (2 for DPO): a step of `train_batch_size`
+    /// pairs is then one optimizer step, as in Trinity-RFT.
     fn mini_batches(&self, active: &[usize]) -> Vec<Vec<usize>> {
         let Some(size) = self.options.mini_batch_rows else {
             return vec![active.to_vec()];
         };
         let pairs = self.components.policy_loss.name == "dpo";
-        let size = if pairs { size.max(2).next_multiple_of(2) } else { size.max(1) };
+        let size = if pairs { 2 * size.max(1) } else { size.max(1) };
         active.chunks(size).map(<[usize]>::to_vec).collect()
     }
 

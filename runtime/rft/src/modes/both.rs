@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use trinity_buffer::difficulty_estimator::DifficultyEstimator;
 use trinity_buffer::{Experience, ExperienceBuffer, SchedulerState};
 use trinity_config::Config;
 use trinity_config::synchronizer::SyncMethod;
@@ -34,6 +35,10 @@ use crate::trainer::{Meta, Trainer};
 pub(crate) struct ExploreRecord {
     pub scheduler: SchedulerState,
     pub metrics: Metrics,
+    /// The `difficulty_based` selectors' beliefs after the step (mode `explore`, whose state lives in the buffer;
+    /// mode `both` keeps them in its checkpoints).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub beliefs: Vec<Option<DifficultyEstimator>>,
 }
 
 /// Runs a resolved config in mode `both` (or `colocate`, the same on one device), writing to `job_dir`.
@@ -72,7 +77,7 @@ impl<'a> Both<'a> {
             let steps = trinity_buffer::TaskScheduler::from_config(&config.buffer)?.total_steps();
             config.trainer.total_steps.map_or(steps, |t| t.min(steps))
         };
-        let started = Trainer::start(config, job_dir, device, threads, planned)?;
+        let started = Trainer::start(config, job_dir, device, threads, |_, _, _| Ok(planned))?;
         let trainer = started.trainer;
         let model_path = match &started.resumed {
             Some((checkpoint, _)) => checkpoint.path.join("hf"),
@@ -94,11 +99,13 @@ impl<'a> Both<'a> {
             explorer.rollout().set_model_version(meta.train_step);
         }
         let experience_buffer = config.buffer.trainer_input.experience_buffer.clone().unwrap_or_default();
-        let buffer = ExperienceBuffer::open(&experience_buffer, &job_dir.join("buffer"))?;
+        let buffer = ExperienceBuffer::open(&experience_buffer, &job_dir.join("buffer"))
+            .await?
+            .with_consumer(&config.trainer.name);
         let mut explored = trained;
         let mut positions = BTreeMap::new();
         let mut pending = BTreeMap::new();
-        for recorded in buffer.resume_after(trained)? {
+        for recorded in buffer.resume_after(&config.explorer.name, trained).await? {
             let record: ExploreRecord = serde_json::from_str(&recorded.state).map_err(|e| {
                 RftError::Unsupported(format!("buffer {}: unreadable explore record: {e}", buffer.name()))
             })?;
@@ -173,10 +180,10 @@ impl<'a> Both<'a> {
         let scheduler = self.explorer.scheduler().state();
         self.positions.insert(step, scheduler.clone());
         let count = output.experiences.len();
-        let record = ExploreRecord { scheduler, metrics: output.metrics };
+        let record = ExploreRecord { scheduler, metrics: output.metrics, beliefs: Vec::new() };
         let state = serde_json::to_string(&record)
             .map_err(|e| RftError::Unsupported(format!("cannot encode the explore record: {e}")))?;
-        self.buffer.put_step(step, output.experiences, &state).await?;
+        self.buffer.put_step(&self.config.explorer.name, step, output.experiences, &state).await?;
         self.pending.insert(step, (count, record.metrics));
         self.explored = step;
         Ok(())
@@ -211,7 +218,7 @@ impl<'a> Both<'a> {
         let mut save_seconds = 0.0;
         if (save_interval > 0 && step.is_multiple_of(save_interval)) || step == self.total_steps {
             let started = Instant::now();
-            self.save(step)?;
+            self.save(step).await?;
             save_seconds = started.elapsed().as_secs_f64();
         }
         metrics.insert("time/save_s".into(), save_seconds);
@@ -251,7 +258,7 @@ impl<'a> Both<'a> {
         Ok(())
     }
 
-    fn save(&mut self, step: u64) -> Result<(), RftError> {
+    async fn save(&mut self, step: u64) -> Result<(), RftError> {
         let scheduler = self.positions.get(&step).cloned().unwrap_or_else(|| self.explorer.scheduler().state());
         let meta = Meta {
             train_step: step,
@@ -262,6 +269,8 @@ impl<'a> Both<'a> {
         };
         self.trainer.save(&meta)?;
         self.positions.retain(|&s, _| s > step);
+        // The checkpoint is durable: what the steps up to it trained is never handed back again.
+        self.buffer.commit_through(step).await?;
         Ok(())
     }
 }

@@ -3,5 +3,36 @@
 //! | mode | explorer | trainer | weights move by |
 //! |---|---|---|---|
 //! | `both`, `colocate` | this process | this process | in-place copy (or the weight store) |
+//! | `explore` | this process | another process | the weight store the trainer publishes to |
+//! | `train` | another process (RL), none (SFT, DPO) | this process | the weight store |
+//! | `bench` | this process (evaluation only) | none | each checkpoint's `hf/` weights |
 
+pub(crate) mod bench;
 pub(crate) mod both;
+pub(crate) mod explore;
+pub(crate) mod train;
+
+use std::path::Path;
+
+use trinity_buffer::ExperienceBuffer;
+use trinity_config::Config;
+
+use crate::error::RftError;
+
+/// Opens the run's experience buffer for a process that shares it with others (modes `explore` and `train`),
+/// claiming as `trainer.name`. It must outlive the process: SQLite on one machine, PostgreSQL across machines.
+pub(crate) async fn shared_buffer(config: &Config, job_dir: &Path, mode: &str) -> Result<ExperienceBuffer, RftError> {
+    let buffer_config = config.buffer.trainer_input.experience_buffer.clone().unwrap_or_default();
+    let buffer =
+        ExperienceBuffer::open(&buffer_config, &job_dir.join("buffer")).await?.with_consumer(&config.trainer.name);
+    if !buffer.is_persistent() {
+        return Err(RftError::Setting {
+            key: "buffer.trainer_input.experience_buffer.path",
+            message: format!(
+                "mode `{mode}` shares experiences with another process: use a `sqlite:///…` (one machine) or \
+                 `postgresql://…` (several) path"
+            ),
+        });
+    }
+    Ok(buffer)
+}

@@ -11,9 +11,21 @@ const TARGET: i64 = 7;
 const GROUP: usize = 16;
 
 /// Samples `GROUP` one-token responses from the policy, rewards the target token, and turns the rewards into
-/// advantages with the `grpo` component, as the explorer's pipeline would.
-fn rollout(probs: &Tensor) -> Vec<TrainRow> {
-    let samples = Vec::<i64>::try_from(probs.multinomial(GROUP as i64, true)).unwrap();
+/// advantages with the `grpo` component, as the explorer's pipeline would. The draws come from `rng`, not from
+/// libtorch's global generator, which the tests running beside this one on other threads also draw from.
+fn rollout(probs: &Tensor, rng: &mut u64) -> Vec<TrainRow> {
+    let cdf: Vec<f64> = Vec::<f64>::try_from(probs.to_kind(Kind::Double).cumsum(0, Kind::Double)).unwrap();
+    let samples: Vec<i64> = (0..GROUP)
+        .map(|_| {
+            // xorshift64*: a fixed stream per test run.
+            *rng ^= *rng >> 12;
+            *rng ^= *rng << 25;
+            *rng ^= *rng >> 27;
+            let u = (rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+            let total = cdf.last().copied().unwrap_or(1.0);
+            cdf.iter().position(|&c| c > u * total).unwrap_or(cdf.len() - 1) as i64
+        })
+        .collect();
     let logp = probs.log();
     let rewards: Vec<f64> = samples.iter().map(|&s| if s == TARGET { 1.0 } else { 0.0 }).collect();
     let mut batch = Batch::new(Tensor::ones([GROUP as i64, 1], (Kind::Float, tch::Device::Cpu)));
@@ -43,12 +55,12 @@ fn rollout(probs: &Tensor) -> Vec<TrainRow> {
 fn grpo_raises_the_expected_reward() {
     let mut t = trainer(tiny_model(2, Kind::Float), &algorithm("grpo", |_| {}), 2e-2, TrainerOptions::default());
     assert!(t.reference().is_some(), "grpo uses a reference model for its k2 KL loss");
-    tch::manual_seed(11);
+    let mut rng = 11u64;
     let before = next_token_probs(t.policy(), &PROMPT).double_value(&[TARGET]);
     let mut last = None;
     for _ in 0..12 {
         let probs = next_token_probs(t.policy(), &PROMPT);
-        let rows = rollout(&probs);
+        let rows = rollout(&probs, &mut rng);
         last = Some(t.train_step(&rows).unwrap());
     }
     let after = next_token_probs(t.policy(), &PROMPT).double_value(&[TARGET]);
@@ -66,7 +78,7 @@ fn group_advantages_are_computed_when_rows_bring_none() {
     let alg = algorithm("grpo", |a| a.advantage_fn_args = crate::args(json!({"std_threshold": 0.0})));
     let mut t = trainer(tiny_model(2, Kind::Float), &alg, 1e-3, TrainerOptions::default());
     let probs = next_token_probs(t.policy(), &PROMPT);
-    let mut rows = rollout(&probs);
+    let mut rows = rollout(&probs, &mut 5);
     for (i, r) in rows.iter_mut().enumerate() {
         r.advantages = None;
         r.reward = Some((i % 2) as f32);
@@ -96,7 +108,7 @@ fn mini_batches_and_epochs_are_optimizer_steps_within_one_train_step() {
         model.copy_weights_from(&base).unwrap();
         model
     };
-    let mut rows = rollout(&next_token_probs(&base, &PROMPT));
+    let mut rows = rollout(&next_token_probs(&base, &PROMPT), &mut 5);
     // Advantages of both signs whatever was sampled, so that every optimizer step moves the policy.
     for (i, row) in rows.iter_mut().enumerate() {
         row.advantages = Some(vec![if i % 3 == 0 { 1.0 } else { -0.5 }]);
@@ -137,7 +149,7 @@ fn recomputed_old_logprobs_replace_the_rollout_ones() {
         model.copy_weights_from(&base).unwrap();
         model
     };
-    let mut rows = rollout(&next_token_probs(&base, &PROMPT));
+    let mut rows = rollout(&next_token_probs(&base, &PROMPT), &mut 5);
     for (i, row) in rows.iter_mut().enumerate() {
         row.advantages = Some(vec![if i % 2 == 0 { 1.0 } else { -1.0 }]);
         row.logprobs = vec![row.logprobs[0] - 2.0];

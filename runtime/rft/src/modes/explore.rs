@@ -1,0 +1,247 @@
+//! Mode `explore`: an explorer in a process of its own, feeding a trainer in another process (mode `train`)
+//! through a shared buffer, and taking the weights the trainer publishes.
+//!
+//! The explorer is named `explorer.name`; several explorers with distinct names can feed one trainer and join or
+//! leave at any time. Its state lives in the buffer: every explore step is stored with the explorer's taskset
+//! position in one transaction, so a restarted explorer (after kill -9 too) continues after its last stored step,
+//! and nothing is explored twice or lost. It starts from the base model and loads the newest published weights.
+//!
+//! Before each explore step it follows the sync plan ([`crate::synchronizer`]): at a sync point it waits (fixed),
+//! asks (explorer_driven) or looks (trainer_driven) for new weights, up to `synchronizer.sync_timeout`, saying what
+//! it waits for. Metrics go to `monitor/<explorer.name>/`, experiences also to `<explorer.name>_experiences.jsonl`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use trinity_buffer::{ExperienceBuffer, ProducerState};
+use trinity_config::Config;
+use trinity_config::synchronizer::SyncStyle;
+use trinity_monitor::Monitor;
+
+use crate::error::RftError;
+use crate::explorer::{Explorer, ExplorerRole};
+use crate::models;
+use crate::modes::both::ExploreRecord;
+use crate::modes::shared_buffer;
+use crate::run::RunSummary;
+use crate::schedule::SyncSchedule;
+use crate::synchronizer::{SyncRequest, WeightStore, take_named, wait_until};
+
+/// Runs a resolved config in mode `explore`, writing to `job_dir` (shared with the trainer).
+pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Result<RunSummary, RftError> {
+    let name = config.explorer.name.clone();
+    let device = models::device(Path::new(&config.model.model_path))?;
+    let buffer = shared_buffer(config, job_dir, "explore").await?;
+    let log = job_dir.join(format!("{name}_experiences.jsonl"));
+    let base = PathBuf::from(&config.model.model_path);
+    let mut explorer = Explorer::start(config, &base, device, threads, ExplorerRole::Explore, Some(&log))?;
+    let mut explored = 0;
+    if let Some(last) = buffer.last_explored(&name).await? {
+        let record: ExploreRecord = serde_json::from_str(&last.state).map_err(|e| {
+            RftError::Unsupported(format!("buffer {}: unreadable explore record of `{name}`: {e}", buffer.name()))
+        })?;
+        explorer.scheduler().restore(record.scheduler)?;
+        if !record.beliefs.is_empty() {
+            explorer.scheduler().restore_beliefs(record.beliefs)?;
+        }
+        explored = last.step;
+        tracing::info!("explorer `{name}`: steps 1..={explored} are in the buffer already: continuing after them");
+    }
+    let store = WeightStore::open(job_dir)?;
+    let mut run = ExploreRun {
+        config,
+        name,
+        monitor: Monitor::open(&job_dir.join("monitor").join(&config.explorer.name), &config.monitor.monitor_type)?,
+        explorer,
+        buffer,
+        store,
+        schedule: SyncSchedule {
+            interval: u64::from(config.synchronizer.sync_interval),
+            offset: u64::from(config.synchronizer.sync_offset),
+        },
+        request_seq: 0,
+    };
+    run.pull_newest().await?;
+    run.buffer.set_producer(&run.name, ProducerState::Running).await?;
+    if explored == 0 && config.explorer.eval_on_startup && run.explorer.has_eval_tasksets() {
+        let metrics = run.explorer.evaluate("eval").await?;
+        run.monitor.record(0, &metrics)?;
+    }
+    let total = run.explorer.scheduler().total_steps();
+    for step in explored + 1..=total {
+        match run.step(step).await? {
+            StepOutcome::Stored => explored = step,
+            StepOutcome::TasksetsEnded => break,
+            StepOutcome::TrainerFinished(trained) => {
+                tracing::info!(
+                    "the trainer has finished after train step {trained}: explorer `{}` stops before explore step {step}",
+                    run.name
+                );
+                break;
+            }
+        }
+    }
+    run.buffer.set_producer(&run.name, ProducerState::Finished).await?;
+    tracing::info!("explorer `{}` finished after {explored} explore steps", run.name);
+    Ok(RunSummary { job_dir: job_dir.to_owned(), resumed_from: None, train_steps: 0 })
+}
+
+/// How an explore step ended.
+enum StepOutcome {
+    Stored,
+    /// The tasksets are used up.
+    TasksetsEnded,
+    /// No new weights will come: the trainer finished (after this train step).
+    TrainerFinished(u64),
+}
+
+/// What a sync point did.
+enum Synced {
+    /// The engine keeps its weights.
+    Kept,
+    /// New weights were loaded.
+    Loaded,
+    /// The trainer finished after this train step; no weights will come.
+    TrainerFinished(u64),
+}
+
+struct ExploreRun<'a> {
+    config: &'a Config,
+    name: String,
+    monitor: Monitor,
+    explorer: Explorer,
+    buffer: ExperienceBuffer,
+    store: WeightStore,
+    schedule: SyncSchedule,
+    /// Sequence number of this explorer's last `explorer_driven` request.
+    request_seq: u64,
+}
+
+impl ExploreRun<'_> {
+    /// Syncs as the plan says, then explores and stores step `step`.
+    async fn step(&mut self, step: u64) -> Result<StepOutcome, RftError> {
+        let started = Instant::now();
+        let synced = match self.sync_before(step).await? {
+            Synced::TrainerFinished(trained) => return Ok(StepOutcome::TrainerFinished(trained)),
+            Synced::Loaded => true,
+            Synced::Kept => false,
+        };
+        let sync_seconds = started.elapsed().as_secs_f64();
+        let Some(output) = self.explorer.explore_step(step).await? else {
+            return Ok(StepOutcome::TasksetsEnded);
+        };
+        let scheduler = self.explorer.scheduler().state();
+        let beliefs = self.explorer.scheduler().beliefs();
+        let mut metrics = output.metrics;
+        metrics.insert("time/sync_wait_s".into(), sync_seconds);
+        metrics.insert("explorer/synced".into(), if synced { 1.0 } else { 0.0 });
+        let record = ExploreRecord { scheduler, metrics: metrics.clone(), beliefs };
+        let state = serde_json::to_string(&record)
+            .map_err(|e| RftError::Unsupported(format!("cannot encode the explore record: {e}")))?;
+        let count = output.experiences.len();
+        let stored = Instant::now();
+        self.buffer.put_step(&self.name, step, output.experiences, &state).await?;
+        metrics.insert("time/buffer_put_s".into(), stored.elapsed().as_secs_f64());
+        let eval_interval = self.config.explorer.eval_interval;
+        if self.explorer.has_eval_tasksets() && step.is_multiple_of(eval_interval) {
+            metrics.extend(self.explorer.evaluate("eval").await?);
+        }
+        self.monitor.record(step, &metrics)?;
+        tracing::info!(
+            "explore step {step}: {count} experiences, reward {:.3}, model version {}, {:.1}s",
+            metrics.get("rollout/reward_mean").copied().unwrap_or(f64::NAN),
+            self.explorer.model_version(),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(StepOutcome::Stored)
+    }
+
+    /// Before explore step `step`: at a sync point of the plan, gets new weights as `sync_style` says.
+    async fn sync_before(&mut self, step: u64) -> Result<Synced, RftError> {
+        let required = self.schedule.required_syncs(step);
+        if step == 1 || required == self.schedule.required_syncs(step - 1) {
+            return Ok(Synced::Kept);
+        }
+        let timeout = Duration::from_secs(self.config.synchronizer.sync_timeout);
+        let (store, name) = (self.store.clone(), self.name.clone());
+        let gave_up = |what: &str| {
+            format!(
+                "explorer `{name}` waited synchronizer.sync_timeout ({} s) for {what}; is the trainer (mode train) \
+                 running? Run this command again to continue after explore step {}",
+                timeout.as_secs(),
+                step - 1
+            )
+        };
+        match self.config.synchronizer.sync_style {
+            SyncStyle::Fixed => {
+                // The weights of the trainer's sync after train step `required × interval`.
+                let wanted = required * self.schedule.interval.max(1);
+                if self.explorer.model_version() < wanted {
+                    let waited = wait_until(
+                        timeout,
+                        || format!("explorer `{name}` waits for the trainer's weights of step {wanted} before explore step {step}"),
+                        || gave_up(&format!("the trainer's weights of step {wanted}")),
+                        || match store.latest()?.filter(|&v| v >= wanted) {
+                            Some(_) => Ok(Some(None)),
+                            None => Ok(store.trainer_finished()?.map(Some)),
+                        },
+                    )
+                    .await?;
+                    if let Some(trained) = waited {
+                        return Ok(Synced::TrainerFinished(trained));
+                    }
+                }
+                self.pull_newest().await
+            }
+            SyncStyle::DynamicByTrainer => self.pull_newest().await,
+            SyncStyle::DynamicByExplorer => {
+                self.request_seq = self.store.answer(&self.name)?.map_or(0, |a| a.seq).max(self.request_seq) + 1;
+                let request = SyncRequest { seq: self.request_seq, have: self.explorer.model_version() };
+                self.store.request(&self.name, request)?;
+                let answer = wait_until(
+                    timeout,
+                    || format!("explorer `{name}` waits for the trainer to answer its sync request before explore step {step}"),
+                    || gave_up("the trainer to answer its sync request"),
+                    || match store.answer(&name)?.filter(|a| a.seq >= request.seq) {
+                        Some(answer) => Ok(Some(Ok(answer))),
+                        None => Ok(store.trainer_finished()?.map(Err)),
+                    },
+                )
+                .await?;
+                match answer {
+                    Err(trained) => Ok(Synced::TrainerFinished(trained)),
+                    Ok(answer) => {
+                        if answer.version <= request.have {
+                            tracing::info!(
+                                "explorer `{name}`: no new model weights (trainer at version {})",
+                                answer.version
+                            );
+                        }
+                        self.pull_newest().await
+                    }
+                }
+            }
+        }
+    }
+
+    /// Loads the newest published weights when they differ from the engine's (a restarted trainer may publish an
+    /// older version than the one it published before it stopped: the explorer follows it).
+    async fn pull_newest(&mut self) -> Result<Synced, RftError> {
+        let Some((version, stored)) = self.store.latest_weights()? else {
+            return Ok(Synced::Kept);
+        };
+        if version == self.explorer.model_version() {
+            return Ok(Synced::Kept);
+        }
+        let names: Vec<String> = self
+            .explorer
+            .rollout()
+            .engine()
+            .with_decoder(|decoder| decoder.var_store().variables().into_keys().collect())
+            .await?;
+        let weights = take_named(&stored, names, self.store.dir())?;
+        self.explorer.load_weights(weights, version).await?;
+        tracing::info!("explorer `{}` now samples with the trainer's weights of step {version}", self.name);
+        Ok(Synced::Loaded)
+    }
+}
