@@ -17,18 +17,18 @@ pub(crate) struct LogGuard {
     _file: Option<WorkerGuard>,
 }
 
-/// Starts logging to stderr, and to `<log_dir>/trinity.log` when a directory is given.
-pub(crate) fn init(level: LogLevel, log_dir: Option<&Path>) -> Result<LogGuard> {
+/// Starts logging to stderr, and to the file `log` (a directory and a file name) when given.
+pub(crate) fn init(level: LogLevel, log: Option<(&Path, &str)>) -> Result<LogGuard> {
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level.directive()));
     let console = fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .with_filter(filter());
-    let (file_layer, guard) = match log_dir {
-        Some(dir) => {
+    let (file_layer, guard) = match log {
+        Some((dir, file)) => {
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create log directory {}", dir.display()))?;
-            let appender = tracing_appender::rolling::never(dir, "trinity.log");
+            let appender = tracing_appender::rolling::never(dir, file);
             let (writer, guard) = tracing_appender::non_blocking(appender);
             let layer = fmt::layer().with_writer(writer).with_ansi(false).with_filter(filter());
             (Some(layer), Some(guard))

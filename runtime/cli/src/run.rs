@@ -1,6 +1,7 @@
 //! `trinity run`: load a config, then run its mode.
 
 use anyhow::{Context, Result};
+use trinity_config::Mode;
 
 use crate::cli::{LogLevel, RunArgs};
 use crate::logging;
@@ -31,17 +32,27 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
         return Ok(());
     }
     let job_dir = trinity_rft::job_dir(config);
-    let _guard = logging::init(log_level, Some(&job_dir.join("log")))?;
+    // The processes of one run (an explorer and a trainer apart, a bench) write their own log files.
+    let log_file = match config.mode {
+        Mode::Explore => format!("{}.log", config.explorer.name),
+        Mode::Train => format!("{}.log", config.trainer.name),
+        Mode::Bench => "bench.log".to_owned(),
+        _ => "trinity.log".to_owned(),
+    };
+    let _guard = logging::init(log_level, Some((&job_dir.join("log"), &log_file)))?;
     for note in &loaded.notes {
         tracing::warn!("{note}");
     }
     tracing::info!("config {} → {}", args.config.display(), job_dir.display());
     let summary = trinity_rft::run(config, &job_dir).with_context(|| format!("run {}", job_dir.display()))?;
-    tracing::info!(
-        "finished after {} train steps; metrics in {}",
-        summary.train_steps,
-        job_dir.join("monitor").display()
-    );
+    match config.mode {
+        Mode::Explore | Mode::Bench => tracing::info!("finished; metrics in {}", job_dir.join("monitor").display()),
+        _ => tracing::info!(
+            "finished after {} train steps; metrics in {}",
+            summary.train_steps,
+            job_dir.join("monitor").display()
+        ),
+    }
     Ok(())
 }
 

@@ -23,7 +23,9 @@ pub struct RunSummary {
 
 /// The experiment directory of a config: `<checkpoint_root_dir>/<project>/[<group>/]<name>`, or, when
 /// `continue_from_checkpoint` is false and that directory is not empty, the same with `_<YYYYmmddHHMMSS>`
-/// appended to the name (Trinity-RFT's rule: a fresh start never mixes with an old run). Call it once per run.
+/// appended to the name (Trinity-RFT's rule: a fresh start never mixes with an old run). Modes `explore`, `train`
+/// and `bench` are never renamed: they work in a directory another process shares (the other half of an async run,
+/// or the run whose checkpoints a bench evaluates). Call it once per run.
 pub fn job_dir(config: &Config) -> PathBuf {
     let mut dir = PathBuf::from(&config.checkpoint_root_dir).join(&config.project);
     if !config.group.is_empty() {
@@ -31,7 +33,8 @@ pub fn job_dir(config: &Config) -> PathBuf {
     }
     let plain = dir.join(&config.name);
     let occupied = std::fs::read_dir(&plain).is_ok_and(|mut entries| entries.next().is_some());
-    if config.continue_from_checkpoint || !occupied {
+    let shared = matches!(config.mode, Mode::Explore | Mode::Train | Mode::Bench);
+    if config.continue_from_checkpoint || !occupied || shared {
         return plain;
     }
     dir.join(format!("{}_{}", config.name, timestamp(std::time::SystemTime::now())))
