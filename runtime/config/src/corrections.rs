@@ -201,4 +201,32 @@ mod tests {
             fixed.notes
         );
     }
+
+    #[test]
+    fn sync_styles_timeouts_and_bench_keys_are_honoured_where_they_act() {
+        let shared = "  trainer_input:\n    experience_buffer:\n      path: sqlite:///x.db\n";
+        let sync = "synchronizer:\n  sync_style: explorer_driven\n  sync_timeout: 1200\n";
+        let explore = load(&format!(
+            "mode: explore\n{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n{shared}{sync}"
+        ));
+        let train = load(&format!("mode: train\n{MODEL}buffer:\n  train_batch_size: 4\n{shared}{sync}"));
+        for loaded in [&explore, &train] {
+            assert!(
+                !loaded.notes.iter().any(|n| n.contains("sync_style") || n.contains("sync_timeout")),
+                "honoured apart, so no note: {:?}",
+                loaded.notes
+            );
+        }
+        let bench_key = "explorer:\n  bench_on_latest_checkpoint: true\n";
+        let both = load(&format!("{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n{bench_key}"));
+        assert!(
+            both.notes.iter().any(|n| n.contains("bench_on_latest_checkpoint: only mode `bench` reads it")),
+            "{:?}",
+            both.notes
+        );
+        let bench = load(&format!(
+            "mode: bench\n{MODEL}buffer:\n  explorer_input:\n    eval_tasksets:\n      - path: /e.jsonl\n{bench_key}"
+        ));
+        assert!(!bench.notes.iter().any(|n| n.contains("bench_on_latest_checkpoint")), "{:?}", bench.notes);
+    }
 }

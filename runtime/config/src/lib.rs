@@ -28,17 +28,22 @@ pub mod model;
 pub mod monitor;
 pub mod overrides;
 pub mod resolve;
+mod resolve_buffer;
 mod runnable;
 pub mod schema;
 pub mod source;
+pub mod stages;
+pub mod steps;
 pub mod synchronizer;
+#[cfg(test)]
+mod testing;
 pub mod trainer;
 pub mod verl;
 pub mod verl_category;
 mod verl_resolve;
 pub mod yaml;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -48,6 +53,8 @@ pub use crate::error::{ConfigError, Origin};
 pub use crate::interpolate::EnvLookup;
 pub use crate::resolve::Note;
 pub use crate::source::Source;
+pub use crate::stages::Stage;
+pub use crate::steps::{RowsOf, TrainSteps};
 
 use crate::interpolate::{InterpolationError, interpolate_tree};
 use crate::keys::KeyProblem;
@@ -57,10 +64,17 @@ use crate::resolve::Resolver;
 /// A resolved configuration and what is worth telling the user about it.
 #[derive(Debug, Clone)]
 pub struct Loaded {
+    /// The top level, resolved. With `stages`, only the stages run (see [`Loaded::stages`]).
     pub config: Config,
     /// Remarks that are not errors (vLLM knobs with no effect, mapped values); log them at start.
     pub notes: Vec<Note>,
     pub source: Source,
+    /// Each stage of `stages`, in order, resolved on its own; empty without `stages`.
+    pub stages: Vec<Stage>,
+    /// The config as written (overrides and interpolations applied, nothing derived): stages are built from it.
+    raw: Config,
+    /// The directory relative paths were resolved against.
+    cwd: PathBuf,
 }
 
 /// Everything loading needs besides the text.
@@ -131,16 +145,18 @@ pub fn load_str(text: &str, path: &Path, options: LoadOptions<'_>) -> Result<Loa
         let key = error.path().to_string();
         ConfigError::Type { origin: source.origin(&key), message: error.into_inner().to_string(), key }
     })?;
+    let raw = config.clone();
     let mut resolver = Resolver {
         source: &source,
         catalog: options.catalog,
         cwd: options.cwd,
-        prefix: String::new(),
+        scope: stages::Scope::top(),
         notes: key_notes.iter().map(ToString::to_string).collect(),
     };
     resolver.resolve(&mut config)?;
     let notes = resolver.notes;
-    Ok(Loaded { config, notes, source })
+    let stages = stages::resolve_stages(&raw, &source, options.catalog, options.cwd)?;
+    Ok(Loaded { config, notes, source, stages, raw, cwd: options.cwd.to_owned() })
 }
 
 /// The `plugins:` list of a config file, read before the config is resolved: plugins register the names that
