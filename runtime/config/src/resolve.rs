@@ -15,6 +15,8 @@ use crate::config::{Config, Mode};
 use crate::error::{ConfigError, closest};
 use crate::source::Source;
 use crate::stages::Scope;
+/// Kept at its old path: it moved to [`crate::stages`] with the rest of the stage rules.
+pub use crate::stages::stage_config;
 
 /// A remark about the config that is not an error (a knob with no effect, a mapped value); logged at start.
 pub type Note = String;

@@ -51,7 +51,7 @@ impl Resolver<'_> {
     }
 
     /// The training and eval tasksets. Mode `train` reads the training tasksets only to count its steps
-    /// ([`crate::steps`]) and runs no workflow, so their component names are not checked there (Trinity-RFT skips
+    /// ([`crate::steps`]) and explores nothing, so their component names are not checked there (Trinity-RFT skips
     /// the explorer's inputs in that mode).
     fn resolve_explorer_input(
         &mut self,
@@ -106,7 +106,7 @@ impl Resolver<'_> {
             reward: input.default_reward_fn_type.clone(),
             system_prompt: input.system_prompt.clone(),
             reply_prefix: input.reply_prefix.clone(),
-            check_components: config.mode != Mode::Train,
+            check_training_components: config.mode != Mode::Train,
         };
         let mut tasksets = std::mem::take(&mut input.tasksets);
         for (i, taskset) in tasksets.iter_mut().enumerate() {
@@ -264,10 +264,11 @@ impl Resolver<'_> {
         if taskset.default_reward_fn_type.is_none() {
             taskset.default_reward_fn_type = defaults.reward.clone();
         }
-        if let Some(name) = taskset.default_workflow_type.as_ref().filter(|_| defaults.check_components) {
+        let check_components = defaults.check_training_components || is_eval;
+        if let Some(name) = taskset.default_workflow_type.as_ref().filter(|_| check_components) {
             self.registered(&format!("{key}.default_workflow_type"), ComponentKind::Workflow, name)?;
         }
-        if let Some(name) = taskset.default_reward_fn_type.as_ref().filter(|_| defaults.check_components) {
+        if let Some(name) = taskset.default_reward_fn_type.as_ref().filter(|_| check_components) {
             self.registered(&format!("{key}.default_reward_fn_type"), ComponentKind::RewardFn, name)?;
         }
         if taskset.format.system_prompt.is_none() {
@@ -391,8 +392,9 @@ struct TasksetDefaults {
     reward: Option<String>,
     system_prompt: Option<String>,
     reply_prefix: Option<String>,
-    /// Whether workflow and reward names are checked (not in mode `train`, which runs none).
-    check_components: bool,
+    /// Whether the training tasksets' workflow and reward names are checked (not in mode `train`, which explores
+    /// nothing); eval tasksets' always are.
+    check_training_components: bool,
 }
 
 pub(crate) fn storage_name(storage: StorageType) -> &'static str {
