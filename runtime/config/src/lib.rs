@@ -4,7 +4,9 @@
 //! YAML text → tree with key positions ([`yaml`]) → `--set` overrides ([`overrides`]) → `${oc.env:...}`
 //! ([`interpolate`]) → unknown and unsupported keys against the generated JSON Schema ([`keys`]) → typed
 //! [`Config`] (serde, with the key path of any type error) → resolution ([`resolve`]): defaults derived,
-//! presets applied through a [`Catalog`], cross-field rules checked.
+//! presets applied through a [`Catalog`], cross-field rules checked; each of `stages` resolved on its own
+//! ([`stages`]). [`Loaded::check_runnable`] then refuses what the run cannot do, and [`steps`] says what decides
+//! the train steps of mode `train`.
 //!
 //! This crate has no heavy dependencies on purpose: the CLI, the engines and the tests of this crate all
 //! build without libtorch or wasmtime.
