@@ -56,8 +56,8 @@ const EXPECTED: &[(&str, Outcome)] = &[
     ("examples/agentscope_websearch/agentscopev1_websearch_agent.yaml", Fails(Refused, "enable_history")),
     ("examples/asymre_gsm8k/gsm8k.yaml", Pass),
     ("examples/asymre_math/math.yaml", Pass),
-    ("examples/async_gsm8k/explorer.yaml", Fails(ModeOrStages, "mode `explore`")),
-    ("examples/async_gsm8k/trainer.yaml", Fails(ModeOrStages, "mode `train`")),
+    ("examples/async_gsm8k/explorer.yaml", Pass),
+    ("examples/async_gsm8k/trainer.yaml", Pass),
     ("examples/bench/external_model.yaml", Fails(Refused, "model.external_model")),
     ("examples/bots/bots.yaml", Fails(MissingComponent, "BOTSMathBoxedWorkflow")),
     ("examples/bots/random.yaml", Fails(MissingComponent, "BOTSMathBoxedWorkflow")),
@@ -65,7 +65,7 @@ const EXPECTED: &[(&str, Outcome)] = &[
     ("examples/cispo_gsm8k/gsm8k.yaml", Pass),
     ("examples/dapo_math/dapo.yaml", Pass),
     ("examples/dpo_human_in_the_loop/dpo.yaml", Fails(Refused, "data_processor.task_pipeline")),
-    ("examples/dpo_humanlike/dpo.yaml", Fails(ModeOrStages, "mode `train`")),
+    ("examples/dpo_humanlike/dpo.yaml", Pass),
     ("examples/entropy/clipb.yaml", Fails(MissingComponent, "clipb")),
     ("examples/entropy/clipv.yaml", Fails(MissingComponent, "clipv")),
     ("examples/grpo_alfworld/alfworld.yaml", Fails(Refused, "explorer.env_vars")),
@@ -96,7 +96,7 @@ const EXPECTED: &[(&str, Outcome)] = &[
     ("examples/ppo_countdown_exp_replay/countdown.yaml", Pass),
     ("examples/ppo_countdown_megatron/countdown.yaml", Pass),
     ("examples/rec_gsm8k/gsm8k.yaml", Pass),
-    ("examples/sft_mot/sft.yaml", Fails(ModeOrStages, "mode `train`")),
+    ("examples/sft_mot/sft.yaml", Pass),
     ("examples/sppo_gsm8k/gsm8k.yaml", Pass),
     ("examples/tinker/tinker.yaml", Fails(Refused, "model.tinker")),
     ("examples/topr_gsm8k/gsm8k.yaml", Pass),
@@ -114,7 +114,7 @@ fn classify(err: &str) -> Option<Failure> {
         Some(Multimodal)
     } else if err.contains("a taskset needs a `path`") {
         Some(NullPath)
-    } else if err.contains("(issue 15)") {
+    } else if err.contains("is not supported yet (issue") {
         Some(ModeOrStages)
     } else if err.contains("cannot be honoured by trinity") || err.contains("not implement") {
         Some(Refused)

@@ -191,7 +191,7 @@ fn malformed_configs_fail_with_named_errors() {
         (
             "explore without a shared buffer",
             format!("{BASE}mode: explore\nsynchronizer:\n  sync_method: checkpoint\n"),
-            vec!["`buffer.trainer_input.experience_buffer.path`", "sqlite:///"],
+            vec!["`buffer.trainer_input.experience_buffer.path`", "sqlite:///", "postgresql://"],
         ),
         (
             "model lengths missing",
@@ -274,13 +274,33 @@ fn a_real_run_names_a_missing_model() {
 
 #[test]
 fn modes_that_do_not_run_yet_say_so() {
-    let text = format!(
-        "{BASE}  trainer_input:\n    experience_buffer:\n      path: sqlite:///x.db\nmode: explore\nsynchronizer:\n  sync_method: checkpoint\n"
-    );
     let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), &text);
+    let path = write(dir.path(), &format!("{BASE}mode: serve\n"));
     let output = trinity(dir.path(), &["run", "--config", &path]);
-    assert_clean_failure(&output, &["mode `explore` is not supported yet"]);
+    assert_clean_failure(&output, &["`mode`", "mode `serve` is not supported yet (issue 16)"]);
+}
+
+#[test]
+fn separate_modes_and_stages_pass_the_dry_run() {
+    let shared = "  trainer_input:\n    experience_buffer:\n      path: sqlite:///x.db\n";
+    let explore = format!("{BASE}{shared}mode: explore\n");
+    let train = format!("{BASE}  train_batch_size: 8\n{shared}mode: train\n");
+    let bench = format!("{BASE}mode: bench\nexplorer:\n  bench_on_latest_checkpoint: true\n");
+    for text in [explore, train, bench] {
+        let output = dry_run(&text, &[]);
+        assert!(output.status.success(), "{text}\n{}", stderr(&output));
+    }
+    // With stages the dry run prints what each stage runs with, one YAML document per stage.
+    let staged = format!(
+        "{BASE}stages:\n  - stage_name: warmup\n    mode: train\n    algorithm:\n      algorithm_type: sft\n    \
+         buffer:\n      train_batch_size: 4\n      trainer_input:\n        experience_buffer:\n          \
+         storage_type: file\n          path: /data/sft.jsonl\n  - stage_name: rl\n"
+    );
+    let output = dry_run(&staged, &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let printed = stdout(&output);
+    assert!(printed.contains("# stages[0]: warmup\n") && printed.contains("\n---\n# stages[1]: rl\n"), "{printed}");
+    assert!(printed.contains("name: n/warmup") && printed.contains("name: n/rl"), "{printed}");
 }
 
 #[test]

@@ -230,10 +230,14 @@ fn validator_corrections_apply_with_a_note_instead_of_refusing() {
 #[test]
 fn dry_run_refuses_exactly_what_the_run_refuses() {
     let cases = [
-        (format!("{BASE}stages:\n  - stage_name: warmup\n"), vec!["`stages`", "not supported yet"]),
+        (format!("{BASE}mode: serve\n"), vec!["`mode`", "mode `serve` is not supported yet (issue 16)"]),
         (
-            format!("{BASE}  trainer_input:\n    experience_buffer:\n      path: sqlite:///x.db\nmode: explore\n"),
-            vec!["`mode`", "mode `explore` is not supported yet"],
+            format!("{BASE}mode: explore\n"),
+            vec!["`buffer.trainer_input.experience_buffer.path`", "in this process's memory"],
+        ),
+        (
+            format!("{BASE}stages:\n  - stage_name: warmup\n  - stage_name: apart\n    mode: train\n"),
+            vec!["`stages[1].buffer.train_batch_size`", "stage `apart` does not set `buffer`"],
         ),
         (
             BASE.replace(

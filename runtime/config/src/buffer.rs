@@ -10,6 +10,22 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<St
     Ok(Option::<String>::deserialize(deserializer)?.unwrap_or_default())
 }
 
+/// Whether `path` names a database that processes on one or several machines can share: `sqlite:///…`, or
+/// PostgreSQL in SQLAlchemy's URL forms as Trinity-RFT configs write them (`postgresql://`, `postgres://`,
+/// `postgresql+psycopg2://`, any `+driver`).
+pub fn is_database_url(path: &str) -> bool {
+    path.starts_with("sqlite:///") || is_postgres_url(path)
+}
+
+/// Whether `path` names a PostgreSQL database (see [`is_database_url`]).
+pub fn is_postgres_url(path: &str) -> bool {
+    let Some((scheme, _)) = path.split_once("://") else {
+        return false;
+    };
+    let base = scheme.split_once('+').map_or(scheme, |(base, _driver)| base);
+    matches!(base, "postgresql" | "postgres")
+}
+
 /// Batch sizes, epochs and the explorer's and trainer's inputs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -69,9 +85,10 @@ pub struct ExplorerInput {
 pub enum StorageType {
     /// A JSONL / JSON / Parquet file or a Hugging Face dataset directory.
     File,
-    /// A SQLite database (`sqlite:///path`).
+    /// A database: `sqlite:///path` (tasksets, experience buffers) or `postgresql://…` (experience buffers).
     Sql,
-    /// An in-process queue (experience buffers only).
+    /// A queue of experiences: in memory without a `path`, in a shared database with one (experience buffers
+    /// only).
     Queue,
 }
 
@@ -277,10 +294,11 @@ pub struct TrainerInput {
 pub struct ExperienceBufferConfig {
     /// Name used in file names and logs.
     pub name: String,
-    /// `queue` (in memory, optionally persisted), `sql` (SQLite) or `file` (rows for SFT / DPO).
+    /// `queue` (in memory, or a shared database with a `path`), `sql` (a database) or `file` (rows for SFT / DPO).
     pub storage_type: StorageType,
-    /// For a queue, a `sqlite:///` URL or a `.jsonl` file that keeps a copy; for `sql`, the database; for
-    /// `file`, the rows.
+    /// For a queue or `sql`, a database explorers and trainers share (`sqlite:///file.db` on one machine,
+    /// `postgresql://user:password@host:port/db` across machines; modes `explore` and `train` need one), or for a
+    /// queue a `.jsonl` file that keeps a copy; for `file`, the rows.
     pub path: Option<String>,
     /// Most experiences held before the explorer waits (back-pressure).
     pub capacity: u32,
@@ -296,9 +314,10 @@ pub struct ExperienceBufferConfig {
     pub format: FormatConfig,
     /// Show a progress bar while reading rows (file inputs).
     pub enable_progress_bar: bool,
-    /// Row type of the buffer; Trinity-RFT derives it from the algorithm (`sft` for auxiliary SFT data).
+    /// Row type of the buffer (`experience`, `sft` or `dpo`), derived from the algorithm as Trinity-RFT does (`sft`
+    /// for auxiliary SFT data).
     pub schema_type: Option<String>,
-    /// Passes over a file input; Trinity-RFT copies it from `buffer.total_epochs` for the main buffer.
+    /// Passes over a file input; in mode `train` the main buffer's is `buffer.total_epochs` (Trinity-RFT copies it).
     pub total_epochs: Option<u32>,
     /// Order in which rows of a file input are drawn.
     pub data_selector: Option<SelectorConfig>,
@@ -347,6 +366,23 @@ impl Default for ReplayBufferConfig {
             priority_fn: "linear_decay".to_owned(),
             reuse_cooldown_time: None,
             priority_fn_args,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_urls_are_sqlite_or_postgres_in_sqlalchemy_forms() {
+        for url in
+            ["sqlite:///gsm8k.db", "postgresql://u:p@h:5432/db", "postgres://u@h/db", "postgresql+psycopg2://u:p@h/db"]
+        {
+            assert!(is_database_url(url), "{url}");
+        }
+        for path in ["buffer.jsonl", "", "sqlite://relative.db", "mysql://u@h/db", "/data/postgresql/x.db"] {
+            assert!(!is_database_url(path), "{path}");
         }
     }
 }

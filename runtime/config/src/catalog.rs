@@ -85,6 +85,17 @@ pub enum ExperienceSchema {
     Dpo,
 }
 
+impl ExperienceSchema {
+    /// Trinity-RFT's name, as `schema_type` holds it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExperienceSchema::Experience => "experience",
+            ExperienceSchema::Sft => "sft",
+            ExperienceSchema::Dpo => "dpo",
+        }
+    }
+}
+
 /// Registered components, as seen by the configuration.
 pub trait Catalog {
     /// Every registered name of one kind, sorted; used for validation and did-you-mean suggestions.
@@ -98,7 +109,7 @@ pub trait Catalog {
 }
 
 /// A catalog for unit tests of resolution rules: every name is registered (an empty list means "not checked")
-/// and every preset is plain, except that `sft` trains on an SFT dataset.
+/// and every preset is plain, except that `sft` and `dpo` train on datasets.
 #[cfg(test)]
 pub(crate) struct AnyName;
 
@@ -108,7 +119,11 @@ impl Catalog for AnyName {
         Vec::new()
     }
     fn preset(&self, algorithm_type: &str) -> Option<Preset> {
-        let schema = if algorithm_type == "sft" { ExperienceSchema::Sft } else { ExperienceSchema::Experience };
+        let schema = match algorithm_type {
+            "sft" => ExperienceSchema::Sft,
+            "dpo" => ExperienceSchema::Dpo,
+            _ => ExperienceSchema::Experience,
+        };
         Some(Preset { schema, ..Preset::default() })
     }
     fn default_args(&self, _kind: ComponentKind, _name: &str) -> Option<Map<String, Value>> {

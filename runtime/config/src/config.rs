@@ -93,13 +93,15 @@ impl Default for Config {
 pub enum Mode {
     /// Explorer and trainer in one process, synchronised every `sync_interval` steps.
     Both,
-    /// Only the explorer; experiences go to a persistent buffer (asynchronous RL with a `train` process).
+    /// Only the explorer: experiences go to a shared database buffer (`sqlite:///`, `postgresql://`) that a
+    /// `train` process reads; new weights come from the trainer's checkpoints (asynchronous RL).
     Explore,
-    /// Only the trainer, reading a persistent buffer or an SFT / DPO dataset.
+    /// Only the trainer: reads the shared buffer the explorers fill, or an SFT / DPO dataset.
     Train,
-    /// Evaluate checkpoints on the eval tasksets.
+    /// Evaluate the base model (`explorer.eval_on_startup`) and every `global_step_N` checkpoint of this experiment
+    /// on the eval tasksets (only the latest with `explorer.bench_on_latest_checkpoint`).
     Bench,
-    /// Serve the rollout model over an OpenAI-compatible API and record experiences.
+    /// Serve the rollout model over an OpenAI-compatible API and record experiences (not yet run: issue 16).
     Serve,
     /// Explorer and trainer sharing one device (what `both` does on one device).
     Colocate,
@@ -155,7 +157,8 @@ pub struct OperatorConfig {
     pub args: Map<String, Value>,
 }
 
-/// One stage of a multi-stage run. A section given here replaces the whole global section.
+/// One stage of a multi-stage run. A section given here replaces the whole top-level section (what it leaves out
+/// takes the default, not the top-level value); each stage starts from the previous stage's final weights.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct StageConfig {

@@ -71,26 +71,7 @@ impl Resolver<'_> {
                 ),
             ));
         }
-        if matches!(config.mode, Mode::Both | Mode::Colocate) {
-            // In one process explorer and trainer alternate (`schedule.rs`): the trainer's weights are always ready
-            // when the explorer reaches a sync point and nothing ever waits for them. The dynamic styles and the
-            // timeout only differ from `fixed` when the two run apart (modes explore and train).
-            if config.synchronizer.sync_style != SyncStyle::Fixed {
-                self.notes.push(format!(
-                    "synchronizer.sync_style `{}`: in mode `{}` explorer and trainer alternate in one process, so the \
-                     trainer's weights are ready at every sync point and syncs happen where `fixed` has them",
-                    config.synchronizer.sync_style.name(),
-                    config.mode.name()
-                ));
-            }
-            if config.synchronizer.sync_timeout != SynchronizerConfig::default().sync_timeout {
-                self.notes.push(format!(
-                    "synchronizer.sync_timeout ({} s): in mode `{}` nothing waits for weights, so it never expires",
-                    config.synchronizer.sync_timeout,
-                    config.mode.name()
-                ));
-            }
-        }
+        self.note_idle_sync_schedule(config, dataset);
         let interval = u64::from(config.synchronizer.sync_interval);
         let eval_interval = config.explorer.eval_interval;
         if config.mode != Mode::Bench && !dataset && !eval_interval.is_multiple_of(interval) {
@@ -101,6 +82,42 @@ impl Resolver<'_> {
             ));
         }
         Ok(())
+    }
+
+    /// `sync_style` and `sync_timeout` act only where a trainer and an explorer run apart and one waits for the
+    /// other (modes `explore` and `train` with RL); elsewhere a value other than the default is noted, never refused.
+    fn note_idle_sync_schedule(&mut self, config: &Config, dataset: bool) {
+        let sync = &config.synchronizer;
+        let mode = config.mode.name();
+        // In one process explorer and trainer alternate (`schedule.rs`): the trainer's weights are always ready
+        // when the explorer reaches a sync point and nothing ever waits for them.
+        let (style_why, timeout_why) = match config.mode {
+            Mode::Both | Mode::Colocate => (
+                format!(
+                    "in mode `{mode}` explorer and trainer alternate in one process, so the trainer's weights are ready \
+                     at every sync point and syncs happen where `fixed` has them"
+                ),
+                format!("in mode `{mode}` nothing waits for weights, so it never expires"),
+            ),
+            Mode::Bench => (
+                "mode `bench` evaluates saved checkpoints and syncs nothing".to_owned(),
+                "mode `bench` evaluates saved checkpoints and waits for no weights".to_owned(),
+            ),
+            _ if dataset => {
+                let algorithm = &config.algorithm.algorithm_type;
+                (
+                    format!("algorithm `{algorithm}` trains from a dataset with no explorer to sync with"),
+                    format!("algorithm `{algorithm}` trains from a dataset, so nothing waits for weights"),
+                )
+            }
+            _ => return,
+        };
+        if sync.sync_style != SyncStyle::Fixed {
+            self.notes.push(format!("synchronizer.sync_style `{}`: {style_why}", sync.sync_style.name()));
+        }
+        if sync.sync_timeout != SynchronizerConfig::default().sync_timeout {
+            self.notes.push(format!("synchronizer.sync_timeout ({} s): {timeout_why}", sync.sync_timeout));
+        }
     }
 
     pub(crate) fn resolve_monitor(&mut self, config: &mut Config) -> Result<(), ConfigError> {
@@ -200,5 +217,40 @@ mod tests {
             "{:?}",
             fixed.notes
         );
+    }
+
+    #[test]
+    fn sync_styles_timeouts_and_bench_keys_are_honoured_where_they_act() {
+        let shared = "  trainer_input:\n    experience_buffer:\n      path: sqlite:///x.db\n";
+        let sync = "synchronizer:\n  sync_style: explorer_driven\n  sync_timeout: 1200\n";
+        let explore = load(&format!(
+            "mode: explore\n{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n{shared}{sync}"
+        ));
+        let train = load(&format!("mode: train\n{MODEL}buffer:\n  train_batch_size: 4\n{shared}{sync}"));
+        for loaded in [&explore, &train] {
+            assert!(
+                !loaded.notes.iter().any(|n| n.contains("sync_style") || n.contains("sync_timeout")),
+                "honoured apart, so no note: {:?}",
+                loaded.notes
+            );
+        }
+        let dpo = load(&format!(
+            "mode: train\nalgorithm:\n  algorithm_type: dpo\n{MODEL}buffer:\n  train_batch_size: 4\n  trainer_input:\n    \
+             experience_buffer:\n      storage_type: file\n      path: /pairs.jsonl\n{sync}"
+        ));
+        let notes = dpo.notes.join("\n");
+        assert!(notes.contains("sync_style `explorer_driven`: algorithm `dpo` trains from a dataset"), "{notes}");
+        assert!(notes.contains("sync_timeout (1200 s): algorithm `dpo` trains from a dataset"), "{notes}");
+        let bench_key = "explorer:\n  bench_on_latest_checkpoint: true\n";
+        let both = load(&format!("{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n{bench_key}"));
+        assert!(
+            both.notes.iter().any(|n| n.contains("bench_on_latest_checkpoint: only mode `bench` reads it")),
+            "{:?}",
+            both.notes
+        );
+        let bench = load(&format!(
+            "mode: bench\n{MODEL}buffer:\n  explorer_input:\n    eval_tasksets:\n      - path: /e.jsonl\n{bench_key}"
+        ));
+        assert!(!bench.notes.iter().any(|n| n.contains("bench_on_latest_checkpoint")), "{:?}", bench.notes);
     }
 }

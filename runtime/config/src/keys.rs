@@ -65,7 +65,7 @@ pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
     (
         "ModelConfig",
         "external_model",
-        "benchmarking a hosted API model needs network access and `mode: bench` against an OpenAI-compatible endpoint, which trinity does not have yet; remove it to benchmark `model.model_path`",
+        "benchmarking a hosted API model needs network access and an OpenAI-compatible client, which come with issue 16; remove it to benchmark `model.model_path` and its checkpoints",
     ),
     ("BufferConfig", "explorer_output", "it is set automatically; remove it"),
     ("BufferConfig", "tokenizer_path", "it is set automatically; remove it"),

@@ -4,7 +4,9 @@
 //! YAML text → tree with key positions ([`yaml`]) → `--set` overrides ([`overrides`]) → `${oc.env:...}`
 //! ([`interpolate`]) → unknown and unsupported keys against the generated JSON Schema ([`keys`]) → typed
 //! [`Config`] (serde, with the key path of any type error) → resolution ([`resolve`]): defaults derived,
-//! presets applied through a [`Catalog`], cross-field rules checked.
+//! presets applied through a [`Catalog`], cross-field rules checked; each of `stages` resolved on its own
+//! ([`stages`]). [`Loaded::check_runnable`] then refuses what the run cannot do, and [`steps`] says what decides
+//! the train steps of mode `train`.
 //!
 //! This crate has no heavy dependencies on purpose: the CLI, the engines and the tests of this crate all
 //! build without libtorch or wasmtime.
@@ -28,17 +30,22 @@ pub mod model;
 pub mod monitor;
 pub mod overrides;
 pub mod resolve;
+mod resolve_buffer;
 mod runnable;
 pub mod schema;
 pub mod source;
+pub mod stages;
+pub mod steps;
 pub mod synchronizer;
+#[cfg(test)]
+mod testing;
 pub mod trainer;
 pub mod verl;
 pub mod verl_category;
 mod verl_resolve;
 pub mod yaml;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -48,6 +55,8 @@ pub use crate::error::{ConfigError, Origin};
 pub use crate::interpolate::EnvLookup;
 pub use crate::resolve::Note;
 pub use crate::source::Source;
+pub use crate::stages::Stage;
+pub use crate::steps::{RowsOf, TrainSteps};
 
 use crate::interpolate::{InterpolationError, interpolate_tree};
 use crate::keys::KeyProblem;
@@ -57,10 +66,17 @@ use crate::resolve::Resolver;
 /// A resolved configuration and what is worth telling the user about it.
 #[derive(Debug, Clone)]
 pub struct Loaded {
+    /// The top level, resolved. With `stages`, only the stages run (see [`Loaded::stages`]).
     pub config: Config,
     /// Remarks that are not errors (vLLM knobs with no effect, mapped values); log them at start.
     pub notes: Vec<Note>,
     pub source: Source,
+    /// Each stage of `stages`, in order, resolved on its own; empty without `stages`.
+    pub stages: Vec<Stage>,
+    /// The config as written (overrides and interpolations applied, nothing derived): stages are built from it.
+    raw: Config,
+    /// The directory relative paths were resolved against.
+    cwd: PathBuf,
 }
 
 /// Everything loading needs besides the text.
@@ -131,16 +147,18 @@ pub fn load_str(text: &str, path: &Path, options: LoadOptions<'_>) -> Result<Loa
         let key = error.path().to_string();
         ConfigError::Type { origin: source.origin(&key), message: error.into_inner().to_string(), key }
     })?;
+    let raw = config.clone();
     let mut resolver = Resolver {
         source: &source,
         catalog: options.catalog,
         cwd: options.cwd,
-        prefix: String::new(),
+        scope: stages::Scope::top(),
         notes: key_notes.iter().map(ToString::to_string).collect(),
     };
     resolver.resolve(&mut config)?;
     let notes = resolver.notes;
-    Ok(Loaded { config, notes, source })
+    let stages = stages::resolve_stages(&raw, &source, options.catalog, options.cwd)?;
+    Ok(Loaded { config, notes, source, stages, raw, cwd: options.cwd.to_owned() })
 }
 
 /// The `plugins:` list of a config file, read before the config is resolved: plugins register the names that

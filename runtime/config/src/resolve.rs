@@ -10,11 +10,13 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::algorithm::LossAggMode;
-use crate::buffer::{ExperienceBufferConfig, StorageType, TasksetConfig};
 use crate::catalog::{Catalog, ComponentKind, ExperienceSchema};
 use crate::config::{Config, Mode};
 use crate::error::{ConfigError, closest};
 use crate::source::Source;
+use crate::stages::Scope;
+/// Kept at its old path: it moved to [`crate::stages`] with the rest of the stage rules.
+pub use crate::stages::stage_config;
 
 /// A remark about the config that is not an error (a knob with no effect, a mapped value); logged at start.
 pub type Note = String;
@@ -33,19 +35,20 @@ pub(crate) struct Resolver<'a> {
     pub(crate) source: &'a Source,
     pub(crate) catalog: &'a dyn Catalog,
     pub(crate) cwd: &'a Path,
-    /// Key prefix of the section being resolved (`stages[1].` for a stage), for messages.
-    pub(crate) prefix: String,
+    /// The top level or the stage being resolved, for messages.
+    pub(crate) scope: Scope,
     pub(crate) notes: Vec<Note>,
 }
 
 impl Resolver<'_> {
     pub(crate) fn key(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
+        self.scope.key(key)
     }
 
     pub(crate) fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        let message = self.scope.explain(key, message.into());
         let key = self.key(key);
-        ConfigError::Invalid { origin: self.source.origin(&key), key, message: message.into() }
+        ConfigError::Invalid { origin: self.source.origin(&key), key, message }
     }
 
     pub(crate) fn check(&self, ok: bool, key: &str, message: impl Into<String>) -> Result<(), ConfigError> {
@@ -61,7 +64,7 @@ impl Resolver<'_> {
         Err(self.invalid(key, format!("`{value}` is not one of {}{suggestion}", quoted_list(allowed))))
     }
 
-    fn registered(&self, key: &str, kind: ComponentKind, name: &str) -> Result<(), ConfigError> {
+    pub(crate) fn registered(&self, key: &str, kind: ComponentKind, name: &str) -> Result<(), ConfigError> {
         let available = self.catalog.names(kind);
         // A kind with no registry in this build (an empty list) is checked when its feature lands.
         if available.is_empty() || available.iter().any(|n| n == name) {
@@ -100,7 +103,6 @@ impl Resolver<'_> {
         self.resolve_trainer(config)?;
         self.resolve_synchronizer(config, schema)?;
         self.resolve_monitor(config)?;
-        self.resolve_stages(config)?;
         Ok(())
     }
 
@@ -123,6 +125,15 @@ impl Resolver<'_> {
         let cleaned: std::path::PathBuf =
             absolute.components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
         config.checkpoint_root_dir = cleaned.display().to_string();
+        if config.mode == Mode::Bench && !config.continue_from_checkpoint {
+            // Trinity-RFT does the same: a fresh (renamed) experiment would have no checkpoints to evaluate.
+            config.continue_from_checkpoint = true;
+            self.notes.push(
+                "continue_from_checkpoint is set to true in mode `bench`, which evaluates this experiment's existing \
+                 checkpoints (as Trinity-RFT does)"
+                    .into(),
+            );
+        }
         self.one_of("log.level", &config.log.level.to_uppercase(), &["DEBUG", "INFO", "WARNING", "WARN", "ERROR"])?;
         Ok(())
     }
@@ -249,10 +260,16 @@ impl Resolver<'_> {
         self.check(optimizer.clip_grad > 0.0, "algorithm.optimizer.clip_grad", "must be positive")?;
 
         if matches!(preset.schema, ExperienceSchema::Sft | ExperienceSchema::Dpo) {
+            // Trinity-RFT's SFT / DPO `check_config`: no explorer feeds them, so no mode with an explorer runs them.
             self.check(
                 config.mode == Mode::Train,
                 "mode",
-                format!("algorithm `{}` trains on a dataset and needs `mode: train`", config.algorithm.algorithm_type),
+                format!(
+                    "algorithm `{}` trains on a dataset (buffer.trainer_input.experience_buffer) with no explorer, so \
+                     it runs in mode `train` only, not `{}`; set `mode: train`",
+                    config.algorithm.algorithm_type,
+                    config.mode.name()
+                ),
             )?;
         }
         Ok(preset.schema)
@@ -339,7 +356,7 @@ impl Resolver<'_> {
         Ok(())
     }
 
-    fn check_sampling(
+    pub(crate) fn check_sampling(
         &self,
         at: &str,
         temperature: f64,
@@ -368,296 +385,6 @@ impl Resolver<'_> {
         Ok(())
     }
 
-    fn resolve_buffer(&mut self, config: &mut Config, schema: ExperienceSchema) -> Result<(), ConfigError> {
-        let repeat_times = config.algorithm.repeat_times.unwrap_or(1);
-        let buffer = &mut config.buffer;
-        self.check(buffer.batch_size >= 1, "buffer.batch_size", "must be at least 1")?;
-        self.check(buffer.total_epochs >= 1, "buffer.total_epochs", "must be at least 1")?;
-        if let Some(steps) = buffer.total_steps {
-            self.check(steps >= 1, "buffer.total_steps", "must be at least 1")?;
-        }
-        if buffer.train_batch_size == 0 {
-            if schema != ExperienceSchema::Experience {
-                return Err(self.invalid(
-                    "buffer.train_batch_size",
-                    format!("algorithm `{}` needs an explicit train_batch_size", config.algorithm.algorithm_type),
-                ));
-            }
-            buffer.train_batch_size = buffer.batch_size * repeat_times;
-        }
-
-        let input = &mut buffer.explorer_input;
-        if input.taskset.is_some() && !input.tasksets.is_empty() {
-            return Err(self.invalid("buffer.explorer_input.tasksets", "set either `taskset` or `tasksets`, not both"));
-        }
-        let from_single = input.taskset.is_some();
-        if let Some(taskset) = input.taskset.take() {
-            input.tasksets.push(taskset);
-        }
-        let needs_tasks = matches!(config.mode, Mode::Both | Mode::Explore | Mode::Colocate)
-            && schema == ExperienceSchema::Experience;
-        if needs_tasks && input.tasksets.is_empty() {
-            return Err(self.invalid(
-                "buffer.explorer_input.taskset",
-                format!("mode `{}` needs a taskset to explore", config.mode.name()),
-            ));
-        }
-        if config.mode == Mode::Bench && input.eval_tasksets.is_empty() {
-            return Err(
-                self.invalid("buffer.explorer_input.eval_tasksets", "mode `bench` needs at least one eval taskset")
-            );
-        }
-
-        let defaults = TasksetDefaults {
-            workflow: input.default_workflow_type.clone(),
-            eval_workflow: input.default_eval_workflow_type.clone().or_else(|| input.default_workflow_type.clone()),
-            reward: input.default_reward_fn_type.clone(),
-            system_prompt: input.system_prompt.clone(),
-            reply_prefix: input.reply_prefix.clone(),
-        };
-        let mut tasksets = std::mem::take(&mut input.tasksets);
-        for (i, taskset) in tasksets.iter_mut().enumerate() {
-            let key = if from_single {
-                "buffer.explorer_input.taskset".to_owned()
-            } else {
-                format!("buffer.explorer_input.tasksets[{i}]")
-            };
-            self.resolve_taskset(taskset, &key, format!("taskset_{i}"), Some(repeat_times), &defaults, config)?;
-        }
-        let mut eval_tasksets = std::mem::take(&mut config.buffer.explorer_input.eval_tasksets);
-        for (i, taskset) in eval_tasksets.iter_mut().enumerate() {
-            let key = format!("buffer.explorer_input.eval_tasksets[{i}]");
-            self.resolve_taskset(taskset, &key, format!("eval_taskset_{i}"), None, &defaults, config)?;
-        }
-        // Names label metrics (`eval/<name>/...`) and selector state, so they must be unique within each list;
-        // a training and an eval taskset may share one, as in Trinity-RFT's own configs.
-        for (list, key) in
-            [(&tasksets, "buffer.explorer_input.tasksets"), (&eval_tasksets, "buffer.explorer_input.eval_tasksets")]
-        {
-            let mut names: Vec<&str> = list.iter().map(|t| t.name.as_str()).collect();
-            names.sort_unstable();
-            if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
-                return Err(self.invalid(key, format!("two tasksets are named `{}`; names must be unique", pair[0])));
-            }
-        }
-        config.buffer.explorer_input.tasksets = tasksets;
-        config.buffer.explorer_input.eval_tasksets = eval_tasksets;
-
-        let trainer_input = &mut config.buffer.trainer_input;
-        let mut experience = trainer_input.experience_buffer.take().unwrap_or_default();
-        self.resolve_experience_buffer(&mut experience, "buffer.trainer_input.experience_buffer", config.mode, schema)?;
-        config.buffer.trainer_input.experience_buffer = Some(experience);
-        let mut auxiliary = std::mem::take(&mut config.buffer.trainer_input.auxiliary_buffers);
-        for (name, buffer) in auxiliary.iter_mut() {
-            let key = format!("buffer.trainer_input.auxiliary_buffers.{name}");
-            if buffer.name == ExperienceBufferConfig::default().name {
-                buffer.name = name.clone();
-            }
-            self.check(buffer.path.is_some(), &key, "an auxiliary buffer needs a `path`")?;
-            self.resolve_experience_buffer(buffer, &key, config.mode, ExperienceSchema::Sft)?;
-        }
-        config.buffer.trainer_input.auxiliary_buffers = auxiliary;
-        // Sample strategy `mix` trains expert rows from a named auxiliary buffer; a missing one would only fail
-        // once the run has loaded its models.
-        if config.algorithm.sample_strategy.as_deref() == Some("mix") {
-            let args = config.algorithm.sample_strategy_args.clone().unwrap_or_default();
-            let name = args.get("sft_dataset_name").and_then(Value::as_str).unwrap_or("sft_dataset").to_owned();
-            self.check(
-                config.buffer.trainer_input.auxiliary_buffers.contains_key(&name),
-                "buffer.trainer_input.auxiliary_buffers",
-                format!("sample strategy `mix` reads expert rows from auxiliary buffer `{name}` (sample_strategy_args.sft_dataset_name), which is not configured"),
-            )?;
-        }
-        Ok(())
-    }
-
-    fn resolve_taskset(
-        &mut self,
-        taskset: &mut TasksetConfig,
-        key: &str,
-        default_name: String,
-        train_repeat_times: Option<u32>,
-        defaults: &TasksetDefaults,
-        config: &Config,
-    ) -> Result<(), ConfigError> {
-        if taskset.name.is_empty() {
-            taskset.name = default_name;
-        }
-        self.check(!taskset.path.trim().is_empty(), &format!("{key}.path"), "a taskset needs a `path`")?;
-        // These format keys describe SFT and DPO rows; the explorer's workflows read prompts with prompt_key and
-        // friends, so on a taskset they would be silently ignored.
-        let format = &taskset.format;
-        let plain = crate::buffer::FormatConfig::default();
-        for (field, set) in [
-            ("prompt_type", format.prompt_type != plain.prompt_type),
-            ("messages_key", format.messages_key != plain.messages_key),
-            ("tools_key", format.tools_key != plain.tools_key),
-            ("chosen_key", format.chosen_key != plain.chosen_key),
-            ("rejected_key", format.rejected_key != plain.rejected_key),
-        ] {
-            self.check(
-                !set,
-                &format!("{key}.format.{field}"),
-                "it describes SFT / DPO rows (buffer.trainer_input), and the explorer's workflows do not read it; \
-                 remove it from the taskset (workflows read prompt_key, response_key and system_prompt_key)",
-            )?;
-        }
-        self.one_of(&format!("{key}.storage_type"), storage_name(taskset.storage_type), &["file", "sql"])?;
-        if taskset.storage_type == StorageType::Sql {
-            self.check(
-                taskset.path.starts_with("sqlite:///"),
-                &format!("{key}.path"),
-                "an sql taskset path is a `sqlite:///` URL",
-            )?;
-        }
-        match (taskset.task_selector.take(), taskset.data_selector.take()) {
-            (Some(_), Some(_)) => {
-                return Err(self.invalid(
-                    &format!("{key}.data_selector"),
-                    "set `data_selector` or its old name `task_selector`, not both",
-                ));
-            }
-            (a, b) => taskset.data_selector = Some(a.or(b).unwrap_or_default()),
-        }
-        if let Some(selector) = &taskset.data_selector {
-            self.one_of(
-                &format!("{key}.data_selector.selector_type"),
-                &selector.selector_type,
-                &["sequential", "shuffle", "random", "difficulty_based", "offline_easy2hard"],
-            )?;
-        }
-        let is_eval = train_repeat_times.is_none();
-        let workflow = if is_eval { &defaults.eval_workflow } else { &defaults.workflow };
-        if taskset.default_workflow_type.is_none() {
-            taskset.default_workflow_type = workflow.clone();
-        }
-        if taskset.default_reward_fn_type.is_none() {
-            taskset.default_reward_fn_type = defaults.reward.clone();
-        }
-        if let Some(name) = &taskset.default_workflow_type {
-            self.registered(&format!("{key}.default_workflow_type"), ComponentKind::Workflow, name)?;
-        }
-        if let Some(name) = &taskset.default_reward_fn_type {
-            self.registered(&format!("{key}.default_reward_fn_type"), ComponentKind::RewardFn, name)?;
-        }
-        if taskset.format.system_prompt.is_none() {
-            taskset.format.system_prompt = defaults.system_prompt.clone();
-        }
-        if taskset.format.reply_prefix.is_none() {
-            taskset.format.reply_prefix = defaults.reply_prefix.clone();
-        }
-
-        let repeat_times = match train_repeat_times {
-            Some(n) => {
-                if taskset.repeat_times.is_some_and(|r| r != n) {
-                    self.notes.push(format!(
-                        "{key}.repeat_times is replaced by algorithm.repeat_times ({n}) for training tasksets"
-                    ));
-                }
-                n
-            }
-            None => taskset.repeat_times.unwrap_or(1),
-        };
-        self.check(repeat_times >= 1, &format!("{key}.repeat_times"), "must be at least 1")?;
-        taskset.repeat_times = Some(repeat_times);
-        let model = &config.model;
-        let args = &mut taskset.rollout_args;
-        if args.n.is_some_and(|n| n != repeat_times) {
-            self.notes.push(format!("{key}.rollout_args.n is set from repeat_times ({repeat_times})"));
-        }
-        args.n = Some(repeat_times);
-        args.temperature = Some(args.temperature.unwrap_or(model.temperature));
-        args.top_p = Some(args.top_p.unwrap_or(model.top_p));
-        args.top_k = Some(args.top_k.unwrap_or(model.top_k));
-        args.min_p = Some(args.min_p.unwrap_or(0.0));
-        args.logprobs = Some(args.logprobs.unwrap_or(model.logprobs));
-        let max_response = model.max_response_tokens.unwrap_or(1);
-        args.max_tokens = Some(args.max_tokens.unwrap_or(max_response));
-        args.min_tokens = Some(args.min_tokens.unwrap_or(model.min_response_tokens));
-        args.seed = Some(args.seed.unwrap_or(config.explorer.rollout_model.seed));
-        let args = &taskset.rollout_args;
-        let at = format!("{key}.rollout_args");
-        self.check_sampling(
-            &at,
-            args.temperature.unwrap_or(1.0),
-            args.top_p.unwrap_or(1.0),
-            args.top_k.unwrap_or(-1),
-            args.min_p,
-        )?;
-        self.check(
-            args.logprobs == Some(0),
-            &format!("{at}.logprobs"),
-            "only 0 is supported: the sampled token's logprob is always returned",
-        )?;
-        let max_tokens = args.max_tokens.unwrap_or(1);
-        self.check(max_tokens >= 1, &format!("{at}.max_tokens"), "must be at least 1")?;
-        self.check(
-            max_tokens <= max_response,
-            &format!("{at}.max_tokens"),
-            format!("{max_tokens} exceeds model.max_response_tokens ({max_response})"),
-        )?;
-        self.check(
-            args.min_tokens.unwrap_or(0) <= max_tokens,
-            &format!("{at}.min_tokens"),
-            "must not exceed max_tokens",
-        )?;
-        self.check(args.stop.iter().all(|s| !s.is_empty()), &format!("{at}.stop"), "stop strings must not be empty")?;
-        Ok(())
-    }
-
-    fn resolve_experience_buffer(
-        &mut self,
-        buffer: &mut ExperienceBufferConfig,
-        key: &str,
-        mode: Mode,
-        schema: ExperienceSchema,
-    ) -> Result<(), ConfigError> {
-        self.check(buffer.capacity >= 1, &format!("{key}.capacity"), "must be at least 1")?;
-        self.check(buffer.max_read_timeout > 0.0, &format!("{key}.max_read_timeout"), "must be positive")?;
-        if buffer.storage_type == StorageType::File
-            && matches!(mode, Mode::Both | Mode::Colocate)
-            && schema == ExperienceSchema::Experience
-        {
-            // Trinity-RFT turns a file experience buffer into a queue in these modes; so does trinity.
-            buffer.storage_type = StorageType::Queue;
-            self.notes.push(format!("{key}.storage_type `file` is a queue in mode `{}`", mode.name()));
-        }
-        let path = buffer.path.clone().unwrap_or_default();
-        let path = path.as_str();
-        match buffer.storage_type {
-            StorageType::Queue => {
-                let persisted = path.is_empty()
-                    || path.starts_with("sqlite:///")
-                    || path.ends_with(".jsonl")
-                    || path.ends_with(".json");
-                if !persisted {
-                    // The path of a queue only names a write-only copy; one trinity cannot write changes nothing
-                    // that trains, so it is dropped with a note rather than refused.
-                    self.notes.push(format!(
-                        "{key}.path `{path}` is neither a `sqlite:///` database nor a `.jsonl` file, so no copy of the queue is kept"
-                    ));
-                    buffer.path = None;
-                }
-            }
-            StorageType::Sql => {
-                self.check(
-                    path.starts_with("sqlite:///"),
-                    &format!("{key}.path"),
-                    format!("an sql buffer path is a `sqlite:///` URL, got `{path}`"),
-                )?;
-            }
-            StorageType::File => {
-                self.check(!path.is_empty(), &format!("{key}.path"), "a file buffer needs a `path`")?;
-            }
-        }
-        if matches!(mode, Mode::Explore | Mode::Train) && schema == ExperienceSchema::Experience {
-            let shared = buffer.storage_type == StorageType::Sql
-                || (buffer.storage_type == StorageType::Queue && path.starts_with("sqlite:///"));
-            self.check(shared, &format!("{key}.path"), format!("mode `{}` runs explorer and trainer in separate processes; they share experiences through a `sqlite:///` buffer", mode.name()))?;
-        }
-        Ok(())
-    }
-
     fn resolve_explorer(&mut self, config: &mut Config) -> Result<(), ConfigError> {
         let explorer = &config.explorer;
         self.check(explorer.runner_per_model >= 1, "explorer.runner_per_model", "must be at least 1")?;
@@ -665,6 +392,12 @@ impl Resolver<'_> {
         self.check(explorer.eval_interval >= 1, "explorer.eval_interval", "must be at least 1")?;
         // engine_type, engine_num, tensor_parallel_size, gpu_memory_utilization and the vLLM knobs are placement
         // keys: the key walk notes them, and nothing here may refuse them.
+        if explorer.bench_on_latest_checkpoint && config.mode != Mode::Bench {
+            self.notes.push(format!(
+                "explorer.bench_on_latest_checkpoint: only mode `bench` reads it; no effect in mode `{}`",
+                config.mode.name()
+            ));
+        }
         self.one_of(
             "explorer.rollout_model.dtype",
             &explorer.rollout_model.dtype,
@@ -705,78 +438,6 @@ impl Resolver<'_> {
             ));
         }
         Ok(())
-    }
-
-    /// Stages: each given section replaces the whole global section (Trinity-RFT's rule, not a deep merge),
-    /// and the result must resolve on its own.
-    fn resolve_stages(&mut self, config: &mut Config) -> Result<(), ConfigError> {
-        let mut names = Vec::new();
-        for (i, stage) in config.stages.iter().enumerate() {
-            let key = format!("stages[{i}].stage_name");
-            self.check(!stage.stage_name.trim().is_empty(), &key, "a stage needs a name")?;
-            self.check(
-                !names.contains(&stage.stage_name),
-                &key,
-                format!("stage `{}` appears twice", stage.stage_name),
-            )?;
-            names.push(stage.stage_name.clone());
-            let mut staged = stage_config(config, i);
-            let mut resolver = Resolver {
-                source: self.source,
-                catalog: self.catalog,
-                cwd: self.cwd,
-                prefix: format!("stages[{i}]."),
-                notes: Vec::new(),
-            };
-            resolver.resolve(&mut staged)?;
-        }
-        Ok(())
-    }
-}
-
-/// The config stage `index` runs with: global sections replaced by the stage's.
-pub fn stage_config(config: &Config, index: usize) -> Config {
-    let mut staged = config.clone();
-    staged.stages = Vec::new();
-    let Some(stage) = config.stages.get(index) else {
-        return staged;
-    };
-    staged.name = format!("{}/{}", config.name, stage.stage_name);
-    staged.trainer.save_hf_checkpoint = "last".to_owned();
-    if let Some(mode) = stage.mode {
-        staged.mode = mode;
-    }
-    if let Some(algorithm) = &stage.algorithm {
-        staged.algorithm = algorithm.clone();
-    }
-    if let Some(buffer) = &stage.buffer {
-        staged.buffer = buffer.clone();
-    }
-    if let Some(data_processor) = &stage.data_processor {
-        staged.data_processor = data_processor.clone();
-    }
-    if let Some(explorer) = &stage.explorer {
-        staged.explorer = explorer.clone();
-    }
-    if let Some(trainer) = &stage.trainer {
-        staged.trainer = trainer.clone();
-    }
-    staged
-}
-
-struct TasksetDefaults {
-    workflow: Option<String>,
-    eval_workflow: Option<String>,
-    reward: Option<String>,
-    system_prompt: Option<String>,
-    reply_prefix: Option<String>,
-}
-
-fn storage_name(storage: StorageType) -> &'static str {
-    match storage {
-        StorageType::File => "file",
-        StorageType::Sql => "sql",
-        StorageType::Queue => "queue",
     }
 }
 

@@ -1,43 +1,57 @@
-//! What `trinity run` cannot run yet although the config is valid.
+//! What `trinity run` cannot run although the config is valid.
 //!
 //! One function, called by the run and by `--dry-run` alike, so a dry run refuses exactly what the run would
-//! refuse, with the same message. Work that brings a mode or feature (issue 15: modes and stages) relaxes the
-//! matching check here and nowhere else.
+//! refuse, with the same message. Work that brings a mode or feature relaxes the matching check here and nowhere
+//! else. A staged config is checked stage by stage (only the stages run), each error naming `stages[i].…`.
 
 use crate::Loaded;
 use crate::algorithm::mix_expert_rows;
-use crate::buffer::StorageType;
-use crate::config::Mode;
+use crate::buffer::{StorageType, is_database_url};
+use crate::catalog::ExperienceSchema;
+use crate::config::{Config, Mode};
 use crate::error::ConfigError;
+use crate::source::Source;
+use crate::stages::Scope;
 
 impl Loaded {
-    /// Refuses what the run cannot do yet, naming the key, why, and what to do instead.
+    /// Refuses what the run cannot do, naming the key, why, and what to do instead.
     pub fn check_runnable(&self) -> Result<(), ConfigError> {
-        let config = &self.config;
-        let refuse = |key: &str, message: String| ConfigError::NotRunnable {
-            origin: self.source.origin(key),
-            key: key.to_owned(),
-            message,
-        };
-        if !config.stages.is_empty() {
-            return Err(refuse(
-                "stages",
-                "`stages` (each stage starting from the previous one's weights) are not supported yet (issue 15); \
-                 run each stage's config on its own"
+        if self.stages.is_empty() {
+            return Check { config: &self.config, source: &self.source, scope: &Scope::top() }.run();
+        }
+        for stage in &self.stages {
+            Check { config: &stage.config, source: &self.source, scope: &stage.scope }.run()?;
+        }
+        Ok(())
+    }
+}
+
+/// The checks of one config: the top level, or one stage.
+struct Check<'a> {
+    config: &'a Config,
+    source: &'a Source,
+    scope: &'a Scope,
+}
+
+impl Check<'_> {
+    fn refuse(&self, key: &str, message: String) -> ConfigError {
+        let message = self.scope.explain(key, message);
+        let key = self.scope.key(key);
+        ConfigError::NotRunnable { origin: self.source.origin(&key), key, message }
+    }
+
+    fn run(&self) -> Result<(), ConfigError> {
+        let config = self.config;
+        if config.mode == Mode::Serve {
+            return Err(self.refuse(
+                "mode",
+                "mode `serve` (an OpenAI-compatible endpoint that records experiences) is not supported yet \
+                 (issue 16); modes `both`, `colocate`, `explore`, `train` and `bench` run"
                     .to_owned(),
             ));
         }
-        if !matches!(config.mode, Mode::Both | Mode::Colocate) {
-            return Err(refuse(
-                "mode",
-                format!(
-                    "mode `{}` is not supported yet (issue 15); modes `both` and `colocate` run (explorer and \
-                     trainer in one process)",
-                    config.mode.name()
-                ),
-            ));
-        }
-        self.check_train_batch_size(&refuse)?;
+        self.check_shared_buffer()?;
+        self.check_train_batch_size()?;
         let input = &config.buffer.explorer_input;
         let tasksets = input
             .tasksets
@@ -48,7 +62,7 @@ impl Loaded {
             let index = if list == "tasksets" { i } else { i - input.tasksets.len() };
             let key = format!("buffer.explorer_input.{list}[{index}]");
             if taskset.storage_type == StorageType::Sql {
-                return Err(refuse(
+                return Err(self.refuse(
                     &format!("{key}.storage_type"),
                     format!(
                         "taskset `{}`: `sql` tasksets are not read yet; export the rows to a JSONL file and use `file`",
@@ -60,11 +74,60 @@ impl Loaded {
         Ok(())
     }
 
+    /// Modes `explore` and `train` run explorer and trainer as separate processes (possibly on separate machines)
+    /// that hand experiences over through the experience buffer, so it must be a database both can open: an
+    /// in-memory queue lives in one process, and a `.jsonl` copy is written, never read.
+    fn check_shared_buffer(&self) -> Result<(), ConfigError> {
+        let config = self.config;
+        if !matches!(config.mode, Mode::Explore | Mode::Train) {
+            return Ok(());
+        }
+        let Some(buffer) = &config.buffer.trainer_input.experience_buffer else {
+            return Ok(());
+        };
+        // SFT and DPO read a dataset (resolution requires a file); only explored experiences are shared.
+        if buffer.schema_type.as_deref() != Some(ExperienceSchema::Experience.name()) {
+            return Ok(());
+        }
+        let key = "buffer.trainer_input.experience_buffer";
+        let other =
+            if config.mode == Mode::Explore { "a `mode: train` trainer" } else { "the `mode: explore` explorers" };
+        let fix = "set `path: sqlite:///<file>.db` (processes on one machine) or \
+                   `postgresql://user:password@host:port/database` (several machines), the same in the explorers' and \
+                   the trainer's configs";
+        if buffer.storage_type == StorageType::File {
+            return Err(self.refuse(
+                &format!("{key}.storage_type"),
+                format!(
+                    "mode `{}` hands experiences to {other} through this buffer, and a `file` buffer holds SFT / DPO \
+                     rows; use storage_type `queue` (or `sql`) and {fix}",
+                    config.mode.name()
+                ),
+            ));
+        }
+        let path = buffer.path.as_deref().unwrap_or_default();
+        if is_database_url(path) {
+            return Ok(());
+        }
+        let what = if path.is_empty() {
+            "without a `path` the queue lives in this process's memory".to_owned()
+        } else {
+            format!("`{path}` is a copy this process writes, not a store another process reads")
+        };
+        Err(self.refuse(
+            &format!("{key}.path"),
+            format!(
+                "mode `{}` hands experiences to {other} in another process through this buffer, and {what}; {fix}",
+                config.mode.name()
+            ),
+        ))
+    }
+
     /// In modes `both` and `colocate` train step `s` trains explore step `s`'s experiences (plus the expert rows of
-    /// sample strategy `mix`), so `buffer.train_batch_size` must be what that makes: a trainer that reads
-    /// fixed-size batches whatever the explore steps produced is the decoupled trainer of issue 15.
-    fn check_train_batch_size(&self, refuse: &dyn Fn(&str, String) -> ConfigError) -> Result<(), ConfigError> {
-        let config = &self.config;
+    /// sample strategy `mix`), so `buffer.train_batch_size` must be what that makes. Modes `explore` and `train`
+    /// are free of this rule: their trainer reads batches of `train_batch_size` whatever the explore steps made.
+    fn check_train_batch_size(&self) -> Result<(), ConfigError> {
+        let config = self.config;
         if !matches!(config.mode, Mode::Both | Mode::Colocate) {
             return Ok(());
         }
@@ -80,13 +143,13 @@ impl Loaded {
         if total.saturating_sub(expert) == explored {
             return Ok(());
         }
-        Err(refuse(
+        Err(self.refuse(
             "buffer.train_batch_size",
             format!(
                 "{total} experiences per train step, but in mode `{}` a train step trains one explore step's \
                  experiences (batch_size {} × repeat_times {} = {explored}){note}; set train_batch_size to match, or \
-                 leave it unset (a trainer that reads batches of any size from the buffer comes with mode `train`, \
-                 issue 15)",
+                 leave it unset (a trainer that reads batches of any size runs as a separate process: `mode: train` \
+                 beside `mode: explore`)",
                 config.mode.name(),
                 buffer.batch_size,
                 config.algorithm.repeat_times.unwrap_or(1),
@@ -145,5 +208,112 @@ mod tests {
         assert!(with_train_batch(load(mix), 10).check_runnable().is_ok());
         let error = with_train_batch(load(mix), 8).check_runnable().unwrap_err();
         assert!(error.to_string().contains("2 expert rows"), "{error}");
+    }
+}
+
+#[cfg(test)]
+mod mode_tests {
+    use crate::testing::{assert_names, loaded, refusal};
+
+    const MODEL: &str = "model:\n  model_path: /m\n  max_model_len: 64\n";
+
+    /// An RL config in `mode` with four rollouts of two tasks per explore step; `buffer` goes under `buffer:` and
+    /// `experience` under `buffer.trainer_input.experience_buffer:`.
+    fn rl(mode: &str, buffer: &str, experience: &str) -> String {
+        format!(
+            "mode: {mode}\nalgorithm:\n  repeat_times: 4\n{MODEL}buffer:\n  batch_size: 2\n{buffer}  explorer_input:\n    \
+             taskset:\n      path: /t.jsonl\n  trainer_input:\n    experience_buffer:\n      name: shared\n{experience}"
+        )
+    }
+
+    const SQLITE: &str = "      path: sqlite:///shared.db\n";
+
+    #[test]
+    fn explore_train_and_bench_run() {
+        loaded(&rl("explore", "", SQLITE)).check_runnable().unwrap();
+        loaded(&rl("train", "  train_batch_size: 8\n", SQLITE)).check_runnable().unwrap();
+        let bench = format!(
+            "mode: bench\n{MODEL}buffer:\n  explorer_input:\n    eval_tasksets:\n      - name: test\n        path: /e.jsonl\n"
+        );
+        loaded(&bench).check_runnable().unwrap();
+    }
+
+    #[test]
+    fn serve_is_refused_naming_its_issue() {
+        let error = refusal(&format!("mode: serve\n{MODEL}"));
+        assert_names(&error, "mode", &["mode `serve`", "issue 16"]);
+    }
+
+    #[test]
+    fn explore_and_train_share_experiences_through_a_database() {
+        for mode in ["explore", "train"] {
+            let batch = "  train_batch_size: 8\n";
+            let in_memory = refusal(&rl(mode, batch, ""));
+            assert_names(
+                &in_memory,
+                "buffer.trainer_input.experience_buffer.path",
+                &["in this process's memory", "sqlite:///", "postgresql://"],
+            );
+            let jsonl = refusal(&rl(mode, batch, "      path: experiences.jsonl\n"));
+            assert_names(&jsonl, "buffer.trainer_input.experience_buffer.path", &["`experiences.jsonl` is a copy"]);
+            let file = refusal(&rl(mode, batch, "      storage_type: file\n      path: /x.jsonl\n"));
+            assert_names(&file, "buffer.trainer_input.experience_buffer.storage_type", &["SFT / DPO rows"]);
+            for url in [
+                "sqlite:///shared.db",
+                "postgresql://u:p@db:5432/trinity",
+                "postgres://u@db/trinity",
+                "postgresql+psycopg2://u:p@db/trinity",
+            ] {
+                for storage in ["queue", "sql"] {
+                    let text = rl(mode, batch, &format!("      storage_type: {storage}\n      path: {url}\n"));
+                    let loaded = loaded(&text);
+                    loaded.check_runnable().unwrap_or_else(|e| panic!("{mode} {storage} {url}: {e}"));
+                    let path = loaded.config.buffer.trainer_input.experience_buffer.as_ref().unwrap().path.clone();
+                    assert_eq!(path.as_deref(), Some(url), "the URL is kept");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn separate_trainers_read_batches_of_any_size() {
+        // 7 is no explore step's output (2 tasks × 4 rollouts = 8): refused in mode both, fine apart.
+        let error = refusal(&rl("both", "  train_batch_size: 7\n", SQLITE));
+        assert_names(&error, "buffer.train_batch_size", &["batch_size 2 × repeat_times 4 = 8"]);
+        loaded(&rl("explore", "  train_batch_size: 7\n", SQLITE)).check_runnable().unwrap();
+        loaded(&rl("train", "  train_batch_size: 7\n", SQLITE)).check_runnable().unwrap();
+    }
+
+    #[test]
+    fn sft_and_dpo_train_from_their_dataset_file() {
+        for algorithm in ["sft", "dpo"] {
+            let text = format!(
+                "mode: train\nalgorithm:\n  algorithm_type: {algorithm}\n{MODEL}buffer:\n  train_batch_size: 4\n  \
+                 trainer_input:\n    experience_buffer:\n      storage_type: file\n      path: /rows.jsonl\n      \
+                 format:\n        chosen_key: better\n        rejected_key: worse\n"
+            );
+            let loaded = loaded(&text);
+            loaded.check_runnable().unwrap();
+            let buffer = loaded.config.buffer.trainer_input.experience_buffer.as_ref().unwrap();
+            assert_eq!(buffer.schema_type.as_deref(), Some(algorithm));
+            assert_eq!(buffer.format.chosen_key, "better");
+            assert!(!loaded.notes.iter().any(|n| n.contains("chosen_key")), "honoured, no note: {:?}", loaded.notes);
+        }
+    }
+
+    #[test]
+    fn stages_are_checked_one_by_one_naming_the_stage() {
+        // The second stage explores in its own process but keeps the top-level in-memory queue.
+        let text = format!(
+            "algorithm:\n  repeat_times: 4\n{MODEL}buffer:\n  batch_size: 2\n  explorer_input:\n    taskset:\n      \
+             path: /t.jsonl\nstages:\n  - stage_name: warmup\n  - stage_name: apart\n    mode: explore\n"
+        );
+        let error = refusal(&text);
+        assert_names(
+            &error,
+            "stages[1].buffer.trainer_input.experience_buffer.path",
+            &["stage `apart` does not set `buffer`, so it uses the top-level one"],
+        );
+        assert!(error.to_string().starts_with("c.yaml:"), "points into the file: {error}");
     }
 }
