@@ -20,15 +20,21 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
     let loaded = trinity_config::load_file(&args.config, options)?;
     // The dry run refuses exactly what the run refuses: both go through this one check.
     loaded.check_runnable()?;
-    trinity_rft::check_components(&loaded.config).with_context(|| args.config.display().to_string())?;
+    let configs: Vec<&trinity_config::Config> = match loaded.stages.is_empty() {
+        true => vec![&loaded.config],
+        false => loaded.stages.iter().map(|s| &s.config).collect(),
+    };
+    for config in configs {
+        trinity_rft::check_components(config).with_context(|| args.config.display().to_string())?;
+    }
     let config = &loaded.config;
     let log_level = effective_level(log_level, &config.log.level);
     if args.dry_run {
         let _guard = logging::init(log_level, None)?;
-        for note in &loaded.notes {
+        for note in loaded.notes.iter().chain(loaded.stages.iter().flat_map(|s| &s.notes)) {
             tracing::warn!("{note}");
         }
-        print!("{}", config.to_yaml());
+        print!("{}", loaded.dry_run_yaml());
         return Ok(());
     }
     let job_dir = trinity_rft::job_dir(config);
@@ -44,6 +50,16 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
         tracing::warn!("{note}");
     }
     tracing::info!("config {} → {}", args.config.display(), job_dir.display());
+    if !loaded.stages.is_empty() {
+        let summaries = trinity_rft::run_stages(&loaded, &job_dir, &registry)
+            .with_context(|| format!("run {}", job_dir.display()))?;
+        tracing::info!(
+            "finished {} stages; each stage's metrics are in {}/<stage>/monitor",
+            summaries.len(),
+            job_dir.display()
+        );
+        return Ok(());
+    }
     let summary = trinity_rft::run(config, &job_dir).with_context(|| format!("run {}", job_dir.display()))?;
     match config.mode {
         Mode::Explore | Mode::Bench => tracing::info!("finished; metrics in {}", job_dir.join("monitor").display()),

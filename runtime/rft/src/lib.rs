@@ -8,7 +8,7 @@
 //! * [`pipeline`]: the explorer-side experience pipeline (group advantages).
 //! * [`dataset`], [`sft_data`] and [`dpo_data`]: SFT and DPO datasets, tokenized as Trinity-RFT's formatters do.
 //! * [`mix_strategy`]: the `mix` sample strategy's expert rows, read from an SFT dataset.
-//! * [`run`]: the entry point: a resolved config's mode in a job directory.
+//! * [`run`]: the entry point: a resolved config's mode in a job directory; [`stages`]: several, in order.
 
 pub mod dataset;
 pub mod dpo_data;
@@ -22,8 +22,10 @@ pub(crate) mod rollout_metrics;
 pub mod run;
 pub mod schedule;
 pub mod sft_data;
+pub mod stages;
 pub(crate) mod synchronizer;
 pub(crate) mod trainer;
 
 pub use error::RftError;
 pub use run::{RunSummary, check_components, job_dir, run};
+pub use stages::run_stages;

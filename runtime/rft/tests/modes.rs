@@ -240,3 +240,88 @@ fn bench_evaluates_the_base_model_and_three_checkpoints_once_each() {
     assert_eq!(lines.len(), 6);
     assert_eq!(lines.last().unwrap()["step"], 3);
 }
+
+#[test]
+fn stages_run_in_order_from_the_previous_stage_and_resume_in_the_interrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let sft: String = (0..4)
+        .map(|i| {
+            format!(
+                "{{\"messages\": [{{\"role\": \"user\", \"content\": \"ab{i}\"}}, {{\"role\": \"assistant\", \"content\": \"{i}\"}}]}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(root.join("sft.jsonl"), sft).unwrap();
+    let tasks: String = (0..10).map(|i| format!("{{\"prompt\": \"ab{i}\", \"response\": \"{i}\"}}\n")).collect();
+    std::fs::write(root.join("train.jsonl"), tasks).unwrap();
+    let text = format!(
+        "project: t
+name: staged
+checkpoint_root_dir: {root}
+algorithm:
+  algorithm_type: grpo
+  repeat_times: 2
+model:
+  model_path: {model}
+  max_model_len: 48
+  max_response_tokens: 6
+buffer:
+  batch_size: 2
+  total_steps: 2
+  explorer_input:
+    taskset:
+      path: {root}/train.jsonl
+    default_workflow_type: simple_workflow
+    default_reward_fn_type: math_reward
+trainer:
+  save_interval: 1
+monitor:
+  monitor_type: jsonl
+stages:
+  - stage_name: sft_warmup
+    mode: train
+    algorithm:
+      algorithm_type: sft
+      optimizer:
+        lr: 1e-2
+    buffer:
+      train_batch_size: 4
+      total_steps: 2
+      trainer_input:
+        experience_buffer:
+          name: sft
+          storage_type: file
+          path: {root}/sft.jsonl
+          format:
+            prompt_type: messages
+            messages_key: messages
+  - stage_name: rft
+",
+        root = root.display(),
+        model = tiny_model_dir().display()
+    );
+    let env = |_: &str| None;
+    let options = LoadOptions { overrides: &[], env: &env, catalog: &BuiltinCatalog, cwd: root };
+    let loaded = trinity_config::load_str(&text, &root.join("config.yaml"), options).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(loaded.stages.len(), 2);
+    let job = trinity_rft::job_dir(&loaded.config);
+    let summaries = trinity_rft::run_stages(&loaded, &job, &BuiltinCatalog).unwrap();
+    assert_eq!(summaries.iter().map(|s| s.train_steps).collect::<Vec<_>>(), [2, 2]);
+    assert_eq!(std::fs::read_to_string(job.join("stage_meta.json")).unwrap(), r#"{"latest_stage":2}"#);
+    assert_eq!(metrics(&job.join("sft_warmup/monitor/trainer/metrics.jsonl")).len(), 2);
+    assert!(job.join("rft/global_step_2/hf/model.safetensors").exists());
+    // The SFT stage's lr is its own (a stage's section replaces the top level's whole).
+    assert_eq!(loaded.stages[0].config.algorithm.optimizer.lr, 1e-2);
+    assert_eq!(loaded.stages[1].config.algorithm.optimizer.lr, loaded.config.algorithm.optimizer.lr);
+
+    // Interrupted in the second stage after its first checkpoint: the same command resumes there.
+    std::fs::write(job.join("stage_meta.json"), r#"{"latest_stage":1}"#).unwrap();
+    std::fs::remove_dir_all(job.join("rft/global_step_2")).unwrap();
+    let summaries = trinity_rft::run_stages(&loaded, &job, &BuiltinCatalog).unwrap();
+    assert_eq!(summaries.len(), 1, "the SFT stage is not run again");
+    assert_eq!((summaries[0].resumed_from, summaries[0].train_steps), (Some(1), 2));
+    assert_eq!(metrics(&job.join("sft_warmup/monitor/trainer/metrics.jsonl")).len(), 2);
+    // Everything done: nothing runs.
+    assert!(trinity_rft::run_stages(&loaded, &job, &BuiltinCatalog).unwrap().is_empty());
+}

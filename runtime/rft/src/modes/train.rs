@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use trinity_buffer::{Experience, ExperienceBuffer, ProducerState};
+use trinity_config::steps::TrainSteps;
 use trinity_config::synchronizer::SyncStyle;
 use trinity_config::{Config, ExperienceSchema};
 use trinity_monitor::{Metrics, Monitor};
@@ -51,7 +52,7 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
     let started = match schema {
         ExperienceSchema::Experience => {
             source_buffer = Some(shared_buffer(config, job_dir, "train").await?);
-            let planned = rl_steps(config);
+            let planned = rl_steps(config)?;
             Trainer::start(config, job_dir, device, threads, |_, _, _| Ok(planned))?
         }
         ExperienceSchema::Sft | ExperienceSchema::Dpo => {
@@ -72,10 +73,27 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
     run.drive().await
 }
 
-/// Train steps of an RL trainer: `trainer.total_steps`, else `buffer.total_steps`, else unbounded (it stops when
-/// the explorers have finished or no batch comes for `max_read_timeout`).
-fn rl_steps(config: &Config) -> u64 {
-    config.trainer.total_steps.or(config.buffer.total_steps).unwrap_or(u64::MAX)
+/// Train steps of an RL trainer ([`TrainSteps`]): a total_steps key, else what the explorers make of the training
+/// tasksets the config carries, else unbounded (it stops when the explorers have finished or no batch comes for
+/// `max_read_timeout`).
+fn rl_steps(config: &Config) -> Result<u64, RftError> {
+    let plan = TrainSteps::of(config);
+    let rows: Vec<u64> = match plan {
+        TrainSteps::FromRows { .. } => trinity_buffer::TaskScheduler::from_config(&config.buffer)?
+            .tasksets()
+            .iter()
+            .map(|t| t.len() as u64)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let steps = plan.count(&rows);
+    if let (TrainSteps::FromRows { .. }, Some(steps)) = (plan, steps) {
+        tracing::info!(
+            "{steps} train steps: the experiences the explorers make of the {} training task rows",
+            rows.iter().sum::<u64>()
+        );
+    }
+    Ok(steps.unwrap_or(u64::MAX))
 }
 
 fn load_dataset(
@@ -107,31 +125,27 @@ fn load_dataset(
     Ok(rows)
 }
 
-/// A dataset run's steps: `trainer.total_steps` or `buffer.total_steps` (the reader then cycles over as many passes
-/// as they need, as Trinity-RFT's does), else the full batches of `total_epochs` passes.
+/// A dataset run's steps ([`TrainSteps`]): a total_steps key (the reader then cycles over as many passes as they
+/// need, as Trinity-RFT's does), else the full batches of `total_epochs` passes.
 fn dataset_steps(config: &Config, mut rows: DatasetRows, batch: usize) -> Result<(DatasetRows, u64), RftError> {
     let batch = batch.max(1);
-    match config.trainer.total_steps.or(config.buffer.total_steps) {
-        Some(steps) => {
-            let passes = (steps as usize * batch).div_ceil(rows.len().max(1));
-            rows.extend_epochs(u32::try_from(passes).unwrap_or(u32::MAX));
-            Ok((rows, steps))
-        }
-        None => {
-            let steps = (rows.remaining() / batch) as u64;
-            if steps == 0 {
-                return Err(RftError::Setting {
-                    key: "buffer.train_batch_size",
-                    message: format!(
-                        "{batch} rows a step, but the dataset has {} rows in {} passes",
-                        rows.len(),
-                        config.buffer.total_epochs
-                    ),
-                });
-            }
-            Ok((rows, steps))
-        }
+    let plan = TrainSteps::of(config);
+    let steps = plan.count(&[rows.len() as u64]).unwrap_or(0);
+    if let TrainSteps::Given { .. } = plan {
+        let passes = (steps as usize * batch).div_ceil(rows.len().max(1));
+        rows.extend_epochs(u32::try_from(passes).unwrap_or(u32::MAX));
     }
+    if steps == 0 {
+        return Err(RftError::Setting {
+            key: "buffer.train_batch_size",
+            message: format!(
+                "{batch} rows a step, but the dataset has {} rows in {} passes",
+                rows.len(),
+                config.buffer.total_epochs
+            ),
+        });
+    }
+    Ok((rows, steps))
 }
 
 struct TrainRun<'a> {
