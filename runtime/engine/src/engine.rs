@@ -16,7 +16,7 @@ use trinity_model::{Decoder, LoadedModel, ModelError, Tokenizer};
 
 use crate::engine_config::EngineConfig;
 use crate::error::{EngineError, Result};
-use crate::request::{Generation, PendingGeneration, PendingRequest};
+use crate::request::{Generation, GenerationStream, PendingGeneration, PendingRequest, Reply};
 use crate::rng::fresh_seed;
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{Command, Scheduler, SchedulerSetup};
@@ -164,10 +164,27 @@ impl Engine {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.check(id, &prompt, &params)?;
         let (reply, receiver) = oneshot::channel();
+        self.queue(id, prompt, params, Reply::Whole(reply))?;
+        Ok(PendingGeneration { id, reply: receiver })
+    }
+
+    /// Queues a request whose tokens are delivered as they are sampled (for servers that stream, and for
+    /// callers that may give up early); checked like [`Engine::submit`]. Dropping the returned stream cancels
+    /// the request.
+    pub fn submit_stream(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<GenerationStream> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.check(id, &prompt, &params)?;
+        // Unbounded: a stream holds at most `n × max_tokens` events, all of which the caller asked for; the
+        // scheduler thread must never block on a slow reader.
+        let (sender, events) = tokio::sync::mpsc::unbounded_channel();
+        self.queue(id, prompt, params, Reply::Stream(sender))?;
+        Ok(GenerationStream { id, events })
+    }
+
+    fn queue(&self, id: u64, prompt: Vec<u32>, params: SamplingParams, reply: Reply) -> Result<()> {
         let seed = params.seed.unwrap_or_else(fresh_seed);
         let request = PendingRequest { id, prompt, params, seed, reply };
-        self.commands.send(Command::Generate(request)).map_err(|_| EngineError::Stopped)?;
-        Ok(PendingGeneration { id, reply: receiver })
+        self.commands.send(Command::Generate(request)).map_err(|_| EngineError::Stopped)
     }
 
     /// Generates completions for `prompt`; any number of callers may await at once, and their requests are

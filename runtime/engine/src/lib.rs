@@ -11,7 +11,10 @@
 //! // Colocated weight sync between explore steps (in place, no copy of the trainer's tensors until here):
 //! engine.sync_weights(trainer_decoder.named_parameters()?).await?;
 //! ```
-//! Blocking callers use `engine.submit(..)?.wait()`.
+//! Blocking callers use `engine.submit(..)?.wait()`. Servers use `engine.submit_stream(..)?`: every sampled
+//! token (with its logprob and, when [`SamplingParams::top_logprobs`] asks, the most likely alternatives) as its
+//! decode step ends, then each sample's [`Completion`]; dropping the stream cancels the request and frees its
+//! KV-cache slots at the next step, so a client that disconnects stops costing decode time.
 //!
 //! # How it runs
 //! One dedicated OS thread (the [`scheduler`]) owns the [`trinity_model::Decoder`] and a preallocated
@@ -45,6 +48,7 @@
 //! slots fails with [`EngineError::TooManySamples`], and a KV-cache budget below one slot fails at start-up
 //! with [`EngineError::KvBudgetTooSmall`].
 
+mod detokenize;
 mod engine;
 mod engine_config;
 mod error;
@@ -56,9 +60,13 @@ mod scheduler;
 mod stats;
 mod stop;
 
+pub use detokenize::IncrementalText;
 pub use engine::{Engine, EngineInfo, EngineModel};
 pub use engine_config::EngineConfig;
 pub use error::{EngineError, Result};
-pub use request::{Completion, FinishReason, Generation, PendingGeneration};
+pub use request::{
+    Completion, FinishReason, Generation, GenerationEvent, GenerationStream, PendingGeneration, StreamedToken,
+    TopLogprob,
+};
 pub use sampling_params::SamplingParams;
 pub use stats::EngineStats;

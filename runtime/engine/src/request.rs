@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use serde::Serialize;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{EngineError, Result};
 use crate::sampling_params::SamplingParams;
@@ -48,6 +48,74 @@ pub struct Generation {
     pub completions: Vec<Completion>,
 }
 
+/// One of the most likely tokens at a generated position, with its logprob under the same distribution as the
+/// sampled token's (`log_softmax(logits / T)`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TopLogprob {
+    /// The token id.
+    pub token: u32,
+    /// Its logprob.
+    pub logprob: f32,
+}
+
+/// A token of a streamed request, delivered as soon as the decode step that sampled it ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamedToken {
+    /// Which sample (`0..n`) the token belongs to.
+    pub sample: usize,
+    /// The sampled id.
+    pub token: u32,
+    /// Its logprob, as in [`Completion::logprobs`].
+    pub logprob: f32,
+    /// The [`SamplingParams::top_logprobs`] most likely tokens at this position, most likely first; empty when
+    /// none were asked for.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// What a [`GenerationStream`] yields.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerationEvent {
+    /// A sample produced a token.
+    Token(StreamedToken),
+    /// A sample ended; `completion` holds all its tokens and logprobs (the ones streamed before) and its final
+    /// text (cut before a matched stop string).
+    Finished {
+        /// Which sample ended.
+        sample: usize,
+        /// The whole sample.
+        completion: Completion,
+    },
+}
+
+/// Where the scheduler sends a request's result: all at once, or event by event.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Whole(oneshot::Sender<Result<Generation>>),
+    Stream(mpsc::UnboundedSender<Result<GenerationEvent>>),
+}
+
+impl Reply {
+    /// Whether the caller went away (dropped its handle or stream), so the request can be dropped.
+    pub(crate) fn is_closed(&self) -> bool {
+        match self {
+            Reply::Whole(sender) => sender.is_closed(),
+            Reply::Stream(sender) => sender.is_closed(),
+        }
+    }
+
+    /// Answers the request with `error` (a stream gets it as its last event).
+    pub(crate) fn fail(self, error: EngineError) {
+        match self {
+            Reply::Whole(sender) => {
+                let _ = sender.send(Err(error));
+            }
+            Reply::Stream(sender) => {
+                let _ = sender.send(Err(error));
+            }
+        }
+    }
+}
+
 /// A request on its way to, or waiting in, the scheduler.
 #[derive(Debug)]
 pub(crate) struct PendingRequest {
@@ -56,7 +124,7 @@ pub(crate) struct PendingRequest {
     pub(crate) params: SamplingParams,
     /// The request's seed (drawn at submission when the parameters carry none).
     pub(crate) seed: u64,
-    pub(crate) reply: oneshot::Sender<Result<Generation>>,
+    pub(crate) reply: Reply,
 }
 
 /// A submitted request: await it (async) or [`PendingGeneration::wait`] for it (blocking). Dropping it cancels
@@ -85,4 +153,39 @@ impl Future for PendingGeneration {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.reply).poll(cx).map(|r| r.unwrap_or(Err(EngineError::Stopped)))
     }
+}
+
+/// A submitted streaming request ([`crate::Engine::submit_stream`]): each sampled token as its decode step
+/// ends, each sample's end, then `None`. An error is the last event. Dropping the stream (or
+/// [`GenerationStream::cancel`]) cancels the request: its sequences leave the batch and free their KV-cache
+/// slots at the next decode step.
+#[derive(Debug)]
+pub struct GenerationStream {
+    pub(crate) id: u64,
+    pub(crate) events: mpsc::UnboundedReceiver<Result<GenerationEvent>>,
+}
+
+impl GenerationStream {
+    /// The engine-assigned request id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The next event; `None` once every sample has finished (or after an error).
+    pub async fn next(&mut self) -> Option<Result<GenerationEvent>> {
+        self.events.recv().await
+    }
+
+    /// Polls for the next event (for adapting the stream to other stream types).
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<GenerationEvent>>> {
+        self.events.poll_recv(cx)
+    }
+
+    /// Blocks the current thread for the next event. Must not be called from async code (use `.next()`).
+    pub fn blocking_next(&mut self) -> Option<Result<GenerationEvent>> {
+        self.events.blocking_recv()
+    }
+
+    /// Cancels the request (the same as dropping the stream).
+    pub fn cancel(self) {}
 }

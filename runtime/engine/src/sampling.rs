@@ -13,11 +13,13 @@
 //! row-wise, so a row's choice depends only on its own logits and uniform number.
 //!
 //! One device→host transfer per step: ids and logprobs travel together as one `[2, B]` f32 tensor (token ids
-//! are below 2^24, exact in f32).
+//! are below 2^24, exact in f32). Rows that ask for top logprobs add one more (a `topk` over those rows of the
+//! same log-probabilities), and only on steps where such a row runs.
 
 use tch::{Kind, Tensor};
 
 use crate::error::Result;
+use crate::request::TopLogprob;
 
 /// How to choose one row's token.
 #[derive(Debug, Clone, Copy)]
@@ -34,6 +36,8 @@ pub(crate) struct RowSpec<'a> {
     pub(crate) uniform: f64,
     /// Token ids that must not be chosen this step (end-of-sequence ids before `min_tokens`).
     pub(crate) banned: &'a [i64],
+    /// How many of the most likely tokens to report with their logprobs; 0 reports none.
+    pub(crate) top_logprobs: usize,
 }
 
 impl RowSpec<'_> {
@@ -47,6 +51,8 @@ impl RowSpec<'_> {
 pub(crate) struct Sampled {
     pub(crate) ids: Vec<u32>,
     pub(crate) logprobs: Vec<f32>,
+    /// Per row, its `top_logprobs` most likely tokens (most likely first); empty when no row asked for any.
+    pub(crate) top: Vec<Vec<TopLogprob>>,
 }
 
 /// Samples one token per row of `logits` `[B, vocab]` (any float dtype, any device) following `rows`.
@@ -95,7 +101,30 @@ pub(crate) fn sample(logits: &Tensor, rows: &[RowSpec<'_>]) -> Result<Sampled> {
     let both = Tensor::f_stack(&[ids.f_to_kind(Kind::Float)?, lp], 0)?;
     let host: Vec<f32> = Vec::try_from(both.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
     let (ids, logprobs) = host.split_at(b);
-    Ok(Sampled { ids: ids.iter().map(|&x| x as u32).collect(), logprobs: logprobs.to_vec() })
+    let top = top_logprobs(&logp, rows, vocab)?;
+    Ok(Sampled { ids: ids.iter().map(|&x| x as u32).collect(), logprobs: logprobs.to_vec(), top })
+}
+
+/// The most likely tokens of every row that asks for them, from `logp` (`[B, vocab]`, the distribution the
+/// sampled logprobs come from); empty when no row asks.
+fn top_logprobs(logp: &Tensor, rows: &[RowSpec<'_>], vocab: i64) -> Result<Vec<Vec<TopLogprob>>> {
+    let asking: Vec<i64> = (0..rows.len()).filter(|&r| rows[r].top_logprobs > 0).map(|r| r as i64).collect();
+    let Some(k) = rows.iter().map(|r| r.top_logprobs as i64).max().filter(|&k| k > 0) else {
+        return Ok(Vec::new());
+    };
+    let k = k.min(vocab);
+    let idx = Tensor::from_slice(&asking).f_to_device(logp.device())?;
+    let (values, indices) = logp.f_index_select(0, &idx)?.f_topk(k, -1, true, true)?;
+    let values: Vec<f32> = Vec::try_from(values.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
+    let indices: Vec<i64> = Vec::try_from(indices.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
+    let mut top = vec![Vec::new(); rows.len()];
+    for (i, &r) in asking.iter().enumerate() {
+        let r = r as usize;
+        let start = i * k as usize;
+        let want = rows[r].top_logprobs.min(k as usize);
+        top[r] = (start..start + want).map(|j| TopLogprob { token: indices[j] as u32, logprob: values[j] }).collect();
+    }
+    Ok(top)
 }
 
 /// Filters `s` (`[S, vocab]` tempered log-probabilities, banned ids at -inf) by each row's top-k, min-p and
@@ -151,7 +180,7 @@ mod tests {
     use super::*;
 
     fn spec(temperature: f32, uniform: f64) -> RowSpec<'static> {
-        RowSpec { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, uniform, banned: &[] }
+        RowSpec { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, uniform, banned: &[], top_logprobs: 0 }
     }
 
     fn logits() -> Tensor {
@@ -205,6 +234,24 @@ mod tests {
         assert!(min_p.iter().all(|&t| t == 2 || t == 3) && min_p.contains(&2));
         let k1 = many(&|u| RowSpec { top_k: 1, ..spec(1.0, u) });
         assert!(k1.iter().all(|&t| t == 3));
+    }
+
+    #[test]
+    fn top_logprobs_come_from_the_sampled_distribution_only_for_rows_that_ask() {
+        let out = sample(&logits(), &[spec(1.0, 0.5), spec(2.0, 0.5)]).unwrap();
+        assert!(out.top.is_empty());
+        let out = sample(&logits(), &[spec(0.0, 0.5), RowSpec { top_logprobs: 2, ..spec(2.0, 0.5) }]).unwrap();
+        assert!(out.top[0].is_empty());
+        let q = [0.7f32, 0.1, 0.1, 0.1].map(f32::sqrt);
+        let z: f32 = q.iter().sum();
+        assert_eq!(out.top[1].len(), 2);
+        assert_eq!(out.top[1][0].token, 0);
+        assert!((out.top[1][0].logprob - (q[0] / z).ln()).abs() < 1e-5);
+        assert!((out.top[1][1].logprob - (q[1] / z).ln()).abs() < 1e-5);
+        // More than the vocabulary is capped at the vocabulary.
+        let out = sample(&logits(), &[RowSpec { top_logprobs: 9, ..spec(0.0, 0.5) }, spec(0.0, 0.5)]).unwrap();
+        let tokens: Vec<u32> = out.top[0].iter().map(|t| t.token).collect();
+        assert_eq!(tokens, vec![3, 2, 1, 0]);
     }
 
     #[test]

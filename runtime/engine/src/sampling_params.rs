@@ -36,6 +36,10 @@ pub struct SamplingParams {
     pub stop: Vec<String>,
     /// Do not stop at the model's end-of-sequence ids (forced-length generation for benchmarks).
     pub ignore_eos: bool,
+    /// How many of the most likely tokens to report at each generated position, with their logprobs
+    /// (OpenAI's `top_logprobs`); only streamed requests receive them ([`crate::StreamedToken`]). 0 computes
+    /// nothing extra.
+    pub top_logprobs: usize,
 }
 
 impl Default for SamplingParams {
@@ -52,6 +56,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
             ignore_eos: false,
+            top_logprobs: 0,
         }
     }
 }
@@ -98,6 +103,9 @@ impl SamplingParams {
         if let Some(&id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab_size) {
             return bad("stop_token_ids", format!("{id} is outside the vocabulary of {vocab_size}"));
         }
+        if self.top_logprobs > vocab_size {
+            return bad("top_logprobs", format!("{} is more than the vocabulary of {vocab_size}", self.top_logprobs));
+        }
         if self.stop.iter().any(String::is_empty) {
             return bad("stop", "stop strings must not be empty".into());
         }
@@ -134,6 +142,7 @@ mod tests {
         assert_eq!(check(SamplingParams { max_tokens: Some(2), min_tokens: 3, ..Default::default() }), "min_tokens");
         assert_eq!(check(SamplingParams { stop_token_ids: vec![100], ..Default::default() }), "stop_token_ids");
         assert_eq!(check(SamplingParams { stop: vec!["x".into()], ..Default::default() }), "stop");
+        assert_eq!(check(SamplingParams { top_logprobs: 101, ..Default::default() }), "top_logprobs");
         assert!(SamplingParams::default().validate(7, 100, false).is_ok());
     }
 }

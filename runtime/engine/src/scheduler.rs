@@ -26,11 +26,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tch::Tensor;
-use tokio::sync::oneshot;
 use trinity_model::{Decoder, KvCache, Tokenizer};
 
 use crate::error::{EngineError, Result};
-use crate::request::{Completion, FinishReason, Generation, PendingRequest};
+use crate::request::{
+    Completion, FinishReason, Generation, GenerationEvent, PendingRequest, Reply, StreamedToken, TopLogprob,
+};
 use crate::rng::uniform;
 use crate::sampling::{RowSpec, sample};
 use crate::sampling_params::SamplingParams;
@@ -66,9 +67,10 @@ struct RequestState {
     max_new: usize,
     /// Ids masked while a sample is below `min_tokens`: the model's EOS ids (unless ignored) and stop ids.
     banned: Vec<i64>,
+    /// Finished samples of a request answered as a whole (a streamed request gets each one as it ends).
     completions: Vec<Option<Completion>>,
     unfinished: usize,
-    reply: oneshot::Sender<Result<Generation>>,
+    reply: Reply,
 }
 
 /// One sample being generated.
@@ -206,10 +208,10 @@ impl Scheduler {
             }
         });
         for request in self.waiting.drain(..) {
-            let _ = request.reply.send(Err(EngineError::Stopped));
+            request.reply.fail(EngineError::Stopped);
         }
         for (_, state) in self.requests.drain() {
-            let _ = state.reply.send(Err(EngineError::Stopped));
+            state.reply.fail(EngineError::Stopped);
         }
     }
 
@@ -223,9 +225,11 @@ impl Scheduler {
         true
     }
 
-    /// Forgets requests whose caller dropped the handle, waiting or running.
+    /// Forgets requests whose caller dropped the handle (or stream), waiting or running.
     fn drop_cancelled(&mut self) {
+        let waiting = self.waiting.len();
         self.waiting.retain(|r| !r.reply.is_closed());
+        let mut count = waiting - self.waiting.len();
         let cancelled: Vec<u64> =
             self.requests.iter().filter(|(_, s)| s.reply.is_closed()).map(|(&id, _)| id).collect();
         if !cancelled.is_empty() {
@@ -235,6 +239,14 @@ impl Scheduler {
             let gone: Vec<usize> =
                 (0..self.running.len()).filter(|&i| cancelled.contains(&self.running[i].request)).collect();
             self.remove_sequences(&gone);
+            count += cancelled.len();
+        }
+        if count > 0 {
+            tracing::debug!(requests = count, "cancelled by their callers");
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.cancelled_requests += count as u64;
+            stats.running_sequences = self.running.len();
+            stats.waiting_requests = self.waiting.len();
         }
     }
 
@@ -350,10 +362,14 @@ impl Scheduler {
         }
         banned.sort_unstable();
         banned.dedup();
+        let completions = match request.reply {
+            Reply::Whole(_) => vec![None; p.n],
+            Reply::Stream(_) => Vec::new(),
+        };
         self.requests.insert(
             request.id,
             RequestState {
-                completions: vec![None; p.n],
+                completions,
                 unfinished: p.n,
                 params: request.params,
                 seed: request.seed,
@@ -385,10 +401,13 @@ impl Scheduler {
         self.count_pass(0);
     }
 
-    /// Adds the pass in progress (if not yet counted) and `generated` new tokens to the stats.
+    /// Adds the pass in progress (if not yet counted) and `generated` new tokens to the stats, and sets the
+    /// batch's current size.
     fn count_pass(&mut self, generated: u64) {
         let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         stats.generated_tokens += generated;
+        stats.running_sequences = self.running.len();
+        stats.waiting_requests = self.waiting.len();
         if let Some(pass) = self.pass.take() {
             match pass.kind {
                 PassKind::Prefill(tokens) => {
@@ -420,15 +439,17 @@ impl Scheduler {
                     min_p: p.min_p,
                     uniform: uniform(state.seed, s.sample as u64, step as u64),
                     banned: if step < p.min_tokens { &state.banned } else { &[] },
+                    top_logprobs: p.top_logprobs,
                 });
             }
             sample(logits, &specs)?
         };
         self.count_pass(sampled.ids.len() as u64);
         let mut finished = Vec::new();
+        let mut top = sampled.top.into_iter();
         for (i, (&token, &logprob)) in sampled.ids.iter().zip(&sampled.logprobs).enumerate() {
             let index = first + i;
-            match self.advance(index, token, logprob)? {
+            match self.advance(index, token, logprob, top.next().unwrap_or_default())? {
                 Outcome::Running => {}
                 Outcome::Finished(reason, text) => {
                     self.finish(index, reason, text)?;
@@ -440,13 +461,19 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Appends a token to `running[index]` and decides whether the sample is done.
-    fn advance(&mut self, index: usize, token: u32, logprob: f32) -> Result<Outcome> {
+    /// Appends a token to `running[index]` (and streams it when its request streams) and decides whether the
+    /// sample is done.
+    fn advance(&mut self, index: usize, token: u32, logprob: f32, top: Vec<TopLogprob>) -> Result<Outcome> {
         let seq = &mut self.running[index];
         let state = self.requests.get(&seq.request).ok_or(EngineError::Stopped)?;
         let p = &state.params;
         seq.tokens.push(token);
         seq.logprobs.push(logprob);
+        if let Reply::Stream(events) = &state.reply {
+            // A closed stream is noticed by `drop_cancelled` before the next step.
+            let streamed = StreamedToken { sample: seq.sample, token, logprob, top_logprobs: top };
+            let _ = events.send(Ok(GenerationEvent::Token(streamed)));
+        }
         let generated = seq.tokens.len();
         if p.stop_token_ids.contains(&token) {
             return Ok(Outcome::Finished(FinishReason::Stop, None));
@@ -481,14 +508,22 @@ impl Scheduler {
         };
         let id = seq.request;
         let Some(state) = self.requests.get_mut(&id) else { return Ok(()) };
-        state.completions[seq.sample] = Some(completion);
+        match &state.reply {
+            Reply::Stream(events) => {
+                let _ = events.send(Ok(GenerationEvent::Finished { sample: seq.sample, completion }));
+            }
+            Reply::Whole(_) => state.completions[seq.sample] = Some(completion),
+        }
         state.unfinished -= 1;
         if state.unfinished == 0
             && let Some(state) = self.requests.remove(&id)
         {
-            let completions = state.completions.into_iter().flatten().collect();
             self.stats.lock().unwrap_or_else(|e| e.into_inner()).requests += 1;
-            let _ = state.reply.send(Ok(Generation { request: id, completions }));
+            // A stream ends when its sender is dropped here, after its last sample's event.
+            if let Reply::Whole(reply) = state.reply {
+                let completions = state.completions.into_iter().flatten().collect();
+                let _ = reply.send(Ok(Generation { request: id, completions }));
+            }
         }
         Ok(())
     }
@@ -499,7 +534,7 @@ impl Scheduler {
         tracing::warn!(requests = ?ids, phase, %reason, "generation step failed");
         for id in ids {
             if let Some(state) = self.requests.remove(id) {
-                let _ = state.reply.send(Err(EngineError::StepFailed { request: *id, phase, reason: reason.clone() }));
+                state.reply.fail(EngineError::StepFailed { request: *id, phase, reason: reason.clone() });
             }
         }
         let gone: Vec<usize> = (0..self.running.len()).filter(|&i| ids.contains(&self.running[i].request)).collect();

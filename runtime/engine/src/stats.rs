@@ -20,6 +20,12 @@ pub struct EngineStats {
     pub decode_steps: u64,
     /// All generated tokens, the first token of each sample (sampled from the prefill) included.
     pub generated_tokens: u64,
+    /// Requests dropped because their caller went away (a dropped handle or stream) before they finished.
+    pub cancelled_requests: u64,
+    /// Sequences in the batch after the latest pass (a gauge, not a total).
+    pub running_sequences: usize,
+    /// Requests waiting for KV-cache slots after the latest pass (a gauge).
+    pub waiting_requests: usize,
 }
 
 impl EngineStats {

@@ -1,60 +1,45 @@
-//! Stop strings: incremental detokenization of a sample's tokens and a search for the stop strings in the text
-//! that each new token adds.
+//! Stop strings: a search for the stop strings in the text that each new token adds to a sample.
 //!
-//! Decoding a token alone is wrong for byte-level BPE (a multi-byte character can span tokens) and for
-//! SentencePiece-style decoders (a leading space depends on the previous token), so new text is found as
-//! `decode(tokens[prefix..]) - decode(tokens[prefix..read])` with a window that starts a few tokens back,
-//! the scheme of Hugging Face's text-generation-inference; text ending in U+FFFD (an incomplete character) is
-//! held back until the next token completes it. The search only scans the new text plus the longest stop
+//! The text comes from [`crate::IncrementalText`]; the search only scans the new text plus the longest stop
 //! string's length before it, so a step costs O(window), not O(length of the sample).
-//!
-//! Invariant: `text` is the decoded text (special tokens skipped) of all tokens up to `read`.
 
 use trinity_model::Tokenizer;
 
+use crate::detokenize::IncrementalText;
 use crate::error::Result;
-
-/// Tokens of context kept in front of the new tokens when decoding a delta.
-const CONTEXT_TOKENS: usize = 6;
 
 /// Per-sample stop-string state.
 #[derive(Debug)]
 pub(crate) struct StopStrings {
     stops: Vec<String>,
     longest: usize,
-    text: String,
-    prefix: usize,
-    read: usize,
+    text: IncrementalText,
 }
 
 impl StopStrings {
     pub(crate) fn new(stops: &[String]) -> Self {
         let longest = stops.iter().map(String::len).max().unwrap_or(0);
-        Self { stops: stops.to_vec(), longest, text: String::new(), prefix: 0, read: 0 }
+        Self { stops: stops.to_vec(), longest, text: IncrementalText::default() }
     }
 
     /// Takes in the newest token (`tokens` is the whole sample so far). When `check` is set and a stop string
     /// now appears in the text, returns the text before its first occurrence.
     pub(crate) fn push(&mut self, tokenizer: &Tokenizer, tokens: &[u32], check: bool) -> Result<Option<String>> {
-        let before = tokenizer.decode(&tokens[self.prefix..self.read], true).map_err(crate::EngineError::Model)?;
-        let after = tokenizer.decode(&tokens[self.prefix..], true).map_err(crate::EngineError::Model)?;
-        let delta = match after.get(before.len()..) {
-            Some(d) if after.len() > before.len() && after.starts_with(&before) && !after.ends_with('\u{FFFD}') => d,
-            _ => return Ok(None),
-        };
-        let mut start = self.text.len().saturating_sub(self.longest.saturating_sub(1));
-        while !self.text.is_char_boundary(start) {
-            start -= 1;
+        let old = self.text.text().len();
+        if self.text.push(tokenizer, tokens)?.is_empty() {
+            return Ok(None);
         }
-        self.text.push_str(delta);
-        self.read = tokens.len();
-        self.prefix = self.read.saturating_sub(CONTEXT_TOKENS);
         if !check {
             return Ok(None);
         }
-        let window = &self.text[start..];
+        let text = self.text.text();
+        let mut start = old.saturating_sub(self.longest.saturating_sub(1));
+        while !text.is_char_boundary(start) {
+            start -= 1;
+        }
+        let window = &text[start..];
         let first = self.stops.iter().filter_map(|s| window.find(s.as_str())).min();
-        Ok(first.map(|at| self.text[..start + at].to_owned()))
+        Ok(first.map(|at| text[..start + at].to_owned()))
     }
 }
 

@@ -48,6 +48,12 @@ impl RolloutModel {
         &self.tokenizer
     }
 
+    /// The model's chat template, for callers that render more than role/content pairs (tool schemas, tool
+    /// calls in the history: the OpenAI-compatible server).
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
     /// How many weight updates the served weights include; stamped on every experience.
     pub fn model_version(&self) -> u64 {
         self.version.load(Ordering::Acquire)

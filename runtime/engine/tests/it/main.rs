@@ -7,3 +7,4 @@ mod limits;
 mod logprobs;
 mod seeds;
 mod smollm2;
+mod streaming;

@@ -1,0 +1,378 @@
+//! `POST /v1/chat/completions`: messages rendered with the model's chat template (tools through its `tools`
+//! variable), the reply sampled by the engine, tool calls parsed from the model's own output, every choice
+//! recorded.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use trinity_model::ChatMessage;
+
+use crate::error::ApiError;
+use crate::generation::{Job, Run, finish_reason_name};
+use crate::logprobs::chat_logprobs;
+use crate::params::{self, CommonParams};
+use crate::server::{AppState, read_body};
+use crate::sse::{self, Shape, StreamSpec};
+use crate::tool_calls::parse_hermes;
+
+pub(crate) const ENDPOINT: &str = "chat.completions";
+
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "add_generation_prompt",
+    "continue_final_message",
+];
+
+/// The chat-only fields.
+#[derive(Debug, Deserialize)]
+struct ChatFields {
+    messages: Vec<Value>,
+    #[serde(default)]
+    logprobs: Option<bool>,
+    #[serde(default)]
+    top_logprobs: Option<usize>,
+    #[serde(default)]
+    max_completion_tokens: Option<usize>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    response_format: Option<Value>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    continue_final_message: Option<bool>,
+}
+
+/// What shapes the response besides the tokens.
+#[derive(Debug)]
+pub(crate) struct ChatOutput {
+    pub(crate) stream: Option<StreamSpec>,
+    pub(crate) logprobs: bool,
+    pub(crate) top_logprobs: bool,
+    pub(crate) return_token_ids: bool,
+    pub(crate) parse_tools: bool,
+    pub(crate) model: String,
+}
+
+pub(crate) async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let prepared = match read_body(&state, request).await {
+        Ok(body) => prepare(&state, &body, started),
+        Err(error) => Err(error),
+    };
+    let run = prepared.and_then(|(job, output)| Ok((Run::start(&state, job)?, output)));
+    match run {
+        Err(error) => {
+            state.metrics.request_done(ENDPOINT, error.status.as_u16(), started.elapsed());
+            error.into_response()
+        }
+        Ok((run, output)) => match output.stream {
+            Some(spec) => sse::respond(run, spec).into_response(),
+            None => respond_whole(run, &output).await,
+        },
+    }
+}
+
+/// Parses and validates the body, renders and tokenizes the prompt.
+fn prepare(state: &AppState, body: &[u8], started: Instant) -> Result<(Job, ChatOutput), ApiError> {
+    let map = params::object(body)?;
+    params::check_known(&map, CHAT_FIELDS)?;
+    let common: CommonParams = params::typed(&map)?;
+    let fields: ChatFields = params::typed(&map)?;
+    common.check_model(&state.options.model_name)?;
+    if let Some(format) = &fields.response_format
+        && format.get("type").and_then(Value::as_str) != Some("text")
+    {
+        return Err(ApiError::unsupported("response_format", "only `{\"type\": \"text\"}` is supported"));
+    }
+    let logprobs = fields.logprobs.unwrap_or(false);
+    let top = fields.top_logprobs.unwrap_or(0);
+    if top > 20 {
+        return Err(ApiError::invalid_param("top_logprobs", format!("{top} is more than 20")));
+    }
+    if top > 0 && !logprobs {
+        return Err(ApiError::invalid_param("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
+    }
+    let tools = check_tools(fields.tools.as_deref())?;
+    let parse_tools = tools.is_some() && tool_choice_parses(fields.tool_choice.as_ref())?;
+    if fields.messages.is_empty() {
+        return Err(ApiError::invalid_param("messages", "`messages` must not be empty"));
+    }
+    let messages = normalize_messages(&fields.messages)?;
+    let prompt = render_prompt(state, &messages, tools.as_ref(), &fields)?;
+    let max_tokens = fields.max_completion_tokens.or(common.max_tokens);
+    let params = common.sampling(&state.options, max_tokens, if logprobs { top } else { 0 })?;
+    let return_token_ids = common.return_token_ids.unwrap_or(false);
+    let stream = common.stream.unwrap_or(false).then(|| StreamSpec {
+        shape: Shape::Chat,
+        id: state.ids.next("chatcmpl-"),
+        model: state.options.model_name.clone(),
+        logprobs,
+        top_logprobs: top > 0,
+        return_token_ids,
+        include_usage: common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
+        parse_tools,
+        stop: params.stop.clone(),
+    });
+    let job = Job { endpoint: ENDPOINT, prompts: vec![Arc::new(prompt)], params, started };
+    let output = ChatOutput {
+        stream,
+        logprobs,
+        top_logprobs: top > 0,
+        return_token_ids,
+        parse_tools,
+        model: state.options.model_name.clone(),
+    };
+    Ok((job, output))
+}
+
+/// Checks the tool schemas: each `{"type": "function", "function": {"name": ..}}`. `None` when there are none.
+fn check_tools(tools: Option<&[Value]>) -> Result<Option<Value>, ApiError> {
+    let Some(tools) = tools.filter(|t| !t.is_empty()) else { return Ok(None) };
+    for (i, tool) in tools.iter().enumerate() {
+        let is_function = tool.get("type").and_then(Value::as_str) == Some("function");
+        let named = tool.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).is_some();
+        if !is_function || !named {
+            return Err(ApiError::invalid_param(
+                &format!("tools[{i}]"),
+                "each tool must be `{\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}`",
+            ));
+        }
+    }
+    Ok(Some(Value::Array(tools.to_vec())))
+}
+
+/// Whether tool calls are parsed: `auto` (the default) yes, `none` no; forcing a call (`required`, a named
+/// function) needs constrained decoding, which the engine does not do.
+fn tool_choice_parses(choice: Option<&Value>) -> Result<bool, ApiError> {
+    match choice {
+        None => Ok(true),
+        Some(Value::String(s)) if s == "auto" => Ok(true),
+        Some(Value::String(s)) if s == "none" => Ok(false),
+        Some(other) => Err(ApiError::unsupported(
+            "tool_choice",
+            format!(
+                "tool_choice {other} is not supported: forcing a tool call needs constrained decoding; use \"auto\" (the model decides) or \"none\""
+            ),
+        )),
+    }
+}
+
+/// The message fields passed to the chat template.
+const MESSAGE_FIELDS: &[&str] =
+    &["role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "refusal"];
+
+/// Messages as the chat template expects them: content as one string (text parts joined by newlines, as
+/// vLLM does), `developer` as `system`, assistant tool-call arguments as objects (templates serialize them
+/// with `tojson`).
+fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, message)| {
+            let at = |field: &str| format!("messages[{i}].{field}");
+            let Value::Object(fields) = message else {
+                return Err(ApiError::invalid_param(&format!("messages[{i}]"), "a message must be an object"));
+            };
+            if let Some(unknown) = fields.keys().find(|k| !MESSAGE_FIELDS.contains(&k.as_str())) {
+                return Err(ApiError::invalid_param(&at(unknown), format!("unknown message field `{unknown}`")));
+            }
+            let role = match fields.get("role").and_then(Value::as_str) {
+                Some("developer") => "system",
+                Some(role @ ("system" | "user" | "assistant" | "tool")) => role,
+                Some(other) => {
+                    return Err(ApiError::invalid_param(
+                        &at("role"),
+                        format!("unknown role `{other}` (system, developer, user, assistant, tool)"),
+                    ));
+                }
+                None => return Err(ApiError::invalid_param(&at("role"), "a message needs a `role`")),
+            };
+            let content = match fields.get("content") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(text)) => text.clone(),
+                Some(Value::Array(parts)) => text_parts(parts, &at("content"))?,
+                Some(_) => {
+                    return Err(ApiError::invalid_param(&at("content"), "content must be a string or a list of parts"));
+                }
+            };
+            let mut out = Map::new();
+            out.insert("role".into(), json!(role));
+            out.insert("content".into(), json!(content));
+            for key in ["name", "tool_call_id"] {
+                if let Some(value) = fields.get(key).filter(|v| !v.is_null()) {
+                    out.insert(key.into(), value.clone());
+                }
+            }
+            if let Some(calls) = fields.get("tool_calls").filter(|v| !v.is_null()) {
+                out.insert("tool_calls".into(), template_tool_calls(calls, &at("tool_calls"))?);
+            }
+            Ok(Value::Object(out))
+        })
+        .collect()
+}
+
+/// The text of a content-part list; other part types (images, audio) are refused.
+fn text_parts(parts: &[Value], at: &str) -> Result<String, ApiError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, part) in parts.iter().enumerate() {
+        match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+            (Some("text"), Some(text)) => texts.push(text),
+            (kind, _) => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}[{j}]"),
+                    format!("only text parts are supported (got type {})", kind.unwrap_or("none")),
+                ));
+            }
+        }
+    }
+    Ok(texts.join("\n"))
+}
+
+/// Tool calls of an assistant message with `function.arguments` parsed from its JSON text.
+fn template_tool_calls(calls: &Value, at: &str) -> Result<Value, ApiError> {
+    let Value::Array(calls) = calls else {
+        return Err(ApiError::invalid_param(at, "`tool_calls` must be a list"));
+    };
+    let mut out = Vec::with_capacity(calls.len());
+    for call in calls {
+        let mut call = call.clone();
+        if let Some(arguments) = call.pointer_mut("/function/arguments")
+            && let Value::String(text) = arguments
+            && let Ok(parsed) = serde_json::from_str::<Value>(text)
+        {
+            *arguments = parsed;
+        }
+        out.push(call);
+    }
+    Ok(Value::Array(out))
+}
+
+/// Renders the messages (with tools) and tokenizes them as the engine will see them.
+fn render_prompt(
+    state: &AppState,
+    messages: &[Value],
+    tools: Option<&Value>,
+    fields: &ChatFields,
+) -> Result<Vec<u32>, ApiError> {
+    let continue_final = fields.continue_final_message.unwrap_or(false);
+    let add_generation_prompt = fields.add_generation_prompt.unwrap_or(!continue_final);
+    if continue_final && add_generation_prompt {
+        return Err(ApiError::invalid_param(
+            "continue_final_message",
+            "`continue_final_message` and `add_generation_prompt` cannot both be set",
+        ));
+    }
+    let rollout = &state.rollout;
+    let text = match rollout.chat_template() {
+        Some(template) => template.render(messages, add_generation_prompt, tools),
+        None if tools.is_some() => {
+            return Err(ApiError::invalid_param("tools", "the model has no chat template to render tools with"));
+        }
+        None => {
+            let plain: Vec<ChatMessage> =
+                messages.iter().map(|m| ChatMessage::new(str_field(m, "role"), str_field(m, "content"))).collect();
+            rollout.render_chat(&plain, add_generation_prompt)
+        }
+    }
+    .map_err(|e| ApiError::invalid(Some("messages".to_owned()), format!("the chat template failed: {e}")))?;
+    let text = if continue_final { continued(&text, messages)? } else { text };
+    let prompt = rollout.tokenizer().encode(&text, false).map_err(|e| ApiError::internal(e.to_string()))?;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid_param("messages", "the rendered prompt is empty"));
+    }
+    Ok(prompt)
+}
+
+fn str_field(message: &Value, key: &str) -> String {
+    message.get(key).and_then(Value::as_str).unwrap_or_default().to_owned()
+}
+
+/// The rendered text cut right after the final (assistant) message's content, so the reply continues it.
+fn continued(text: &str, messages: &[Value]) -> Result<String, ApiError> {
+    let last = messages.last().filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
+    let content = last.map(|m| str_field(m, "content"));
+    match content.and_then(|c| text.rfind(c.as_str()).map(|at| at + c.len())) {
+        Some(end) => Ok(text[..end].to_owned()),
+        None => Err(ApiError::invalid_param(
+            "continue_final_message",
+            "`continue_final_message` needs a final assistant message whose content the chat template keeps",
+        )),
+    }
+}
+
+/// The message and finish reason of a finished choice: tool calls parsed out of the text when asked.
+pub(crate) fn chat_message(
+    text: &str,
+    reason: &'static str,
+    parse_tools: bool,
+    id_of: &dyn Fn() -> String,
+) -> (Value, &'static str) {
+    if parse_tools && let Some(reply) = parse_hermes(text) {
+        let calls: Vec<Value> = reply
+            .calls
+            .iter()
+            .map(|c| json!({"id": id_of(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+        return (json!({"role": "assistant", "content": reply.content, "tool_calls": calls}), "tool_calls");
+    }
+    (json!({"role": "assistant", "content": text}), reason)
+}
+
+/// Runs the request to the end and answers with one `chat.completion` object.
+async fn respond_whole(mut run: Run, output: &ChatOutput) -> Response {
+    if let Err(error) = run.finish_all().await {
+        run.failed(&error);
+        return error.into_response();
+    }
+    let state = Arc::clone(run.state());
+    let id = state.ids.next("chatcmpl-");
+    let tokenizer = state.rollout.tokenizer();
+    let mut reasons = Vec::with_capacity(run.choices.len());
+    let mut choices = Vec::with_capacity(run.choices.len());
+    for (index, choice) in run.choices.iter().enumerate() {
+        let (text, reason) =
+            choice.finished.as_ref().map_or(("", trinity_engine::FinishReason::Stop), |(t, r)| (t.as_str(), *r));
+        let (message, reason) =
+            chat_message(text, finish_reason_name(reason), output.parse_tools, &|| state.ids.next("call_"));
+        reasons.push(reason);
+        let logprobs = output
+            .logprobs
+            .then(|| chat_logprobs(tokenizer, &choice.tokens, &choice.logprobs, &choice.top, output.top_logprobs));
+        let mut entry = json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason});
+        if output.return_token_ids {
+            entry["token_ids"] = json!(choice.tokens);
+        }
+        choices.push(entry);
+    }
+    run.record(&id, &reasons);
+    let (prompt_tokens, completion_tokens) = run.usage();
+    let mut body = json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": crate::ids::unix_seconds(),
+        "model": output.model,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    });
+    if output.return_token_ids {
+        body["prompt_token_ids"] = json!(run.prompts[0].as_ref());
+    }
+    run.complete();
+    Json(body).into_response()
+}

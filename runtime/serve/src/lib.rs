@@ -1,0 +1,54 @@
+//! Serve mode: the rollout model behind an OpenAI-compatible HTTP API, in the same process as the engine, that
+//! records every reply as a trainable experience.
+//!
+//! Agents in any language (the `openai` clients, AgentScope, LangChain) talk to [`serve`]'s server as to any
+//! OpenAI endpoint; each choice it returns is kept as an [`trinity_buffer::Experience`] holding the exact
+//! sampled token ids, their logprobs, the prompt tokens and the model version. The agent rewards replies by
+//! response id (`POST /feedback`) and commits (`POST /commit`), which hands the rewarded experiences to an
+//! [`ExperienceSink`] — in `trinity run`, the experience pipeline and the buffer a trainer reads.
+//!
+//! # Endpoints
+//! - `POST /v1/chat/completions`: `messages` (system/developer/user/assistant/tool; content as a string or text
+//!   parts), `model`, `n` (choices share one prefill), `temperature`, `top_p`, `max_tokens` /
+//!   `max_completion_tokens`, `stop`, `seed`, `logprobs` / `top_logprobs` (0–20), `stream` (SSE) with
+//!   `stream_options.include_usage`, `tools` / `tool_choice` (`auto`, `none`: tools are rendered through the
+//!   chat template's `tools` variable and hermes-style `<tool_call>{json}</tool_call>` blocks in the output
+//!   become `tool_calls` with `finish_reason: tool_calls`), and vLLM's `return_token_ids` (`prompt_token_ids`,
+//!   `choices[].token_ids`), `top_k`, `min_p`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
+//!   `add_generation_prompt`, `continue_final_message`.
+//! - `POST /v1/completions`: `prompt` as text, token ids or a batch of either; `logprobs` as a count.
+//! - `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text).
+//! - `POST /feedback {"msg_ids": [...], "reward": r, "task_id"?, "run_id"?}`: a msg id is a response `id`
+//!   (all its choices) or `<id>#<choice index>` (one choice). `task_id` groups experiences for group
+//!   advantages. Unknown ids: 404 naming them, nothing changed.
+//! - `POST /commit`: hands every rewarded experience to the sink, grouped (see [`ExperienceSink`]); unrewarded
+//!   ones stay pending.
+//!
+//! Errors are OpenAI-style bodies with the status the clients expect; an unknown field is a 400, as are
+//! parameters the engine cannot honour (penalties, logit bias, forced tool choice, structured output).
+//!
+//! # Invariants
+//! - A client that disconnects cancels its request: the engine drops its sequences at the next decode step.
+//! - Nothing holds the engine between requests: weights synced with `Engine::sync_weights` take effect at the
+//!   next decode step while requests are in flight.
+//! - The recorder is bounded (`ServeOptions::max_pending_experiences`): a request that would overflow it is
+//!   refused with 429 before it generates.
+//! - A recorded experience's response tokens and logprobs are exactly the `token_ids` and logprobs the client
+//!   received.
+
+mod chat;
+mod completions;
+mod error;
+mod generation;
+mod ids;
+mod logprobs;
+mod metrics;
+mod params;
+mod recorder;
+mod server;
+mod sse;
+mod tool_calls;
+
+pub use error::ServeError;
+pub use recorder::{CommitReport, ExperienceSink, SinkError, SinkFuture};
+pub use server::{ServeOptions, ServerHandle, serve};

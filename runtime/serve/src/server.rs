@@ -1,0 +1,296 @@
+//! Starting, routing and stopping the server, and the small endpoints (`/v1/models`, `/health`, `/metrics`,
+//! `/feedback`, `/commit`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use trinity_explorer::RolloutModel;
+
+use crate::error::{ApiError, ServeError};
+use crate::ids::IdGenerator;
+use crate::metrics::{Metrics, Snapshot};
+use crate::recorder::{ExperienceSink, Feedback, Recorder};
+use crate::{chat, completions, params};
+
+/// How the server listens and what it accepts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeOptions {
+    /// Where to listen: `explorer.listen_address:explorer.proxy_port` in Trinity's config (its defaults are
+    /// `0.0.0.0:8010`); port 0 picks a free port (see [`ServerHandle::local_addr`]).
+    pub address: SocketAddr,
+    /// The model name `/v1/models` lists; a request naming another model gets 404 (one that names none gets
+    /// this one).
+    pub model_name: String,
+    /// Forces every request's sampling temperature. Trinity's serve mode uses `model.temperature`, so the
+    /// recorded logprobs are the ones the trainer recomputes at the rollout temperature; `None` honours each
+    /// request's `temperature` (default 1).
+    pub temperature: Option<f32>,
+    /// Most recorded experiences held until committed (a request that would exceed it gets 429 before it
+    /// generates anything).
+    pub max_pending_experiences: usize,
+    /// Largest request body accepted, in bytes (413 above).
+    pub max_request_bytes: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            address: SocketAddr::from(([127, 0, 0, 1], 8010)),
+            model_name: "trinity".into(),
+            temperature: None,
+            max_pending_experiences: 100_000,
+            max_request_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Everything the handlers share.
+pub(crate) struct AppState {
+    pub(crate) rollout: Arc<RolloutModel>,
+    pub(crate) options: ServeOptions,
+    pub(crate) recorder: Arc<Recorder>,
+    pub(crate) metrics: Metrics,
+    pub(crate) ids: IdGenerator,
+    shutting_down: AtomicBool,
+    created: u64,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").field("options", &self.options).finish_non_exhaustive()
+    }
+}
+
+/// A running server. Dropping it shuts the server down gracefully in the background; [`ServerHandle::shutdown`]
+/// does the same and waits.
+#[derive(Debug)]
+pub struct ServerHandle {
+    address: SocketAddr,
+    state: Arc<AppState>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+/// Binds `options.address` and serves the rollout model on the current Tokio runtime until the returned handle
+/// shuts it down.
+///
+/// The server generates through `rollout`'s engine in this process (no second HTTP hop), so requests from
+/// any number of clients batch together with each other (and with any workflows sharing the engine). It
+/// holds no lock on the engine: weight syncs (`Engine::sync_weights`) run between decode steps while requests
+/// are in flight, and each recorded experience carries `rollout.model_version()` from when its request started.
+/// Committed experiences go to `sink`.
+///
+/// Errors: the address cannot be bound.
+pub async fn serve(
+    options: ServeOptions,
+    rollout: Arc<RolloutModel>,
+    sink: Arc<dyn ExperienceSink>,
+) -> Result<ServerHandle, ServeError> {
+    let listener = tokio::net::TcpListener::bind(options.address)
+        .await
+        .map_err(|source| ServeError::Bind { address: options.address, source })?;
+    let address = listener.local_addr()?;
+    let state = Arc::new(AppState {
+        rollout,
+        recorder: Arc::new(Recorder::new(options.max_pending_experiences, sink)),
+        options,
+        metrics: Metrics::default(),
+        ids: IdGenerator::new(),
+        shutting_down: AtomicBool::new(false),
+        created: crate::ids::unix_seconds(),
+    });
+    let app = router(Arc::clone(&state));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let signal_state = Arc::clone(&state);
+    let shutdown = async move {
+        // A dropped handle counts as a shutdown request.
+        let _ = stopped.await;
+        signal_state.shutting_down.store(true, Ordering::SeqCst);
+        tracing::info!("serve: shutting down; requests in flight finish first");
+    };
+    let task = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown).await });
+    tracing::info!(%address, model = %state.options.model_name, "serving the rollout model over the OpenAI API");
+    Ok(ServerHandle { address, state, stop: Some(stop), task })
+}
+
+impl ServerHandle {
+    /// The address the server listens on (with the actual port when port 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// The OpenAI base URL clients use: `http://<address>/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.address)
+    }
+
+    /// Stops accepting connections, answers new requests on open connections with 503, lets requests in
+    /// flight finish (streams included), and returns when the server has stopped.
+    pub async fn shutdown(mut self) -> Result<(), ServeError> {
+        self.state.shutting_down.store(true, Ordering::SeqCst);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.join().await
+    }
+
+    /// Serves until `signal` completes (Ctrl-C, the end of a run), then shuts down as
+    /// [`ServerHandle::shutdown`] does. Returns early with the error if the server fails.
+    pub async fn run_until<F: Future<Output = ()>>(mut self, signal: F) -> Result<(), ServeError> {
+        tokio::select! {
+            () = signal => self.shutdown().await,
+            result = &mut self.task => flatten(result),
+        }
+    }
+
+    async fn join(self) -> Result<(), ServeError> {
+        flatten(self.task.await)
+    }
+}
+
+fn flatten(result: Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<(), ServeError> {
+    match result {
+        Ok(result) => Ok(result?),
+        Err(error) => Err(ServeError::Task(error.to_string())),
+    }
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::handle))
+        .route("/v1/completions", post(completions::handle))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/feedback", post(feedback))
+        .route("/commit", post(commit))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), refuse_while_stopping))
+        .with_state(state)
+}
+
+/// 503 for everything but `/metrics` once shutdown has begun (requests already in their handlers go on).
+async fn refuse_while_stopping(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if state.shutting_down.load(Ordering::SeqCst) && request.uri().path() != "/metrics" {
+        return ApiError::shutting_down().into_response();
+    }
+    next.run(request).await
+}
+
+/// The request body, up to `max_request_bytes` (413 above).
+pub(crate) async fn read_body(state: &AppState, request: Request) -> Result<Bytes, ApiError> {
+    let limit = state.options.max_request_bytes;
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(ApiError::too_large(limit));
+    }
+    // With the declared length in bounds, the only failures left are an undeclared body over the limit and a
+    // connection that broke (whose client never sees the answer).
+    axum::body::to_bytes(request.into_body(), limit).await.map_err(|_| ApiError::too_large(limit))
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let info = state.rollout.engine().info();
+    Json(json!({"object": "list", "data": [{
+        "id": state.options.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "trinity",
+        "root": state.options.model_name,
+        "max_model_len": info.max_model_len,
+        "model_version": state.rollout.model_version(),
+    }]}))
+    .into_response()
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    Json(json!({"status": "ok", "model_version": state.rollout.model_version()})).into_response()
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let engine = state.rollout.engine();
+    let snapshot = Snapshot {
+        engine: engine.stats(),
+        info: engine.info(),
+        recorder: state.recorder.stats(),
+        model_version: state.rollout.model_version(),
+    };
+    let text = state.metrics.render(&snapshot);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+async fn feedback(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let result = async {
+        let body = read_body(&state, request).await?;
+        let map = params::object(&body)?;
+        let feedback: Feedback = params::typed(&map)?;
+        let updated = state.recorder.feedback(&feedback)?;
+        let stats = state.recorder.stats();
+        Ok::<_, ApiError>(
+            json!({"status": "ok", "updated": updated, "pending": stats.pending, "rewarded": stats.rewarded}),
+        )
+    }
+    .await;
+    respond("feedback", &state, started, result)
+}
+
+async fn commit(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let result = async {
+        let body = read_body(&state, request).await?;
+        // The body is optional; when present it must be an (empty) object.
+        if !body.iter().all(u8::is_ascii_whitespace) {
+            let map = params::object(&body)?;
+            if let Some(unknown) = map.keys().next() {
+                return Err(ApiError::invalid(Some(unknown.clone()), format!("`/commit` takes no field `{unknown}`")));
+            }
+        }
+        state.recorder.commit().await
+    }
+    .await;
+    respond("commit", &state, started, result)
+}
+
+fn respond(
+    endpoint: &'static str,
+    state: &AppState,
+    started: Instant,
+    result: Result<serde_json::Value, ApiError>,
+) -> Response {
+    let (status, response) = match result {
+        Ok(body) => (StatusCode::OK, Json(body).into_response()),
+        Err(error) => (error.status, error.into_response()),
+    };
+    state.metrics.request_done(endpoint, status.as_u16(), started.elapsed());
+    response
+}
+
+async fn not_found(request: Request) -> Response {
+    ApiError::not_found(format!("no route for {} {}", request.method(), request.uri().path()), None).into_response()
+}
+
+async fn method_not_allowed(request: Request) -> Response {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!("{} is not allowed on {}", request.method(), request.uri().path()),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("method_not_allowed"),
+    }
+    .into_response()
+}

@@ -1,0 +1,11 @@
+//! Integration tests of the OpenAI-compatible server over real sockets: endpoints, errors, streaming,
+//! cancellation, recording, tool calls, and the official `openai` Python client.
+
+mod cancellation;
+mod endpoints;
+mod errors;
+mod helpers;
+mod openai_client;
+mod recording;
+mod streaming;
+mod tools;
