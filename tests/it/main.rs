@@ -1,6 +1,7 @@
 //! Integration tests: the `trinity` binary run as a user runs it, in temporary directories.
 
 mod algorithm_plugins;
+mod async_rl;
 mod cli;
 mod compat;
 mod compat_runs;

@@ -325,3 +325,25 @@ stages:
     // Everything done: nothing runs.
     assert!(trinity_rft::run_stages(&loaded, &job, &BuiltinCatalog).unwrap().is_empty());
 }
+
+#[test]
+fn a_trainer_behind_the_explorer_skips_experiences_older_than_max_staleness() {
+    let dir = tempfile::tempdir().unwrap();
+    // The explorer runs alone first (trainer-driven sync never waits): five steps, all sampled with version 0.
+    let sync = "synchronizer:\n  sync_method: checkpoint\n  sync_style: trainer_driven\n";
+    let explorer = rl_config(dir.path(), "explore", sync);
+    let job = trinity_rft::job_dir(&explorer);
+    trinity_rft::run(&explorer, &job).unwrap();
+    // Then a trainer that accepts experiences at most one version old: step 1 takes 8 of version 0; from step 2
+    // on version 0 is too old, so the 32 left are skipped and, every explorer having finished, training ends.
+    let mut trainer = rl_config(dir.path(), "train", sync);
+    trainer.algorithm.sample_strategy = Some("staleness_control".into());
+    trainer.algorithm.sample_strategy_args = Some(serde_json::json!({"max_staleness": 1}).as_object().unwrap().clone());
+    let summary = trinity_rft::run(&trainer, &job).unwrap();
+    assert_eq!(summary.train_steps, 1);
+    let db = rusqlite::Connection::open(job.join("buffer/exp.db")).unwrap();
+    let count = |sql: &str| db.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+    assert_eq!(count("SELECT COUNT(*) FROM experiences WHERE train_step = 1 AND consumed = 1"), 8);
+    assert_eq!(count("SELECT COUNT(*) FROM experiences WHERE consumed = 0"), 0, "nothing waits: the rest is stale");
+    assert_eq!(count("SELECT COUNT(*) FROM experiences"), 40);
+}

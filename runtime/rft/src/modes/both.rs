@@ -72,12 +72,13 @@ struct Both<'a> {
 impl<'a> Both<'a> {
     async fn start(config: &'a Config, job_dir: &Path, threads: usize) -> Result<Both<'a>, RftError> {
         let device = models::device(Path::new(&config.model.model_path))?;
-        let planned = {
-            // The tasksets' length bounds the run; the trainer's own limit may shorten it.
+        // The tasksets' length bounds the run; the trainer's own limit may shorten it. (Read after the model loads,
+        // so that a missing model is the error a run with two missing inputs reports.)
+        let planned = |_: &_, _: Option<&_>, _| {
             let steps = trinity_buffer::TaskScheduler::from_config(&config.buffer)?.total_steps();
-            config.trainer.total_steps.map_or(steps, |t| t.min(steps))
+            Ok(config.trainer.total_steps.map_or(steps, |t| t.min(steps)))
         };
-        let started = Trainer::start(config, job_dir, device, threads, |_, _, _| Ok(planned))?;
+        let started = Trainer::start(config, job_dir, device, threads, planned)?;
         let trainer = started.trainer;
         let model_path = match &started.resumed {
             Some((checkpoint, _)) => checkpoint.path.join("hf"),
