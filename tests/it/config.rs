@@ -273,11 +273,11 @@ fn a_real_run_names_a_missing_model() {
 }
 
 #[test]
-fn modes_that_do_not_run_yet_say_so() {
+fn serve_without_a_buffer_a_trainer_can_read_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), &format!("{BASE}mode: serve\n"));
     let output = trinity(dir.path(), &["run", "--config", &path]);
-    assert_clean_failure(&output, &["`mode`", "is not supported yet (issue 16)"]);
+    assert_clean_failure(&output, &["`buffer.trainer_input.experience_buffer.path`", "a `mode: train` trainer"]);
 }
 
 #[test]

@@ -230,7 +230,10 @@ fn validator_corrections_apply_with_a_note_instead_of_refusing() {
 #[test]
 fn dry_run_refuses_exactly_what_the_run_refuses() {
     let cases = [
-        (format!("{BASE}mode: serve\n"), vec!["`mode`", "is not supported yet (issue 16)"]),
+        (
+            format!("{BASE}mode: serve\n"),
+            vec!["`buffer.trainer_input.experience_buffer.path`", "a `mode: train` trainer"],
+        ),
         (
             format!("{BASE}mode: explore\n"),
             vec!["`buffer.trainer_input.experience_buffer.path`", "in this process's memory"],

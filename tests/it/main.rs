@@ -10,4 +10,5 @@ mod config_rules;
 mod model_commands;
 mod plugins;
 mod rft;
+mod serve;
 mod support;

@@ -59,7 +59,6 @@ pub(crate) const OFFLOAD: &str = "a memory / offload / kernel setting of veRL's 
 pub(crate) const CKPT_CONTENTS: &str =
     "trinity always checkpoints weights, optimizer state and run state together; no effect here";
 pub(crate) const RAY: &str = "trinity does not use Ray; no effect here";
-pub(crate) const SERVE: &str = "a setting of `mode: serve`, which trinity does not run yet (issue 16); no effect here";
 pub(crate) const PROFILER: &str = "veRL's profiler; trinity reports its own phase timings, so it has no effect here";
 pub(crate) const LOGGING: &str = "logging only; trinity logs its fixed set of metrics, so it has no effect on the run";
 pub(crate) const VERL_SET: &str = "Trinity-RFT sets it itself from the top-level config; the value here is replaced";
@@ -299,8 +298,8 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("ExplorerConfig", "eval_on_startup", H, ""),
     ("ExplorerConfig", "bench_on_latest_checkpoint", H, ""),
     ("ExplorerConfig", "rollout_model", H, ""),
-    ("ExplorerConfig", "listen_address", P, SERVE),
-    ("ExplorerConfig", "proxy_port", P, SERVE),
+    ("ExplorerConfig", "listen_address", H, ""),
+    ("ExplorerConfig", "proxy_port", H, ""),
     ("ExplorerConfig", "runner_num", D, "deprecated in Trinity-RFT; explorer.runner_per_model decides"),
     (
         "ExplorerConfig",
@@ -322,9 +321,24 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ),
     ("ExplorerConfig", "over_rollout", H, ""),
     ("ExplorerConfig", "dynamic_timeout", H, ""),
-    ("ExplorerConfig", "service_status_check_interval", P, SERVE),
-    ("ExplorerConfig", "min_running_model_num", P, SERVE),
-    ("ExplorerConfig", "db_url", P, SERVE),
+    (
+        "ExplorerConfig",
+        "service_status_check_interval",
+        P,
+        "how often Trinity-RFT's serve mode checks its vLLM engines' weight versions; trinity's one engine loads published weights within 2 s, between decode steps",
+    ),
+    (
+        "ExplorerConfig",
+        "min_running_model_num",
+        P,
+        "how many of Trinity-RFT's vLLM engines keep serving while others sync; trinity's one engine syncs between decode steps and never stops serving",
+    ),
+    (
+        "ExplorerConfig",
+        "db_url",
+        P,
+        "where Trinity-RFT's serve mode keeps its request history; trinity holds uncommitted replies in memory (bounded) and stores committed ones in the experience buffer",
+    ),
     ("ExplorerConfig", "runner_state_report_interval", P, LOGGING),
     ("ExplorerConfig", "runner_prepare_concurrency", P, "trinity prepares workflows in-process; no effect here"),
     ("ExplorerConfig", "runner_prepare_max_retries", P, "trinity prepares workflows in-process; no effect here"),

@@ -42,14 +42,6 @@ impl Check<'_> {
 
     fn run(&self) -> Result<(), ConfigError> {
         let config = self.config;
-        if config.mode == Mode::Serve {
-            return Err(self.refuse(
-                "mode",
-                "mode `serve` (an OpenAI-compatible endpoint that records experiences) is not supported yet \
-                 (issue 16); modes `both`, `colocate`, `explore`, `train` and `bench` run"
-                    .to_owned(),
-            ));
-        }
         self.check_shared_buffer()?;
         self.check_train_batch_size()?;
         let input = &config.buffer.explorer_input;
@@ -74,12 +66,12 @@ impl Check<'_> {
         Ok(())
     }
 
-    /// Modes `explore` and `train` run explorer and trainer as separate processes (possibly on separate machines)
+    /// Modes `explore`, `serve` and `train` run explorer and trainer as separate processes (possibly on separate machines)
     /// that hand experiences over through the experience buffer, so it must be a database both can open: an
     /// in-memory queue lives in one process, and a `.jsonl` copy is written, never read.
     fn check_shared_buffer(&self) -> Result<(), ConfigError> {
         let config = self.config;
-        if !matches!(config.mode, Mode::Explore | Mode::Train) {
+        if !matches!(config.mode, Mode::Explore | Mode::Train | Mode::Serve) {
             return Ok(());
         }
         let Some(buffer) = &config.buffer.trainer_input.experience_buffer else {
@@ -90,8 +82,10 @@ impl Check<'_> {
             return Ok(());
         }
         let key = "buffer.trainer_input.experience_buffer";
-        let other =
-            if config.mode == Mode::Explore { "a `mode: train` trainer" } else { "the `mode: explore` explorers" };
+        let other = match config.mode {
+            Mode::Train => "the `mode: explore` explorers",
+            _ => "a `mode: train` trainer",
+        };
         let fix = "set `path: sqlite:///<file>.db` (processes on one machine) or \
                    `postgresql://user:password@host:port/database` (several machines), the same in the explorers' and \
                    the trainer's configs";
@@ -239,9 +233,19 @@ mod mode_tests {
     }
 
     #[test]
-    fn serve_is_refused_naming_its_issue() {
-        let error = refusal(&format!("mode: serve\n{MODEL}"));
-        assert_names(&error, "mode", &["mode `serve`", "issue 16"]);
+    fn serve_runs_with_a_buffer_a_trainer_can_read() {
+        let serve = |experience: &str| {
+            format!(
+                "mode: serve\n{MODEL}buffer:\n  trainer_input:\n    experience_buffer:\n      name: shared\n{experience}"
+            )
+        };
+        loaded(&serve(SQLITE)).check_runnable().unwrap();
+        let in_memory = refusal(&serve(""));
+        assert_names(
+            &in_memory,
+            "buffer.trainer_input.experience_buffer.path",
+            &["mode `serve`", "a `mode: train` trainer"],
+        );
     }
 
     #[test]

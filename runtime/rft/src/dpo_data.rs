@@ -11,11 +11,10 @@ use serde_json::Value;
 use trinity_buffer::Row;
 use trinity_config::buffer::{ExperienceBufferConfig, PromptType};
 use trinity_model::{ChatTemplate, Tokenizer};
-use trinity_trainer::TrainRow;
 
 use crate::dataset::DatasetRows;
 use crate::error::RftError;
-use crate::sft_data::{assistant, messages_of, plaintext_prompt, tokenize};
+use crate::sft_data::{assistant, continuation, messages_of, plaintext_prompt};
 
 impl DatasetRows {
     /// Reads and tokenizes every row of `buffer` as a DPO pair (two rows: chosen, rejected).
@@ -40,9 +39,11 @@ impl DatasetRows {
                     reply(row, &format.rejected_key, "format.rejected_key")?,
                 ),
             };
-            let chosen = continuation(&prompt, &chosen, tokenizer, template)?;
-            let rejected = continuation(&prompt, &rejected, tokenizer, template)?;
-            Ok(vec![chosen, rejected])
+            let row = |reply: Vec<Value>| {
+                let chat: Vec<Value> = prompt.iter().cloned().chain(reply).collect();
+                continuation(&prompt, &chat, None, (tokenizer, template))
+            };
+            Ok(vec![row(chosen)?, row(rejected)?])
         })
     }
 }
@@ -58,30 +59,6 @@ fn reply(row: &Row, key: &str, what: &str) -> Result<Vec<Value>, String> {
         Some(_) => Err(format!("`{key}` ({what}) is neither a message list nor text")),
         None => Err(format!("no `{key}` field ({what})")),
     }
-}
-
-/// `prompt` followed by `reply` as one training row whose response is what `reply` adds.
-fn continuation(
-    prompt: &[Value],
-    reply: &[Value],
-    tokenizer: &Tokenizer,
-    template: &ChatTemplate,
-) -> Result<TrainRow, String> {
-    let chat: Vec<Value> = prompt.iter().chain(reply).cloned().collect();
-    if reply.len() == 1 {
-        return tokenize(&chat, None, tokenizer, template);
-    }
-    // A multi-message reply (e.g. a tool call and its result): the prompt is rendered on its own, as Trinity does.
-    let text = template.render(prompt, true, None).map_err(|e| e.to_string())?;
-    let prompt_ids: Vec<i64> =
-        tokenizer.encode(&text, false).map_err(|e| e.to_string())?.into_iter().map(i64::from).collect();
-    let full_text = template.render(&chat, false, None).map_err(|e| e.to_string())?;
-    let full: Vec<i64> =
-        tokenizer.encode(&full_text, false).map_err(|e| e.to_string())?.into_iter().map(i64::from).collect();
-    if full.len() <= prompt_ids.len() || full[..prompt_ids.len()] != prompt_ids[..] {
-        return Err("the chat template renders the prompt as no prefix of the prompt with its reply".to_owned());
-    }
-    Ok(TrainRow::sft(&prompt_ids, &full[prompt_ids.len()..]))
 }
 
 #[cfg(test)]

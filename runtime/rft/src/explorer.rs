@@ -11,19 +11,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use trinity_algorithm::advantage::AdvantageFn;
-use trinity_algorithm::registry::{self, Kind as ComponentKind};
 use trinity_buffer::{Experience, JsonlWriter, TaskScheduler, Taskset};
 use trinity_config::Config;
 use trinity_engine::{Engine, EngineConfig, EngineModel};
 use trinity_explorer::{RolloutModel, RunnerOptions, run_tasks};
 use trinity_model::ChatTemplate;
 use trinity_monitor::Metrics;
-use trinity_trainer::Components;
 
 use crate::error::RftError;
 use crate::models::{self, model_error};
-use crate::pipeline::apply_group_advantage;
+use crate::pipeline::ExperiencePipeline;
 use crate::rollout_metrics::{is_accurate, rollout_metrics};
 
 /// What the explorer is started for.
@@ -47,8 +44,7 @@ pub(crate) struct Explorer {
     rollout: Arc<RolloutModel>,
     scheduler: Option<TaskScheduler>,
     eval_tasksets: Vec<Taskset>,
-    advantage: Option<Box<dyn AdvantageFn>>,
-    operators: Vec<(String, serde_json::Map<String, serde_json::Value>)>,
+    pipeline: ExperiencePipeline,
     options: RunnerOptions,
     experiences_log: Option<JsonlWriter>,
 }
@@ -99,20 +95,12 @@ impl Explorer {
             ExplorerRole::Explore => Some(TaskScheduler::from_config(&config.buffer)?),
             ExplorerRole::EvaluateOnly => None,
         };
-        let components = Components::from_config(&config.algorithm)?;
         let explorer = &config.explorer;
         Ok(Explorer {
             rollout,
             scheduler,
             eval_tasksets: trinity_buffer::load_eval_tasksets(&config.buffer)?,
-            advantage: explorer_side_advantage(config, &components)?,
-            operators: config
-                .data_processor
-                .experience_pipeline
-                .operators
-                .iter()
-                .map(|op| (op.name.clone(), op.args.clone()))
-                .collect(),
+            pipeline: ExperiencePipeline::from_config(config)?,
             options: RunnerOptions {
                 concurrency: explorer.runner_per_model as usize,
                 timeout: Duration::from_secs(explorer.max_timeout),
@@ -157,23 +145,12 @@ impl Explorer {
             return Err(RftError::AllTasksFailed { step, first });
         }
         let mut metrics = rollout_metrics("rollout", &report);
-        let mut experiences: Vec<Experience> = report.groups.into_iter().flatten().collect();
-        // The configured operators (plugins) run before the group advantage, as in Trinity-RFT's pipeline; one
-        // that fails is skipped for this batch and counted, never fatal.
-        if !self.operators.is_empty() {
-            let named = self.operators.iter().map(|(name, args)| (name.as_str(), args));
-            let output = trinity_explorer::apply_pipeline(named, experiences);
-            experiences = output.experiences;
-            metrics.extend(output.metrics);
-            // Pass rates an operator measured (`pass_rate_calculator`) feed the task selectors before the next
-            // step draws its tasks (the `difficulty_based` selector's beliefs).
-            self.scheduler().feedback(&output.selector_feedback)?;
-        }
-        if let Some(advantage) = &self.advantage {
-            let (with_advantages, pipeline_metrics) = apply_group_advantage(advantage.as_ref(), experiences)?;
-            experiences = with_advantages;
-            metrics.extend(pipeline_metrics.into_iter().map(|(k, v)| (format!("pipeline/{k}"), v)));
-        }
+        let output = self.pipeline.process(report.groups.into_iter().flatten().collect())?;
+        metrics.extend(output.metrics);
+        // Pass rates an operator measured (`pass_rate_calculator`) feed the task selectors before the next step
+        // draws its tasks (the `difficulty_based` selector's beliefs).
+        self.scheduler().feedback(&output.selector_feedback)?;
+        let experiences = output.experiences;
         if let Some(log) = &mut self.experiences_log {
             log.write_batch(&experiences)?;
         }
@@ -225,20 +202,4 @@ impl Explorer {
             .collect::<Result<Vec<_>, RftError>>()?;
         self.load_weights(weights, version).await
     }
-}
-
-/// The advantage function the explorer's pipeline runs (group advantages), if the algorithm has one there.
-fn explorer_side_advantage(config: &Config, components: &Components) -> Result<Option<Box<dyn AdvantageFn>>, RftError> {
-    if components.compute_advantage_in_trainer {
-        return Ok(None);
-    }
-    let Some(name) = config.algorithm.advantage_fn.as_deref() else {
-        return Ok(None);
-    };
-    if components.advantage.is_none() {
-        return Ok(None);
-    }
-    let args = registry::resolve_args(ComponentKind::AdvantageFn, name, config.algorithm.advantage_fn_args.as_ref())?;
-    let (function, in_trainer) = registry::advantage_fn(name, &args)?;
-    Ok(if in_trainer { None } else { Some(function) })
 }

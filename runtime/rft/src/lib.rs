@@ -14,6 +14,7 @@ pub mod dataset;
 pub mod dpo_data;
 pub mod error;
 pub(crate) mod explorer;
+pub(crate) mod json_file;
 pub mod mix_strategy;
 pub(crate) mod models;
 pub(crate) mod modes;

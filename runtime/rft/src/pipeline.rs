@@ -1,13 +1,81 @@
-//! The explorer-side experience pipeline: group advantages of grpo-like algorithms, computed per explore step
-//! as Trinity-RFT's `ExperiencePipeline` does, before the experiences enter the buffer.
+//! The explorer-side experience pipeline, as Trinity-RFT's `ExperiencePipeline` runs it on each explore step's
+//! experiences before they enter the buffer: the configured operators (`data_processor.experience_pipeline`),
+//! then the group advantage of grpo-like algorithms. The explorer runs it on every explore step; serve mode on
+//! every batch an agent commits.
 
 use tch::{Kind, Tensor};
 use trinity_algorithm::Batch;
 use trinity_algorithm::advantage::AdvantageFn;
 use trinity_algorithm::metrics::Metrics;
+use trinity_algorithm::registry::{self, Kind as ComponentKind};
 use trinity_buffer::Experience;
+use trinity_config::Config;
+use trinity_trainer::Components;
 
 use crate::error::RftError;
+
+/// The operators and the group advantage of a run.
+#[derive(Debug)]
+pub(crate) struct ExperiencePipeline {
+    operators: Vec<(String, serde_json::Map<String, serde_json::Value>)>,
+    advantage: Option<Box<dyn AdvantageFn>>,
+}
+
+/// What the pipeline made of a batch: the experiences for the buffer, metrics, and the pass rates an operator
+/// measured for the task selectors.
+#[derive(Debug, Default)]
+pub(crate) struct PipelineOutput {
+    pub experiences: Vec<Experience>,
+    pub metrics: Metrics,
+    pub selector_feedback: Vec<trinity_buffer::selector::PassRates>,
+}
+
+impl ExperiencePipeline {
+    pub(crate) fn from_config(config: &Config) -> Result<ExperiencePipeline, RftError> {
+        let components = Components::from_config(&config.algorithm)?;
+        let operators = &config.data_processor.experience_pipeline.operators;
+        Ok(ExperiencePipeline {
+            operators: operators.iter().map(|op| (op.name.clone(), op.args.clone())).collect(),
+            advantage: explorer_side_advantage(config, &components)?,
+        })
+    }
+
+    /// Runs the operators, then the group advantage. An operator that fails is skipped for this batch and counted,
+    /// never fatal, as in Trinity-RFT.
+    pub(crate) fn process(&self, mut experiences: Vec<Experience>) -> Result<PipelineOutput, RftError> {
+        let mut out = PipelineOutput::default();
+        if !self.operators.is_empty() {
+            let named = self.operators.iter().map(|(name, args)| (name.as_str(), args));
+            let output = trinity_explorer::apply_pipeline(named, experiences);
+            experiences = output.experiences;
+            out.metrics.extend(output.metrics);
+            out.selector_feedback = output.selector_feedback;
+        }
+        if let Some(advantage) = &self.advantage {
+            let (with_advantages, metrics) = apply_group_advantage(advantage.as_ref(), experiences)?;
+            experiences = with_advantages;
+            out.metrics.extend(metrics.into_iter().map(|(k, v)| (format!("pipeline/{k}"), v)));
+        }
+        out.experiences = experiences;
+        Ok(out)
+    }
+}
+
+/// The advantage function the explorer's pipeline runs (group advantages), if the algorithm has one there.
+fn explorer_side_advantage(config: &Config, components: &Components) -> Result<Option<Box<dyn AdvantageFn>>, RftError> {
+    if components.compute_advantage_in_trainer {
+        return Ok(None);
+    }
+    let Some(name) = config.algorithm.advantage_fn.as_deref() else {
+        return Ok(None);
+    };
+    if components.advantage.is_none() {
+        return Ok(None);
+    }
+    let args = registry::resolve_args(ComponentKind::AdvantageFn, name, config.algorithm.advantage_fn_args.as_ref())?;
+    let (function, in_trainer) = registry::advantage_fn(name, &args)?;
+    Ok(if in_trainer { None } else { Some(function) })
+}
 
 /// Computes advantages for one explore step's experiences (whole groups) and writes them into the
 /// experiences. Rows the advantage function drops (e.g. `std_threshold` groups) are removed; duplicated rows

@@ -33,7 +33,7 @@ pub fn job_dir(config: &Config) -> PathBuf {
     }
     let plain = dir.join(&config.name);
     let occupied = std::fs::read_dir(&plain).is_ok_and(|mut entries| entries.next().is_some());
-    let shared = matches!(config.mode, Mode::Explore | Mode::Train | Mode::Bench);
+    let shared = matches!(config.mode, Mode::Explore | Mode::Train | Mode::Bench | Mode::Serve);
     if config.continue_from_checkpoint || !occupied || shared {
         return plain;
     }
@@ -64,7 +64,7 @@ pub fn run(config: &Config, job_dir: &Path) -> Result<RunSummary, RftError> {
             Mode::Explore => modes::explore::run(config, job_dir, threads).await,
             Mode::Train => modes::train::run(config, job_dir, threads).await,
             Mode::Bench => modes::bench::run(config, job_dir, threads).await,
-            other => Err(RftError::Unsupported(format!("mode `{}` is not supported yet", other.name()))),
+            Mode::Serve => modes::serve::run(config, job_dir, threads).await,
         }
     })
 }

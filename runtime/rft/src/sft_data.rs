@@ -115,18 +115,29 @@ pub(crate) fn tokenize(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
 ) -> Result<TrainRow, String> {
+    continuation(&messages[..messages.len() - 1], messages, tools, (tokenizer, template))
+}
+
+/// `chat` (which begins with `prompt`) as a training row whose response is what it adds to `prompt`: the prompt
+/// rendered with a generation prompt, the whole chat without one, as `apply_chat_template` does (the template
+/// writes the special tokens, the tokenizer adds none).
+pub(crate) fn continuation(
+    prompt: &[Value],
+    chat: &[Value],
+    tools: Option<&Value>,
+    (tokenizer, template): (&Tokenizer, &ChatTemplate),
+) -> Result<TrainRow, String> {
     let encode = |messages: &[Value], generation_prompt: bool| -> Result<Vec<i64>, String> {
         let text = template.render(messages, generation_prompt, tools).map_err(|e| e.to_string())?;
-        // Like `apply_chat_template`: the template writes the special tokens, the tokenizer adds none.
         let ids = tokenizer.encode(&text, false).map_err(|e| e.to_string())?;
         Ok(ids.into_iter().map(i64::from).collect())
     };
-    let full = encode(messages, false)?;
-    let prompt = encode(&messages[..messages.len() - 1], true)?;
+    let full = encode(chat, false)?;
+    let prompt = encode(prompt, true)?;
     if prompt.is_empty() || full.len() <= prompt.len() || full[..prompt.len()] != prompt[..] {
         return Err(format!(
-            "the chat template renders the prompt ({} tokens) as no prefix of the whole chat ({} tokens); the last \
-             message must be the assistant's",
+            "the chat template renders the prompt ({} tokens) as no prefix of the whole chat ({} tokens); the \
+             reply must be the assistant's",
             prompt.len(),
             full.len()
         ));

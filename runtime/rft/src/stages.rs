@@ -12,6 +12,7 @@ use trinity_checkpoint::CheckpointDir;
 use trinity_config::{Catalog, Loaded};
 
 use crate::error::RftError;
+use crate::json_file;
 use crate::run::{RunSummary, run};
 
 /// `stage_meta.json`: the stage running (or, past the last index, all done).
@@ -24,7 +25,7 @@ struct StageMeta {
 /// run of the same command stopped. `catalog` re-resolves a stage whose model is the previous stage's checkpoint.
 pub fn run_stages(loaded: &Loaded, job_dir: &Path, catalog: &dyn Catalog) -> Result<Vec<RunSummary>, RftError> {
     let meta_path = job_dir.join("stage_meta.json");
-    let mut meta: StageMeta = read_meta(&meta_path)?;
+    let mut meta: StageMeta = json_file::read(&meta_path)?.unwrap_or_default();
     let count = loaded.stages.len();
     if meta.latest_stage >= count {
         tracing::info!("all {count} stages of {} have finished", job_dir.display());
@@ -61,12 +62,12 @@ pub fn run_stages(loaded: &Loaded, job_dir: &Path, catalog: &dyn Catalog) -> Res
             tracing::warn!("{note}");
         }
         meta.latest_stage = index;
-        write_meta(&meta_path, &meta)?;
+        json_file::write(&meta_path, &meta)?;
         tracing::info!("stage {}/{count} `{name}`: mode `{}`", index + 1, stage.config.mode.name());
         summaries.push(run(&stage.config, &job_dir.join(name))?);
     }
     meta.latest_stage = count;
-    write_meta(&meta_path, &meta)?;
+    json_file::write(&meta_path, &meta)?;
     Ok(summaries)
 }
 
@@ -76,24 +77,4 @@ fn latest_weights(dir: &Path) -> Result<Option<PathBuf>, RftError> {
         return Ok(None);
     }
     Ok(CheckpointDir::open(dir)?.latest()?.map(|c| c.path.join("hf")))
-}
-
-fn read_meta(path: &Path) -> Result<StageMeta, RftError> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| RftError::Unsupported(format!("{}: unreadable: {e}", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(StageMeta::default()),
-        Err(source) => Err(RftError::Io { path: path.to_owned(), source }),
-    }
-}
-
-/// Written beside and renamed, so a killed run never leaves half a file.
-fn write_meta(path: &Path, meta: &StageMeta) -> Result<(), RftError> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|source| RftError::Io { path: parent.to_owned(), source })?;
-    }
-    let partial = path.with_extension("json.partial");
-    let text = serde_json::to_vec(meta).map_err(|e| RftError::Unsupported(format!("stage meta: {e}")))?;
-    std::fs::write(&partial, text).map_err(|source| RftError::Io { path: partial.clone(), source })?;
-    std::fs::rename(&partial, path).map_err(|source| RftError::Io { path: path.to_owned(), source })
 }

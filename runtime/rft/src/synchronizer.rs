@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use trinity_model::{SafetensorsWeights, write_safetensors};
 
 use crate::error::RftError;
+use crate::json_file;
 use crate::models::model_error;
 
 /// How often a waiting process looks at the store again, and how often it says what it waits for.
@@ -182,22 +183,11 @@ impl WeightStore {
     }
 
     fn write_json<T: Serialize>(&self, name: &str, value: &T) -> Result<(), RftError> {
-        let path = self.dir.join(name);
-        let partial = self.dir.join(format!(".{name}.partial"));
-        let text = serde_json::to_vec(value).map_err(|e| RftError::Unsupported(format!("{name}: {e}")))?;
-        std::fs::write(&partial, text).map_err(|source| RftError::Io { path: partial.clone(), source })?;
-        self.rename(&partial, &path)
+        json_file::write(&self.dir.join(name), value)
     }
 
     fn read_json<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Result<Option<T>, RftError> {
-        let path = self.dir.join(name);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| RftError::Unsupported(format!("{}: unreadable: {e}", path.display()))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(RftError::Io { path, source }),
-        }
+        json_file::read(&self.dir.join(name))
     }
 
     fn rename(&self, from: &Path, to: &Path) -> Result<(), RftError> {

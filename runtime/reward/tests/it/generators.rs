@@ -68,6 +68,39 @@ fn quickstart_task_files_are_current() {
     }
 }
 
+/// The SFT chats of `examples/stages` and the preference pairs of `examples/dpo` are additions too (other seeds, so
+/// no row is a quickstart task): kept current the same way.
+#[test]
+fn sft_and_dpo_example_files_are_current() {
+    use serde_json::json;
+    use trinity_reward::arithmetic_tasks::{addition_problems, to_jsonl};
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let chats: Vec<_> = addition_problems(3, 256, 10, 99)
+        .into_iter()
+        .map(|p| json!({"messages": [{"role": "user", "content": p.question}, {"role": "assistant", "content": p.answer}]}))
+        .collect();
+    // The rejected reply is a near miss (off by one or by ten), the mistakes a small model makes.
+    let pairs: Vec<_> = addition_problems(4, 256, 10, 99)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let sum: i64 = p.answer.parse().unwrap();
+            let wrong = sum + [1, -1, 10, -10][i % 4];
+            json!({"prompt": p.question, "chosen": p.answer, "rejected": wrong.to_string()})
+        })
+        .collect();
+    for (path, text) in [
+        (examples.join("stages/sft.jsonl"), to_jsonl(&chats).unwrap()),
+        (examples.join("dpo/pairs.jsonl"), to_jsonl(&pairs).unwrap()),
+    ] {
+        if std::fs::read_to_string(&path).unwrap_or_default() != text {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &text).unwrap();
+            panic!("{} was stale and has been regenerated; review and commit it", path.display());
+        }
+    }
+}
+
 #[test]
 fn additions_are_seeded_and_correct() {
     use trinity_reward::arithmetic_tasks::addition_problems;

@@ -3,7 +3,7 @@
 //!
 //! One engine loads each checkpoint's `hf/` weights in place. Metrics go under `bench/` to `monitor/bench/`, at
 //! the checkpoint's step (0 for the base model). What was evaluated is recorded in `bench_meta.json` after each
-//! evaluation, so running the same command again evaluates only what is new: checkpoints a trainer wrote since,
+//! evaluation (written atomically), so running the same command again evaluates only what is new: checkpoints a trainer wrote since,
 //! or those a killed bench did not reach.
 
 use std::collections::BTreeSet;
@@ -17,6 +17,7 @@ use trinity_monitor::Monitor;
 
 use crate::error::RftError;
 use crate::explorer::{Explorer, ExplorerRole};
+use crate::json_file;
 use crate::models;
 use crate::run::RunSummary;
 
@@ -29,7 +30,7 @@ struct BenchMeta {
 /// Runs a resolved config in mode `bench` over the checkpoints in `job_dir`.
 pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Result<RunSummary, RftError> {
     let meta_path = job_dir.join("bench_meta.json");
-    let mut meta: BenchMeta = read_meta(&meta_path)?;
+    let mut meta: BenchMeta = json_file::read(&meta_path)?.unwrap_or_default();
     let checkpoints = CheckpointDir::open(job_dir)?.list()?;
     let mut todo: Vec<(u64, Option<PathBuf>)> = Vec::new();
     if config.explorer.eval_on_startup {
@@ -77,24 +78,7 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
             .collect();
         tracing::info!("bench step {step}: {}", accuracies.join(", "));
         meta.evaluated.insert(step);
-        write_meta(&meta_path, &meta)?;
+        json_file::write(&meta_path, &meta)?;
     }
     Ok(RunSummary { job_dir: job_dir.to_owned(), resumed_from: None, train_steps: 0 })
-}
-
-fn read_meta(path: &Path) -> Result<BenchMeta, RftError> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| RftError::Unsupported(format!("{}: unreadable: {e}", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BenchMeta::default()),
-        Err(source) => Err(RftError::Io { path: path.to_owned(), source }),
-    }
-}
-
-/// Written beside and renamed, so a killed bench never leaves half a file.
-fn write_meta(path: &Path, meta: &BenchMeta) -> Result<(), RftError> {
-    let partial = path.with_extension("json.partial");
-    let text = serde_json::to_vec_pretty(meta).map_err(|e| RftError::Unsupported(format!("bench meta: {e}")))?;
-    std::fs::write(&partial, text).map_err(|source| RftError::Io { path: partial.clone(), source })?;
-    std::fs::rename(&partial, path).map_err(|source| RftError::Io { path: path.to_owned(), source })
 }

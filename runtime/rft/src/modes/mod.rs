@@ -6,10 +6,12 @@
 //! | `explore` | this process | another process | the weight store the trainer publishes to |
 //! | `train` | another process (RL), none (SFT, DPO) | this process | the weight store |
 //! | `bench` | this process (evaluation only) | none | each checkpoint's `hf/` weights |
+//! | `serve` | an agent program through the OpenAI API | another process (mode `train`) | the weight store |
 
 pub(crate) mod bench;
 pub(crate) mod both;
 pub(crate) mod explore;
+pub(crate) mod serve;
 pub(crate) mod train;
 
 use std::path::Path;

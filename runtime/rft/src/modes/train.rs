@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use trinity_buffer::{Experience, ExperienceBuffer, ProducerState};
+use trinity_config::algorithm::mix_expert_rows;
 use trinity_config::steps::TrainSteps;
 use trinity_config::synchronizer::SyncStyle;
 use trinity_config::{Config, ExperienceSchema};
@@ -314,7 +315,10 @@ impl<'a> TrainRun<'a> {
     async fn next_batch(&mut self, step: u64) -> Result<Option<Vec<Experience>>, RftError> {
         let Source::Buffer(buffer) = &self.source else { return Ok(None) };
         let buffer = buffer.clone();
-        let wanted = self.config.buffer.train_batch_size as usize;
+        // Sample strategy `mix` fills `ceil(expert_data_ratio × train_batch_size)` of the batch with expert rows.
+        let batch = self.config.buffer.train_batch_size;
+        let expert = mix_expert_rows(&self.config.algorithm, batch).map_or(0, |(expert, _)| expert);
+        let wanted = u64::from(batch).saturating_sub(expert).max(1) as usize;
         let min_version = self.trainer.min_model_version(step);
         let timeout = Duration::from_secs_f64(
             self.config.buffer.trainer_input.experience_buffer.as_ref().map_or(1800.0, |b| b.max_read_timeout),

@@ -1,0 +1,147 @@
+//! `mode: serve` end to end: `trinity run` serves the tiny model over the OpenAI API, an agent (raw HTTP here; the
+//! `openai` package drives the server in `runtime/serve`'s tests) chats, rewards and commits, and a `mode: train`
+//! process trains on exactly the recorded tokens; SIGTERM stops the server cleanly.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{stderr, tiny_model_dir, trinity};
+
+fn config(mode: &str) -> String {
+    format!(
+        "project: p
+name: served
+mode: {mode}
+checkpoint_root_dir: ./ckpt
+algorithm:
+  algorithm_type: grpo
+  repeat_times: 2
+model:
+  model_path: {model}
+  max_model_len: 40
+  max_response_tokens: 6
+buffer:
+  train_batch_size: 2
+  total_steps: 1
+  trainer_input:
+    experience_buffer:
+      name: exp
+      storage_type: queue
+      path: sqlite:///exp.db
+explorer:
+  listen_address: 127.0.0.1
+  proxy_port: 0
+synchronizer:
+  sync_method: checkpoint
+monitor:
+  monitor_type: jsonl
+",
+        model = tiny_model_dir().display()
+    )
+}
+
+/// One HTTP/1.1 request; the response's status and JSON body.
+fn post(address: &str, path: &str, body: &Value) -> (u16, Value) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    let body = body.to_string();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let (_, body) = response.split_once("\r\n\r\n").unwrap_or(("", ""));
+    (status, serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}")))
+}
+
+fn server_address(job: &Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(url) = std::fs::read_to_string(job.join("explorer_server_url.txt")) {
+            return url.trim().trim_start_matches("http://").to_owned();
+        }
+        assert!(Instant::now() < deadline, "the server never wrote its URL");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_agent_chats_rewards_and_commits_and_a_trainer_trains_on_exactly_those_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("serve.yaml"), config("serve")).unwrap();
+    std::fs::write(dir.path().join("train.yaml"), config("train")).unwrap();
+    let job = dir.path().join("ckpt/p/served");
+    let server = Command::new(env!("CARGO_BIN_EXE_trinity"))
+        .current_dir(dir.path())
+        .args(["run", "--config", "serve.yaml"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let address = server_address(&job);
+
+    let (status, reply) = post(
+        &address,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "ab1"}], "n": 2, "max_tokens": 5, "logprobs": true,
+                "return_token_ids": true, "seed": 3}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let id = reply["id"].as_str().unwrap().to_owned();
+    let choices = reply["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    let (status, body) = post(&address, "/feedback", &json!({"msg_ids": [id], "reward": 1.0, "task_id": "t1"}));
+    assert_eq!(status, 200, "{body}");
+    let (status, report) = post(&address, "/commit", &json!({}));
+    assert_eq!(status, 200, "{report}");
+
+    // The trainer takes the two committed experiences as train step 1.
+    let output = trinity(dir.path(), &["run", "--config", "train.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    // SIGTERM: requests in flight finish, the producer is marked finished, exit 0.
+    let pid = server.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let served = server.wait_with_output().unwrap();
+    assert!(served.status.success(), "{}", stderr(&served));
+
+    // What the sink stored is exactly what the API returned: token ids and logprobs per choice.
+    let stored: Vec<Value> = std::fs::read_to_string(job.join("explorer_experiences.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(stored.len(), 2);
+    for (choice, experience) in choices.iter().zip(&stored) {
+        let tokens: Vec<u64> = experience["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+        let prompt_length = experience["prompt_length"].as_u64().unwrap() as usize;
+        let returned: Vec<u64> = choice["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+        assert_eq!(tokens[prompt_length..], returned[..]);
+        let logprobs: Vec<f64> =
+            choice["logprobs"]["content"].as_array().unwrap().iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+        let recorded: Vec<f64> =
+            experience["logprobs"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect();
+        assert_eq!(logprobs.len(), recorded.len());
+        for (a, b) in logprobs.iter().zip(&recorded) {
+            assert!((a - b).abs() < 1e-5, "{logprobs:?} vs {recorded:?}");
+        }
+    }
+    // Trained on those tokens: the trainer's logprobs of the recorded tokens equal the recorded ones (PPO's
+    // ratio starts at 1, ppo_kl ≈ 0), and the buffer shows both consumed by step 1.
+    let metrics = std::fs::read_to_string(job.join("monitor/trainer/metrics.jsonl")).unwrap();
+    let step: Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+    assert_eq!(step["step"], 1);
+    assert!(step["train/ppo_kl"].as_f64().unwrap().abs() < 1e-3, "{step}");
+    let db = rusqlite::Connection::open(job.join("buffer/exp.db")).unwrap();
+    let count = |sql: &str| db.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+    assert_eq!(count("SELECT COUNT(*) FROM experiences WHERE consumed = 1 AND train_step = 1"), 2);
+    assert_eq!(count("SELECT COUNT(*) FROM producers WHERE name = 'explorer' AND state = 'finished'"), 1);
+}
