@@ -3,6 +3,7 @@
 
 mod collectives;
 mod failures;
+mod launched;
 
 use std::time::Duration;
 
