@@ -6,8 +6,10 @@
 //! `TRINITY_DEPS_DIR` moves the folder elsewhere; CI points it outside the clone so that the libtorch path, and
 //! therefore torch-sys's build fingerprint, stays the same from one run to the next.
 //!
-//! One step installs outside that folder: the PostgreSQL server binaries the buffer's tests run throwaway
-//! servers with are a system package (Debian's `postgresql`), installed only where `initdb` is missing.
+//! Two steps install outside that folder, as system packages, each only where it is missing: the PostgreSQL server
+//! binaries the buffer's tests run throwaway servers with (Debian's `postgresql`, checked by `initdb`), and the
+//! gloo headers the collectives crate compiles its c10d shim against (Debian's `libgloo-dev`; PyPI's torch wheel
+//! ships gloo's library inside `libtorch_cpu.so` but not its headers).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -99,6 +101,7 @@ impl Deps {
         step("setup: wasm32-wasip2 target", install_wasm_target)?;
         step("setup: SmolLM2-135M-Instruct model", || self.install_model())?;
         install_postgres()?;
+        install_gloo_headers()?;
         Ok(())
     }
 
@@ -161,29 +164,54 @@ fn install_postgres() -> Result<()> {
         return Ok(());
     }
     step("setup: PostgreSQL server (initdb not found; installing Debian's postgresql package)", || {
-        let root = Command::new("id").arg("-u").output().is_ok_and(|out| out.stdout.trim_ascii() == b"0");
-        let apt = |args: &[&str]| {
-            let mut command = if root {
-                Command::new("apt-get")
-            } else {
-                let mut sudo = Command::new("sudo");
-                sudo.args(["-n", "apt-get"]);
-                sudo
-            };
-            command.env("DEBIAN_FRONTEND", "noninteractive").args(["-q", "-y"]).args(args);
-            run(&mut command)
-        };
-        // A machine whose package lists were never fetched cannot find the package: fetch them and try again.
-        if apt(&["install", "postgresql"]).is_err() {
-            apt(&["update"])?;
-            apt(&["install", "postgresql"])
-                .context("cannot install postgresql; as root, run `apt-get install postgresql`")?;
-        }
+        apt_install("postgresql")?;
         if !postgres_installed() {
             bail!("the postgresql package is installed but initdb is still missing");
         }
         Ok(())
     })
+}
+
+/// Where the collectives crate's build script looks for gloo's headers by default.
+const GLOO_HEADER: &str = "/usr/include/gloo/algorithm.h";
+
+/// The gloo headers `runtime/collective` compiles against (Debian's `libgloo-dev`), installed only when they are
+/// missing and `GLOO_INCLUDE_DIR` does not point elsewhere.
+fn install_gloo_headers() -> Result<()> {
+    if std::env::var_os("GLOO_INCLUDE_DIR").is_some() || Path::new(GLOO_HEADER).exists() {
+        return Ok(());
+    }
+    step("setup: gloo headers (installing Debian's libgloo-dev)", || {
+        apt_install("libgloo-dev")?;
+        if !Path::new(GLOO_HEADER).exists() {
+            bail!("the libgloo-dev package is installed but {GLOO_HEADER} is still missing");
+        }
+        Ok(())
+    })
+}
+
+/// Installs a Debian package with apt-get (through `sudo -n` when not root), fetching the package lists first when
+/// the machine never did.
+fn apt_install(package: &str) -> Result<()> {
+    let root = Command::new("id").arg("-u").output().is_ok_and(|out| out.stdout.trim_ascii() == b"0");
+    let apt = |args: &[&str]| {
+        let mut command = if root {
+            Command::new("apt-get")
+        } else {
+            let mut sudo = Command::new("sudo");
+            sudo.args(["-n", "apt-get"]);
+            sudo
+        };
+        command.env("DEBIAN_FRONTEND", "noninteractive").args(["-q", "-y"]).args(args);
+        run(&mut command)
+    };
+    // A machine whose package lists were never fetched cannot find the package: fetch them and try again.
+    if apt(&["install", package]).is_err() {
+        apt(&["update"])?;
+        apt(&["install", package])
+            .with_context(|| format!("cannot install {package}; as root, run `apt-get install {package}`"))?;
+    }
+    Ok(())
 }
 
 /// `initdb` on `PATH`, or in any `/usr/lib/postgresql/<version>/bin` (Debian keeps it off `PATH`).

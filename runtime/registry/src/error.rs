@@ -29,6 +29,33 @@ pub enum RegistryError {
     #[error("cannot fetch {url}: {message}")]
     Fetch { url: String, message: String },
 
+    /// A plain-http location without the explicit opt-in.
+    #[error(
+        "refusing plain http:// location {url}: anyone on the network path can rewrite what comes over http, and \
+         the sha256 entries of an index fetched that way vouch for nothing; use https://, or pass \
+         --allow-insecure-http if you trust every network between you and the registry"
+    )]
+    InsecureHttp { url: String },
+
+    /// A redirect from https to anything else.
+    #[error("{from} redirects to {to}: refusing to leave https (a downgrade would expose the rest of the transfer)")]
+    Downgrade { from: String, to: String },
+
+    /// A body larger than its cap.
+    #[error("{url} is larger than the {limit} bytes allowed for it; refusing it")]
+    TooLarge { url: String, limit: u64 },
+
+    /// An artifact of a different length from the index's `size`.
+    #[error("plugin {plugin}: artifact {url} has {actual} bytes, but the index says {expected}; refusing it")]
+    Size { plugin: String, url: String, expected: u64, actual: u64 },
+
+    /// A remote index that names a file on this machine.
+    #[error(
+        "plugin {plugin}: the remote index {index} names the local file {artifact}; a remote index may only name \
+         remote artifacts"
+    )]
+    LocalArtifact { plugin: String, index: String, artifact: String },
+
     /// The fetched artifact is not the one the index vouches for.
     #[error(
         "plugin `{name}` {version}: artifact {url} has sha256 {actual}, but the index says {expected}; refusing it \

@@ -1,13 +1,14 @@
 //! Fetching an index or an artifact by location: a local path, a `file://` URL, or an `http(s)://` URL.
 //!
-//! HTTP goes through the system's `curl` (`-fsSL`): the registry needs one GET per file, and a TLS stack in the
-//! binary would cost more build time than every other registry feature together. Without curl, an HTTP location
-//! is an error that says so; local paths and `file://` never need it.
+//! HTTP goes through [`crate::http`] (https only unless [`FetchOptions::allow_insecure_http`]); every read, local
+//! or remote, is capped in size and streamed, so a hostile server or a huge file costs a bounded amount of memory
+//! and disk.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::error::RegistryError;
+use crate::http::{Capped, Client, FetchOptions, copy_capped};
 
 /// Where a file lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,22 +63,40 @@ impl Location {
         (!name.is_empty() && name != "." && name != "..").then_some(name)
     }
 
-    /// Reads the whole file.
-    pub fn fetch(&self) -> Result<Vec<u8>, RegistryError> {
+    /// Whether this is a network location.
+    pub fn is_remote(&self) -> bool {
+        matches!(self, Location::Http(_))
+    }
+
+    /// Reads the whole file, refusing one over `max_bytes`; also returns where it came from after redirects.
+    pub fn fetch(&self, options: &FetchOptions, max_bytes: u64) -> Result<(Vec<u8>, Location), RegistryError> {
+        let mut bytes = Vec::new();
+        let (_, from) = self.stream(options, max_bytes, &mut bytes)?;
+        Ok((bytes, from))
+    }
+
+    /// Streams the file into `sink`, refusing one over `max_bytes`; returns the bytes written and the location
+    /// that answered (an http(s) URL after its redirects).
+    pub fn stream(
+        &self,
+        options: &FetchOptions,
+        max_bytes: u64,
+        sink: &mut dyn Write,
+    ) -> Result<(u64, Location), RegistryError> {
         match self {
-            Location::File(path) => std::fs::read(path)
-                .map_err(|e| RegistryError::Fetch { url: path.display().to_string(), message: e.to_string() }),
             Location::Http(url) => {
-                let failed = |message: String| RegistryError::Fetch { url: url.clone(), message };
-                let output = Command::new("curl")
-                    .args(["-fsSL", "--proto", "=http,https", "--max-time", "600", "--", url])
-                    .output()
-                    .map_err(|e| failed(format!("cannot run curl (needed for http/https locations): {e}")))?;
-                if !output.status.success() {
-                    let stderr = String::from_utf8_lossy(&output.stderr);
-                    return Err(failed(format!("curl exited with {}: {}", output.status, stderr.trim())));
-                }
-                Ok(output.stdout)
+                let (written, from) = Client::new(options).get(url, max_bytes, sink)?;
+                Ok((written, Location::Http(from)))
+            }
+            Location::File(path) => {
+                let failed = |message: String| RegistryError::Fetch { url: path.display().to_string(), message };
+                let mut file = std::fs::File::open(path).map_err(|e| failed(e.to_string()))?;
+                let written = copy_capped(&mut file, sink, max_bytes).map_err(|e| match e {
+                    Capped::Over => RegistryError::TooLarge { url: path.display().to_string(), limit: max_bytes },
+                    Capped::Read(e) => failed(e.to_string()),
+                    Capped::Write(e) => failed(format!("cannot store it: {e}")),
+                })?;
+                Ok((written, self.clone()))
             }
         }
     }
@@ -130,7 +149,18 @@ mod tests {
 
     #[test]
     fn a_missing_file_names_it() {
-        let err = Location::File("/nonexistent/x.so".into()).fetch().unwrap_err().to_string();
-        assert!(err.contains("/nonexistent/x.so"), "{err}");
+        let err = Location::File("/nonexistent/x.so".into()).fetch(&FetchOptions::default(), 10).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/x.so"), "{err}");
+    }
+
+    #[test]
+    fn a_local_file_over_the_cap_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.so");
+        std::fs::write(&path, [7u8; 100]).unwrap();
+        let location = Location::File(path);
+        assert_eq!(location.fetch(&FetchOptions::default(), 100).unwrap().0.len(), 100);
+        let err = location.fetch(&FetchOptions::default(), 99).unwrap_err();
+        assert!(matches!(err, RegistryError::TooLarge { limit: 99, .. }), "{err}");
     }
 }

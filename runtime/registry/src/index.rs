@@ -8,6 +8,7 @@
 //! api = "^0.1"                  # host plugin API range: trinity-plugin-sdk (algorithm) or the WIT package
 //! url = "artifacts/libalgo_example_a.so"   # relative to the index, absolute, file://, http(s)://
 //! sha256 = "4f0c…"              # of the artifact, lowercase hex
+//! size = 123456                 # optional: the artifact's length in bytes (the download's cap)
 //! platform = "x86_64-linux"     # optional; native libraries only
 //! description = "…"             # optional
 //! ```
@@ -19,6 +20,7 @@ use serde::Deserialize;
 
 use crate::error::RegistryError;
 use crate::fetch::Location;
+use crate::http::FetchOptions;
 
 /// One release of one plugin.
 #[derive(Debug, Clone, Deserialize)]
@@ -33,6 +35,8 @@ pub struct Release {
     /// Where the artifact is, resolved against the index's location when relative.
     pub url: String,
     pub sha256: String,
+    /// The artifact's length in bytes: downloads stop past it, and a body of another length is refused.
+    pub size: Option<u64>,
     /// `ARCH-OS` the artifact is built for (native libraries); absent for portable ones.
     pub platform: Option<String>,
     pub description: Option<String>,
@@ -77,10 +81,16 @@ impl Request {
 }
 
 impl Index {
-    /// Reads an index from a path or URL (relative paths against `cwd`).
+    /// Reads an index from a path or URL (relative paths against `cwd`) with the default [`FetchOptions`] (https
+    /// only).
     pub fn fetch(location: &str, cwd: &Path) -> Result<Self, RegistryError> {
-        let location = Location::parse(location, cwd)?;
-        let bytes = location.fetch()?;
+        Index::fetch_with(location, cwd, &FetchOptions::default())
+    }
+
+    /// [`Index::fetch`] under `options`.
+    pub fn fetch_with(location: &str, cwd: &Path, options: &FetchOptions) -> Result<Self, RegistryError> {
+        // Artifact URLs are relative to where the index was found after redirects, as on the web.
+        let (bytes, location) = Location::parse(location, cwd)?.fetch(options, options.max_index_bytes)?;
         let text = String::from_utf8(bytes)
             .map_err(|_| RegistryError::Index { location: location.to_string(), message: "not UTF-8 text".into() })?;
         Index::parse(&text, location)

@@ -4,22 +4,26 @@
 //! * An **index** ([`index`]) is a TOML file (a local path, `file://` or `http(s)://` URL) listing plugin
 //!   releases: name, kind, version, artifact URL, sha256 and the range of host plugin APIs it works with. The
 //!   format is documented in `docs/plugins-registry.md`.
-//! * [`install`] picks a release, fetches its artifact ([`fetch`]), refuses it unless its sha256 matches the
-//!   index, stores it under the project's plugin folder (`.trinity/plugins/NAME/VERSION/FILE`) and pins it in the
-//!   project's lock file.
+//! * [`install`] picks a release, streams its artifact ([`fetch`], [`http`]) through a size cap while hashing it,
+//!   refuses it unless its sha256 (and size, when given) match the index, stores it under the project's plugin
+//!   folder (`.trinity/plugins/NAME/VERSION/FILE`) and pins it in the project's lock file.
+//! * Over the network ([`http`]): https only unless [`FetchOptions::allow_insecure_http`], no redirect that
+//!   leaves https, timeouts, and caps on every body.
 //! * The **lock file** ([`lock`], `trinity-plugins.lock`) is what a run trusts: [`lock::Lock::resolve`] finds an
 //!   installed plugin by name and re-checks the stored file's sha256 before anyone loads it, so a file changed
 //!   after install is refused too.
 
 pub mod error;
 pub mod fetch;
+pub mod http;
 pub mod index;
 pub mod install;
 pub mod lock;
 
 pub use error::RegistryError;
+pub use http::FetchOptions;
 pub use index::{Index, Release, Request};
-pub use install::{PLUGIN_DIR, install};
+pub use install::{PLUGIN_DIR, install, install_with};
 pub use lock::{LOCK_FILE, Lock, LockedPlugin};
 /// Plugin API versions are semver versions; re-exported so callers need not depend on semver themselves.
 pub use semver::Version;

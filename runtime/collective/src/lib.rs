@@ -1,0 +1,32 @@
+//! Collectives between processes on PyTorch's own distributed engine (c10d), from Rust.
+//!
+//! A small C++ shim (`csrc/collective.cpp`, C ABI, every exception caught and returned as a string) drives
+//! libtorch's `TCPStore`, `PrefixStore` and `ProcessGroupGloo` (and `ProcessGroupNCCL` with the `nccl` feature);
+//! this crate wraps them in a safe API on `tch::Tensor`s:
+//!
+//! - [`Store`]: the TCP key-value store processes meet on.
+//! - [`ProcessGroup`]: broadcast, all-reduce (sum, average, max, min), all-gather and barrier, each ending within
+//!   the group's timeout with an error, never a hang; bucketed variants for many tensors ([`bucket`]).
+//! - [`DistEnv`]: torchrun's environment contract; [`launch`]: `trinity launch`, a static torchrun.
+//!
+//! CPU tensors always go through Gloo. With the `nccl` feature and `GroupOptions::nccl`, one group also holds an
+//! NCCL backend and sends CUDA tensors through it; without it CUDA tensors go through Gloo.
+
+pub mod bucket;
+pub mod env;
+pub mod error;
+mod ffi;
+pub mod group;
+pub mod launch;
+mod rendezvous;
+pub mod store;
+
+pub use bucket::DEFAULT_BUCKET_BYTES;
+pub use env::DistEnv;
+pub use error::{CollectiveError, Result};
+pub use group::{GlooDevice, GroupOptions, ProcessGroup, ReduceOp, Work};
+pub use launch::{LaunchOptions, launch};
+pub use store::Store;
+
+#[cfg(feature = "test-support")]
+pub mod testing;
