@@ -19,6 +19,7 @@ use trinity_algorithm::metrics::Metrics;
 use trinity_model::Decoder;
 
 use crate::batch::{PaddedInputs, TrainRow};
+use crate::data_parallel::DataParallel;
 use crate::error::Result;
 use crate::lr_schedule::LrSchedule;
 use crate::optimizer::{AdamW, AdamWSettings};
@@ -129,7 +130,8 @@ impl Critic {
 
     /// One critic update over `micro_batches` (lists of indices into `rows`). `returns`, `old_values` and
     /// `mask` are `[N, width]` CPU tensors indexed by row (`N = rows.len()`); `active` is the number of rows in
-    /// the step (the loss-scale denominator).
+    /// the step (the loss-scale denominator). With `dp`, `micro_batches` are this rank's, gradients are summed
+    /// over the ranks before clipping and the metrics are pooled.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn update(
         &mut self,
@@ -141,6 +143,7 @@ impl Critic {
         agg: LossAggMode,
         active: usize,
         step: u64,
+        dp: Option<&DataParallel>,
     ) -> Result<CriticUpdate> {
         self.optimizer.zero_grad();
         let width = mask.size()[1];
@@ -164,7 +167,15 @@ impl Critic {
                 (loss * scale).f_backward()?;
             }
         }
-        let n = micro_batches.len().max(1) as f64;
+        let mut n = micro_batches.len() as f64;
+        if let Some(dp) = dp {
+            dp.reduce_gradients(&self.optimizer.param_vars())?;
+            let mut sums = Tensor::from_slice(&[vf_loss, clipfrac, vpred, n]);
+            dp.sum(&mut sums)?;
+            let sums = Vec::<f64>::try_from(&sums)?;
+            (vf_loss, clipfrac, vpred, n) = (sums[0], sums[1], sums[2], sums[3]);
+        }
+        let n = n.max(1.0);
         let grad_norm = self.optimizer.clip_grad_norm(self.grad_clip)?;
         let lr = self.schedule.lr(step);
         if grad_norm.is_finite() {

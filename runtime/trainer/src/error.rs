@@ -21,6 +21,14 @@ pub enum TrainerError {
     #[error("optimizer state {}: {problem}", path.display())]
     OptimizerState { path: PathBuf, problem: String },
 
+    /// Data-parallel ranks disagree or a collective failed.
+    #[error("data parallel: {0}")]
+    DataParallel(String),
+
+    /// A collective between the trainer's ranks failed.
+    #[error(transparent)]
+    Collective(#[from] trinity_collective::CollectiveError),
+
     /// A libtorch operation failed.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),

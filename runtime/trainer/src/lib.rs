@@ -17,27 +17,41 @@
 //!
 //! Modules, one concept each: [`batch`] (rows and padding), [`micro_batch`] (splitting by token budget),
 //! [`logprobs`] (chunked head with a recomputing backward), [`optimizer`] (AdamW, clipping, state file),
-//! [`lr_schedule`], [`reference`], [`critic`], [`components`] (the algorithm from its config) and
-//! [`trainer`] (the step).
+//! [`lr_schedule`], [`reference`], [`critic`], [`components`] (the algorithm from its config),
+//! [`trainer`] (the step), [`data_parallel`] (several ranks sharing each step over a process group) and
+//! [`shared_rows`] (one rank handing the step's rows to the others).
+//!
+//! Data parallel (a launcher's `WORLD_SIZE` ranks, see `trinity_collective::DistEnv`):
+//! ```text
+//! let (_store, group) = env.process_group("trainer", timeout)?;                 // every rank
+//! let mut trainer = Trainer::new(...)?;  trainer.load_state(...)?;              // as above, every rank
+//! let mut trainer = trainer.with_process_group(group)?;                         // rank 0's state everywhere
+//! let rows = share_rows(trainer.process_group().unwrap(), 0, (rank == 0).then_some(&rows[..]))?;
+//! let metrics = trainer.train_step(&rows)?;                                     // same rows, same metrics
+//! ```
 
 pub mod batch;
 pub mod components;
 pub mod critic;
+pub mod data_parallel;
 pub mod error;
 pub mod logprobs;
 pub mod lr_schedule;
 pub mod micro_batch;
 pub mod optimizer;
 pub mod reference;
+pub mod shared_rows;
 pub mod trainer;
 
 pub use batch::TrainRow;
 pub use components::Components;
 pub use critic::Critic;
+pub use data_parallel::DataParallel;
 pub use error::{Result, TrainerError};
 pub use logprobs::HeadMode;
 pub use lr_schedule::LrSchedule;
 pub use micro_batch::MicroBatching;
 pub use optimizer::{AdamW, AdamWSettings};
 pub use reference::ReferenceModel;
+pub use shared_rows::share_rows;
 pub use trainer::{StartingModels, StepMetrics, Trainer, TrainerOptions};

@@ -85,6 +85,29 @@ impl AdamW {
         self.params.iter().map(|p| (p.name.clone(), p.master.as_ref().unwrap_or(&p.var).shallow_clone())).collect()
     }
 
+    /// The parameters (shallow handles), in order: what a data-parallel step reduces the gradients of.
+    pub(crate) fn param_vars(&self) -> Vec<Tensor> {
+        self.params.iter().map(|p| p.var.shallow_clone()).collect()
+    }
+
+    /// Moments and master weights by their state-file names (shallow handles), for a data-parallel start.
+    pub(crate) fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::with_capacity(self.params.len() * 3);
+        for p in &self.params {
+            out.push((format!("exp_avg/{}", p.name), p.exp_avg.shallow_clone()));
+            out.push((format!("exp_avg_sq/{}", p.name), p.exp_avg_sq.shallow_clone()));
+            if let Some(m) = &p.master {
+                out.push((format!("master/{}", p.name), m.shallow_clone()));
+            }
+        }
+        out
+    }
+
+    /// Sets the update count (`t` of the bias correction), for a data-parallel start.
+    pub(crate) fn set_step_count(&mut self, step: i64) {
+        self.step = step;
+    }
+
     /// Clears every gradient.
     pub fn zero_grad(&mut self) {
         for p in &mut self.params {

@@ -24,6 +24,9 @@
 //! `actor/grad_norm`, `actor/lr`, `critic/*` for the critic, trainer-side advantage metrics under
 //! `advantage/`, and `perf/*` (`perf/tokens_per_s` counts prompt + response tokens of the trained rows).
 //!
+//! Data parallel ([`Trainer::with_process_group`]): every rank runs the step on the same rows and trains its
+//! share; gradients are summed over the ranks before clipping; see [`crate::data_parallel`] for the rule.
+//!
 //! Precision follows the policy's dtype: fp32 parameters train in fp32; bf16 parameters compute in bf16 while
 //! the optimizer keeps fp32 master weights and moments (FSDP `MixedPrecision(param_dtype=bf16)`, which is what
 //! veRL runs). libtorch's autocast is not reachable on the CPU through tch 0.24, so this is the bf16 mode on
@@ -43,6 +46,7 @@ use trinity_model::Decoder;
 use crate::batch::{PaddedInputs, TrainRow, mask_field, token_field, validate};
 use crate::components::Components;
 use crate::critic::Critic;
+use crate::data_parallel::DataParallel;
 use crate::error::{Result, TrainerError};
 use crate::logprobs::{self, HeadMode};
 use crate::lr_schedule::LrSchedule;
@@ -178,11 +182,12 @@ pub struct Trainer {
     critic: Option<Critic>,
     options: TrainerOptions,
     global_step: u64,
+    dp: Option<DataParallel>,
 }
 
 /// Sums of per-micro-batch metrics, reduced to means at the end (veRL's `reduce_metrics`).
 #[derive(Default)]
-struct MetricMeans(BTreeMap<String, (f64, usize)>);
+pub(crate) struct MetricMeans(pub(crate) BTreeMap<String, (f64, usize)>);
 
 impl MetricMeans {
     fn add(&mut self, prefix: &str, metrics: impl IntoIterator<Item = (String, f64)>) {
@@ -202,6 +207,14 @@ impl MetricMeans {
 fn pad_to(t: &Tensor, width: i64) -> Result<Tensor> {
     let r = t.size()[1];
     Ok(if r == width { t.shallow_clone() } else { t.f_constant_pad_nd([0, width - r])? })
+}
+
+/// This rank's share of `items` (all of them without a group).
+fn share_of(dp: Option<&DataParallel>, items: &[usize], unit: usize) -> Vec<usize> {
+    match dp {
+        Some(dp) => dp.my_share(items, unit),
+        None => items.to_vec(),
+    }
 }
 
 fn indices(micro: &[usize]) -> Tensor {
@@ -276,7 +289,78 @@ impl Trainer {
         } else {
             None
         };
-        Ok(Trainer { policy, optimizer: adamw, schedule, components, reference, critic, options, global_step: 0 })
+        Ok(Trainer {
+            policy,
+            optimizer: adamw,
+            schedule,
+            components,
+            reference,
+            critic,
+            options,
+            global_step: 0,
+            dp: None,
+        })
+    }
+
+    /// Makes this trainer one rank of a data-parallel group: rank 0's parameters, reference model, critic,
+    /// optimizer state and step counters are broadcast to every rank (all ranks must have built the same models),
+    /// and every later [`Trainer::train_step`] trains this rank's share of its rows (see [`crate::data_parallel`]).
+    /// A group of one rank works too and changes nothing.
+    pub fn with_process_group(mut self, group: trinity_collective::ProcessGroup) -> Result<Self> {
+        self.dp = Some(DataParallel::new(group));
+        self.broadcast_state()?;
+        Ok(self)
+    }
+
+    /// The data-parallel group, when there is one.
+    pub fn process_group(&self) -> Option<&trinity_collective::ProcessGroup> {
+        self.dp.as_ref().map(DataParallel::group)
+    }
+
+    /// Leaves data-parallel training and returns the group.
+    pub fn take_process_group(&mut self) -> Option<trinity_collective::ProcessGroup> {
+        self.dp.take().map(DataParallel::into_group)
+    }
+
+    /// This trainer's rank (0 without a group): rank 0 writes checkpoints and reports metrics.
+    pub fn rank(&self) -> usize {
+        self.dp.as_ref().map_or(0, DataParallel::rank)
+    }
+
+    /// Ranks training together (1 without a group).
+    pub fn world_size(&self) -> usize {
+        self.dp.as_ref().map_or(1, DataParallel::world_size)
+    }
+
+    /// Copies rank 0's whole training state to every rank.
+    fn broadcast_state(&mut self) -> Result<()> {
+        let Some(dp) = &self.dp else { return Ok(()) };
+        let mut tensors = self.policy.named_parameters()?;
+        tensors.extend(self.optimizer.state_tensors().into_iter().map(|(n, t)| (format!("optimizer/{n}"), t)));
+        if let Some(reference) = &self.reference {
+            let params = reference.decoder().named_parameters()?;
+            tensors.extend(params.into_iter().map(|(n, t)| (format!("reference/{n}"), t)));
+        }
+        let mut critic_step = 0;
+        if let Some(critic) = &self.critic {
+            let mut params = critic.decoder().named_parameters()?;
+            let (w, b) = critic.value_head();
+            params.push(("score.weight".into(), w.shallow_clone()));
+            params.push(("score.bias".into(), b.shallow_clone()));
+            params.extend(critic.optimizer().state_tensors().into_iter().map(|(n, t)| (format!("optimizer/{n}"), t)));
+            tensors.extend(params.into_iter().map(|(n, t)| (format!("critic/{n}"), t)));
+            critic_step = critic.optimizer().step_count();
+        }
+        dp.broadcast_from_rank_zero("trainer state", &mut tensors)?;
+        let mut steps = Tensor::from_slice(&[self.global_step as i64, self.optimizer.step_count(), critic_step]);
+        dp.group().broadcast(&mut steps, 0)?;
+        let steps: Vec<i64> = Vec::<i64>::try_from(&steps)?;
+        self.global_step = steps[0] as u64;
+        self.optimizer.set_step_count(steps[1]);
+        if let Some(critic) = &mut self.critic {
+            critic.optimizer_mut().set_step_count(steps[2]);
+        }
+        Ok(())
     }
 
     /// The policy, e.g. for weight sync: `generation_decoder.copy_weights_from(trainer.policy())`.
@@ -346,7 +430,8 @@ impl Trainer {
             critic.optimizer_mut().load(&dir.join("critic_optimizer.safetensors"))?;
         }
         self.global_step = global_step;
-        Ok(())
+        // Every rank loads the same files; rank 0's copy is made authoritative anyway.
+        self.broadcast_state()
     }
 
     /// Runs one train step on `rows` and returns its metrics.
@@ -387,15 +472,23 @@ impl Trainer {
         batch.expert_mask = Some(rows.iter().map(|r| r.expert).collect());
 
         // Reference logprobs and critic values for every row, micro-batch by micro-batch, without gradients; with
-        // `bypass_mode: false` the policy's own logprobs replace the rollout's as `old_logprob`.
-        let forward_batches = split(rows, &all, self.options.micro_batching)?;
+        // `bypass_mode: false` the policy's own logprobs replace the rollout's as `old_logprob`. Data parallel:
+        // each rank scores its share and the sum over ranks gathers the rows.
+        let dp = self.dp.as_ref();
+        let forward_batches = split(rows, &share_of(dp, &all, 1), self.options.micro_batching)?;
+        let gather = |mut out: Tensor| -> Result<Tensor> {
+            if let Some(dp) = dp {
+                dp.sum(&mut out)?;
+            }
+            Ok(out)
+        };
         let score_all = |decoder: &Decoder| -> Result<Tensor> {
             let mut out = Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu))?;
             for micro in &forward_batches {
                 let lp = pad_to(&response_logprobs(decoder, rows, micro, temperature, chunk)?, w)?;
                 out = out.f_index_copy(0, &indices(micro), &lp)?;
             }
-            Ok(out)
+            gather(out)
         };
         if self.options.recompute_old_logprobs {
             batch.old_logprob = Some(score_all(&self.policy)?);
@@ -408,7 +501,7 @@ impl Trainer {
             for micro in &forward_batches {
                 out = out.f_index_copy(0, &indices(micro), &pad_to(&critic.values(rows, micro)?, w)?)?;
             }
-            batch.values = Some(out);
+            batch.values = Some(gather(out)?);
         }
 
         let (active, returns) = self.advantages(&mut batch, &mut metrics)?;
@@ -419,13 +512,12 @@ impl Trainer {
         let mini_batches = self.mini_batches(&active);
         let mut means = MetricMeans::default();
         let (mut grad_norms, mut micro_count) = (Vec::new(), 0usize);
-        // DPO rows come as (chosen, rejected) pairs that must share a micro-batch, in order.
-        let how = if self.components.policy_loss.name == "dpo" {
-            MicroBatching::Rows(2)
-        } else {
-            self.options.micro_batching
-        };
+        // DPO rows come as (chosen, rejected) pairs that must share a micro-batch, in order (and a rank's share).
+        let dpo = self.components.policy_loss.name == "dpo";
+        let how = if dpo { MicroBatching::Rows(2) } else { self.options.micro_batching };
+        let unit = if dpo { 2 } else { 1 };
         let micro_batches_of = |mini: &[usize]| split(rows, mini, how);
+        let critic_share = share_of(self.dp.as_ref(), &active, unit);
         // veRL updates the critic first, over the whole step (Trinity-RFT sets its mini-batch to the train batch),
         // `critic.ppo_epochs` times (unset: the actor's epochs).
         if let Some(critic) = &mut self.critic {
@@ -433,7 +525,7 @@ impl Trainer {
                 TrainerError::InvalidBatch("the critic needs returns from a trainer-side advantage function".into())
             })?;
             let values = batch.values.as_ref().ok_or_else(|| TrainerError::InvalidBatch("no critic values".into()))?;
-            let critic_micro_batches = micro_batches_of(&active)?;
+            let critic_micro_batches = micro_batches_of(&critic_share)?;
             for _epoch in 0..self.options.critic_epochs.unwrap_or(self.options.ppo_epochs).max(1) {
                 let update = critic.update(
                     rows,
@@ -444,15 +536,19 @@ impl Trainer {
                     self.components.loss_agg_mode,
                     active.len(),
                     self.global_step,
+                    self.dp.as_ref(),
                 )?;
                 means.add("critic/", update.metrics);
             }
         }
         for _epoch in 0..self.options.ppo_epochs.max(1) {
             for mini in &mini_batches {
-                let micro_batches = micro_batches_of(mini)?;
+                let micro_batches = micro_batches_of(&share_of(self.dp.as_ref(), mini, unit))?;
                 micro_count += micro_batches.len();
                 self.update_actor(rows, &batch, &micro_batches, mini.len(), &mut means)?;
+                if let Some(dp) = &self.dp {
+                    dp.reduce_gradients(&self.optimizer.param_vars())?;
+                }
                 let grad_norm = self.optimizer.clip_grad_norm(self.options.grad_clip)?;
                 if grad_norm.is_finite() {
                     self.optimizer.step(lr)?;
@@ -460,6 +556,12 @@ impl Trainer {
                 self.optimizer.zero_grad();
                 grad_norms.push(grad_norm);
             }
+        }
+        if let Some(dp) = &self.dp {
+            means = MetricMeans(dp.pool_metrics(&means.0)?);
+            let mut count = Tensor::from_slice(&[micro_count as i64]);
+            dp.sum(&mut count)?;
+            micro_count = count.f_int64_value(&[0])? as usize;
         }
         means.into_metrics(&mut metrics);
         self.global_step += 1;

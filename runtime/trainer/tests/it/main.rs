@@ -1,6 +1,7 @@
 //! Integration tests of the training engine on tiny random models (seconds on the CPU, fixed seeds).
 
 mod checkpoint;
+mod data_parallel;
 mod grpo;
 mod ppo;
 mod sft;

@@ -1,0 +1,214 @@
+//! Data-parallel training: several trainer processes (ranks) share each train step's rows and keep identical
+//! parameters, over a [`ProcessGroup`] (Gloo on CPU; see `trinity-collective`).
+//!
+//! Contract: every rank calls [`crate::Trainer::train_step`] with the **same** rows (the whole step; rank 0 may read
+//! them and hand them to the others with [`share_rows`]). Everything that depends on the whole batch (advantages,
+//! mini-batch boundaries, the rows a group function drops) is then computed identically everywhere, and each rank
+//! trains only its share:
+//! - Forward-only passes (reference logprobs, critic values, recomputed old logprobs): rank r scores its contiguous
+//!   share of the rows; the `[N, R]` results are summed over ranks (each row is non-zero on exactly one rank, so the
+//!   sum is a gather).
+//! - Each mini-batch is cut into contiguous shares (`⌈n/world⌉` or `⌊n/world⌋` rows; DPO pairs stay together), each
+//!   rank forms its micro-batches from its share.
+//!
+//! **Averaging rule.** A micro-batch's loss is scaled by `rows in the micro-batch / rows in the whole mini-batch`
+//! (the global count, on every rank), exactly as in one process (Trinity's `micro_bsz / ppo_mini_batch_size`), and
+//! the ranks' gradients are **summed**. The result is the one-process gradient of the mini-batch whose micro-batches
+//! are the union of the ranks' micro-batches, whatever the shares: uneven shares need no extra weighting, and with
+//! `token-mean` aggregation each micro-batch's token mean is weighted by its rows, as veRL weighs it. (Averaging
+//! the ranks' gradients instead, as DDP does, is right only for equal shares.) With a fixed micro-batch size that
+//! divides each share the micro-batches are the one-process ones, and so is the step; with a token budget they are
+//! packed per share, which changes a token-mean loss slightly, as a different budget would.
+//!
+//! Gradients are reduced in fp32 (bf16 gradients are widened first, as FSDP's `reduce_dtype=fp32` in veRL) in
+//! buckets of [`DataParallel::bucket_bytes`], after every micro-batch of the mini-batch and before clipping: the
+//! gradient norm, the clipping and the AdamW update then see identical gradients on every rank, so parameters stay
+//! bit-identical. A parameter that has a gradient on any rank gets one on every rank (zeros where it had none), so
+//! a rank with an empty share still takes the same optimizer step. Metric means are pooled over all ranks'
+//! micro-batches.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use tch::{Device, Kind, Tensor};
+use trinity_collective::{ProcessGroup, ReduceOp};
+
+use crate::error::{Result, TrainerError};
+
+/// Gradient bucket size: a few MiB, so the reduction of one bucket overlaps the packing of the next.
+pub const DEFAULT_GRAD_BUCKET_BYTES: usize = 4 << 20;
+
+/// A trainer's process group and how it reduces.
+#[derive(Debug)]
+pub struct DataParallel {
+    group: ProcessGroup,
+    /// Gradient and parameter buckets, in bytes.
+    pub bucket_bytes: usize,
+}
+
+/// The contiguous share of `0..n` that `rank` of `world` takes, in units of `unit` items (DPO pairs: 2).
+pub fn share(n: usize, rank: usize, world: usize, unit: usize) -> Range<usize> {
+    let unit = unit.max(1);
+    let units = n.div_ceil(unit);
+    let (base, extra) = (units / world, units % world);
+    let start = rank * base + rank.min(extra);
+    let end = start + base + usize::from(rank < extra);
+    (start * unit).min(n)..(end * unit).min(n)
+}
+
+impl DataParallel {
+    pub fn new(group: ProcessGroup) -> Self {
+        DataParallel { group, bucket_bytes: DEFAULT_GRAD_BUCKET_BYTES }
+    }
+
+    pub fn group(&self) -> &ProcessGroup {
+        &self.group
+    }
+
+    pub fn into_group(self) -> ProcessGroup {
+        self.group
+    }
+
+    pub fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.group.world_size()
+    }
+
+    /// This rank's items of `items` (see [`share`]).
+    pub fn my_share<T: Clone>(&self, items: &[T], unit: usize) -> Vec<T> {
+        items[share(items.len(), self.rank(), self.world_size(), unit)].to_vec()
+    }
+
+    /// Sums `t` over the ranks in place.
+    pub fn sum(&self, t: &mut Tensor) -> Result<()> {
+        Ok(self.group.allreduce(t, ReduceOp::Sum)?)
+    }
+
+    /// Broadcasts `tensors` from rank 0 in place, after checking that every rank holds the same names, shapes and
+    /// dtypes (a mismatch fails on every rank instead of corrupting memory or hanging).
+    pub fn broadcast_from_rank_zero(&self, what: &str, tensors: &mut [(String, Tensor)]) -> Result<()> {
+        let layout: String = tensors.iter().map(|(n, t)| format!("{n}:{:?}:{:?};", t.size(), t.kind())).collect();
+        let root = self.group.broadcast_bytes(layout.as_bytes(), 0)?;
+        let mut mismatch = Tensor::from_slice(&[i32::from(root != layout.as_bytes())]);
+        self.group.allreduce(&mut mismatch, ReduceOp::Max)?;
+        if mismatch.f_int64_value(&[0])? != 0 {
+            return Err(TrainerError::DataParallel(format!(
+                "the ranks hold different {what} (names, shapes or dtypes); every rank must build the same model"
+            )));
+        }
+        let mut flat: Vec<Tensor> = Vec::with_capacity(tensors.len());
+        for (_, t) in tensors.iter() {
+            flat.push(if t.device() == Device::Cpu && t.is_contiguous() {
+                t.f_detach()?
+            } else {
+                t.f_to_device(Device::Cpu)?.f_contiguous()?
+            });
+        }
+        self.group.broadcast_buckets(&mut flat, 0, self.bucket_bytes.max(1 << 20) * 8)?;
+        tch::no_grad(|| -> Result<()> {
+            for ((_, t), received) in tensors.iter_mut().zip(&flat) {
+                if t.data_ptr() != received.data_ptr() {
+                    t.f_copy_(received)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Sums the gradients of `params` over the ranks, in fp32 buckets (see the module docs).
+    pub fn reduce_gradients(&self, params: &[Tensor]) -> Result<()> {
+        let has: Vec<f32> = params.iter().map(|p| if p.grad().defined() { 1.0 } else { 0.0 }).collect();
+        let mut any = Tensor::from_slice(&has);
+        self.group.allreduce(&mut any, ReduceOp::Max)?;
+        let any: Vec<f32> = Vec::<f32>::try_from(&any)?;
+        let mut grads = Vec::new();
+        let mut targets = Vec::new();
+        for (p, &wanted) in params.iter().zip(&any) {
+            if wanted == 0.0 {
+                continue;
+            }
+            let mut g = p.grad();
+            if !g.defined() {
+                // Defines a zero gradient: tch has no setter for `.grad`, and a backward of 0·Σp accumulates zeros.
+                (p.f_sum(p.kind())? * 0.0).f_backward()?;
+                g = p.grad();
+            }
+            let wide = if g.kind() == Kind::Float && g.device() == Device::Cpu && g.is_contiguous() {
+                g.shallow_clone()
+            } else {
+                g.f_to_device(Device::Cpu)?.f_to_kind(Kind::Float)?.f_contiguous()?
+            };
+            grads.push(wide);
+            targets.push(g);
+        }
+        self.group.allreduce_buckets(&mut grads, ReduceOp::Sum, self.bucket_bytes)?;
+        tch::no_grad(|| -> Result<()> {
+            for (mut g, reduced) in targets.into_iter().zip(&grads) {
+                if g.data_ptr() != reduced.data_ptr() {
+                    g.f_copy_(reduced)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Pools per-rank metric sums and counts (name → (sum, count)) into the same totals on every rank.
+    pub fn pool_metrics(&self, local: &BTreeMap<String, (f64, usize)>) -> Result<BTreeMap<String, (f64, usize)>> {
+        let mut bytes = Vec::new();
+        for (name, (sum, count)) in local {
+            bytes.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(name.as_bytes());
+            bytes.extend_from_slice(&sum.to_le_bytes());
+            bytes.extend_from_slice(&(*count as u64).to_le_bytes());
+        }
+        let mut pooled: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+        for part in self.group.allgather_bytes(&bytes)? {
+            let mut rest = &part[..];
+            while !rest.is_empty() {
+                let bad = || TrainerError::DataParallel("a rank sent malformed metrics".into());
+                let take = |rest: &mut &[u8], n: usize| -> Result<Vec<u8>> {
+                    if rest.len() < n {
+                        return Err(bad());
+                    }
+                    let (head, tail) = rest.split_at(n);
+                    *rest = tail;
+                    Ok(head.to_vec())
+                };
+                let len = u32::from_le_bytes(take(&mut rest, 4)?.try_into().map_err(|_| bad())?) as usize;
+                let name = String::from_utf8(take(&mut rest, len)?).map_err(|_| bad())?;
+                let sum = f64::from_le_bytes(take(&mut rest, 8)?.try_into().map_err(|_| bad())?);
+                let count = u64::from_le_bytes(take(&mut rest, 8)?.try_into().map_err(|_| bad())?) as usize;
+                let e = pooled.entry(name).or_default();
+                e.0 += sum;
+                e.1 += count;
+            }
+        }
+        Ok(pooled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_cover_everything_once_and_keep_pairs() {
+        for (n, world, unit) in [(8, 2, 1), (5, 2, 1), (1, 3, 1), (0, 2, 1), (10, 3, 2), (6, 4, 2)] {
+            let parts: Vec<Range<usize>> = (0..world).map(|r| share(n, r, world, unit)).collect();
+            let mut next = 0;
+            for p in &parts {
+                assert_eq!(p.start, next, "{n} {world} {unit}: {parts:?}");
+                assert!(p.start % unit == 0);
+                next = p.end;
+            }
+            assert_eq!(next, n);
+            let sizes: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+            assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= unit, "{sizes:?}");
+        }
+        assert_eq!(share(5, 0, 2, 1), 0..3);
+        assert_eq!(share(5, 1, 2, 1), 3..5);
+    }
+}

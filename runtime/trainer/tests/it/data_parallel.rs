@@ -1,0 +1,224 @@
+//! Data-parallel training across processes on loopback: ranks agree bit for bit after every step, and their step
+//! equals the one-process step on the whole batch (within 1e-5 relative) for GRPO and PPO with token-mean loss
+//! aggregation, even and uneven shares. Each test runs the ranks and a one-process reference as separate processes
+//! (this binary started again, entering `dp_child`), so every process draws the same random weights.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tch::{Kind, Tensor};
+use trinity_collective::testing::{assert_all_succeeded, run_ranks, var};
+use trinity_collective::{GroupOptions, ProcessGroup, Store};
+use trinity_config::algorithm::AlgorithmConfig;
+use trinity_trainer::{MicroBatching, TrainRow, Trainer, TrainerOptions, share_rows};
+
+use crate::{algorithm, tiny_model, trainer};
+
+const STEPS: usize = 3;
+const TIMEOUT: Duration = Duration::from_secs(30);
+/// Large enough that three steps move the parameters well beyond the tolerance, small enough that AdamW's
+/// normalisation does not magnify the rounding differences of a differently ordered gradient sum past it.
+const LR: f64 = 2e-3;
+
+/// `n` rows of different prompt and response lengths, some tokens masked, with rewards (PPO) or advantages (GRPO).
+fn rows(n: usize, with_advantages: bool) -> Vec<TrainRow> {
+    (0..n)
+        .map(|i| {
+            let prompt: Vec<i64> = (0..2 + i % 2).map(|j| 1 + ((i + j) % 5) as i64).collect();
+            let response: Vec<i64> = (0..1 + (i * 3) % 4).map(|j| 3 + ((i * 7 + j * 3) % 11) as i64).collect();
+            let mut r = TrainRow::sft(&prompt, &response);
+            r.logprobs = (0..response.len()).map(|j| -2.0 - 0.1 * j as f32 - 0.05 * i as f32).collect();
+            if response.len() > 2 {
+                r.action_mask[1] = false;
+            }
+            r.reward = Some(if i % 3 == 0 { 1.0 } else { -0.5 });
+            if with_advantages {
+                r.advantages = Some((0..response.len()).map(|j| (i as f32 - 2.5) * 0.3 + 0.1 * j as f32).collect());
+            }
+            r.group_id = Some(format!("task-{}", i / 4));
+            r
+        })
+        .collect()
+}
+
+struct Scenario {
+    algorithm: AlgorithmConfig,
+    options: TrainerOptions,
+    rows: Vec<TrainRow>,
+}
+
+fn scenario(name: &str) -> Scenario {
+    let options = |micro: usize, mini: Option<usize>| TrainerOptions {
+        micro_batching: MicroBatching::Rows(micro),
+        mini_batch_rows: mini,
+        ..TrainerOptions::default()
+    };
+    match name {
+        // 8 rows, 4 per rank, micro-batches of 2: the one-process micro-batches exactly.
+        "grpo" | "dies" => {
+            Scenario { algorithm: algorithm("grpo", |_| {}), options: options(2, None), rows: rows(8, true) }
+        }
+        // 7 rows in mini-batches of 4 and 3 (shares 2/2 and 2/1), critic shares 4/3, GAE over the whole batch.
+        "ppo" => Scenario { algorithm: algorithm("ppo", |_| {}), options: options(1, Some(4)), rows: rows(7, false) },
+        // 3 ranks on 8 rows: shares 3/3/2.
+        "grpo3" => Scenario { algorithm: algorithm("grpo", |_| {}), options: options(1, None), rows: rows(8, true) },
+        other => panic!("unknown scenario {other}"),
+    }
+}
+
+fn save(dir: &Path, tag: &str, trainer: &Trainer, metrics: &BTreeMap<String, f64>) {
+    let params = trainer.policy().named_parameters().unwrap();
+    Tensor::write_safetensors(&params, dir.join(format!("{tag}.safetensors"))).unwrap();
+    let kept: BTreeMap<&String, &f64> = metrics.iter().filter(|(k, _)| !k.starts_with("perf/")).collect();
+    std::fs::write(dir.join(format!("{tag}.json")), serde_json::to_string(&kept).unwrap()).unwrap();
+}
+
+/// The entry point of a rank (or of the one-process reference); returns at once in an ordinary test run.
+#[test]
+fn dp_child() {
+    let Ok(name) = std::env::var("TRINITY_DP_SCENARIO") else { return };
+    let get = |k: &str| std::env::var(k).unwrap();
+    let (rank, world): (usize, usize) =
+        (get("TRINITY_DP_RANK").parse().unwrap(), get("TRINITY_DP_WORLD").parse().unwrap());
+    let dir = PathBuf::from(get("TRINITY_DP_DIR"));
+    let s = scenario(&name);
+    if world == 0 {
+        // The reference: one process, the whole batch.
+        let mut t = trainer(tiny_model(3, Kind::Float), &s.algorithm, LR, s.options);
+        save(&dir, "single_init", &t, &BTreeMap::new());
+        for step in 0..STEPS {
+            let m = t.train_step(&s.rows).unwrap();
+            save(&dir, &format!("single_step{step}"), &t, &m);
+        }
+        return;
+    }
+    let store = Store::client("127.0.0.1", get("TRINITY_DP_PORT").parse().unwrap(), TIMEOUT).unwrap();
+    let group = ProcessGroup::new(
+        &store.with_prefix("dp").unwrap(),
+        rank,
+        world,
+        &GroupOptions { timeout: TIMEOUT, ..GroupOptions::default() },
+    )
+    .unwrap();
+    // Ranks other than 0 start from other weights: the broadcast at start must make them rank 0's.
+    let model = tiny_model(if rank == 0 { 3 } else { 100 + rank as i64 }, Kind::Float);
+    let mut t = trainer(model, &s.algorithm, LR, s.options).with_process_group(group).unwrap();
+    save(&dir, &format!("rank{rank}_init"), &t, &BTreeMap::new());
+    for step in 0..STEPS {
+        // Rank 0 hands the rows to the others, as a run whose rank 0 reads the buffer does.
+        let rows = share_rows(t.process_group().unwrap(), 0, (rank == 0).then_some(&s.rows[..])).unwrap();
+        if name == "dies" && rank == 1 && step == 1 {
+            std::process::abort();
+        }
+        let start = Instant::now();
+        match t.train_step(&rows) {
+            Ok(m) => save(&dir, &format!("rank{rank}_step{step}"), &t, &m),
+            Err(e) => {
+                println!("rank {rank} step {step}: error after {:.2} s: {e}", start.elapsed().as_secs_f64());
+                assert!(start.elapsed() < Duration::from_secs(10));
+                std::process::exit(3);
+            }
+        }
+    }
+}
+
+/// Runs `name` on `world` ranks plus the one-process reference; returns the folder with their outputs.
+fn run(name: &str, world: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::server("127.0.0.1", 0, TIMEOUT).unwrap();
+    // The reference process (world size 0 in its environment) runs beside the ranks.
+    let processes = if name == "dies" { world } else { world + 1 };
+    let envs: Vec<Vec<(String, String)>> = (0..processes)
+        .map(|i| {
+            let (rank, world) = if i == world { (0, 0) } else { (i, world) };
+            vec![
+                var("TRINITY_DP_SCENARIO", name),
+                var("TRINITY_DP_RANK", rank),
+                var("TRINITY_DP_WORLD", world),
+                var("TRINITY_DP_PORT", store.port()),
+                var("TRINITY_DP_DIR", dir.path().display()),
+            ]
+        })
+        .collect();
+    let outcomes = run_ranks("data_parallel::dp_child", &envs, Duration::from_secs(240));
+    if name != "dies" {
+        assert_all_succeeded(&outcomes);
+    } else {
+        let rank0 = &outcomes[0];
+        assert_eq!(rank0.status.and_then(|s| s.code()), Some(3), "{}", rank0.output);
+        println!("{}", rank0.output.lines().filter(|l| l.contains("error after")).collect::<String>());
+    }
+    dir
+}
+
+/// Saved parameters by name (a safetensors file does not keep the order they were written in).
+fn load(dir: &Path, tag: &str) -> BTreeMap<String, Tensor> {
+    Tensor::read_safetensors(dir.join(format!("{tag}.safetensors"))).unwrap().into_iter().collect()
+}
+
+fn metrics(dir: &Path, tag: &str) -> BTreeMap<String, f64> {
+    serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{tag}.json"))).unwrap()).unwrap()
+}
+
+/// Checks bit-identical ranks after every step and the last step against the reference.
+fn check(dir: &Path, world: usize) {
+    for rank in 1..world {
+        for ((name, a), (_, b)) in load(dir, "rank0_init").iter().zip(&load(dir, &format!("rank{rank}_init"))) {
+            assert!(a.equal(b), "at start: `{name}` differs between rank 0 and rank {rank}");
+        }
+    }
+    for step in 0..STEPS {
+        let zero = load(dir, &format!("rank0_step{step}"));
+        for rank in 1..world {
+            let other = load(dir, &format!("rank{rank}_step{step}"));
+            for ((name, a), (_, b)) in zero.iter().zip(&other) {
+                assert!(a.equal(b), "step {step}: `{name}` differs between rank 0 and rank {rank}");
+            }
+            assert_eq!(metrics(dir, &format!("rank0_step{step}")), metrics(dir, &format!("rank{rank}_step{step}")));
+        }
+        let single = load(dir, &format!("single_step{step}"));
+        let mut worst = 0f64;
+        for ((name, a), (_, b)) in zero.iter().zip(&single) {
+            let diff = (a - b).abs().max().double_value(&[]);
+            let scale = b.abs().max().double_value(&[]).max(1e-6);
+            worst = worst.max(diff / scale);
+            assert!(diff <= 1e-5 * scale, "step {step}: `{name}` differs from one process by {diff} (scale {scale})");
+        }
+        let (dp, one) = (metrics(dir, &format!("rank0_step{step}")), metrics(dir, &format!("single_step{step}")));
+        assert_eq!(dp.keys().collect::<Vec<_>>(), one.keys().collect::<Vec<_>>());
+        for (k, v) in &dp {
+            assert!((v - one[k]).abs() <= 1e-4 * (1.0 + one[k].abs()), "step {step}: metric {k}: {v} vs {}", one[k]);
+        }
+        println!("step {step}: worst relative parameter difference to one process {worst:.2e}");
+    }
+    // The steps moved the parameters: the comparison is not between two untouched models.
+    let start = load(dir, "single_init");
+    let end = load(dir, &format!("rank0_step{}", STEPS - 1));
+    let moved =
+        start.iter().zip(&end).map(|((_, a), (_, b))| (a - b).abs().max().double_value(&[])).fold(0.0, f64::max);
+    assert!(moved > 1e-3, "parameters moved only {moved}");
+}
+
+#[test]
+fn two_ranks_match_one_process_for_grpo() {
+    let dir = run("grpo", 2);
+    check(dir.path(), 2);
+}
+
+#[test]
+fn two_ranks_with_uneven_shares_match_one_process_for_ppo_with_a_critic() {
+    let dir = run("ppo", 2);
+    check(dir.path(), 2);
+}
+
+#[test]
+fn three_ranks_with_uneven_shares_match_one_process() {
+    let dir = run("grpo3", 3);
+    check(dir.path(), 3);
+}
+
+#[test]
+fn a_rank_that_dies_fails_the_others_step() {
+    run("dies", 2);
+}
