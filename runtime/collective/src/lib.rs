@@ -8,6 +8,8 @@
 //! - [`ProcessGroup`]: broadcast, all-reduce (sum, average, max, min), all-gather and barrier, each ending within
 //!   the group's timeout with an error, never a hang; bucketed variants for many tensors ([`bucket`]).
 //! - [`DistEnv`]: torchrun's environment contract; [`launch`]: `trinity launch`, a static torchrun.
+//! - [`WeightSender`] / [`WeightReceiver`]: the trainer's weights to explorer processes, bucketed and
+//!   double-buffered, after a version handshake, the group rebuilt after a failure ([`weight_sync`]).
 //!
 //! CPU tensors always go through Gloo. With the `nccl` feature and `GroupOptions::nccl`, one group also holds an
 //! NCCL backend and sends CUDA tensors through it; without it CUDA tensors go through Gloo.
@@ -20,6 +22,8 @@ pub mod group;
 pub mod launch;
 mod rendezvous;
 pub mod store;
+pub mod weight_layout;
+pub mod weight_sync;
 
 pub use bucket::DEFAULT_BUCKET_BYTES;
 pub use env::DistEnv;
@@ -27,6 +31,7 @@ pub use error::{CollectiveError, Result};
 pub use group::{GlooDevice, GroupOptions, ProcessGroup, ReduceOp, Work};
 pub use launch::{LaunchOptions, launch};
 pub use store::Store;
+pub use weight_sync::{SyncReport, WeightReceiver, WeightSender, WeightSyncOptions};
 
 #[cfg(feature = "test-support")]
 pub mod testing;

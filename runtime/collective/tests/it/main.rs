@@ -4,6 +4,7 @@
 mod collectives;
 mod failures;
 mod launched;
+mod weight_sync;
 
 use std::time::Duration;
 

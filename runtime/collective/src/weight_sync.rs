@@ -1,0 +1,372 @@
+//! Weights from the trainer to explorers in other processes (Trinity's `sync_method: nccl` when explorer and
+//! trainer do not share a process): trainer rank 0 is the [`WeightSender`], every explorer a [`WeightReceiver`],
+//! and they form one process group (Gloo; the sender is rank 0).
+//!
+//! Protocol, on a store the sender hosts (keys under `weight_sync/`):
+//! - `receivers`: how many explorers the sender expects; `offered`: the newest version the sender wants to send
+//!   (set before it waits for anyone, so an explorer can see a sync is due: [`WeightReceiver::offered_version`]).
+//! - A group lives for one *generation* `g` (`generation` counter). Receivers join it with a ticket
+//!   (`gen<g>/tickets`, ranks 1..=n); the sender writes the [`Layout`] (names, dtypes, shapes, bucket size) to
+//!   `gen<g>/layout` once, so a sync sends only bytes.
+//! - Sync number `s` of a generation: the sender announces the version (`gen<g>/sync/<s>`), broadcasts the byte
+//!   stream bucket by bucket, and waits until every receiver counted itself in `gen<g>/ack/<s>` after applying
+//!   it: the version handshake. Then it sets `latest`.
+//! - Buckets are double-buffered: the sender packs bucket k+1 while bucket k is on the wire; a receiver posts the
+//!   receive of bucket k+1 before it unpacks bucket k.
+//! - Any failure (a peer died, a timeout) marks `gen<g>/failed`; the sender then moves on to generation g+1 and
+//!   builds a new group at its next [`WeightSender::publish`], which receivers join at their next
+//!   [`WeightReceiver::receive`]. A receiver that finds its generation failed or full waits for the next one. Every
+//!   wait ends within the timeout, so a caller can fall back to checkpoint sync.
+
+use std::time::{Duration, Instant};
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{CollectiveError, Result};
+use crate::group::{GlooDevice, GroupOptions, ProcessGroup, Work};
+use crate::store::Store;
+use crate::weight_layout::{Layout, pack, unpack};
+
+/// How a transfer runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightSyncOptions {
+    /// The longest any step (joining, a sync, the acknowledgements) may take: Trinity's `sync_timeout`.
+    pub timeout: Duration,
+    /// Bytes per bucket (two are allocated on each side). The sender's value is the one used.
+    pub bucket_bytes: usize,
+    /// Gloo's network device.
+    pub device: GlooDevice,
+}
+
+impl Default for WeightSyncOptions {
+    fn default() -> Self {
+        WeightSyncOptions {
+            timeout: Duration::from_secs(3600),
+            bucket_bytes: 256 << 20,
+            device: GlooDevice::Hostname("127.0.0.1".into()),
+        }
+    }
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SyncReport {
+    pub version: u64,
+    /// Bytes sent or received (the stream, alignment included).
+    pub bytes: usize,
+    pub buckets: usize,
+    /// From the announcement (or its discovery) to the last acknowledgement or applied tensor.
+    pub seconds: f64,
+}
+
+const POLL: Duration = Duration::from_millis(5);
+
+fn group_options(options: &WeightSyncOptions) -> GroupOptions {
+    GroupOptions { timeout: options.timeout, device: options.device.clone(), ..GroupOptions::default() }
+}
+
+fn parse_u64(store: &Store, key: &str) -> Result<u64> {
+    let bytes = store.get(key)?;
+    String::from_utf8_lossy(&bytes)
+        .parse()
+        .map_err(|_| CollectiveError::WeightSync(format!("store key {key:?} holds {bytes:?}, not a number")))
+}
+
+fn bucket_buffers(layout: &Layout) -> Result<[Tensor; 2]> {
+    let len = layout.bucket_bytes.min(layout.total.max(1)) as i64;
+    Ok([Tensor::f_zeros([len], (Kind::Uint8, Device::Cpu))?, Tensor::f_zeros([len], (Kind::Uint8, Device::Cpu))?])
+}
+
+/// The trainer's side: hosts the store and sends each new version to every receiver.
+#[derive(Debug)]
+pub struct WeightSender {
+    store: Store,
+    receivers: usize,
+    options: WeightSyncOptions,
+    generation: u64,
+    group: Option<ProcessGroup>,
+    layout: Option<Layout>,
+    seq: u64,
+}
+
+impl WeightSender {
+    /// Hosts the rendezvous store on `host:port` (port 0 picks one: [`WeightSender::port`]) for `receivers`
+    /// explorers.
+    pub fn host(host: &str, port: u16, receivers: usize, options: WeightSyncOptions) -> Result<Self> {
+        if receivers == 0 {
+            return Err(CollectiveError::InvalidArgument("a weight sender needs at least one receiver".into()));
+        }
+        let store = Store::server(host, port, options.timeout)?.with_prefix("weight_sync")?;
+        store.set("receivers", receivers.to_string().as_bytes())?;
+        let generation = u64::try_from(store.add("generation", 0)?).unwrap_or(0);
+        Ok(WeightSender { store, receivers, options, generation, group: None, layout: None, seq: 0 })
+    }
+
+    /// The store's port, for the explorers' configuration.
+    pub fn port(&self) -> u16 {
+        self.store.port()
+    }
+
+    /// The current group generation (it advances after every failure).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Sends `weights` as `version` to every receiver and returns when all of them applied it. The names, dtypes
+    /// and shapes must be the same at every call. On failure the group is dropped and the next call builds a new
+    /// one (waiting up to the timeout for the receivers to join it).
+    pub fn publish(&mut self, version: u64, weights: &[(String, Tensor)]) -> Result<SyncReport> {
+        let layout = Layout::of(weights, self.options.bucket_bytes)?;
+        match &self.layout {
+            Some(known) if known.entries != layout.entries => {
+                return Err(CollectiveError::WeightSync(
+                    "the tensors differ from the first publish (names, dtypes or shapes)".into(),
+                ));
+            }
+            Some(_) => {}
+            None => self.layout = Some(layout),
+        }
+        self.store.set("offered", version.to_string().as_bytes())?;
+        let result = self.try_publish(version, weights);
+        if let Err(e) = &result {
+            self.fail(e);
+        }
+        result
+    }
+
+    fn try_publish(&mut self, version: u64, weights: &[(String, Tensor)]) -> Result<SyncReport> {
+        let g = self.generation;
+        if self.group.is_some() && self.store.check(&[&format!("gen{g}/failed")])? {
+            return Err(CollectiveError::WeightSync(format!("a receiver reported generation {g} failed")));
+        }
+        let layout = self.layout.clone().ok_or_else(|| CollectiveError::WeightSync("no layout".into()))?;
+        if self.group.is_none() {
+            self.store.set(&format!("gen{g}/layout"), layout.encode()?.as_bytes())?;
+            let prefix = self.store.with_prefix(&format!("gen{g}/group"))?;
+            self.group = Some(ProcessGroup::new(&prefix, 0, self.receivers + 1, &group_options(&self.options))?);
+            self.seq = 0;
+            tracing::info!("weight sync: generation {g} formed with {} receivers", self.receivers);
+        }
+        let start = Instant::now();
+        let s = self.seq;
+        self.store.set(&format!("gen{g}/sync/{s}"), version.to_string().as_bytes())?;
+        let tensors: Vec<Tensor> = weights.iter().map(|(_, t)| t.shallow_clone()).collect();
+        let group = self.group.as_ref().ok_or_else(|| CollectiveError::WeightSync("no group".into()))?;
+        send_buckets(group, &layout, &tensors)?;
+        let deadline = start + self.options.timeout;
+        let ack = format!("gen{g}/ack/{s}");
+        while self.store.add(&ack, 0)? < self.receivers as i64 {
+            if Instant::now() >= deadline {
+                return Err(CollectiveError::Timeout {
+                    op: "weight sync acknowledgements",
+                    timeout: self.options.timeout,
+                    detail: Some(format!(
+                        "version {version}: {} of {} receivers applied it",
+                        self.store.add(&ack, 0)?,
+                        self.receivers
+                    )),
+                });
+            }
+            std::thread::sleep(POLL);
+        }
+        self.store.set("latest", version.to_string().as_bytes())?;
+        self.seq += 1;
+        Ok(SyncReport {
+            version,
+            bytes: layout.total,
+            buckets: layout.buckets(),
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Marks the generation failed and moves on to the next one.
+    fn fail(&mut self, error: &CollectiveError) {
+        let g = self.generation;
+        tracing::warn!("weight sync: generation {g} failed ({error}); the next publish builds a new group");
+        let _ = self.store.set(&format!("gen{g}/failed"), error.to_string().as_bytes());
+        if let Ok(next) = self.store.add("generation", 1) {
+            self.generation = u64::try_from(next).unwrap_or(g + 1);
+        } else {
+            self.generation = g + 1;
+        }
+        self.group = None;
+        self.seq = 0;
+    }
+}
+
+/// Broadcasts the byte stream of `tensors` from rank 0, packing bucket k+1 while bucket k is sent.
+fn send_buckets(group: &ProcessGroup, layout: &Layout, tensors: &[Tensor]) -> Result<()> {
+    let buffers = bucket_buffers(layout)?;
+    let mut in_flight: Option<Work<'_>> = None;
+    for k in 0..layout.buckets() {
+        let len = layout.bucket_range(k).len() as i64;
+        let buffer = &buffers[k % 2];
+        pack(layout, k, tensors, buffer)?;
+        let work = group.broadcast_async(&buffer.f_narrow(0, 0, len)?, 0)?;
+        if let Some(previous) = in_flight.replace(work) {
+            previous.wait()?;
+        }
+    }
+    match in_flight {
+        Some(last) => last.wait(),
+        None => Ok(()),
+    }
+}
+
+/// An explorer's side: joins the sender's group and receives each version it sends.
+#[derive(Debug)]
+pub struct WeightReceiver {
+    store: Store,
+    options: WeightSyncOptions,
+    receivers: usize,
+    joined: Option<Joined>,
+    last_version: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Joined {
+    generation: u64,
+    group: ProcessGroup,
+    layout: Layout,
+    seq: u64,
+}
+
+impl WeightReceiver {
+    /// Connects to the sender's store (retrying until the timeout while it is not up yet).
+    pub fn connect(host: &str, port: u16, options: WeightSyncOptions) -> Result<Self> {
+        let store = Store::client(host, port, options.timeout)?.with_prefix("weight_sync")?;
+        let receivers = parse_u64(&store, "receivers")? as usize;
+        Ok(WeightReceiver { store, options, receivers, joined: None, last_version: None })
+    }
+
+    /// The newest version the sender has offered (it may still be waiting for receivers), without blocking.
+    pub fn offered_version(&self) -> Result<Option<u64>> {
+        if !self.store.check(&["offered"])? {
+            return Ok(None);
+        }
+        parse_u64(&self.store, "offered").map(Some)
+    }
+
+    /// The version this receiver applied last.
+    pub fn last_version(&self) -> Option<u64> {
+        self.last_version
+    }
+
+    /// Waits for the next version and returns it with freshly allocated CPU tensors (the sender's dtypes).
+    pub fn receive(&mut self) -> Result<(u64, Vec<(String, Tensor)>)> {
+        let mut out = Vec::new();
+        let report = self.receive_with(|name, t| {
+            let mut owned = t.f_empty_like()?;
+            owned.f_copy_(t)?;
+            out.push((name.to_owned(), owned));
+            Ok(())
+        })?;
+        Ok((report.version, out))
+    }
+
+    /// Waits for the next version and hands each tensor to `apply` as soon as its bytes are in (a view valid only
+    /// during the call: copy it into the model's own tensor). The sender learns the version was applied only after
+    /// every `apply` returned.
+    pub fn receive_with(&mut self, mut apply: impl FnMut(&str, &Tensor) -> Result<()>) -> Result<SyncReport> {
+        let result = self.try_receive(&mut apply);
+        if let Err(e) = &result
+            && let Some(joined) = self.joined.take()
+        {
+            let _ = self.store.set(&format!("gen{}/failed", joined.generation), e.to_string().as_bytes());
+        }
+        result
+    }
+
+    fn try_receive(&mut self, apply: &mut dyn FnMut(&str, &Tensor) -> Result<()>) -> Result<SyncReport> {
+        let deadline = Instant::now() + self.options.timeout;
+        if self.joined.is_none() {
+            self.joined = Some(self.join(deadline)?);
+        }
+        let joined = self.joined.as_mut().ok_or_else(|| CollectiveError::WeightSync("not joined".into()))?;
+        let g = joined.generation;
+        let announce = format!("gen{g}/sync/{}", joined.seq);
+        let failed = format!("gen{g}/failed");
+        while !self.store.check(&[&announce])? {
+            if self.store.check(&[&failed])? {
+                return Err(CollectiveError::WeightSync(format!("the sender abandoned generation {g}")));
+            }
+            if Instant::now() >= deadline {
+                return Err(CollectiveError::Timeout {
+                    op: "weight sync",
+                    timeout: self.options.timeout,
+                    detail: Some("no new version was announced".into()),
+                });
+            }
+            std::thread::sleep(POLL);
+        }
+        let start = Instant::now();
+        let version = parse_u64(&self.store, &announce)?;
+        receive_buckets(&joined.group, &joined.layout, apply)?;
+        self.store.add(&format!("gen{g}/ack/{}", joined.seq), 1)?;
+        joined.seq += 1;
+        self.last_version = Some(version);
+        let layout = &joined.layout;
+        Ok(SyncReport {
+            version,
+            bytes: layout.total,
+            buckets: layout.buckets(),
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Joins the current generation, waiting for the next one while the current one failed or is full.
+    fn join(&self, deadline: Instant) -> Result<Joined> {
+        loop {
+            let g = u64::try_from(self.store.add("generation", 0)?).unwrap_or(0);
+            let usable = !self.store.check(&[&format!("gen{g}/failed")])?;
+            if usable {
+                let ticket = self.store.add(&format!("gen{g}/tickets"), 1)?;
+                if ticket as usize <= self.receivers {
+                    let prefix = self.store.with_prefix(&format!("gen{g}/group"))?;
+                    let mut options = group_options(&self.options);
+                    options.timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                    let group = ProcessGroup::new(&prefix, ticket as usize, self.receivers + 1, &options)?;
+                    let layout = Layout::decode(&String::from_utf8_lossy(&self.store.get(&format!("gen{g}/layout"))?))?;
+                    tracing::info!("weight sync: joined generation {g} as rank {ticket}");
+                    return Ok(Joined { generation: g, group, layout, seq: 0 });
+                }
+            }
+            // Failed or full: the sender will open the next generation.
+            while u64::try_from(self.store.add("generation", 0)?).unwrap_or(0) == g {
+                if Instant::now() >= deadline {
+                    return Err(CollectiveError::Timeout {
+                        op: "weight sync join",
+                        timeout: self.options.timeout,
+                        detail: Some(format!("generation {g} is failed or full and no new one was opened")),
+                    });
+                }
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+}
+
+/// Receives the byte stream from rank 0 into two alternating buffers, unpacking bucket k while bucket k+1 arrives.
+fn receive_buckets(
+    group: &ProcessGroup,
+    layout: &Layout,
+    apply: &mut dyn FnMut(&str, &Tensor) -> Result<()>,
+) -> Result<()> {
+    let n = layout.buckets();
+    if n == 0 {
+        return Ok(());
+    }
+    let buffers = bucket_buffers(layout)?;
+    let slice = |k: usize| buffers[k % 2].f_narrow(0, 0, layout.bucket_range(k).len() as i64);
+    let mut partial = None;
+    let mut next = Some(group.broadcast_async(&slice(0)?, 0)?);
+    for k in 0..n {
+        let current = next.take().ok_or_else(|| CollectiveError::WeightSync("bucket lost".into()))?;
+        current.wait()?;
+        if k + 1 < n {
+            next = Some(group.broadcast_async(&slice(k + 1)?, 0)?);
+        }
+        unpack(layout, k, &slice(k)?, &mut partial, apply)?;
+    }
+    Ok(())
+}
