@@ -72,9 +72,11 @@ fn parse_u64(store: &Store, key: &str) -> Result<u64> {
         .map_err(|_| CollectiveError::WeightSync(format!("store key {key:?} holds {bytes:?}, not a number")))
 }
 
+/// The two bucket buffers of a layout, allocated once per sender or joined receiver: a fresh pair per sync would
+/// page-fault hundreds of MiB each time.
 fn bucket_buffers(layout: &Layout) -> Result<[Tensor; 2]> {
     let len = layout.bucket_bytes.min(layout.total.max(1)) as i64;
-    Ok([Tensor::f_zeros([len], (Kind::Uint8, Device::Cpu))?, Tensor::f_zeros([len], (Kind::Uint8, Device::Cpu))?])
+    Ok([Tensor::f_empty([len], (Kind::Uint8, Device::Cpu))?, Tensor::f_empty([len], (Kind::Uint8, Device::Cpu))?])
 }
 
 /// The trainer's side: hosts the store and sends each new version to every receiver.
@@ -86,6 +88,7 @@ pub struct WeightSender {
     generation: u64,
     group: Option<ProcessGroup>,
     layout: Option<Layout>,
+    buffers: Option<[Tensor; 2]>,
     seq: u64,
 }
 
@@ -99,7 +102,7 @@ impl WeightSender {
         let store = Store::server(host, port, options.timeout)?.with_prefix("weight_sync")?;
         store.set("receivers", receivers.to_string().as_bytes())?;
         let generation = u64::try_from(store.add("generation", 0)?).unwrap_or(0);
-        Ok(WeightSender { store, receivers, options, generation, group: None, layout: None, seq: 0 })
+        Ok(WeightSender { store, receivers, options, generation, group: None, layout: None, buffers: None, seq: 0 })
     }
 
     /// The store's port, for the explorers' configuration.
@@ -151,8 +154,12 @@ impl WeightSender {
         let s = self.seq;
         self.store.set(&format!("gen{g}/sync/{s}"), version.to_string().as_bytes())?;
         let tensors: Vec<Tensor> = weights.iter().map(|(_, t)| t.shallow_clone()).collect();
+        if self.buffers.is_none() {
+            self.buffers = Some(bucket_buffers(&layout)?);
+        }
         let group = self.group.as_ref().ok_or_else(|| CollectiveError::WeightSync("no group".into()))?;
-        send_buckets(group, &layout, &tensors)?;
+        let buffers = self.buffers.as_ref().ok_or_else(|| CollectiveError::WeightSync("no buffers".into()))?;
+        send_buckets(group, &layout, &tensors, buffers)?;
         let deadline = start + self.options.timeout;
         let ack = format!("gen{g}/ack/{s}");
         while self.store.add(&ack, 0)? < self.receivers as i64 {
@@ -195,8 +202,7 @@ impl WeightSender {
 }
 
 /// Broadcasts the byte stream of `tensors` from rank 0, packing bucket k+1 while bucket k is sent.
-fn send_buckets(group: &ProcessGroup, layout: &Layout, tensors: &[Tensor]) -> Result<()> {
-    let buffers = bucket_buffers(layout)?;
+fn send_buckets(group: &ProcessGroup, layout: &Layout, tensors: &[Tensor], buffers: &[Tensor; 2]) -> Result<()> {
     let mut in_flight: Option<Work<'_>> = None;
     for k in 0..layout.buckets() {
         let len = layout.bucket_range(k).len() as i64;
@@ -228,6 +234,7 @@ struct Joined {
     generation: u64,
     group: ProcessGroup,
     layout: Layout,
+    buffers: [Tensor; 2],
     seq: u64,
 }
 
@@ -301,7 +308,7 @@ impl WeightReceiver {
         }
         let start = Instant::now();
         let version = parse_u64(&self.store, &announce)?;
-        receive_buckets(&joined.group, &joined.layout, apply)?;
+        receive_buckets(&joined.group, &joined.layout, &joined.buffers, apply)?;
         self.store.add(&format!("gen{g}/ack/{}", joined.seq), 1)?;
         joined.seq += 1;
         self.last_version = Some(version);
@@ -328,7 +335,8 @@ impl WeightReceiver {
                     let group = ProcessGroup::new(&prefix, ticket as usize, self.receivers + 1, &options)?;
                     let layout = Layout::decode(&String::from_utf8_lossy(&self.store.get(&format!("gen{g}/layout"))?))?;
                     tracing::info!("weight sync: joined generation {g} as rank {ticket}");
-                    return Ok(Joined { generation: g, group, layout, seq: 0 });
+                    let buffers = bucket_buffers(&layout)?;
+                    return Ok(Joined { generation: g, group, layout, buffers, seq: 0 });
                 }
             }
             // Failed or full: the sender will open the next generation.
@@ -350,13 +358,13 @@ impl WeightReceiver {
 fn receive_buckets(
     group: &ProcessGroup,
     layout: &Layout,
+    buffers: &[Tensor; 2],
     apply: &mut dyn FnMut(&str, &Tensor) -> Result<()>,
 ) -> Result<()> {
     let n = layout.buckets();
     if n == 0 {
         return Ok(());
     }
-    let buffers = bucket_buffers(layout)?;
     let slice = |k: usize| buffers[k % 2].f_narrow(0, 0, layout.bucket_range(k).len() as i64);
     let mut partial = None;
     let mut next = Some(group.broadcast_async(&slice(0)?, 0)?);
