@@ -252,18 +252,21 @@ fn main() {
         let mut rates: [Vec<f64>; 3] = Default::default();
         let mut ttfts: [Vec<f64>; 2] = Default::default();
         for round in 1..=args.rounds {
-            let results = [
-                ("generate (Engine::submit)", generate(&engine, &prompts, args.max_tokens).await),
-                ("engine stream (no HTTP)", engine_stream(&engine, &prompts, args.max_tokens).await),
-                ("serve: 16 streaming clients", serve(addr, &conversations, args.max_tokens).await),
-            ];
-            for (i, (name, f)) in results.iter().enumerate() {
-                println!("{round:<6} {name:<28} {:>7} {:>8.2} {:>9.1} {:>20}  {}", f.tokens, f.seconds, f.rate(), f.ttft(), load_average());
-                rates[i].push(f.rate());
-                if i > 0 {
+            // The paths take turns going first, so a load that rises or falls during a round hits each alike.
+            for turn in 0..3 {
+                let path = (turn + round - 1) % 3;
+                let (name, f) = match path {
+                    0 => ("generate (Engine::submit)", generate(&engine, &prompts, args.max_tokens).await),
+                    1 => ("engine stream (no HTTP)", engine_stream(&engine, &prompts, args.max_tokens).await),
+                    _ => ("serve: 16 streaming clients", serve(addr, &conversations, args.max_tokens).await),
+                };
+                let (rate, ttft, load) = (f.rate(), f.ttft(), load_average());
+                println!("{round:<6} {name:<28} {:>7} {:>8.2} {rate:>9.1} {ttft:>20}  {load}", f.tokens, f.seconds);
+                rates[path].push(rate);
+                if path > 0 {
                     let mut t = f.first_tokens.clone();
                     t.sort_by(f64::total_cmp);
-                    ttfts[i - 1].push(t[t.len() / 2]);
+                    ttfts[path - 1].push(t[t.len() / 2]);
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -271,7 +274,8 @@ fn main() {
         let median = |v: &[f64]| {
             let mut v = v.to_vec();
             v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
+            let mid = v.len() / 2;
+            if v.len().is_multiple_of(2) { (v[mid - 1] + v[mid]) / 2.0 } else { v[mid] }
         };
         let (generate, stream, serve) = (median(&rates[0]), median(&rates[1]), median(&rates[2]));
         println!(
