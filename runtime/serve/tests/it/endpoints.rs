@@ -148,3 +148,32 @@ async fn models_health_and_metrics() {
     }
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_temperature_overrides_the_request_and_a_final_message_can_be_continued() {
+    let rollout = tiny_rollout(2, 256);
+    let forced = trinity_serve::ServeOptions { temperature: Some(0.5), ..options("tiny") };
+    let (server, sink) = start(rollout.clone(), forced).await;
+    let addr = server.local_addr();
+    let body = json!({
+        "messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hell"}],
+        "continue_final_message": true, "temperature": 1.0, "max_tokens": 3, "return_token_ids": true,
+    });
+    let (status, response) = post(addr, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{response}");
+    // The prompt stops right after the assistant's partial reply: no end-of-turn, no new generation prompt.
+    let prompt: Vec<u32> = serde_json::from_value(response["prompt_token_ids"].clone()).unwrap();
+    let text = rollout.tokenizer().decode(&prompt, false).unwrap();
+    assert!(text.ends_with("assistanthell"), "{text:?}");
+    post(addr, "/feedback", &json!({"msg_ids": [response["id"]], "reward": 1.0})).await;
+    post(addr, "/commit", &json!({})).await;
+    assert_eq!(sink.all()[0][0].info["temperature"], 0.5, "sampled (and scored) at the forced temperature");
+    let (status, _) = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true}),
+    )
+    .await;
+    assert_eq!(status, 400, "there is no final assistant message to continue");
+    server.shutdown().await.unwrap();
+}
