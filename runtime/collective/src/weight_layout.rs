@@ -65,17 +65,22 @@ fn kind_of(name: &str) -> Result<Kind> {
 }
 
 impl Layout {
-    /// The layout of `tensors`, cut into buckets of `bucket_bytes` (rounded up to [`ALIGN`]).
-    pub fn of(tensors: &[(String, Tensor)], bucket_bytes: usize) -> Result<Layout> {
+    /// The layout of `tensors`, cut into buckets of `bucket_bytes` (rounded up to [`ALIGN`]); with `cast`, every
+    /// floating-point tensor is sent in that dtype ([`pack`] converts while copying).
+    pub fn of(tensors: &[(String, Tensor)], bucket_bytes: usize, cast: Option<Kind>) -> Result<Layout> {
         let mut entries = Vec::with_capacity(tensors.len());
         let mut offset = 0usize;
         for (name, t) in tensors {
             if name.contains(['\t', '\n']) {
                 return Err(CollectiveError::WeightSync(format!("tensor name {name:?} holds a tab or newline")));
             }
-            kind_name(t.kind())?;
-            let bytes = t.numel() * t.kind().elt_size_in_bytes();
-            entries.push(Entry { name: name.clone(), kind: t.kind(), shape: t.size(), offset, bytes });
+            let kind = match cast {
+                Some(to) if t.is_floating_point() => to,
+                _ => t.kind(),
+            };
+            kind_name(kind)?;
+            let bytes = t.numel() * kind.elt_size_in_bytes();
+            entries.push(Entry { name: name.clone(), kind, shape: t.size(), offset, bytes });
             offset = (offset + bytes).next_multiple_of(ALIGN);
         }
         let total = entries.last().map_or(0, |e| e.offset + e.bytes);
@@ -148,17 +153,28 @@ pub fn byte_view(t: &Tensor) -> Result<Tensor> {
 }
 
 /// Copies the part of `tensors` (laid out by `layout`) that falls in bucket `k` into `bucket` (a CPU `u8` tensor of
-/// at least the bucket's length). Tensors on another device are copied over; padding bytes are left as they are.
+/// at least the bucket's length), converting to the layout's dtype where it differs. Tensors on another device
+/// are copied over; padding bytes are left as they are.
 pub fn pack(layout: &Layout, k: usize, tensors: &[Tensor], bucket: &Tensor) -> Result<()> {
     let range = layout.bucket_range(k);
+    let _guard = tch::no_grad_guard();
     for i in layout.overlapping(&range) {
         let e = &layout.entries[i];
         let start = e.offset.max(range.start);
         let end = (e.offset + e.bytes).min(range.end);
-        let src =
-            byte_view(&tensors[i].f_contiguous()?)?.f_narrow(0, (start - e.offset) as i64, (end - start) as i64)?;
-        let mut dst = bucket.f_narrow(0, (start - range.start) as i64, (end - start) as i64)?;
-        dst.f_copy_(&src)?;
+        let dst = bucket.f_narrow(0, (start - range.start) as i64, (end - start) as i64)?;
+        let t = &tensors[i];
+        if t.kind() == e.kind {
+            let src = byte_view(&t.f_contiguous()?)?.f_narrow(0, (start - e.offset) as i64, (end - start) as i64)?;
+            dst.shallow_clone().f_copy_(&src)?;
+        } else {
+            // Bucket and tensor boundaries are multiples of ALIGN, so the part holds whole elements.
+            let elt = e.kind.elt_size_in_bytes();
+            let src =
+                t.f_reshape([-1])?.f_narrow(0, ((start - e.offset) / elt) as i64, ((end - start) / elt) as i64)?;
+            let mut typed = if e.kind == Kind::Uint8 { dst } else { dst.f_view_dtype(e.kind)? };
+            typed.f_copy_(&src)?;
+        }
     }
     Ok(())
 }
@@ -219,7 +235,7 @@ mod tests {
 
     #[test]
     fn layouts_round_trip_as_text() {
-        let layout = Layout::of(&tensors(), 100).unwrap();
+        let layout = Layout::of(&tensors(), 100, None).unwrap();
         assert_eq!(layout.bucket_bytes, 128);
         assert_eq!(layout.entries.iter().map(|e| e.offset).collect::<Vec<_>>(), vec![0, 64, 128, 192]);
         assert_eq!(layout.total, 592);
@@ -231,7 +247,7 @@ mod tests {
         let ts = tensors();
         let plain: Vec<Tensor> = ts.iter().map(|(_, t)| t.shallow_clone()).collect();
         for bucket_bytes in [64, 128, 192, 256, 1024] {
-            let layout = Layout::of(&ts, bucket_bytes).unwrap();
+            let layout = Layout::of(&ts, bucket_bytes, None).unwrap();
             let mut got = Vec::new();
             let mut partial = None;
             for k in 0..layout.buckets() {
@@ -248,6 +264,30 @@ mod tests {
                 assert_eq!(n, m);
                 assert!(a.equal(b) && a.kind() == b.kind(), "{n} with buckets of {bucket_bytes}");
             }
+        }
+    }
+
+    #[test]
+    fn floating_tensors_are_cast_while_packing() {
+        let ts = tensors();
+        let plain: Vec<Tensor> = ts.iter().map(|(_, t)| t.shallow_clone()).collect();
+        let layout = Layout::of(&ts, 128, Some(Kind::BFloat16)).unwrap();
+        let kinds: Vec<Kind> = layout.entries.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [Kind::BFloat16, Kind::BFloat16, Kind::Int64, Kind::BFloat16]);
+        let mut got = Vec::new();
+        let mut partial = None;
+        for k in 0..layout.buckets() {
+            let bucket = Tensor::zeros([layout.bucket_bytes as i64], (Kind::Uint8, Device::Cpu));
+            pack(&layout, k, &plain, &bucket).unwrap();
+            unpack(&layout, k, &bucket, &mut partial, &mut |_, t| {
+                got.push(t.copy());
+                Ok(())
+            })
+            .unwrap();
+        }
+        for (g, (name, want)) in got.iter().zip(&ts) {
+            let want = if want.is_floating_point() { want.to_kind(Kind::BFloat16) } else { want.shallow_clone() };
+            assert!(g.kind() == want.kind() && g.equal(&want), "{name}");
         }
     }
 }

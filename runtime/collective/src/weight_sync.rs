@@ -36,6 +36,9 @@ pub struct WeightSyncOptions {
     pub bucket_bytes: usize,
     /// Gloo's network device.
     pub device: GlooDevice,
+    /// Send floating-point tensors in this dtype (the rollout model's, e.g. bf16 from an fp32 trainer), converted
+    /// while packing each bucket instead of in a separate pass; `None` sends them as they are. Sender only.
+    pub dtype: Option<Kind>,
 }
 
 impl Default for WeightSyncOptions {
@@ -44,6 +47,7 @@ impl Default for WeightSyncOptions {
             timeout: Duration::from_secs(3600),
             bucket_bytes: 256 << 20,
             device: GlooDevice::Hostname("127.0.0.1".into()),
+            dtype: None,
         }
     }
 }
@@ -115,11 +119,12 @@ impl WeightSender {
         self.generation
     }
 
-    /// Sends `weights` as `version` to every receiver and returns when all of them applied it. The names, dtypes
-    /// and shapes must be the same at every call. On failure the group is dropped and the next call builds a new
+    /// Sends `weights` as `version` to every receiver and returns when all of them applied it (floating-point
+    /// tensors in [`WeightSyncOptions::dtype`] when set). The names, dtypes and shapes must be the same at every
+    /// call. On failure the group is dropped and the next call builds a new
     /// one (waiting up to the timeout for the receivers to join it).
     pub fn publish(&mut self, version: u64, weights: &[(String, Tensor)]) -> Result<SyncReport> {
-        let layout = Layout::of(weights, self.options.bucket_bytes)?;
+        let layout = Layout::of(weights, self.options.bucket_bytes, self.options.dtype)?;
         match &self.layout {
             Some(known) if known.entries != layout.entries => {
                 return Err(CollectiveError::WeightSync(
