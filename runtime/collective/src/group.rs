@@ -1,5 +1,6 @@
 //! A process group: the ranks that run collectives together, on Gloo for CPU tensors (and NCCL for CUDA tensors
-//! with the `nccl` feature; without it CUDA tensors also go through Gloo, which stages them through host memory).
+//! with the `nccl` feature and [`GroupOptions::nccl`]; otherwise a CUDA tensor is copied to host memory, goes
+//! through Gloo and is copied back).
 //!
 //! Invariants:
 //! - Every rank issues the same collectives in the same order. The group is [`Send`] but not [`Sync`]: one thread
@@ -104,14 +105,21 @@ pub struct Work<'g> {
     raw: NonNull<RawWork>,
     group: &'g ProcessGroup,
     op: &'static str,
+    /// (host copy the backend works on, the caller's device tensor) for a device tensor staged through host
+    /// memory: the result is copied back on success.
+    staged: Option<(Tensor, Tensor)>,
 }
 
 impl Work<'_> {
     /// Waits for the operation, up to the group's timeout.
-    pub fn wait(self) -> Result<()> {
+    pub fn wait(mut self) -> Result<()> {
         // SAFETY: `raw` is a live work handle owned by `self`.
         let result = take_error(unsafe { ffi::trinity_work_wait(self.raw.as_ptr(), millis(self.group.timeout)) });
-        result.map_err(|m| self.group.failure(self.op, m))
+        result.map_err(|m| self.group.failure(self.op, m))?;
+        if let Some((host, mut device)) = self.staged.take() {
+            tch::no_grad(|| device.f_copy_(&host))?;
+        }
+        Ok(())
     }
 
     /// Whether the operation finished (successfully or not).
@@ -229,7 +237,7 @@ impl ProcessGroup {
         let mut raw = std::ptr::null_mut();
         take_error(f(&mut raw)).map_err(|m| self.failure(op, m))?;
         let raw = NonNull::new(raw).ok_or_else(|| self.failure(op, "the shim returned no work".into()))?;
-        Ok(Work { raw, group: self, op })
+        Ok(Work { raw, group: self, op, staged: None })
     }
 
     fn root(&self, root: usize) -> Result<i32> {
@@ -242,15 +250,27 @@ impl ProcessGroup {
         Ok(root as i32)
     }
 
+    /// The tensor the backend works on: `tensor` itself, or for a device tensor without a backend for its device
+    /// (CUDA without NCCL), a host copy to run through Gloo and copy back (`Some` second element).
+    fn on_backend(&self, tensor: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+        if tensor.device() == Device::Cpu || (tensor.device().is_cuda() && self.has_nccl()) {
+            return Ok((tensor.shallow_clone(), None));
+        }
+        Ok((tensor.f_to_device(Device::Cpu)?.f_contiguous()?, Some(tensor.shallow_clone())))
+    }
+
     /// Starts broadcasting `tensor` from `root` into the same-shaped tensor of every other rank.
     pub fn broadcast_async(&self, tensor: &Tensor, root: usize) -> Result<Work<'_>> {
         check_tensor("broadcast", tensor)?;
         let root = self.root(root)?;
         let timeout = millis(self.timeout);
+        let (t, device) = self.on_backend(tensor)?;
         // SAFETY: the group and tensor are live; the shim copies the tensor handle (sharing storage) into the work.
-        self.start("broadcast", |out| unsafe {
-            ffi::trinity_group_broadcast(self.raw.as_ptr(), tensor.as_ptr(), root, timeout, out)
-        })
+        let mut work = self.start("broadcast", |out| unsafe {
+            ffi::trinity_group_broadcast(self.raw.as_ptr(), t.as_ptr(), root, timeout, out)
+        })?;
+        work.staged = device.map(|d| (t, d));
+        Ok(work)
     }
 
     /// Broadcasts `tensor` from `root`: on return every rank's `tensor` holds the root's values.
@@ -268,10 +288,13 @@ impl ProcessGroup {
             ReduceOp::Min => 2,
         };
         let timeout = millis(self.timeout);
+        let (t, device) = self.on_backend(tensor)?;
         // SAFETY: the group and tensor are live; the shim copies the tensor handle (sharing storage) into the work.
-        self.start("allreduce", |out| unsafe {
-            ffi::trinity_group_allreduce(self.raw.as_ptr(), tensor.as_ptr(), code, timeout, out)
-        })
+        let mut work = self.start("allreduce", |out| unsafe {
+            ffi::trinity_group_allreduce(self.raw.as_ptr(), t.as_ptr(), code, timeout, out)
+        })?;
+        work.staged = device.map(|d| (t, d));
+        Ok(work)
     }
 
     /// Reduces `tensor` over all ranks in place: afterwards every rank holds the same result.
@@ -286,6 +309,8 @@ impl ProcessGroup {
     /// Every rank's `tensor` (same shape and dtype on all ranks), in rank order.
     pub fn allgather(&self, tensor: &Tensor) -> Result<Vec<Tensor>> {
         check_tensor("allgather", tensor)?;
+        let (input, device) = self.on_backend(tensor)?;
+        let tensor = &input;
         let outputs: Vec<Tensor> =
             (0..self.world_size).map(|_| tensor.f_empty_like()).collect::<Result<_, tch::TchError>>()?;
         let ptrs: Vec<*const torch_sys::C_tensor> = outputs.iter().map(Tensor::as_ptr).collect();
@@ -295,7 +320,10 @@ impl ProcessGroup {
             ffi::trinity_group_allgather(self.raw.as_ptr(), tensor.as_ptr(), ptrs.as_ptr(), ptrs.len(), timeout, out)
         })?;
         work.wait()?;
-        Ok(outputs)
+        match device {
+            Some(d) => Ok(outputs.iter().map(|o| o.f_to_device(d.device())).collect::<Result<_, _>>()?),
+            None => Ok(outputs),
+        }
     }
 
     /// Returns when every rank reached the barrier.

@@ -12,7 +12,9 @@
 //!   double-buffered, after a version handshake, the group rebuilt after a failure ([`weight_sync`]).
 //!
 //! CPU tensors always go through Gloo. With the `nccl` feature and `GroupOptions::nccl`, one group also holds an
-//! NCCL backend and sends CUDA tensors through it; without it CUDA tensors go through Gloo.
+//! NCCL backend and sends CUDA tensors through it; without it a CUDA tensor is copied to host memory, reduced or
+//! broadcast by Gloo and copied back. Only the CPU paths have run: this machine has no GPU, and the NCCL code in the
+//! shim is compiled only with the feature (which needs the CUDA, cuBLAS, cuSPARSE, cuSOLVER and NCCL headers).
 
 pub mod bucket;
 pub mod env;
