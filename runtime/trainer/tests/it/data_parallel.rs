@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 use trinity_collective::testing::{assert_all_succeeded, run_ranks, var};
-use trinity_collective::{GroupOptions, ProcessGroup, Store};
+use trinity_collective::{GroupOptions, ProcessGroup, Store, WeightReceiver, WeightSender, WeightSyncOptions};
 use trinity_config::algorithm::AlgorithmConfig;
 use trinity_trainer::{MicroBatching, TrainRow, Trainer, TrainerOptions, share_rows};
 
@@ -56,7 +56,7 @@ fn scenario(name: &str) -> Scenario {
     };
     match name {
         // 8 rows, 4 per rank, micro-batches of 2: the one-process micro-batches exactly.
-        "grpo" | "dies" => {
+        "grpo" | "dies" | "explorer" => {
             Scenario { algorithm: algorithm("grpo", |_| {}), options: options(2, None), rows: rows(8, true) }
         }
         // 7 rows in mini-batches of 4 and 3 (shares 2/2 and 2/1), critic shares 4/3, GAE over the whole batch.
@@ -83,6 +83,11 @@ fn dp_child() {
         (get("TRINITY_DP_RANK").parse().unwrap(), get("TRINITY_DP_WORLD").parse().unwrap());
     let dir = PathBuf::from(get("TRINITY_DP_DIR"));
     let s = scenario(&name);
+    let port: u16 = get("TRINITY_DP_PORT").parse().unwrap();
+    if std::env::var("TRINITY_DP_EXPLORER").is_ok_and(|e| !e.is_empty()) {
+        explorer(&dir, port);
+        return;
+    }
     if world == 0 {
         // The reference: one process, the whole batch.
         let mut t = trainer(tiny_model(3, Kind::Float), &s.algorithm, LR, s.options);
@@ -93,7 +98,7 @@ fn dp_child() {
         }
         return;
     }
-    let store = Store::client("127.0.0.1", get("TRINITY_DP_PORT").parse().unwrap(), TIMEOUT).unwrap();
+    let store = Store::client("127.0.0.1", port, TIMEOUT).unwrap();
     let group = ProcessGroup::new(
         &store.with_prefix("dp").unwrap(),
         rank,
@@ -105,7 +110,14 @@ fn dp_child() {
     let model = tiny_model(if rank == 0 { 3 } else { 100 + rank as i64 }, Kind::Float);
     let mut t = trainer(model, &s.algorithm, LR, s.options).with_process_group(group).unwrap();
     save(&dir, &format!("rank{rank}_init"), &t, &BTreeMap::new());
-    for step in 0..STEPS {
+    // Trainer rank 0 sends every step's weights to the explorer process (scenario `explorer`).
+    let mut sender = (name == "explorer" && rank == 0).then(|| {
+        let sender = WeightSender::host("127.0.0.1", 0, 1, sync_options()).unwrap();
+        store.set("weight_sync_port", sender.port().to_string().as_bytes()).unwrap();
+        sender
+    });
+    let steps = if name == "explorer" { EXPLORER_STEPS } else { STEPS };
+    for step in 0..steps {
         // Rank 0 hands the rows to the others, as a run whose rank 0 reads the buffer does.
         let rows = share_rows(t.process_group().unwrap(), 0, (rank == 0).then_some(&s.rows[..])).unwrap();
         if name == "dies" && rank == 1 && step == 1 {
@@ -113,7 +125,12 @@ fn dp_child() {
         }
         let start = Instant::now();
         match t.train_step(&rows) {
-            Ok(m) => save(&dir, &format!("rank{rank}_step{step}"), &t, &m),
+            Ok(m) => {
+                save(&dir, &format!("rank{rank}_step{step}"), &t, &m);
+                if let Some(sender) = &mut sender {
+                    sender.publish(step as u64 + 1, &t.policy().named_parameters().unwrap()).unwrap();
+                }
+            }
             Err(e) => {
                 println!("rank {rank} step {step}: error after {:.2} s: {e}", start.elapsed().as_secs_f64());
                 assert!(start.elapsed() < Duration::from_secs(10));
@@ -123,7 +140,29 @@ fn dp_child() {
     }
 }
 
-/// Runs `name` on `world` ranks plus the one-process reference; returns the folder with their outputs.
+const EXPLORER_STEPS: usize = 5;
+
+fn sync_options() -> WeightSyncOptions {
+    WeightSyncOptions { timeout: TIMEOUT, bucket_bytes: 1 << 14, ..WeightSyncOptions::default() }
+}
+
+/// An explorer process: receives every version trainer rank 0 publishes and keeps what it got.
+fn explorer(dir: &Path, port: u16) {
+    let store = Store::client("127.0.0.1", port, TIMEOUT).unwrap();
+    let ws_port: u16 = String::from_utf8(store.get("weight_sync_port").unwrap()).unwrap().parse().unwrap();
+    let mut receiver = WeightReceiver::connect("127.0.0.1", ws_port, sync_options()).unwrap();
+    let mut last = 0;
+    for _ in 0..EXPLORER_STEPS {
+        let (version, weights) = receiver.receive().unwrap();
+        assert!(version > last, "version {version} after {last}");
+        last = version;
+        Tensor::write_safetensors(&weights, dir.join(format!("explorer_v{version}.safetensors"))).unwrap();
+        println!("explorer: applied version {version}");
+    }
+}
+
+/// Runs `name` on `world` ranks plus the one-process reference (or, for `explorer`, an explorer process); returns
+/// the folder with their outputs.
 fn run(name: &str, world: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::server("127.0.0.1", 0, TIMEOUT).unwrap();
@@ -132,7 +171,9 @@ fn run(name: &str, world: usize) -> tempfile::TempDir {
     let envs: Vec<Vec<(String, String)>> = (0..processes)
         .map(|i| {
             let (rank, world) = if i == world { (0, 0) } else { (i, world) };
+            let explorer = if name == "explorer" && i == processes - 1 { "1" } else { "" };
             vec![
+                var("TRINITY_DP_EXPLORER", explorer),
                 var("TRINITY_DP_SCENARIO", name),
                 var("TRINITY_DP_RANK", rank),
                 var("TRINITY_DP_WORLD", world),
@@ -221,4 +262,17 @@ fn three_ranks_with_uneven_shares_match_one_process() {
 #[test]
 fn a_rank_that_dies_fails_the_others_step() {
     run("dies", 2);
+}
+
+#[test]
+fn two_trainer_ranks_and_an_explorer_process_sync_weights_every_step() {
+    let dir = run("explorer", 2);
+    for step in 0..EXPLORER_STEPS {
+        let trained = load(dir.path(), &format!("rank0_step{step}"));
+        let received = load(dir.path(), &format!("explorer_v{}", step + 1));
+        assert_eq!(trained.len(), received.len());
+        for (name, t) in &trained {
+            assert!(t.equal(&received[name]), "version {}: `{name}` differs from the trainer's", step + 1);
+        }
+    }
 }
