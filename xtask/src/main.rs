@@ -3,6 +3,7 @@
 //! The two commands the README promises — `cargo xtask quickstart` and `cargo xtask test` — both start with
 //! [`setup`], so a fresh clone needs nothing but a Rust toolchain and python3 with pip.
 
+mod bench_async;
 mod bench_grpo;
 mod new_algorithm;
 mod plot;
@@ -94,6 +95,13 @@ enum Bench {
         threads: usize,
         /// Training steps of each run.
         #[arg(long, default_value_t = 6)]
+        steps: usize,
+    },
+    /// Asynchronous RL against one process on the same work (examples/async/, SmolLM2): `trinity run` in mode
+    /// both, then the explorer/trainer pair; wall time, tokens explored and trained per second, last eval accuracy.
+    Async {
+        /// Steps of each run.
+        #[arg(long, default_value_t = 20)]
         steps: usize,
     },
 }
@@ -195,6 +203,9 @@ fn summarize_run(project_dir: &Path) -> Result<()> {
 fn bench(root: &Path, which: Bench) -> Result<()> {
     let deps = Deps::locate(root);
     deps.install_all()?;
+    if let Bench::Async { steps } = which {
+        return bench_async::bench(root, &deps, steps);
+    }
     let python = deps.reference_python()?;
     match which {
         Bench::Generate { threads } => {
@@ -236,6 +247,7 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
             Ok(())
         }
         Bench::Grpo { threads, steps } => bench_grpo::bench(root, &deps, &python, threads, steps),
+        Bench::Async { .. } => unreachable!("handled above: it needs no Python reference"),
     }
 }
 
