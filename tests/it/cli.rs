@@ -11,6 +11,9 @@ fn help_lists_the_commands_and_documents_every_flag() {
     let output = trinity(dir.path(), &["run", "--help"]);
     assert!(output.status.success());
     insta::assert_snapshot!("run_help", stdout(&output));
+    let output = trinity(dir.path(), &["launch", "--help"]);
+    assert!(output.status.success());
+    insta::assert_snapshot!("launch_help", stdout(&output));
 }
 
 #[test]

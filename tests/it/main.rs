@@ -7,6 +7,7 @@ mod compat;
 mod compat_runs;
 mod config;
 mod config_rules;
+mod data_parallel;
 mod model_commands;
 mod plugins;
 mod rft;

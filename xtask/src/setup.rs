@@ -6,10 +6,11 @@
 //! `TRINITY_DEPS_DIR` moves the folder elsewhere; CI points it outside the clone so that the libtorch path, and
 //! therefore torch-sys's build fingerprint, stays the same from one run to the next.
 //!
-//! Two steps install outside that folder, as system packages, each only where it is missing: the PostgreSQL server
-//! binaries the buffer's tests run throwaway servers with (Debian's `postgresql`, checked by `initdb`), and the
+//! Three steps install outside that folder, as system packages, each only where it is missing: the PostgreSQL server
+//! binaries the buffer's tests run throwaway servers with (Debian's `postgresql`, checked by `initdb`), the
 //! gloo headers the collectives crate compiles its c10d shim against (Debian's `libgloo-dev`; PyPI's torch wheel
-//! ships gloo's library inside `libtorch_cpu.so` but not its headers).
+//! ships gloo's library inside `libtorch_cpu.so` but not its headers), and iproute2's `ip`, with which the
+//! multi-host data-parallel test builds network namespaces.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -102,6 +103,7 @@ impl Deps {
         step("setup: SmolLM2-135M-Instruct model", || self.install_model())?;
         install_postgres()?;
         install_gloo_headers()?;
+        install_iproute2()?;
         Ok(())
     }
 
@@ -188,6 +190,16 @@ fn install_gloo_headers() -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// iproute2's `ip`, with which the data-parallel test across two network namespaces builds its two "machines",
+/// installed only when missing (the test itself needs root, which CI has, and says so when it is missing).
+fn install_iproute2() -> Result<()> {
+    let present = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"].iter().any(|p| Path::new(p).exists());
+    if present {
+        return Ok(());
+    }
+    step("setup: iproute2 (installing Debian's iproute2)", || apt_install("iproute2"))
 }
 
 /// Installs a Debian package with apt-get (through `sudo -n` when not root), fetching the package lists first when

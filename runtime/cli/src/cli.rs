@@ -22,6 +22,10 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Load, validate and run a config.
     Run(RunArgs),
+    /// Start this machine's processes of a data-parallel job, as torchrun does (e.g. `trinity launch
+    /// --nproc-per-node 2 -- run --config X`): each runs the command with torchrun's environment (WORLD_SIZE, RANK,
+    /// LOCAL_RANK, MASTER_ADDR, MASTER_PORT); when one fails, the others are stopped and the launch fails.
+    Launch(LaunchArgs),
     /// Per-token logprobs of responses under a model (HF directory or GGUF file).
     Score(crate::score::ScoreArgs),
     /// Generate completions with logprobs for a file of prompts (continuous batching).
@@ -54,6 +58,37 @@ pub(crate) struct RunArgs {
     /// repeatable, loaded before the config's own `plugins:`.
     #[arg(long = "plugin", value_name = "PATH")]
     pub(crate) plugins: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LaunchArgs {
+    /// Processes on this machine (one per device; on a CPU the cores are divided among them).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) nproc_per_node: usize,
+
+    /// Machines in the job; each runs the same launch with its own `--node-rank`.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) nnodes: usize,
+
+    /// This machine's index, 0 ..= nnodes − 1; node 0 runs rank 0, which hosts the job's store.
+    #[arg(long, value_name = "I", default_value_t = 0)]
+    pub(crate) node_rank: usize,
+
+    /// Address of node 0, where every process meets (rank 0 hosts the store there).
+    #[arg(long, value_name = "HOST", default_value = "127.0.0.1")]
+    pub(crate) master_addr: String,
+
+    /// Port of the job's store on node 0 (torchrun's default); 0 on a single machine picks a free one.
+    #[arg(long, value_name = "PORT", default_value_t = trinity_collective::launch::DEFAULT_MASTER_PORT)]
+    pub(crate) master_port: u16,
+
+    /// Seconds the processes get between SIGTERM and SIGKILL when the launch stops them.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub(crate) grace: u64,
+
+    /// The trinity command each process runs, after `--` (e.g. `-- run --config X`).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

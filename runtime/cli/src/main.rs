@@ -5,6 +5,7 @@ mod cli;
 mod convert;
 mod generate;
 mod install;
+mod launch;
 mod logging;
 mod plugins;
 mod registry;
@@ -24,6 +25,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         // `run` starts logging itself once it knows the run directory (the log file goes there).
         Command::Run(args) => run::run(level, args),
+        Command::Launch(args) => with_logging(level, || launch::run(level, args)),
         Command::Score(args) => with_logging(level, || score::run(args)),
         Command::Generate(args) => with_logging(level, || generate::run(args)),
         Command::Convert(args) => with_logging(level, || convert::run(args)),

@@ -37,7 +37,30 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
         print!("{}", loaded.dry_run_yaml());
         return Ok(());
     }
+    // Under a launcher, rank 0 runs the mode and writes the run's files; the other ranks only train with it.
+    let launched = trinity_rft::launched()?;
+    if let Some(env) = &launched
+        && !loaded.stages.is_empty()
+    {
+        anyhow::bail!(
+            "{}: a staged config does not run data-parallel, but the launcher started {} processes; run each stage \
+             as a config of its own under the launcher, or the staged config as one process",
+            args.config.display(),
+            env.world_size
+        );
+    }
     let job_dir = trinity_rft::job_dir(config);
+    if let Some(env) = launched.as_ref().filter(|env| env.rank != 0) {
+        let _guard = logging::init(log_level, None)?;
+        tracing::info!(
+            "config {}: rank {} of {}; rank 0 writes the run's checkpoints, metrics and log",
+            args.config.display(),
+            env.rank,
+            env.world_size
+        );
+        trinity_rft::run(config, &job_dir).with_context(|| format!("rank {} of {}", env.rank, env.world_size))?;
+        return Ok(());
+    }
     // The processes of one run (an explorer and a trainer apart, a bench) write their own log files.
     let log_file = match config.mode {
         Mode::Explore => format!("{}.log", config.explorer.name),
@@ -48,6 +71,14 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
     let _guard = logging::init(log_level, Some((&job_dir.join("log"), &log_file)))?;
     for note in &loaded.notes {
         tracing::warn!("{note}");
+    }
+    if let Some(env) = &launched {
+        tracing::info!(
+            "data parallel: {} ranks from the launcher (cluster.node_num × gpu_per_node = {} describe Trinity-RFT's \
+             Ray cluster and do not size this job)",
+            env.world_size,
+            config.cluster.node_num * config.cluster.gpu_per_node
+        );
     }
     tracing::info!("config {} → {}", args.config.display(), job_dir.display());
     if !loaded.stages.is_empty() {

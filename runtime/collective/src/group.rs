@@ -36,8 +36,9 @@ pub enum GlooDevice {
 }
 
 impl GlooDevice {
-    /// `GLOO_SOCKET_IFNAME` when set (as PyTorch reads it), else loopback when the store is on loopback, else the
-    /// machine's host name.
+    /// `GLOO_SOCKET_IFNAME` when set (as PyTorch reads it), else loopback when the store is on loopback, else this
+    /// machine's address on the route to the master (what the master can reach us at: the machine's host name may
+    /// resolve to an address on another network, or to none), else the machine's host name.
     pub fn for_master(master_addr: &str) -> GlooDevice {
         if let Ok(interface) = std::env::var("GLOO_SOCKET_IFNAME")
             && !interface.is_empty()
@@ -46,8 +47,25 @@ impl GlooDevice {
         }
         let loopback =
             master_addr == "localhost" || master_addr.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-        if loopback { GlooDevice::Hostname("127.0.0.1".into()) } else { GlooDevice::Default }
+        if loopback {
+            return GlooDevice::Hostname("127.0.0.1".into());
+        }
+        match route_to(master_addr) {
+            Some(ip) => GlooDevice::Hostname(ip.to_string()),
+            None => GlooDevice::Default,
+        }
     }
+}
+
+/// The local address the kernel would send from to reach `host` (a UDP "connect" sends nothing).
+fn route_to(host: &str) -> Option<std::net::IpAddr> {
+    use std::net::{ToSocketAddrs, UdpSocket};
+    let target = (host, 9).to_socket_addrs().ok()?.next()?;
+    let bind = if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let socket = UdpSocket::bind(bind).ok()?;
+    socket.connect(target).ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_unspecified()).then_some(ip)
 }
 
 /// How a group is built.

@@ -46,15 +46,14 @@ impl Category {
 
 use Category::{Derived as D, Honoured as H, Placement as P, Refused as R};
 
-pub(crate) const NO_GPU_SPLIT: &str = "trinity runs explorer and trainer on this machine's one device (CUDA when present, else CPU); device counts have no effect";
+pub(crate) const NO_GPU_SPLIT: &str = "processes and devices come from the launcher: under torchrun or `trinity launch` one process per device, the trainer data-parallel over WORLD_SIZE ranks; otherwise one process on this machine's device (CUDA when present, else CPU); the count here has no effect";
 pub(crate) const ONE_ENGINE: &str = "trinity runs one generation engine and batches concurrent requests in it (concurrency is explorer.runner_per_model); no effect here";
 pub(crate) const VLLM: &str = "a vLLM engine setting; trinity's own engine has no such knob, so it has no effect here";
 pub(crate) const SEQ_PARALLEL: &str =
     "sequences are not split across devices in trinity; sequence parallelism has no effect on the numbers";
-pub(crate) const TOKEN_BUDGET: &str = "mapped onto trinity's micro-batch token budget (trainer.max_token_len_per_gpu), lowered on a CPU to what fits in memory";
+pub(crate) const TOKEN_BUDGET: &str = "mapped onto trinity's micro-batch token budget of each data-parallel rank (trainer.max_token_len_per_gpu), lowered on a CPU to what fits in memory";
 pub(crate) const MICRO_BATCH: &str = "micro-batches only split the gradient accumulation; trinity forms them by token budget (trainer.max_token_len_per_gpu), or by actor.ppo_micro_batch_size_per_gpu rows when use_dynamic_bsz is false";
-pub(crate) const STRATEGY: &str =
-    "trinity trains on one device with its own libtorch trainer; FSDP/Megatron sharding and strategy have no effect";
+pub(crate) const STRATEGY: &str = "trinity trains with its own libtorch trainer, data-parallel over the launcher's ranks with the whole model on each; FSDP/Megatron sharding and strategy have no effect";
 pub(crate) const OFFLOAD: &str = "a memory / offload / kernel setting of veRL's engines; trinity's trainer manages its memory itself, so it has no effect here";
 pub(crate) const CKPT_CONTENTS: &str =
     "trinity always checkpoints weights, optimizer state and run state together; no effect here";

@@ -22,11 +22,21 @@ impl Resolver<'_> {
         self.check(sync.sync_timeout >= 1, "synchronizer.sync_timeout", "must be at least 1 second")?;
         let separate = matches!(config.mode, Mode::Explore | Mode::Train | Mode::Bench | Mode::Serve);
         let dataset = schema != ExperienceSchema::Experience;
+        // An explorer and a trainer in processes of their own (modes `explore` + `train`, RL) have a real `nccl`
+        // path: a process group the trainer hosts (Gloo on CPU). Bench and serve only read published weights.
+        let pair = matches!(config.mode, Mode::Explore | Mode::Train) && !dataset;
         if config.synchronizer.sync_method == SyncMethod::Nccl {
-            if separate {
+            if pair {
+                self.notes.push(format!(
+                    "synchronizer.sync_method `nccl` in mode `{}`: weights go from the trainer to the explorer over a \
+                     process group the trainer hosts (Gloo on CPU; its address is in <job>/sync/nccl.json), and \
+                     through checkpoint files in <job>/sync/ once that group fails",
+                    config.mode.name()
+                ));
+            } else if separate {
                 config.synchronizer.sync_method = SyncMethod::Checkpoint;
                 self.notes.push(format!(
-                    "synchronizer.sync_method `nccl` is set to `checkpoint`: mode `{}` has no NCCL group (as Trinity-RFT does)",
+                    "synchronizer.sync_method `nccl` is set to `checkpoint`: mode `{}` reads published weights (as Trinity-RFT does)",
                     config.mode.name()
                 ));
             } else if config.mode == Mode::Colocate {
@@ -62,12 +72,18 @@ impl Resolver<'_> {
             SyncMethod::Memory => "memory",
             SyncMethod::Checkpoint => "checkpoint",
         };
-        if separate && config.synchronizer.sync_method != SyncMethod::Checkpoint && !dataset {
+        let between_processes = match config.synchronizer.sync_method {
+            SyncMethod::Checkpoint => true,
+            SyncMethod::Nccl => pair,
+            SyncMethod::Memory => false,
+        };
+        if separate && !between_processes && !dataset {
             return Err(self.invalid(
                 "synchronizer.sync_method",
                 format!(
-                    "`{method}` needs explorer and trainer in one process; mode `{}` syncs through `checkpoint`",
-                    config.mode.name()
+                    "`{method}` needs explorer and trainer in one process; mode `{}` syncs through `checkpoint`{}",
+                    config.mode.name(),
+                    if pair { " or `nccl`" } else { "" }
                 ),
             ));
         }
@@ -152,10 +168,17 @@ mod tests {
     const MODEL: &str = "model:\n  model_path: /m\n  max_model_len: 64\n";
 
     #[test]
-    fn nccl_becomes_checkpoint_in_separate_modes_and_memory_in_colocate() {
+    fn nccl_becomes_checkpoint_in_bench_and_serve_and_memory_in_colocate() {
         let serve = load(&format!("mode: serve\n{MODEL}"));
         assert_eq!(serve.config.synchronizer.sync_method, SyncMethod::Checkpoint);
         assert!(serve.notes.iter().any(|n| n.contains("mode `serve`")), "{:?}", serve.notes);
+        // An explorer and a trainer apart keep `nccl`: the trainer hosts a process group for the explorer.
+        let shared = "  trainer_input:\n    experience_buffer:\n      path: sqlite:///x.db\n";
+        let explore = load(&format!(
+            "mode: explore\n{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n{shared}"
+        ));
+        assert_eq!(explore.config.synchronizer.sync_method, SyncMethod::Nccl);
+        assert!(explore.notes.iter().any(|n| n.contains("process group the trainer hosts")), "{:?}", explore.notes);
         let colocate =
             load(&format!("mode: colocate\n{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n"));
         assert_eq!(colocate.config.synchronizer.sync_method, SyncMethod::Memory);

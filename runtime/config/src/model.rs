@@ -78,9 +78,11 @@ impl Default for ModelConfig {
 pub struct ClusterConfig {
     /// Trinity-RFT's Ray address; trinity has no Ray.
     pub ray_address: String,
-    /// Trinity-RFT's number of nodes; trinity runs on this machine.
+    /// Trinity-RFT's number of nodes in its Ray cluster; trinity's processes come from the launcher (torchrun,
+    /// `trinity launch`), one machine without one.
     pub node_num: u32,
-    /// GPUs per node. trinity runs explorer and trainer on one device (colocated), CUDA when present, else CPU.
+    /// GPUs per node in Trinity-RFT's Ray cluster; trinity runs one process per device under a launcher (the
+    /// trainer data-parallel), else explorer and trainer on one device, CUDA when present, else CPU.
     pub gpu_per_node: u32,
 }
 

@@ -93,7 +93,7 @@ pub const VERL_RULES: &[(&str, &str, Category, &str)] = &[
         "VerlActor",
         "ppo_micro_batch_size_per_gpu",
         P,
-        "mapped: rows per micro-batch when use_dynamic_bsz is false; micro-batches only split the gradient accumulation",
+        "mapped: rows per micro-batch on each data-parallel rank when use_dynamic_bsz is false; micro-batches only split the gradient accumulation",
     ),
     (
         "VerlActor",

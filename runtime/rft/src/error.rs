@@ -29,6 +29,11 @@ pub enum RftError {
     /// A process waited `sync_timeout` for the other side of the run (weights, an answer to a sync request).
     #[error("synchronizer: {0}")]
     SyncTimeout(String),
+    /// A data-parallel run's ranks could not work together (a rank died, the store's host is gone).
+    #[error("data parallel: {0}")]
+    DataParallel(String),
+    #[error("collectives: {0}")]
+    Collective(#[from] trinity_collective::CollectiveError),
     /// A config value the run cannot use, found only once models or data are open.
     #[error("{key}: {message}")]
     Setting { key: &'static str, message: String },

@@ -8,8 +8,10 @@
 //! * [`pipeline`]: the explorer-side experience pipeline (group advantages).
 //! * [`dataset`], [`sft_data`] and [`dpo_data`]: SFT and DPO datasets, tokenized as Trinity-RFT's formatters do.
 //! * [`mix_strategy`]: the `mix` sample strategy's expert rows, read from an SFT dataset.
+//! * `data_parallel`: `trinity run` under a launcher: rank 0 runs the mode, every rank trains.
 //! * [`run`]: the entry point: a resolved config's mode in a job directory; [`stages`]: several, in order.
 
+pub(crate) mod data_parallel;
 pub mod dataset;
 pub mod dpo_data;
 pub mod error;
@@ -26,7 +28,8 @@ pub mod sft_data;
 pub mod stages;
 pub(crate) mod synchronizer;
 pub(crate) mod trainer;
+pub(crate) mod weight_group;
 
 pub use error::RftError;
-pub use run::{RunSummary, check_components, job_dir, run};
+pub use run::{RunSummary, check_components, job_dir, launched, run};
 pub use stages::run_stages;

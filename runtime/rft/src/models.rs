@@ -94,6 +94,15 @@ pub(crate) fn device(model_path: &Path) -> Result<tch::Device, RftError> {
     Ok(device)
 }
 
+/// The device of data-parallel rank `local_rank` on its machine: its own GPU (`LOCAL_RANK` picks it, as under
+/// torchrun), or the CPU.
+pub(crate) fn device_for_rank(model_path: &Path, local_rank: usize) -> Result<tch::Device, RftError> {
+    Ok(match device(model_path)? {
+        tch::Device::Cuda(_) => tch::Device::Cuda(local_rank),
+        other => other,
+    })
+}
+
 pub(crate) fn model_error(path: &Path, source: trinity_model::ModelError) -> RftError {
     RftError::Model { path: path.display().to_string(), source }
 }

@@ -2,13 +2,16 @@
 //! [`crate::synchronizer`] components (see [`crate::modes`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use trinity_buffer::ReplayBuffer;
+use trinity_collective::DistEnv;
 use trinity_config::{Config, Mode};
 
+use crate::data_parallel::{self, Leader};
 use crate::error::RftError;
 use crate::modes;
+use crate::trainer::Rank0;
 
 /// What a finished run did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,18 +54,41 @@ pub fn check_components(config: &Config) -> Result<(), RftError> {
     Ok(())
 }
 
-/// Runs a resolved config in its mode, writing to `job_dir` (see [`job_dir`]).
+/// The launcher's description of this process (torchrun's environment), when a launcher started it: `None` for
+/// one process. A partial or wrong environment is an error naming the variable.
+pub fn launched() -> Result<Option<DistEnv>, RftError> {
+    Ok(DistEnv::from_env()?.filter(|env| env.world_size > 1))
+}
+
+/// Runs a resolved config in its mode, writing to `job_dir` (see [`job_dir`]). Started by a launcher with a world
+/// size above one (see [`launched`]), the process is one rank of a data-parallel run ([`crate::data_parallel`]):
+/// rank 0 runs the mode and writes to `job_dir`, the others train with it and write nothing.
 pub fn run(config: &Config, job_dir: &Path) -> Result<RunSummary, RftError> {
+    let threads = libtorch_threads();
+    let Some(env) = launched()? else {
+        return run_mode(config, job_dir, threads, None);
+    };
+    data_parallel::check_mode(config, &env)?;
+    let (store, group) = data_parallel::join(config, &env)?;
+    if env.rank != 0 {
+        return data_parallel::follow(config, &env, store, group, threads);
+    }
+    let leader = Arc::new(Leader::new(store, env.world_size));
+    let result = run_mode(config, job_dir, threads, Some(Rank0 { leader: leader.clone(), group }));
+    leader.finish(result.as_ref().map(|_| ()).map_err(ToString::to_string));
+    result
+}
+
+fn run_mode(config: &Config, job_dir: &Path, threads: usize, dp: Option<Rank0>) -> Result<RunSummary, RftError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| RftError::Unsupported(format!("cannot start the async runtime: {e}")))?;
-    let threads = libtorch_threads();
     runtime.block_on(async {
         match config.mode {
-            Mode::Both | Mode::Colocate => modes::both::run(config, job_dir, threads).await,
+            Mode::Both | Mode::Colocate => modes::both::run(config, job_dir, threads, dp).await,
             Mode::Explore => modes::explore::run(config, job_dir, threads).await,
-            Mode::Train => modes::train::run(config, job_dir, threads).await,
+            Mode::Train => modes::train::run(config, job_dir, threads, dp).await,
             Mode::Bench => modes::bench::run(config, job_dir, threads).await,
             Mode::Serve => modes::serve::run(config, job_dir, threads).await,
         }

@@ -11,7 +11,9 @@
 //! (`trainer/`) and `meta.json` ([`Meta`]); a resumed trainer reloads all three. KL terms are measured against the
 //! base model (`model.model_path`) for the whole run, never the checkpoint.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -24,6 +26,7 @@ use trinity_model::{ChatTemplate, Tokenizer, save_hf_parts};
 use trinity_monitor::Metrics;
 use trinity_trainer::{Components, StartingModels, TrainRow, Trainer as TrainEngine, TrainerOptions};
 
+use crate::data_parallel::{Header, Leader};
 use crate::error::RftError;
 use crate::mix_strategy::ExpertData;
 use crate::models::{self, model_error, on_pool};
@@ -58,6 +61,16 @@ pub(crate) struct Trainer {
     staleness: Option<u64>,
     total_steps: u64,
     threads: usize,
+    /// Rank 0 of a data-parallel run: announces each step to the other ranks and shares its rows.
+    leader: Option<Arc<Leader>>,
+}
+
+/// Rank 0's part in a data-parallel run ([`crate::data_parallel`]): the channel to the other ranks and the
+/// trainers' process group.
+#[derive(Debug)]
+pub(crate) struct Rank0 {
+    pub leader: Arc<Leader>,
+    pub group: trinity_collective::ProcessGroup,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -78,13 +91,15 @@ impl Trainer {
     /// exists, else `model.model_path`), the reference model and critic the algorithm needs, and the sample
     /// strategy's state. `plan` gives the run's length as the mode knows it, once the tokenizer is loaded (a
     /// dataset's length needs it) and the steps already trained are known; `mix` shortens it to what its expert
-    /// rows can feed ([`Trainer::total_steps`]).
+    /// rows can feed ([`Trainer::total_steps`]). With `dp` this is rank 0 of a data-parallel run: the other ranks
+    /// learn the run's length and resume step, then take this trainer's state.
     pub(crate) fn start(
         config: &Config,
         job_dir: &Path,
         device: tch::Device,
         threads: usize,
         plan: impl FnOnce(&Tokenizer, Option<&ChatTemplate>, u64) -> Result<u64, RftError>,
+        dp: Option<Rank0>,
     ) -> Result<Started, RftError> {
         let checkpoints = CheckpointDir::open(job_dir)?;
         let latest = if config.continue_from_checkpoint { checkpoints.latest()? } else { None };
@@ -127,6 +142,14 @@ impl Trainer {
         let optimizer = &config.algorithm.optimizer;
         let mut engine =
             on_pool(threads, move || TrainEngine::with_models(decoder, models, components, optimizer, options))?;
+        let leader = match dp {
+            Some(Rank0 { leader, group }) => {
+                leader.header(Header { total_steps, resumed_step: resumed.as_ref().map(|(_, m)| m.train_step) })?;
+                engine = on_pool(threads, move || engine.with_process_group(group))?;
+                Some(leader)
+            }
+            None => None,
+        };
         if let Some((checkpoint, meta)) = &resumed {
             engine.load_state(&checkpoint.path.join("trainer"), meta.train_step)?;
         }
@@ -151,6 +174,7 @@ impl Trainer {
             staleness: max_staleness(config),
             total_steps,
             threads,
+            leader,
         };
         Ok(Started { trainer, resumed })
     }
@@ -204,8 +228,20 @@ impl Trainer {
         let mut tokens = 0;
         if rows.iter().any(|r| r.action_mask.contains(&true)) {
             tokens = rows.iter().map(|r| r.tokens.len()).sum();
+            let world = self.engine.world_size();
+            let failed = |e: trinity_trainer::TrainerError| match world {
+                1 => RftError::Trainer(e),
+                _ => RftError::DataParallel(format!("train step {step} across {world} ranks: {e}")),
+            };
+            let rows = match (&self.leader, self.engine.process_group()) {
+                (Some(leader), Some(group)) => {
+                    leader.train(step)?;
+                    Cow::Owned(trinity_trainer::share_rows(group, 0, Some(rows)).map_err(failed)?)
+                }
+                _ => Cow::Borrowed(rows),
+            };
             let engine = &mut self.engine;
-            let step_metrics = on_pool(self.threads, || engine.train_step(rows))?;
+            let step_metrics = on_pool(self.threads, || engine.train_step(&rows)).map_err(failed)?;
             // The engine reports veRL's `actor/...` names; the run's metrics are `train/...` (pg_loss, kl_loss,
             // entropy, grad_norm, lr, ...).
             metrics.extend(
@@ -243,6 +279,30 @@ impl Trainer {
         }
         Ok(())
     }
+}
+
+/// The training engine of a data-parallel rank other than 0 ([`crate::data_parallel`]): built from the config as
+/// rank 0 builds its own, from `model.model_path` (rank 0's state, a checkpoint's too, arrives by broadcast), for
+/// `total_steps` steps, and joined to `group`.
+pub(crate) fn follower_engine(
+    config: &Config,
+    device: tch::Device,
+    threads: usize,
+    total_steps: u64,
+    group: trinity_collective::ProcessGroup,
+) -> Result<TrainEngine, RftError> {
+    let kind = models::trainer_kind(&config.trainer.dtype, device);
+    let policy = models::load(Path::new(&config.model.model_path), kind, device, threads)?;
+    let components = Components::from_config(&config.algorithm)?;
+    let options = TrainerOptions { total_steps: Some(total_steps), ..TrainerOptions::from_config(config) };
+    let vocab = policy.decoder.config().vocab_size;
+    let models = starting_models(config, &components, false, (kind, device, vocab), threads)?;
+    let decoder = policy.decoder;
+    let optimizer = &config.algorithm.optimizer;
+    let engine = on_pool(threads, move || {
+        TrainEngine::with_models(decoder, models, components, optimizer, options)?.with_process_group(group)
+    })?;
+    Ok(engine)
 }
 
 /// `max_staleness` of sample strategy `staleness_control`; `None` for other strategies or no limit.

@@ -434,6 +434,17 @@ impl Trainer {
         self.broadcast_state()
     }
 
+    /// The other side of rank 0's [`Trainer::load_state`] on a rank that does not read the checkpoint itself (it
+    /// may run on a machine without the run directory): takes rank 0's whole state, step counters included.
+    pub fn receive_state(&mut self) -> Result<()> {
+        if self.rank() == 0 {
+            return Err(TrainerError::DataParallel(
+                "rank 0 loads its state; receive_state is for the other ranks".into(),
+            ));
+        }
+        self.broadcast_state()
+    }
+
     /// Runs one train step on `rows` and returns its metrics.
     pub fn train_step(&mut self, rows: &[TrainRow]) -> Result<StepMetrics> {
         let start = Instant::now();

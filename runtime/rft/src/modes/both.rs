@@ -28,7 +28,7 @@ use crate::models;
 use crate::run::RunSummary;
 use crate::schedule::{Action, SyncSchedule, next_action};
 use crate::synchronizer::{WeightStore, take_named};
-use crate::trainer::{Meta, Trainer};
+use crate::trainer::{Meta, Rank0, Trainer};
 
 /// What a persistent buffer records with each explore step, to continue after it on resume.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -42,8 +42,15 @@ pub(crate) struct ExploreRecord {
 }
 
 /// Runs a resolved config in mode `both` (or `colocate`, the same on one device), writing to `job_dir`.
-pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Result<RunSummary, RftError> {
-    Both::start(config, job_dir, threads).await?.drive().await
+/// With `dp` this process is rank 0 of a data-parallel run: it explores alone and trains each step with the
+/// other ranks ([`crate::data_parallel`]).
+pub(crate) async fn run(
+    config: &Config,
+    job_dir: &Path,
+    threads: usize,
+    dp: Option<Rank0>,
+) -> Result<RunSummary, RftError> {
+    Both::start(config, job_dir, threads, dp).await?.drive().await
 }
 
 struct Both<'a> {
@@ -70,7 +77,12 @@ struct Both<'a> {
 }
 
 impl<'a> Both<'a> {
-    async fn start(config: &'a Config, job_dir: &Path, threads: usize) -> Result<Both<'a>, RftError> {
+    async fn start(
+        config: &'a Config,
+        job_dir: &Path,
+        threads: usize,
+        dp: Option<Rank0>,
+    ) -> Result<Both<'a>, RftError> {
         let device = models::device(Path::new(&config.model.model_path))?;
         // The tasksets' length bounds the run; the trainer's own limit may shorten it. (Read after the model loads,
         // so that a missing model is the error a run with two missing inputs reports.)
@@ -78,7 +90,7 @@ impl<'a> Both<'a> {
             let steps = trinity_buffer::TaskScheduler::from_config(&config.buffer)?.total_steps();
             Ok(config.trainer.total_steps.map_or(steps, |t| t.min(steps)))
         };
-        let started = Trainer::start(config, job_dir, device, threads, planned)?;
+        let started = Trainer::start(config, job_dir, device, threads, planned, dp)?;
         let trainer = started.trainer;
         let model_path = match &started.resumed {
             Some((checkpoint, _)) => checkpoint.path.join("hf"),

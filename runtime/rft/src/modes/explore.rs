@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use trinity_buffer::{ExperienceBuffer, ProducerState};
 use trinity_config::Config;
-use trinity_config::synchronizer::SyncStyle;
+use trinity_config::synchronizer::{SyncMethod, SyncStyle};
 use trinity_monitor::Monitor;
 
 use crate::error::RftError;
@@ -26,6 +26,7 @@ use crate::modes::shared_buffer;
 use crate::run::RunSummary;
 use crate::schedule::SyncSchedule;
 use crate::synchronizer::{SyncRequest, WeightStore, take_named, wait_until};
+use crate::weight_group::GroupReceiver;
 
 /// Runs a resolved config in mode `explore`, writing to `job_dir` (shared with the trainer).
 pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Result<RunSummary, RftError> {
@@ -48,7 +49,10 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
         tracing::info!("explorer `{name}`: steps 1..={explored} are in the buffer already: continuing after them");
     }
     let store = WeightStore::open(job_dir)?;
+    let group =
+        (config.synchronizer.sync_method == SyncMethod::Nccl).then(|| GroupReceiver::start(config, store.dir()));
     let mut run = ExploreRun {
+        group,
         config,
         name,
         monitor: Monitor::open(&job_dir.join("monitor").join(&config.explorer.name), &config.monitor.monitor_type)?,
@@ -112,6 +116,8 @@ struct ExploreRun<'a> {
     explorer: Explorer,
     buffer: ExperienceBuffer,
     store: WeightStore,
+    /// `sync_method: nccl`: weights received over the trainer's process group ([`crate::weight_group`]).
+    group: Option<GroupReceiver>,
     schedule: SyncSchedule,
     /// Sequence number of this explorer's last `explorer_driven` request.
     request_seq: u64,
@@ -163,7 +169,7 @@ impl ExploreRun<'_> {
             return Ok(Synced::Kept);
         }
         let timeout = Duration::from_secs(self.config.synchronizer.sync_timeout);
-        let (store, name) = (self.store.clone(), self.name.clone());
+        let (store, name, group) = (self.store.clone(), self.name.clone(), self.group.clone());
         let gave_up = |what: &str| {
             format!(
                 "explorer `{name}` waited synchronizer.sync_timeout ({} s) for {what}; is the trainer (mode train) \
@@ -181,7 +187,7 @@ impl ExploreRun<'_> {
                         timeout,
                         || format!("explorer `{name}` waits for the trainer's weights of step {wanted} before explore step {step}"),
                         || gave_up(&format!("the trainer's weights of step {wanted}")),
-                        || match store.latest()?.filter(|&v| v >= wanted) {
+                        || match newest(&store, group.as_ref())?.filter(|&v| v >= wanted) {
                             Some(_) => Ok(Some(None)),
                             None => Ok(store.trainer_finished()?.map(Some)),
                         },
@@ -225,23 +231,57 @@ impl ExploreRun<'_> {
     }
 
     /// Loads the newest published weights when they differ from the engine's (a restarted trainer may publish an
-    /// older version than the one it published before it stopped: the explorer follows it).
+    /// older version than the one it published before it stopped: the explorer follows it). With `nccl` sync the
+    /// weights received over the process group count too; the source with the newer version wins.
     async fn pull_newest(&mut self) -> Result<Synced, RftError> {
+        let in_files = self.store.latest()?;
+        if let Some(group) = &self.group
+            && let Some(received) = group.version()
+            && in_files.is_none_or(|v| received >= v)
+        {
+            if received == self.explorer.model_version() {
+                return Ok(Synced::Kept);
+            }
+            let names = self.engine_names().await?;
+            let Some((version, weights)) = group.take(&names)? else { return Ok(Synced::Kept) };
+            self.explorer.load_weights(weights, version).await?;
+            tracing::info!(
+                "explorer `{}` now samples with the trainer's weights of step {version} (received over the process \
+                 group)",
+                self.name
+            );
+            return Ok(Synced::Loaded);
+        }
         let Some((version, stored)) = self.store.latest_weights()? else {
             return Ok(Synced::Kept);
         };
         if version == self.explorer.model_version() {
             return Ok(Synced::Kept);
         }
-        let names: Vec<String> = self
-            .explorer
-            .rollout()
-            .engine()
-            .with_decoder(|decoder| decoder.var_store().variables().into_keys().collect())
-            .await?;
-        let weights = take_named(&stored, names, self.store.dir())?;
+        let weights = take_named(&stored, self.engine_names().await?, self.store.dir())?;
         self.explorer.load_weights(weights, version).await?;
         tracing::info!("explorer `{}` now samples with the trainer's weights of step {version}", self.name);
         Ok(Synced::Loaded)
     }
+}
+
+impl ExploreRun<'_> {
+    /// The names of the engine's parameters: what a sync must bring.
+    async fn engine_names(&self) -> Result<Vec<String>, RftError> {
+        Ok(self
+            .explorer
+            .rollout()
+            .engine()
+            .with_decoder(|decoder| decoder.var_store().variables().into_keys().collect())
+            .await?)
+    }
+}
+
+/// The newest version the trainer published: in files, or received over the process group.
+fn newest(store: &WeightStore, group: Option<&GroupReceiver>) -> Result<Option<u64>, RftError> {
+    let in_files = store.latest()?;
+    Ok(match group.and_then(GroupReceiver::version) {
+        Some(received) => Some(in_files.map_or(received, |v| v.max(received))),
+        None => in_files,
+    })
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use trinity_buffer::{Experience, ExperienceBuffer, ProducerState};
 use trinity_config::algorithm::mix_expert_rows;
 use trinity_config::steps::TrainSteps;
-use trinity_config::synchronizer::SyncStyle;
+use trinity_config::synchronizer::{SyncMethod, SyncStyle};
 use trinity_config::{Config, ExperienceSchema};
 use trinity_monitor::{Metrics, Monitor};
 use trinity_trainer::Components;
@@ -33,7 +33,8 @@ use crate::modes::shared_buffer;
 use crate::run::RunSummary;
 use crate::schedule::SyncSchedule;
 use crate::synchronizer::{POLL, REPORT_EVERY, SyncAnswer, WeightStore};
-use crate::trainer::{Meta, Trainer};
+use crate::trainer::{Meta, Rank0, Trainer};
+use crate::weight_group::GroupSender;
 
 /// Where a train step's rows come from.
 enum Source {
@@ -44,7 +45,14 @@ enum Source {
 }
 
 /// Runs a resolved config in mode `train`, writing to `job_dir` (shared with the explorers in RL).
-pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Result<RunSummary, RftError> {
+/// With `dp` this process is rank 0 of a data-parallel run: it alone reads the buffer or dataset and shares each
+/// step's rows with the other ranks ([`crate::data_parallel`]).
+pub(crate) async fn run(
+    config: &Config,
+    job_dir: &Path,
+    threads: usize,
+    dp: Option<Rank0>,
+) -> Result<RunSummary, RftError> {
     let schema = Components::from_config(&config.algorithm)?.schema;
     let device = models::device(Path::new(&config.model.model_path))?;
     let batch_size = config.buffer.train_batch_size as usize;
@@ -54,15 +62,16 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
         ExperienceSchema::Experience => {
             source_buffer = Some(shared_buffer(config, job_dir, "train").await?);
             let planned = rl_steps(config)?;
-            Trainer::start(config, job_dir, device, threads, |_, _, _| Ok(planned))?
+            Trainer::start(config, job_dir, device, threads, |_, _, _| Ok(planned), dp)?
         }
         ExperienceSchema::Sft | ExperienceSchema::Dpo => {
-            Trainer::start(config, job_dir, device, threads, |tokenizer, template, _| {
+            let plan = |tokenizer: &_, template: Option<&_>, _| {
                 let rows = load_dataset(config, schema, tokenizer, template)?;
                 let (rows, steps) = dataset_steps(config, rows, batch_size)?;
                 dataset = Some(rows);
                 Ok(steps)
-            })?
+            };
+            Trainer::start(config, job_dir, device, threads, plan, dp)?
         }
     };
     let source = match (source_buffer, dataset) {
@@ -158,6 +167,8 @@ struct TrainRun<'a> {
     /// An engine for the eval tasksets, when there are any.
     evaluator: Option<Explorer>,
     store: WeightStore,
+    /// `sync_method: nccl`: the process group weights go over until it fails ([`crate::weight_group`]).
+    group: Option<GroupSender>,
     schedule: SyncSchedule,
     resumed_from: Option<u64>,
     trained: u64,
@@ -206,6 +217,13 @@ impl<'a> TrainRun<'a> {
         };
         let store = WeightStore::open(job_dir)?;
         store.set_trainer_finished(None)?;
+        let group = match (&source, config.synchronizer.sync_method) {
+            (Source::Buffer(_), SyncMethod::Nccl) => {
+                let dtype = models::engine_kind(&config.explorer.rollout_model.dtype, device);
+                Some(GroupSender::host(config, store.dir(), dtype)?)
+            }
+            _ => None,
+        };
         let mut run = TrainRun {
             config,
             job_dir: job_dir.to_owned(),
@@ -215,6 +233,7 @@ impl<'a> TrainRun<'a> {
             evaluator,
             published: store.latest()?,
             store,
+            group,
             schedule: SyncSchedule {
                 interval: u64::from(config.synchronizer.sync_interval),
                 offset: u64::from(config.synchronizer.sync_offset),
@@ -385,7 +404,21 @@ impl<'a> TrainRun<'a> {
 
     async fn publish(&mut self) -> Result<(), RftError> {
         let started = Instant::now();
-        self.store.publish(self.trained, &self.trainer.weights()?)?;
+        let weights = self.trainer.weights()?;
+        if let Some(group) = &mut self.group {
+            match group.publish(self.trained, &weights) {
+                Ok(()) => {
+                    self.published = Some(self.trained);
+                    return Ok(());
+                }
+                Err(error) => {
+                    if let Some(group) = self.group.take() {
+                        group.abandon(&error);
+                    }
+                }
+            }
+        }
+        self.store.publish(self.trained, &weights)?;
         self.published = Some(self.trained);
         tracing::info!("weights of step {} published ({:.1}s)", self.trained, started.elapsed().as_secs_f64());
         Ok(())
@@ -422,6 +455,15 @@ impl<'a> TrainRun<'a> {
     async fn finish(&mut self) -> Result<(), RftError> {
         if self.trained > self.saved {
             self.save().await?;
+        }
+        if let (Some(_), Source::Buffer(buffer)) = (&self.group, &self.source) {
+            let producers = buffer.producers().await?;
+            // No explorer is left to take the last weights over the group: they go to files, for whoever comes.
+            if !producers.is_empty() && producers.iter().all(|p| p.state == ProducerState::Finished) {
+                if let Some(group) = self.group.take() {
+                    group.close();
+                }
+            }
         }
         if self.trained > 0 && self.published != Some(self.trained) {
             self.publish().await?;
