@@ -6,6 +6,11 @@
 //! train step, sync every step with the explorer one step ahead (`sync_offset: 1`), eval every 5 steps. Mode both
 //! runs the explorer's config with `mode: both` and the trainer's batch, so both runs make the same steps with the
 //! same staleness; only the process layout differs.
+//!
+//! The pair's two processes share the machine's cores: each gets `pair_threads` libtorch threads (default half the
+//! cores, through `OMP_NUM_THREADS`, as a user splitting one machine would). Two processes with a thread per core
+//! each oversubscribe the CPU, and libtorch's OpenMP barriers then wait on preempted workers: measured here with 2
+//! cores, a train step went from 11-13 s to 36-62 s.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +21,8 @@ use anyhow::{Context, Result, bail};
 use crate::setup::Deps;
 use crate::{cargo, step, target_dir};
 
-pub(crate) fn bench(root: &Path, deps: &Deps, steps: usize) -> Result<()> {
+pub(crate) fn bench(root: &Path, deps: &Deps, steps: usize, pair_threads: Option<usize>) -> Result<()> {
+    let pair_threads = pair_threads.unwrap_or(num_threads() / 2).max(1);
     cargo(root, deps, "release build", &["build", "--release", "--locked", "--bin", "trinity"])?;
     let trinity = target_dir(root).join("release").join("trinity");
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -37,8 +43,9 @@ pub(crate) fn bench(root: &Path, deps: &Deps, steps: usize) -> Result<()> {
         timed("bench async: mode both (one process)", || wait(one.spawn()?, "mode both"))?,
         timed("bench async: modes explore + train (two processes)", || {
             let name = ["name=pair".to_owned()];
-            let trainer = run("examples/async/trainer.yaml", &name).spawn()?;
-            let explorer = run("examples/async/explorer.yaml", &name).spawn()?;
+            let threads = pair_threads.to_string();
+            let trainer = run("examples/async/trainer.yaml", &name).env("OMP_NUM_THREADS", &threads).spawn()?;
+            let explorer = run("examples/async/explorer.yaml", &name).env("OMP_NUM_THREADS", &threads).spawn()?;
             wait(explorer, "explorer")?;
             wait(trainer, "trainer")
         })?,
@@ -49,7 +56,10 @@ pub(crate) fn bench(root: &Path, deps: &Deps, steps: usize) -> Result<()> {
         &[project.join("pair/monitor/explorer/metrics.jsonl"), project.join("pair/monitor/trainer/metrics.jsonl")],
         pair_s,
     )?;
-    println!("\n{steps} steps of 4 tasks × 8 rollouts, SmolLM2-135M, {} CPU threads", num_threads());
+    println!(
+        "\n{steps} steps of 4 tasks × 8 rollouts, SmolLM2-135M, {} CPU threads; the pair: {pair_threads} thread(s) each",
+        num_threads()
+    );
     println!("{:<32} {:>9} {:>16} {:>16} {:>14}", "", "wall s", "explored tok/s", "trained tok/s", "last eval acc");
     for (name, s) in [("mode both (one process)", &both), ("explore + train (two processes)", &pair)] {
         println!(

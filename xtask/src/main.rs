@@ -103,6 +103,9 @@ enum Bench {
         /// Steps of each run.
         #[arg(long, default_value_t = 20)]
         steps: usize,
+        /// libtorch threads of each process of the pair (default: half the cores).
+        #[arg(long)]
+        pair_threads: Option<usize>,
     },
 }
 
@@ -203,8 +206,8 @@ fn summarize_run(project_dir: &Path) -> Result<()> {
 fn bench(root: &Path, which: Bench) -> Result<()> {
     let deps = Deps::locate(root);
     deps.install_all()?;
-    if let Bench::Async { steps } = which {
-        return bench_async::bench(root, &deps, steps);
+    if let Bench::Async { steps, pair_threads } = which {
+        return bench_async::bench(root, &deps, steps, pair_threads);
     }
     let python = deps.reference_python()?;
     match which {

@@ -7,6 +7,8 @@
 
 use tokio_postgres::Client;
 
+use crate::store::Migration;
+
 /// Migrations in order; the version of the n-th (1-based) is n. Append only: a released migration never changes.
 const MIGRATIONS: &[&str] = &["
 CREATE TABLE experiences (
@@ -50,14 +52,6 @@ CREATE TABLE consumers (
 /// The schema version this code writes.
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// What opening found.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Migration {
-    Current,
-    Migrated { from: i64 },
-    TooNew { found: i64 },
-}
-
 /// Creates the buffer's schema (`schema`, quoted) if missing and applies the migrations it lacks.
 pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<Migration, tokio_postgres::Error> {
     let tx = client.transaction().await?;
@@ -83,5 +77,5 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<Migrati
         tx.execute("INSERT INTO schema_migrations (version) VALUES ($1)", &[&(index as i32 + 1)]).await?;
     }
     tx.commit().await?;
-    Ok(Migration::Migrated { from: found })
+    Ok(if found == 0 { Migration::Created } else { Migration::Migrated { from: found } })
 }

@@ -20,7 +20,7 @@ use crate::error::{BufferError, Result};
 use crate::experience::Experience;
 use crate::payload;
 use crate::postgres_connection::{PgConnection, pg_run};
-use crate::postgres_schema::{self, Migration};
+use crate::postgres_schema;
 use crate::store::{CLAIMED, ExploreStep, ProducerState, ProducerStatus, STALE, batch_uids, db_int, from_db_int};
 
 /// The database's clock in Unix seconds.
@@ -59,21 +59,7 @@ impl PgStore {
         let schema = conn.schema().to_owned();
         let migration =
             pg_run!(&conn, "create the schema", |client| async { postgres_schema::migrate(client, &schema).await })?;
-        match migration {
-            Migration::Current => {}
-            Migration::Migrated { from } => tracing::info!(
-                "PostgreSQL buffer {} ({name}): schema version {from} -> {}",
-                conn.shown(),
-                postgres_schema::VERSION
-            ),
-            Migration::TooNew { found } => {
-                return Err(BufferError::SchemaTooNew {
-                    store: format!("PostgreSQL buffer `{}` ({name})", conn.shown()),
-                    found,
-                    supported: postgres_schema::VERSION,
-                });
-            }
-        }
+        migration.accept(|| format!("PostgreSQL buffer `{}` ({name})", conn.shown()), postgres_schema::VERSION)?;
         Ok(PgStore {
             conn,
             #[cfg(test)]

@@ -12,7 +12,7 @@
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::store::{DEFAULT_CONSUMER, LEGACY_PRODUCER};
+use crate::store::{DEFAULT_CONSUMER, LEGACY_PRODUCER, Migration};
 
 /// The schema version this code writes.
 pub(crate) const VERSION: i64 = 1;
@@ -62,19 +62,6 @@ CREATE INDEX IF NOT EXISTS experiences_waiting ON experiences (id) WHERE consume
 CREATE INDEX IF NOT EXISTS experiences_open_claims ON experiences (id) WHERE consumed = 1 AND committed = 0;
 CREATE INDEX IF NOT EXISTS experiences_by_claim ON experiences (consumer, train_step);
 ";
-
-/// What `open` found.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Migration {
-    /// Already at [`VERSION`].
-    Current,
-    /// A new, empty database.
-    Created,
-    /// A database of version `from`, brought up to [`VERSION`].
-    Migrated { from: i64 },
-    /// Written by a newer trinity: left untouched.
-    TooNew { found: i64 },
-}
 
 /// Brings the database to [`VERSION`].
 pub(crate) fn migrate(conn: &mut Connection) -> rusqlite::Result<Migration> {

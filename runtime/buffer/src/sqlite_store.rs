@@ -27,7 +27,7 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehav
 use crate::error::{BufferError, Result};
 use crate::experience::Experience;
 use crate::payload;
-use crate::sqlite_schema::{self, Migration};
+use crate::sqlite_schema;
 use crate::store::{
     CLAIMED, ExploreStep, ProducerState, ProducerStatus, STALE, batch_uids, db_int, from_db_int, unix_now,
 };
@@ -61,21 +61,9 @@ impl SqliteStore {
         conn.busy_timeout(Duration::from_secs(30)).map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(err)?;
-        match sqlite_schema::migrate(&mut conn).map_err(err)? {
-            Migration::Current | Migration::Created => {}
-            Migration::Migrated { from } => tracing::info!(
-                "SQLite store {}: schema upgraded from version {from} to {}",
-                path.display(),
-                sqlite_schema::VERSION
-            ),
-            Migration::TooNew { found } => {
-                return Err(BufferError::SchemaTooNew {
-                    store: format!("SQLite store `{}`", path.display()),
-                    found,
-                    supported: sqlite_schema::VERSION,
-                });
-            }
-        }
+        sqlite_schema::migrate(&mut conn)
+            .map_err(err)?
+            .accept(|| format!("SQLite store `{}`", path.display()), sqlite_schema::VERSION)?;
         Ok(SqliteStore { path: path.to_owned(), conn: Mutex::new(conn) })
     }
 

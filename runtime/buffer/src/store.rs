@@ -35,6 +35,36 @@ pub const DEFAULT_CONSUMER: &str = "trainer";
 /// is there to take over anyway; Trinity-RFT's default `max_read_timeout` is the same 30 minutes.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(1800);
 
+/// What opening a store did to its schema. Both stores share it so that they log an upgrade and refuse a newer
+/// schema in the same words.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Migration {
+    /// Already at the version this code writes.
+    Current,
+    /// A new, empty database.
+    Created,
+    /// A database of version `from`, brought up to date.
+    Migrated { from: i64 },
+    /// Written by a newer trinity: left untouched, because this code cannot know what the newer columns mean.
+    TooNew { found: i64 },
+}
+
+impl Migration {
+    /// Logs an upgrade of `store` to `version`, or refuses a schema newer than `version`.
+    pub(crate) fn accept(self, store: impl FnOnce() -> String, version: i64) -> crate::error::Result<()> {
+        match self {
+            Migration::Current | Migration::Created => Ok(()),
+            Migration::Migrated { from } => {
+                tracing::info!("{}: schema upgraded from version {from} to {version}", store());
+                Ok(())
+            }
+            Migration::TooNew { found } => {
+                Err(crate::error::BufferError::SchemaTooNew { store: store(), found, supported: version })
+            }
+        }
+    }
+}
+
 /// `consumed` value of a claimed row.
 pub(crate) const CLAIMED: i64 = 1;
 /// `consumed` value of a row skipped because its model version was older than the reader's minimum.

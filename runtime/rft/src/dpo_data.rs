@@ -69,15 +69,9 @@ mod tests {
     use trinity_config::buffer::StorageType;
 
     use super::*;
+    use crate::sft_data::tests::tiny;
 
     const KEY: &str = "buffer.trainer_input.experience_buffer";
-
-    fn tiny() -> (Tokenizer, ChatTemplate) {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied");
-        let tokenizer = Tokenizer::from_files(&dir.join("tokenizer.json"), None).unwrap();
-        let template = ChatTemplate::from_file(&dir.join("chat_template.jinja"), None, None).unwrap();
-        (tokenizer, template)
-    }
 
     fn buffer(dir: &Path, rows: &[Value], prompt_type: PromptType) -> ExperienceBufferConfig {
         let path = dir.join("dpo.jsonl");

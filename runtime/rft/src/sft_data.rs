@@ -146,7 +146,7 @@ pub(crate) fn continuation(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::path::Path;
 
     use serde_json::json;
@@ -156,7 +156,8 @@ mod tests {
 
     const KEY: &str = "buffer.trainer_input.auxiliary_buffers";
 
-    fn tiny() -> (Tokenizer, ChatTemplate) {
+    /// The tiny test model's tokenizer and chat template (shared with the DPO rows' tests).
+    pub(crate) fn tiny() -> (Tokenizer, ChatTemplate) {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied");
         let tokenizer = Tokenizer::from_files(&dir.join("tokenizer.json"), None).unwrap();
         let template = ChatTemplate::from_file(&dir.join("chat_template.jinja"), None, None).unwrap();
