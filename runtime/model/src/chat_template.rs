@@ -6,6 +6,10 @@
 //! `add_generation_prompt`, `tools`, `documents` and the special tokens (`bos_token`, `eos_token`, ...) as
 //! variables. Python string methods (`.strip()`, `.startswith()`, `.split()`, ...) come from minijinja-contrib's
 //! pycompat callback. Templates are compiled once, at construction.
+//!
+//! A template comes from a model file, so it is untrusted code: each rendering runs on a fuel budget
+//! ([`TEMPLATE_FUEL`] instructions, minijinja's `fuel`) and writes into a buffer capped at
+//! [`MAX_RENDERED_BYTES`]; a template that loops or inflates its output fails with an error naming it.
 
 use std::path::Path;
 
@@ -32,10 +36,20 @@ impl ChatMessage {
     }
 }
 
+/// Instructions one rendering may execute. Real templates render a long conversation with tools in well under
+/// 100k; a template that exceeds 5M is looping, and stops within a fraction of a second.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+
+/// Bytes one rendering may produce: far beyond any context window (a 128k-token prompt is ~0.5 MB of text),
+/// small enough that a template inflating its output cannot take the process's memory.
+pub const MAX_RENDERED_BYTES: usize = 64 << 20;
+
 /// A compiled chat template plus the special tokens it may refer to.
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// Where the template came from (a file, or a file and key), for errors.
+    name: String,
     source: String,
     bos_token: String,
     eos_token: String,
@@ -61,9 +75,11 @@ impl ChatTemplate {
         });
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned(NAME, source.to_owned()).map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
         Ok(Self {
             env,
+            name: "chat template".to_owned(),
             source: source.to_owned(),
             bos_token: bos_token.unwrap_or_default().to_owned(),
             eos_token: eos_token.unwrap_or_default().to_owned(),
@@ -83,10 +99,22 @@ impl ChatTemplate {
         self.enable_thinking
     }
 
+    /// Names where the template came from (`dir/tokenizer_config.json chat_template`); rendering errors carry it.
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Where the template came from.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Reads a template from a `chat_template.jinja` file.
     pub fn from_file(path: &Path, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<Self> {
         let source = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-        Self::new(&source, bos_token, eos_token)
+        let named = |e: ModelError| ModelError::ChatTemplate(format!("{}: {e}", path.display()));
+        Ok(Self::new(&source, bos_token, eos_token).map_err(named)?.named(path.display().to_string()))
     }
 
     /// The template text.
@@ -116,13 +144,50 @@ impl ChatTemplate {
             Some(flag) => minijinja::context! { enable_thinking => flag, ..ctx },
             None => ctx,
         };
-        tmpl.render(ctx).map_err(|e| {
-            let mut msg = e.to_string();
+        let mut out = CappedOutput { bytes: Vec::new(), cap: MAX_RENDERED_BYTES, over: false };
+        let rendered = tmpl.render_captured_to(ctx, &mut out);
+        if out.over {
+            return Err(ModelError::ChatTemplate(format!(
+                "{}: the rendered prompt exceeds {} MiB",
+                self.name,
+                MAX_RENDERED_BYTES >> 20
+            )));
+        }
+        if let Err(e) = rendered {
+            let mut msg = match e.kind() {
+                ErrorKind::OutOfFuel => format!("ran past its budget of {TEMPLATE_FUEL} instructions (a loop?)"),
+                _ => e.to_string(),
+            };
             if let Some(detail) = e.detail() {
                 msg = format!("{msg}: {detail}");
             }
-            ModelError::ChatTemplate(msg)
-        })
+            return Err(ModelError::ChatTemplate(format!("{}: {msg}", self.name)));
+        }
+        // minijinja writes `str` pieces whole, and a piece over the cap is refused whole, so this is UTF-8.
+        String::from_utf8(out.bytes)
+            .map_err(|e| ModelError::ChatTemplate(format!("{}: output is not UTF-8: {e}", self.name)))
+    }
+}
+
+/// The rendering's output buffer: refuses a write that would take it past `cap`.
+struct CappedOutput {
+    bytes: Vec<u8>,
+    cap: usize,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len().saturating_add(buf.len()) > self.cap {
+            self.over = true;
+            return Err(std::io::Error::other("rendered output over its cap"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -284,6 +349,22 @@ mod tests {
         assert_eq!(off.apply(&[ChatMessage::new("user", "q")], true).unwrap(), "<think>\n\n</think>q");
         let on = ChatTemplate::new(src, None, None).unwrap().with_enable_thinking(Some(true));
         assert_eq!(on.apply(&[ChatMessage::new("user", "q")], true).unwrap(), "q");
+    }
+
+    #[test]
+    fn a_looping_or_inflating_template_fails_with_its_name() {
+        let messages = [ChatMessage::new("user", "hi")];
+        let endless = "{% for a in range(100000) %}{% for b in range(100000) %}{{ '' }}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(endless, None, None).unwrap().named("crafted.gguf tokenizer.chat_template");
+        let started = std::time::Instant::now();
+        let err = t.apply(&messages, true).unwrap_err().to_string();
+        assert!(err.contains("crafted.gguf tokenizer.chat_template") && err.contains("budget"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "took {:?}", started.elapsed());
+        // Ten pieces of 10 MB: each is under minijinja's own cap on a repeated string, together they pass ours.
+        let inflating = "{% for i in range(10) %}{{ 'x' * 10000000 }}{% endfor %}";
+        let t = ChatTemplate::new(inflating, None, None).unwrap().named("model/chat_template.jinja");
+        let err = t.apply(&messages, true).unwrap_err().to_string();
+        assert!(err.contains("model/chat_template.jinja") && err.contains("exceeds 64 MiB"), "{err}");
     }
 
     #[test]

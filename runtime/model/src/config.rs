@@ -170,7 +170,12 @@ impl ModelConfig {
         })?;
         let value: Value =
             serde_json::from_str(&text).map_err(|source| ModelError::Json { path: path.to_path_buf(), source })?;
-        Self::from_json(&value)
+        Self::from_json(&value).map_err(|e| match e {
+            ModelError::Metadata { key, reason } => {
+                ModelError::InvalidFile { path: path.to_path_buf(), reason: format!("`{key}` {reason}") }
+            }
+            other => other,
+        })
     }
 
     /// Parses a `config.json` value.
@@ -190,9 +195,10 @@ impl ModelConfig {
             _ => num_attention_heads,
         };
         let head_dim = match obj.get("head_dim") {
-            Some(Value::Number(n)) => n.as_i64().unwrap_or(hidden_size / num_attention_heads),
-            _ => hidden_size / num_attention_heads,
+            Some(Value::Number(n)) => n.as_i64(),
+            _ => None,
         };
+        let head_dim = derived_head_dim(head_dim, hidden_size, num_attention_heads, "num_attention_heads")?;
         // transformers 5 nests rope settings in `rope_parameters`; older configs use `rope_theta`/`rope_scaling`.
         let rope_obj = obj.get("rope_parameters").or_else(|| obj.get("rope_scaling")).and_then(Value::as_object);
         let rope_theta = match rope_obj.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64) {
@@ -214,7 +220,7 @@ impl ModelConfig {
             Family::Qwen2 => (true, false),
             Family::Llama | Family::Qwen3 => (attention_bias, attention_bias),
         };
-        Ok(Self {
+        let config = Self {
             family,
             vocab_size: get_i64(obj, "vocab_size")?,
             hidden_size,
@@ -235,7 +241,9 @@ impl ModelConfig {
             bos_token_id: obj.get("bos_token_id").and_then(Value::as_i64),
             eos_token_ids: ids(obj.get("eos_token_id")),
             torch_dtype: obj.get("dtype").or_else(|| obj.get("torch_dtype")).and_then(Value::as_str).map(str::to_owned),
-        })
+        };
+        config.validate()?;
+        Ok(config)
     }
 
     /// Builds the config from GGUF metadata (`<arch>.block_count` etc.). `tie_word_embeddings` follows from
@@ -244,7 +252,8 @@ impl ModelConfig {
         let arch = gguf.require_str("general.architecture")?.to_owned();
         let family = Family::from_model_type(&arch)?;
         let key = |k: &str| format!("{arch}.{k}");
-        let u = |k: &str| -> Result<i64> { Ok(gguf.require_u64(&key(k))? as i64) };
+        // A count past i64::MAX saturates; `validate` refuses it with the key's name.
+        let u = |k: &str| -> Result<i64> { Ok(i64::try_from(gguf.require_u64(&key(k))?).unwrap_or(i64::MAX)) };
         // f32 metadata is widened through its shortest decimal form, so 1e-5 stays 1e-5 (not 9.99999974e-6) in
         // the config.json we write.
         let f = |k: &str, default: f64| match gguf.get(&key(k)) {
@@ -255,10 +264,8 @@ impl ModelConfig {
         let hidden_size = u("embedding_length")?;
         let num_attention_heads = u("attention.head_count")?;
         let num_key_value_heads = u("attention.head_count_kv").unwrap_or(num_attention_heads);
-        let head_dim = match gguf.get(&key("attention.key_length")).and_then(|v| v.as_u64()) {
-            Some(d) => d as i64,
-            None => hidden_size / num_attention_heads,
-        };
+        let head_dim = gguf.get(&key("attention.key_length")).and_then(|v| v.as_i64());
+        let head_dim = derived_head_dim(head_dim, hidden_size, num_attention_heads, &key("attention.head_count"))?;
         let vocab_size = match u("vocab_size") {
             Ok(v) => v,
             Err(_) => gguf
@@ -278,7 +285,7 @@ impl ModelConfig {
             }
         };
         let tok = |k: &str| gguf.get(k).and_then(|v| v.as_i64());
-        Ok(Self {
+        let config = Self {
             family,
             vocab_size,
             hidden_size,
@@ -299,7 +306,13 @@ impl ModelConfig {
             bos_token_id: tok("tokenizer.ggml.bos_token_id"),
             eos_token_ids: tok("tokenizer.ggml.eos_token_id").into_iter().collect(),
             torch_dtype: None,
-        })
+        };
+        config.validate().map_err(|e| match e {
+            // GGUF metadata keys carry the architecture prefix (`llama.block_count`).
+            ModelError::Metadata { key: k, reason } => ModelError::Metadata { key: gguf_key(&arch, &k), reason },
+            other => other,
+        })?;
+        Ok(config)
     }
 
     /// Query heads per key/value head.
@@ -367,6 +380,120 @@ impl ModelConfig {
     }
 }
 
+/// Upper bounds on each dimension. No released model comes near them (the largest vocabularies are ~256k tokens,
+/// the widest models ~25k); a value past one is a corrupt or crafted file, refused before anything is sized
+/// from it.
+const MAX_VOCAB: i64 = 1 << 24;
+const MAX_WIDTH: i64 = 1 << 17;
+const MAX_FFN: i64 = 1 << 20;
+const MAX_LAYERS: i64 = 1 << 12;
+const MAX_HEADS: i64 = 1 << 12;
+const MAX_HEAD_DIM: i64 = 1 << 12;
+const MAX_CONTEXT: i64 = 1 << 24;
+
+fn out_of_range(key: &str, reason: String) -> ModelError {
+    ModelError::Metadata { key: key.to_owned(), reason }
+}
+
+/// `value` must lie in `1..=max`.
+fn check_dim(key: &str, value: i64, max: i64) -> Result<()> {
+    if (1..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(out_of_range(key, format!("must be between 1 and {max}, found {value}")))
+    }
+}
+
+/// `value` must be a finite number above zero.
+fn check_positive(key: &str, value: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(out_of_range(key, format!("must be a finite number above 0, found {value}")))
+    }
+}
+
+/// The per-head width: as given, else `hidden / heads` (checking `heads` first, so a crafted `0` is an error
+/// naming `heads_key` rather than a division by zero).
+fn derived_head_dim(given: Option<i64>, hidden: i64, heads: i64, heads_key: &str) -> Result<i64> {
+    match given {
+        Some(head_dim) => Ok(head_dim),
+        None => {
+            check_dim(heads_key, heads, MAX_HEADS)?;
+            Ok(hidden / heads)
+        }
+    }
+}
+
+/// The GGUF metadata key of a `config.json` field, for errors about a GGUF file.
+fn gguf_key(arch: &str, field: &str) -> String {
+    let key = match field {
+        "hidden_size" => "embedding_length",
+        "intermediate_size" => "feed_forward_length",
+        "num_hidden_layers" => "block_count",
+        "num_attention_heads" => "attention.head_count",
+        "num_key_value_heads" => "attention.head_count_kv",
+        "head_dim" => "attention.key_length",
+        "max_position_embeddings" => "context_length",
+        "rms_norm_eps" => "attention.layer_norm_rms_epsilon",
+        "rope_theta" => "rope.freq_base",
+        "vocab_size" => "vocab_size",
+        other if other.starts_with(&format!("{arch}.")) => return other.to_owned(),
+        other => other,
+    };
+    format!("{arch}.{key}")
+}
+
+impl ModelConfig {
+    /// Refuses dimensions the decoder cannot be built from: zero, negative or absurdly large sizes, heads that do
+    /// not divide, an odd head width (RoPE rotates halves), non-finite norms and RoPE settings. Every error names
+    /// the `config.json` key.
+    pub fn validate(&self) -> Result<()> {
+        check_dim("vocab_size", self.vocab_size, MAX_VOCAB)?;
+        check_dim("hidden_size", self.hidden_size, MAX_WIDTH)?;
+        check_dim("intermediate_size", self.intermediate_size, MAX_FFN)?;
+        check_dim("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS)?;
+        check_dim("num_attention_heads", self.num_attention_heads, MAX_HEADS)?;
+        check_dim("num_key_value_heads", self.num_key_value_heads, self.num_attention_heads)?;
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(out_of_range(
+                "num_key_value_heads",
+                format!(
+                    "{} query heads are not a multiple of {} key/value heads",
+                    self.num_attention_heads, self.num_key_value_heads
+                ),
+            ));
+        }
+        check_dim("head_dim", self.head_dim, MAX_HEAD_DIM)?;
+        if self.head_dim % 2 != 0 {
+            return Err(out_of_range(
+                "head_dim",
+                format!("must be even (RoPE rotates halves), found {}", self.head_dim),
+            ));
+        }
+        check_dim("max_position_embeddings", self.max_position_embeddings, MAX_CONTEXT)?;
+        check_positive("rms_norm_eps", self.rms_norm_eps)?;
+        check_positive("rope_theta", self.rope_theta)?;
+        match self.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => check_positive("rope_scaling.factor", factor)?,
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                check_positive("rope_scaling.factor", factor)?;
+                check_positive("rope_scaling.low_freq_factor", low_freq_factor)?;
+                check_positive("rope_scaling.high_freq_factor", high_freq_factor)?;
+                check_positive("rope_scaling.original_max_position_embeddings", original_max_position_embeddings)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(out_of_range(
+                        "rope_scaling.high_freq_factor",
+                        format!("must exceed low_freq_factor ({low_freq_factor}), found {high_freq_factor}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 fn parse_rope_scaling(r: &Map<String, Value>) -> Result<RopeScaling> {
     let ty = r.get("rope_type").or_else(|| r.get("type")).and_then(Value::as_str).unwrap_or("default");
     let num = |k: &str| {
@@ -430,6 +557,31 @@ mod tests {
         v["model_type"] = json!("llama");
         v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
         assert!(matches!(ModelConfig::from_json(&v), Err(ModelError::UnsupportedConfig { .. })));
+    }
+
+    #[test]
+    fn zero_and_absurd_dimensions_are_named_errors() {
+        let cases: [(&str, Value); 10] = [
+            ("num_attention_heads", json!(0)),
+            ("num_attention_heads", json!(-4)),
+            ("num_key_value_heads", json!(0)),
+            ("num_key_value_heads", json!(3)),
+            ("hidden_size", json!(0)),
+            ("vocab_size", json!(i64::MAX)),
+            ("num_hidden_layers", json!(1_000_000_000)),
+            ("head_dim", json!(7)),
+            ("rms_norm_eps", json!(-1.0)),
+            ("max_position_embeddings", json!(0)),
+        ];
+        for (key, value) in cases {
+            let mut v = base();
+            v[key] = value.clone();
+            let err = ModelConfig::from_json(&v).unwrap_err();
+            assert!(matches!(err, ModelError::Metadata { key: ref k, .. } if k == key), "{key} = {value}: {err}");
+        }
+        let mut v = base();
+        v["rope_theta"] = json!(0.0);
+        assert!(ModelConfig::from_json(&v).unwrap_err().to_string().contains("rope_theta"));
     }
 
     #[test]

@@ -109,6 +109,11 @@ impl GgmlType {
         })
     }
 
+    /// Whether we decode this type.
+    pub fn is_decodable(self) -> bool {
+        self.block().is_some()
+    }
+
     /// Encoded size of `numel` values, or `None` when the type is not decodable or `numel` is not whole blocks.
     pub fn n_bytes(self, numel: u64) -> Option<usize> {
         let (per, bytes) = self.block()?;
@@ -116,7 +121,7 @@ impl GgmlType {
         if !numel.is_multiple_of(per) {
             return None;
         }
-        usize::try_from(numel / per * bytes as u64).ok()
+        (numel / per).checked_mul(bytes as u64).and_then(|n| usize::try_from(n).ok())
     }
 }
 

@@ -19,6 +19,50 @@ use crate::error::{ModelError, Result};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
+/// llama.cpp aligns to 32 bytes; anything past a megabyte is a corrupt header.
+const MAX_ALIGNMENT: u64 = 1 << 20;
+/// The fewest bytes one metadata entry takes: a key length (8), a type (4) and a one-byte value.
+const MIN_KV_BYTES: u64 = 13;
+/// The fewest bytes one tensor info takes: a name length (8), a dim count (4), a type (4) and an offset (8).
+const MIN_TENSOR_INFO_BYTES: u64 = 24;
+
+/// Checks one tensor's dims and byte range with checked arithmetic: the element count must fit in memory's
+/// address space and PyTorch's `i64` dims, and the encoded bytes must lie inside the file. A tensor of a type we
+/// cannot decode is still listed (its range is checked when it is read, where the error names it), recorded
+/// with no bytes.
+fn tensor_info(
+    path: &Path,
+    name: String,
+    dims: &[u64],
+    ty: u32,
+    start: Option<u64>,
+    file_len: usize,
+) -> Result<GgufTensorInfo> {
+    let bad = |reason: String| ModelError::gguf(path, format!("tensor `{name}`: {reason}"));
+    let numel = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| i64::try_from(n).is_ok() && usize::try_from(n).is_ok())
+        .ok_or_else(|| bad(format!("dims {dims:?} hold more elements than can be addressed")))?;
+    let ggml_type = GgmlType::from_u32(ty);
+    let n_bytes = match ggml_type.n_bytes(numel) {
+        Some(n) => n,
+        None if ggml_type.is_decodable() => {
+            return Err(bad(format!("{numel} values are not whole {} blocks, or too many to store", ggml_type.name())));
+        }
+        None => 0,
+    };
+    let start = start.ok_or_else(|| bad("its offset overflows".to_owned()))?;
+    let end = start.checked_add(n_bytes as u64);
+    if end.is_none_or(|end| end > file_len as u64) {
+        return Err(bad(format!(
+            "its {n_bytes} bytes at offset {start} lie past the end of the file ({file_len} bytes)"
+        )));
+    }
+    // Each dim fits in i64: the product of all of them does, and none is zero unless the product is.
+    let shape = dims.iter().rev().map(|&d| i64::try_from(d).unwrap_or(i64::MAX)).collect();
+    Ok(GgufTensorInfo { name, shape, ggml_type, offset: start as usize, n_bytes })
+}
 
 /// One metadata value, as typed in the file.
 #[derive(Debug, Clone, PartialEq)]
@@ -171,6 +215,9 @@ impl GgufFile {
         }
         let n_tensors = cursor.u64()?;
         let n_kv = cursor.u64()?;
+        // Counts are checked against what the rest of the file could hold before anything is sized from them.
+        cursor.check_count("metadata entries", n_kv, MIN_KV_BYTES)?;
+        cursor.check_count("tensors", n_tensors, MIN_TENSOR_INFO_BYTES)?;
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
             let key = cursor.string()?;
@@ -196,31 +243,18 @@ impl GgufFile {
         let alignment = match metadata.get("general.alignment") {
             Some(v) => v
                 .as_u64()
-                .filter(|a| *a > 0)
-                .ok_or_else(|| ModelError::gguf(&path, "general.alignment is not a positive integer"))?,
+                .filter(|a| (1..=MAX_ALIGNMENT).contains(a))
+                .ok_or_else(|| ModelError::gguf(&path, "general.alignment is not an integer between 1 and 2^20"))?,
             None => DEFAULT_ALIGNMENT,
         };
+        // Cannot overflow: the position is at most the file's length and the alignment at most 2^20.
         let data_start = (cursor.pos as u64).div_ceil(alignment) * alignment;
         let mut tensors = Vec::with_capacity(raw_infos.len());
         let mut by_name = BTreeMap::new();
         for (name, dims, ty, offset) in raw_infos {
-            let ggml_type = GgmlType::from_u32(ty);
-            let numel: u64 = dims.iter().product();
-            let n_bytes = ggml_type.n_bytes(numel).ok_or_else(|| ModelError::UnsupportedQuantization {
-                tensor: name.clone(),
-                ggml_type: ggml_type.name(),
-            });
-            // A tensor we cannot decode is still listed; its size is only needed when it is read, and then the
-            // error names it. Its range cannot be checked, so it is recorded as empty.
-            let n_bytes = n_bytes.unwrap_or(0);
-            let start = data_start + offset;
-            let end = start.checked_add(n_bytes as u64);
-            if end.is_none_or(|end| end > mmap.len() as u64) {
-                return Err(ModelError::gguf(&path, format!("tensor `{name}` lies past the end of the file")));
-            }
-            let shape = dims.iter().rev().map(|&d| d as i64).collect();
-            by_name.insert(name.clone(), tensors.len());
-            tensors.push(GgufTensorInfo { name, shape, ggml_type, offset: start as usize, n_bytes });
+            let info = tensor_info(&path, name, &dims, ty, data_start.checked_add(offset), mmap.len())?;
+            by_name.insert(info.name.clone(), tensors.len());
+            tensors.push(info);
         }
         Ok(Self { path, version, metadata, tensors, by_name, mmap })
     }
@@ -287,6 +321,12 @@ impl GgufFile {
     /// Dequantizes a tensor into f32 values, in PyTorch (row-major, slowest dimension first) order.
     pub fn dequantize(&self, name: &str) -> Result<Vec<f32>> {
         let info = self.tensor_info(name).ok_or_else(|| ModelError::MissingTensor { tensor: name.to_owned() })?;
+        if !info.ggml_type.is_decodable() {
+            return Err(ModelError::UnsupportedQuantization {
+                tensor: name.to_owned(),
+                ggml_type: info.ggml_type.name(),
+            });
+        }
         let mut out = vec![0f32; info.numel()];
         crate::dequant::dequantize_into(info.ggml_type, self.tensor_data(info), &mut out)
             .map_err(|ggml_type| ModelError::UnsupportedQuantization { tensor: name.to_owned(), ggml_type })?;
@@ -353,6 +393,18 @@ impl<'a> Cursor<'a> {
             .ok_or_else(|| ModelError::gguf(self.path, format!("implausible length {n} at byte {}", self.pos)))
     }
 
+    /// Refuses a count of items of at least `min_bytes` each that the rest of the file cannot hold.
+    fn check_count(&self, what: &str, n: u64, min_bytes: u64) -> Result<()> {
+        let remaining = (self.bytes.len() - self.pos) as u64;
+        if n.checked_mul(min_bytes).is_none_or(|need| need > remaining) {
+            return Err(ModelError::gguf(
+                self.path,
+                format!("header claims {n} {what}, more than the remaining {remaining} bytes can hold"),
+            ));
+        }
+        Ok(())
+    }
+
     fn string(&mut self) -> Result<String> {
         let n = self.len()?;
         Ok(String::from_utf8_lossy(self.take(n)?).into_owned())
@@ -375,7 +427,9 @@ impl<'a> Cursor<'a> {
                 }
                 let elem = self.u32()?;
                 let n = self.len()?;
-                let mut items = Vec::with_capacity(n.min(1 << 20));
+                // Every element takes at least one byte, so the capacity is bounded by what is left of the file.
+                self.check_count("array elements", n as u64, 1)?;
+                let mut items = Vec::with_capacity(n.min(1 << 16));
                 for _ in 0..n {
                     items.push(self.value(elem, depth + 1)?);
                 }
@@ -512,6 +566,38 @@ pub(crate) mod tests {
         assert!(GgufFile::open(&path).unwrap_err().to_string().contains("truncated"));
         let err = GgufFile::open(dir.path().join("absent.gguf")).unwrap_err();
         assert!(matches!(err, ModelError::MissingFile { .. }), "{err}");
+    }
+
+    #[test]
+    fn overflowing_dims_offsets_and_counts_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("crafted.gguf");
+        // Dims whose product overflows u64.
+        write_gguf(&path, &[], &[("blk.0.huge", vec![u64::MAX, 3], 0, vec![0; 32])]);
+        let err = GgufFile::open(&path).unwrap_err().to_string();
+        assert!(err.contains("crafted.gguf") && err.contains("`blk.0.huge`") && err.contains("addressed"), "{err}");
+        // A product that fits u64 but whose f32 byte count does not.
+        write_gguf(&path, &[], &[("big", vec![1 << 62], 0, vec![0; 32])]);
+        let err = GgufFile::open(&path).unwrap_err().to_string();
+        assert!(err.contains("`big`"), "{err}");
+        // An undecodable type with absurd dims is listed, and refused by name before anything is allocated.
+        write_gguf(&path, &[], &[("odd", vec![1 << 40, 1 << 20], 16, vec![0; 32])]);
+        let g = GgufFile::open(&path).unwrap();
+        assert!(matches!(g.dequantize("odd"), Err(ModelError::UnsupportedQuantization { .. })));
+        // An offset that overflows once the data section's start is added.
+        write_gguf(&path, &[], &[("w", vec![4], 0, vec![0; 16])]);
+        let mut bytes = std::fs::read(&path).unwrap();
+        // magic, version, tensor count, metadata count; then name length, "w", dim count, one dim, type.
+        let offset_at = 4 + 4 + 8 + 8 + 8 + 1 + 4 + 8 + 4;
+        bytes[offset_at..offset_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let err = GgufFile::open(&path).unwrap_err().to_string();
+        assert!(err.contains("`w`") && err.contains("offset overflows"), "{err}");
+        // Counts the file cannot hold are refused before anything is read or allocated.
+        bytes[8..16].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let err = GgufFile::open(&path).unwrap_err().to_string();
+        assert!(err.contains("claims") && err.contains("tensors"), "{err}");
     }
 
     #[test]

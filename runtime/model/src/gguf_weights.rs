@@ -72,6 +72,11 @@ impl WeightSource for GgufWeights<'_> {
             .tensor_info(&file_name)
             .ok_or_else(|| ModelError::MissingTensor { tensor: format!("{name} (gguf `{file_name}`)") })?;
         check_shape(&format!("{name} (gguf `{file_name}`)"), shape, &info.shape)?;
+        // Refused before the output is allocated: a tensor of an undecodable type has no checked byte range, so
+        // its dims alone must never size an allocation.
+        if !info.ggml_type.is_decodable() {
+            return Err(ModelError::UnsupportedQuantization { tensor: file_name, ggml_type: info.ggml_type.name() });
+        }
         let mut t = Tensor::f_empty(shape, (Kind::Float, Device::Cpu))?;
         let numel = info.numel();
         if t.numel() != numel {

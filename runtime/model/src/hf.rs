@@ -70,12 +70,18 @@ pub fn load_hf_dir(dir: &Path, kind: Kind, device: Device) -> Result<LoadedModel
     let tokenizer = Tokenizer::from_files(&dir.join("tokenizer.json"), tok_config.as_ref())?;
     let jinja = dir.join("chat_template.jinja");
     let template_source = if jinja.exists() {
-        Some(std::fs::read_to_string(&jinja).map_err(|e| ModelError::io(&jinja, e))?)
+        Some((std::fs::read_to_string(&jinja).map_err(|e| ModelError::io(&jinja, e))?, jinja.display().to_string()))
     } else {
-        tok_config.as_ref().and_then(|c| c.get("chat_template")).and_then(template_from_config)
+        let name = format!("{} chat_template", dir.join("tokenizer_config.json").display());
+        tok_config.as_ref().and_then(|c| c.get("chat_template")).and_then(template_from_config).map(|s| (s, name))
     };
-    let chat_template =
-        template_source.map(|s| ChatTemplate::new(&s, tokenizer.bos_token(), tokenizer.eos_token())).transpose()?;
+    let chat_template = template_source
+        .map(|(source, name)| {
+            ChatTemplate::new(&source, tokenizer.bos_token(), tokenizer.eos_token())
+                .map(|t| t.named(name.clone()))
+                .map_err(|e| ModelError::ChatTemplate(format!("{name}: {e}")))
+        })
+        .transpose()?;
     let generation = read_json(&dir.join("generation_config.json"))?;
     let mut eos_token_ids = ids(generation.as_ref().and_then(|g| g.get("eos_token_id")));
     if eos_token_ids.is_empty() {
@@ -105,12 +111,22 @@ fn template_from_config(v: &Value) -> Option<String> {
 /// Loads a GGUF file: config, dequantized weights, tokenizer and chat template from its metadata.
 pub fn load_gguf(path: &Path, kind: Kind, device: Device) -> Result<LoadedModel> {
     let gguf = GgufFile::open(path)?;
-    let config = ModelConfig::from_gguf(&gguf)?;
-    let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    // Metadata errors name the key; here they also name the file.
+    let in_file = |e: ModelError| match e {
+        ModelError::Metadata { key, reason } => ModelError::gguf(path, format!("metadata key `{key}`: {reason}")),
+        other => other,
+    };
+    let config = ModelConfig::from_gguf(&gguf).map_err(in_file)?;
+    let tokenizer = Tokenizer::from_gguf(&gguf).map_err(in_file)?;
     let chat_template = gguf
         .get("tokenizer.chat_template")
         .and_then(|v| v.as_str())
-        .map(|s| ChatTemplate::new(s, tokenizer.bos_token(), tokenizer.eos_token()))
+        .map(|s| {
+            let name = format!("{} tokenizer.chat_template", path.display());
+            ChatTemplate::new(s, tokenizer.bos_token(), tokenizer.eos_token())
+                .map(|t| t.named(name.clone()))
+                .map_err(|e| ModelError::ChatTemplate(format!("{name}: {e}")))
+        })
         .transpose()?;
     let mut eos_token_ids = config.eos_token_ids.clone();
     if eos_token_ids.is_empty() {

@@ -1,5 +1,6 @@
 //! Integration tests of trinity-model against transformers-made fixtures (see `../fixtures/make_fixtures.py`).
 
+mod crafted;
 mod errors;
 mod families;
 mod gguf_files;

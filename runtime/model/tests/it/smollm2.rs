@@ -1,6 +1,7 @@
 //! SmolLM2-135M-Instruct (Q4_1 GGUF): token ids equal transformers' GGUF tokenizer and response logprobs are
 //! within 1e-3 of transformers' fp32 forward pass, on English, code, Chinese, emoji and ChatML tokens.
-//! Skipped (with a printed reason) when the model file is absent.
+//! Fails, saying how to install it, when the model file is absent: a test that passes without running proves
+//! nothing.
 
 use std::path::PathBuf;
 
@@ -10,19 +11,21 @@ use trinity_model::{ScoreRequest, load_model, score};
 
 use crate::helpers::*;
 
-fn smollm2_path() -> Option<PathBuf> {
+fn smollm2_path() -> PathBuf {
     let path = std::env::var_os("TRINITY_SMOLLM2_GGUF").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf")
     });
-    path.exists().then_some(path)
+    assert!(
+        path.exists(),
+        "SmolLM2 GGUF not found at {}: run `cargo xtask setup` (or set TRINITY_SMOLLM2_GGUF to the file)",
+        path.display()
+    );
+    path
 }
 
 #[test]
 fn smollm2_scores_match_transformers() {
-    let Some(path) = smollm2_path() else {
-        println!("skipped: SmolLM2 GGUF not found (set TRINITY_SMOLLM2_GGUF or run `cargo xtask setup`)");
-        return;
-    };
+    let path = smollm2_path();
     let model = load_model(&path, Kind::Float, Device::Cpu).unwrap();
     let fixture = read_json(&fixtures().join("smollm2.json"));
     let cases = fixture["cases"].as_array().unwrap();
