@@ -65,6 +65,8 @@ pub(crate) fn spec_for(path: &Path) -> PluginSpec {
         allow_dir: None,
         max_memory_mib: None,
         timeout_s: None,
+        max_model_calls: None,
+        max_model_tokens: None,
     }
 }
 
@@ -76,6 +78,7 @@ pub(crate) fn load(specs: &[PluginSpec]) -> Result<()> {
         // An installed plugin's name becomes its (re-verified) stored file.
         let path = &crate::install::resolve(&spec.path, &cwd)?;
         if path.extension().is_none_or(|extension| extension != "wasm") {
+            trinity_plugin::refuse_native_limits(path, &sandbox_keys(spec))?;
             trinity_algorithm::library::register_file(path)?;
             continue;
         }
@@ -99,8 +102,32 @@ fn limits(spec: &PluginSpec) -> Result<PluginLimits> {
         }
         limits.call_timeout = Duration::from_secs_f64(seconds);
     }
+    if let Some(calls) = spec.max_model_calls {
+        if calls == 0 {
+            bail!("plugin {}: max_model_calls must be positive", spec.path);
+        }
+        limits.max_model_calls = calls;
+    }
+    if let Some(tokens) = spec.max_model_tokens {
+        if tokens == 0 {
+            bail!("plugin {}: max_model_tokens must be positive", spec.path);
+        }
+        limits.max_model_tokens = tokens;
+    }
     limits.allow_dir = spec.allow_dir.as_ref().map(PathBuf::from);
     Ok(limits)
+}
+
+/// The sandbox keys a `plugins:` entry sets: a native library cannot honour any of them.
+fn sandbox_keys(spec: &PluginSpec) -> Vec<&'static str> {
+    let set = [
+        ("allow_dir", spec.allow_dir.is_some()),
+        ("max_memory_mib", spec.max_memory_mib.is_some()),
+        ("timeout_s", spec.timeout_s.is_some()),
+        ("max_model_calls", spec.max_model_calls.is_some()),
+        ("max_model_tokens", spec.max_model_tokens.is_some()),
+    ];
+    set.into_iter().filter(|(_, given)| *given).map(|(key, _)| key).collect()
 }
 
 /// One line of `trinity plugins list`.
@@ -176,8 +203,25 @@ mod tests {
         assert_eq!(set.memory_bytes, 64 << 20);
         assert_eq!(set.call_timeout, Duration::from_millis(1500));
         assert_eq!(set.allow_dir, Some(PathBuf::from("/srv/data")));
+        spec.max_model_calls = Some(12);
+        spec.max_model_tokens = Some(3000);
+        let set = limits(&spec).unwrap();
+        assert_eq!((set.max_model_calls, set.max_model_tokens), (12, 3000));
+        spec.max_model_calls = Some(0);
+        assert!(limits(&spec).unwrap_err().to_string().contains("max_model_calls"));
+        spec.max_model_calls = None;
         spec.timeout_s = Some(f64::NAN);
         assert!(limits(&spec).unwrap_err().to_string().contains("timeout_s"));
+    }
+
+    #[test]
+    fn sandbox_limits_on_a_native_library_are_refused_before_it_loads() {
+        let mut spec = spec_for(Path::new("/nonexistent/libalgo.so"));
+        spec.timeout_s = Some(5.0);
+        spec.max_memory_mib = Some(64);
+        let error = load(&[spec]).unwrap_err().to_string();
+        assert!(error.contains("/nonexistent/libalgo.so") && error.contains("max_memory_mib, timeout_s"), "{error}");
+        assert!(error.contains("cannot apply to a native library"), "{error}");
     }
 
     #[test]

@@ -536,6 +536,8 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("PluginSpec", "allow_dir", H, ""),
     ("PluginSpec", "max_memory_mib", H, ""),
     ("PluginSpec", "timeout_s", H, ""),
+    ("PluginSpec", "max_model_calls", H, ""),
+    ("PluginSpec", "max_model_tokens", H, ""),
 ];
 
 /// The rule of `key` in definition `def`.

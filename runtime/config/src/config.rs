@@ -188,7 +188,9 @@ pub enum PluginEntry {
     Detailed(PluginSpec),
 }
 
-/// A plugin file with options.
+/// A plugin file with options. The sandbox keys (`allow_dir`, `max_memory_mib`, `timeout_s`, `max_model_calls`,
+/// `max_model_tokens`) apply to WASM plugins; given for a native algorithm library, they are refused, since native
+/// code runs unsandboxed in trinity's process.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PluginSpec {
@@ -200,13 +202,23 @@ pub struct PluginSpec {
     /// A directory the plugin may read (read-only), mounted at `/data` inside the sandbox; none by default.
     #[serde(default)]
     pub allow_dir: Option<String>,
-    /// Most memory one plugin instance may use, in MiB; a larger allocation traps the plugin (default 512).
+    /// Most memory one plugin instance may use, all its linear memories and tables together, in MiB; a larger
+    /// allocation traps the plugin (default 512).
     #[serde(default)]
     pub max_memory_mib: Option<u64>,
     /// Longest one plugin call may run, in seconds (workflows: the plugin's own time, not the model's);
     /// default 60.
     #[serde(default)]
     pub timeout_s: Option<f64>,
+    /// Workflow plugins: most model requests (`chat` / `generate` calls) one task run may make; the request past
+    /// it fails the task (default 1024). Waiting for the model does not count toward `timeout_s`, so this is what
+    /// stops a workflow that keeps the engine busy without end.
+    #[serde(default)]
+    pub max_model_calls: Option<u32>,
+    /// Workflow plugins: most tokens the model may generate for one task run, over all its requests and samples
+    /// (default 4194304: 8 rollouts of 128 turns of 4096 tokens).
+    #[serde(default)]
+    pub max_model_tokens: Option<u64>,
 }
 
 impl PluginEntry {
@@ -219,6 +231,8 @@ impl PluginEntry {
                 allow_dir: None,
                 max_memory_mib: None,
                 timeout_s: None,
+                max_model_calls: None,
+                max_model_tokens: None,
             },
             PluginEntry::Detailed(spec) => spec.clone(),
         }

@@ -37,7 +37,7 @@ pub use error::ExplorerError;
 pub use math_workflow::mix as seed_mix;
 pub use operator::{
     ExperienceOperator, OperatorEntry, OperatorOutput, PipelineOutput, apply_operators, apply_pipeline,
-    builtin_operators, lookup_operator, operator_names, register_operator,
+    apply_pipeline_blocking, builtin_operators, lookup_operator, operator_names, register_operator,
 };
 pub use rollout_model::RolloutModel;
 pub use runner::{RunReport, RunnerOptions, TaskFailure, run_tasks};

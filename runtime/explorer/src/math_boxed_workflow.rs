@@ -90,7 +90,7 @@ impl Workflow for MathBoxed {
             reward_args.insert("format_score_coef".to_owned(), args.format_score_coef.into());
             let reward = task.reward_fn.as_deref().unwrap_or("math_boxed_reward");
             let truth = task.truth();
-            score(task, &mut experiences, reward, &reward_args, truth.as_deref(), Some(&question))?;
+            score(task, &mut experiences, reward, &reward_args, truth.as_deref(), Some(&question)).await?;
             for experience in &mut experiences {
                 if experience.truncate_status == Some(TruncateStatus::ResponseTruncated) {
                     experience.action_mask.iter_mut().for_each(|m| *m = false);

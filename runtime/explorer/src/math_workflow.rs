@@ -58,14 +58,16 @@ pub(crate) async fn rollout(
     if experiences.iter().all(|e| e.truncate_status == Some(TruncateStatus::PromptTruncated)) {
         return Ok(experiences);
     }
-    score(task, &mut experiences, reward, &task.reward_fn_args, truth, prompt_text)?;
+    score(task, &mut experiences, reward, &task.reward_fn_args, truth, prompt_text).await?;
     Ok(experiences)
 }
 
 /// Scores a group with the reward called `reward` and `args`: the components become the experiences' metrics,
 /// their sum the reward. The whole group is scored in one call: a reward plugin pays its call overhead once
-/// per task.
-pub(crate) fn score(
+/// per task. The reward runs on a blocking thread (a reward plugin's call goes on to the plugin's own worker from
+/// there) while this workflow awaits it, so a reward that loops until its deadline stalls only its own task;
+/// every other workflow keeps generating and scoring meanwhile.
+pub(crate) async fn score(
     task: &Task,
     experiences: &mut [Experience],
     reward: &str,
@@ -73,24 +75,51 @@ pub(crate) fn score(
     truth: Option<&str>,
     prompt_text: Option<&str>,
 ) -> Result<(), ExplorerError> {
-    let inputs: Vec<RewardInput<'_>> = experiences
+    let responses = responses(experiences);
+    let (name, row, args) = (reward.to_owned(), task.raw.clone(), args.clone());
+    let (truth, prompt_text) = (truth.map(str::to_owned), prompt_text.map(str::to_owned));
+    let scored = tokio::task::spawn_blocking(move || {
+        score_responses(&name, &row, &responses, &args, truth.as_deref(), prompt_text.as_deref())
+    })
+    .await
+    .map_err(|error| ExplorerError::Task {
+        task: describe(task),
+        message: format!("reward `{reward}` panicked or was cancelled: {error}"),
+    })?;
+    let scores =
+        scored.map_err(|source| ExplorerError::Reward { task: describe(task), reward: reward.to_owned(), source })?;
+    apply_scores(experiences, scores);
+    Ok(())
+}
+
+/// Each experience's response text and length, as a reward sees them.
+fn responses(experiences: &[Experience]) -> Vec<(String, usize)> {
+    experiences
         .iter()
-        .map(|experience| RewardInput {
-            response: experience.response_text.as_deref().unwrap_or(""),
-            truth,
-            prompt: prompt_text,
-            args,
-            response_tokens: Some(experience.response_length()),
-        })
+        .map(|experience| (experience.response_text.clone().unwrap_or_default(), experience.response_length()))
+        .collect()
+}
+
+fn score_responses(
+    reward: &str,
+    row: &serde_json::Map<String, serde_json::Value>,
+    responses: &[(String, usize)],
+    args: &serde_json::Map<String, serde_json::Value>,
+    truth: Option<&str>,
+    prompt: Option<&str>,
+) -> Result<Vec<trinity_reward::RewardComponents>, trinity_reward::RewardError> {
+    let inputs: Vec<RewardInput<'_>> = responses
+        .iter()
+        .map(|(response, tokens)| RewardInput { response, truth, prompt, args, response_tokens: Some(*tokens) })
         .collect();
-    let scores = trinity_reward::score_group(reward, Some(&task.raw), &inputs)
-        .map_err(|source| ExplorerError::Reward { task: describe(task), reward: reward.to_owned(), source })?;
-    drop(inputs);
+    trinity_reward::score_group(reward, Some(row), &inputs)
+}
+
+fn apply_scores(experiences: &mut [Experience], scores: Vec<trinity_reward::RewardComponents>) {
     for (experience, components) in experiences.iter_mut().zip(scores) {
         experience.reward = trinity_reward::total(&components);
         experience.metrics = components;
     }
-    Ok(())
 }
 
 /// Samples `params.n` answers to one chat prompt (one request, one prefill) and builds their experiences:

@@ -147,6 +147,27 @@ pub fn apply_pipeline<'a>(
     out
 }
 
+/// [`apply_pipeline`] on a blocking thread, for async callers: an operator plugin's call blocks until it returns
+/// or reaches its deadline, and on the async runtime that would stall every workflow, weight sync and request in
+/// flight for as long.
+pub async fn apply_pipeline_blocking(
+    operators: Vec<(String, Map<String, Value>)>,
+    experiences: Vec<Experience>,
+) -> PipelineOutput {
+    let job = tokio::task::spawn_blocking(move || {
+        apply_pipeline(operators.iter().map(|(name, args)| (name.as_str(), args)), experiences)
+    });
+    match job.await {
+        Ok(output) => output,
+        // An operator's panic goes on as it would have on this thread.
+        Err(error) => match error.try_into_panic() {
+            Ok(payload) => std::panic::resume_unwind(payload),
+            // A blocking task is cancelled only by a runtime shutting down, which never polls this future again.
+            Err(error) => unreachable!("the operator pipeline was cancelled: {error}"),
+        },
+    }
+}
+
 /// [`apply_pipeline`] without the selector feedback: the experiences and the metrics.
 pub fn apply_operators<'a>(
     operators: impl IntoIterator<Item = (&'a str, &'a Map<String, Value>)>,

@@ -17,7 +17,9 @@ pub(crate) mod workflow {
     wasmtime::component::bindgen!({
         world: "workflow-plugin",
         path: "../../plugin-sdk/wit",
-        imports: { "trinity:plugin/model": async },
+        // Trappable: a call past the workflow's model budget traps the plugin instead of returning an error it
+        // could ignore and ask again.
+        imports: { "trinity:plugin/model": async | trappable },
         exports: { default: async },
         with: {
             "trinity:plugin/types": super::reward::trinity::plugin::types,

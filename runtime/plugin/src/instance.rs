@@ -8,6 +8,7 @@ use crate::bindings::types;
 use crate::component::PluginKind;
 use crate::engine::{PluginLimits, StoreState, engine};
 use crate::error::PluginError;
+use crate::limits::OverBudget;
 
 /// Who a loaded plugin is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +74,7 @@ pub(crate) fn limited_store<X: Send>(
         message,
     })?;
     let mut store = Store::new(engine()?, state);
-    store.limiter(|state| &mut state.limits);
+    store.limiter(|state| &mut state.limiter);
     Ok(store)
 }
 
@@ -96,23 +97,35 @@ pub(crate) fn new_store<X: Send>(
 pub(crate) struct DeadlineExceeded;
 
 /// Names what went wrong in a call that failed on the host side of the boundary (a trap, the deadline, the
-/// memory limit). The Store of such a call is poisoned and must be dropped.
+/// memory budget, the model budget). The Store of such a call is poisoned and must be dropped. Limits are
+/// recognised by the error types our own limiter and callbacks raise, never by wasmtime's wording.
 pub(crate) fn call_error(plugin: &str, limits: &PluginLimits, error: &wasmtime::Error) -> PluginError {
     let trap = error.downcast_ref::<wasmtime::Trap>();
     if trap == Some(&wasmtime::Trap::Interrupt) || error.is::<DeadlineExceeded>() {
         return PluginError::Deadline { plugin: plugin.to_owned(), seconds: limits.call_timeout.as_secs_f64() };
     }
-    let text = format!("{error:#}");
-    if text.contains("forcing trap when growing memory") {
-        let message = text.lines().next().unwrap_or_default().to_owned();
-        return PluginError::Memory { plugin: plugin.to_owned(), limit_mib: limits.memory_mib(), message };
+    if let Some(over) = error.downcast_ref::<OverBudget>() {
+        return PluginError::Memory {
+            plugin: plugin.to_owned(),
+            limit_mib: limits.memory_mib(),
+            message: over.to_string(),
+        };
+    }
+    if let Some(budget) = error.downcast_ref::<ModelBudgetExceeded>() {
+        return PluginError::ModelBudget { plugin: plugin.to_owned(), message: budget.to_string() };
     }
     let message = match trap {
         Some(trap) => trap.to_string(),
-        None => text.lines().next().unwrap_or_default().to_owned(),
+        None => format!("{error:#}").lines().next().unwrap_or_default().to_owned(),
     };
     PluginError::Trap { plugin: plugin.to_owned(), message }
 }
+
+/// A workflow went past its model budget ([`PluginLimits::max_model_calls`], [`PluginLimits::max_model_tokens`]):
+/// the host call traps with this, so a plugin cannot ignore the refusal and keep asking.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct ModelBudgetExceeded(pub(crate) String);
 
 /// A metric list from the guest as a map, refusing non-finite values and repeated names.
 pub(crate) fn metrics_map(

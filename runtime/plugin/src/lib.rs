@@ -5,13 +5,17 @@
 //! pre-links it once, and registers its name with the workflow, reward or operator registry, where configs find
 //! it exactly like a built-in.
 //!
-//! Isolation, the reason for WASM: every instance lives in its own Store with a memory cap and a deadline
-//! (epoch interruption) from [`PluginLimits`]; no filesystem, network or environment unless the config grants a
-//! read-only directory. A trap poisons its Store, so the host drops the Store and instantiates afresh; the
-//! failure costs the task or batch that was running, named in the error ([`PluginError`]), and the run goes on.
+//! Isolation, the reason for WASM: every instance lives in its own Store with one memory budget for all its
+//! memories and tables, capped instance/memory/table counts and a deadline (epoch interruption) from
+//! [`PluginLimits`]; no filesystem, network or environment unless the config grants a read-only directory; its
+//! stdout and stderr captured, capped and logged under its name. A trap poisons its Store, so the host drops the
+//! Store and instantiates afresh; the failure costs the task or batch that was running, named in the error
+//! ([`PluginError`]), and the run goes on. Workflows also have a model budget (calls and generated tokens per
+//! task) and may return at most one experience per model turn (or per rollout). Native libraries cannot be
+//! sandboxed; [`refuse_native_limits`] says so when a config gives them limits.
 //!
 //! * [`component`]: reading a file, the WIT version check, finding the kind.
-//! * [`RewardPlugin`] / [`OperatorPlugin`]: synchronous calls on a worker thread that owns the Store.
+//! * [`RewardPlugin`] / [`OperatorPlugin`]: synchronous calls on a pool of worker threads, each owning a Store.
 //! * [`WorkflowPlugin`]: a fresh Store per task; the `model` interface is async, so the generation engine
 //!   batches the requests of every workflow in flight.
 
@@ -22,7 +26,9 @@ mod conversation;
 mod engine;
 mod error;
 mod instance;
+mod limits;
 mod operator;
+mod output;
 mod registry;
 mod reward;
 mod synchronous;
@@ -34,6 +40,6 @@ pub use engine::PluginLimits;
 pub use error::PluginError;
 pub use instance::PluginInfo;
 pub use operator::OperatorPlugin;
-pub use registry::{Plugin, load, load_and_register, register, registered};
+pub use registry::{Plugin, load, load_and_register, refuse_native_limits, register, registered};
 pub use reward::{RewardPlugin, RewardTask};
 pub use workflow::WorkflowPlugin;

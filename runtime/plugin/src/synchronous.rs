@@ -1,10 +1,12 @@
-//! What reward and operator plugins share: a world whose exports are called synchronously, one call at a time,
-//! on the plugin's own worker thread, with a Store that is rebuilt after a trap.
+//! What reward and operator plugins share: a world whose exports are called synchronously on the plugin's own
+//! worker threads (a [`Pool`], one Store per worker), with a Store that is rebuilt after a trap.
 //!
-//! Loading links WASI and the world, pre-instantiates once, instantiates a first Store on the worker to read the
-//! plugin's `info`, and keeps it. A call instantiates again if the previous call trapped, arms the deadline,
-//! runs the export, and maps its outcome: the guest's own error message, or a trap (deadline, memory, panic),
-//! after which the Store is dropped because its state can no longer be trusted.
+//! Loading links WASI and the world, pre-instantiates once, instantiates a first Store on a worker to read the
+//! plugin's `info`, and keeps it. A call takes an idle worker, instantiates again if that worker's previous call
+//! trapped, arms the deadline, runs the export, writes what the plugin printed to the log, and maps the outcome:
+//! the guest's own error message, or a trap (deadline, memory, panic), after which the Store is dropped because
+//! its state can no longer be trusted. Calls from several tasks run on several workers at once, so one call
+//! stuck until its deadline delays only its own task.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +19,13 @@ use crate::component::PluginKind;
 use crate::engine::{PluginLimits, StoreState, engine};
 use crate::error::PluginError;
 use crate::instance::{PluginInfo, call_error, new_store};
-use crate::worker::Worker;
+use crate::worker::Pool;
+
+/// Workers (each with its own Store, up to the plugin's memory budget) one plugin may run at once: the CPU's
+/// parallelism, at least 2 so that one stuck call never holds every task, at most 8.
+fn pool_size() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8)
+}
 
 /// The store type synchronous plugins run in (no host state beyond WASI and limits).
 pub(crate) type PluginStore = Store<StoreState<()>>;
@@ -58,7 +66,7 @@ impl<W: SyncWorld> Setup<W> {
 /// A loaded plugin of world `W` with its worker thread.
 pub(crate) struct SyncPlugin<W: SyncWorld> {
     info: PluginInfo,
-    worker: Worker<Loaded<W>>,
+    workers: Pool<Loaded<W>>,
     setup: Arc<Setup<W>>,
 }
 
@@ -71,21 +79,23 @@ impl<W: SyncWorld> SyncPlugin<W> {
         let pre = W::pre(linker.instantiate_pre(component).map_err(link)?).map_err(link)?;
         let label = path.display().to_string();
         let first = Setup::<W> { name: label.clone(), path: path.to_owned(), limits: limits.clone(), pre: pre.clone() };
-        let worker = Worker::spawn(&label).map_err(|e| PluginError::Engine { message: e.to_string() })?;
+        let workers = Pool::new(&label, pool_size());
         let owned_path = path.to_owned();
-        let info = worker
+        let info = workers
             .call(move |slot: &mut Option<Loaded<W>>| {
                 let mut loaded = first.instantiate()?;
-                let info =
-                    loaded.bindings.info(&mut loaded.store).map_err(|e| call_error(&first.name, &first.limits, &e))?;
+                let info = loaded.bindings.info(&mut loaded.store);
+                loaded.store.data().drain_output();
+                let info = info.map_err(|e| call_error(&first.name, &first.limits, &e))?;
                 let info = PluginInfo::from_guest(&owned_path, W::KIND, info)?;
                 loaded.store.data_mut().plugin = info.name.clone();
                 *slot = Some(loaded);
                 Ok::<_, PluginError>(info)
             })
+            .map_err(|e| PluginError::Engine { message: format!("cannot start a plugin worker thread: {e}") })?
             .ok_or_else(|| PluginError::Engine { message: "the plugin's worker thread ended".into() })??;
         let setup = Arc::new(Setup { name: info.name.clone(), path: path.to_owned(), limits, pre });
-        Ok(SyncPlugin { info, worker, setup })
+        Ok(SyncPlugin { info, workers, setup })
     }
 
     /// Who the plugin is.
@@ -105,14 +115,16 @@ impl<W: SyncWorld> SyncPlugin<W> {
         export: impl FnOnce(&W, &mut PluginStore) -> wasmtime::Result<Result<T, String>> + Send + 'static,
     ) -> Result<T, PluginError> {
         let setup = Arc::clone(&self.setup);
-        self.worker
+        self.workers
             .call(move |slot: &mut Option<Loaded<W>>| {
                 let loaded = match slot {
                     Some(loaded) => loaded,
                     None => slot.insert(setup.instantiate()?),
                 };
                 loaded.store.set_epoch_deadline(setup.limits.deadline_ticks());
-                match export(&loaded.bindings, &mut loaded.store) {
+                let outcome = export(&loaded.bindings, &mut loaded.store);
+                loaded.store.data().drain_output();
+                match outcome {
                     Ok(Ok(value)) => Ok(value),
                     Ok(Err(message)) => Err(PluginError::Guest { plugin: setup.name.clone(), message }),
                     Err(error) => {
@@ -122,6 +134,7 @@ impl<W: SyncWorld> SyncPlugin<W> {
                     }
                 }
             })
+            .map_err(|e| PluginError::Engine { message: format!("cannot start a plugin worker thread: {e}") })?
             .ok_or_else(|| PluginError::Engine { message: "the plugin's worker thread ended".into() })?
     }
 }

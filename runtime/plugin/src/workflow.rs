@@ -4,6 +4,11 @@
 //! so a trap, the deadline or the memory limit costs exactly that task. The deadline counts the plugin's own
 //! time only: the epoch callback subtracts the time spent awaiting the model, and yields to the async runtime
 //! at every tick so that a plugin computing for a while never starves the other workflows in flight.
+//!
+//! Since waiting for the model does not count toward the deadline, the model itself is budgeted: at most
+//! [`PluginLimits::max_model_calls`] requests and [`PluginLimits::max_model_tokens`] generated tokens per task
+//! run; the request past either traps the plugin ([`ModelBudgetExceeded`]). What the plugin returns is bounded
+//! too: at most one experience per recorded turn (or per rollout, `repeat_times`), counted before any is built.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,7 +30,10 @@ use crate::component::PluginKind;
 use crate::conversation::{Prefix, Turn, continued};
 use crate::engine::{PluginLimits, StoreState, engine};
 use crate::error::PluginError;
-use crate::instance::{DeadlineExceeded, PluginInfo, call_error, limited_store, metrics_map};
+use crate::instance::{DeadlineExceeded, ModelBudgetExceeded, PluginInfo, call_error, limited_store, metrics_map};
+
+/// Host calls of the `model` interface: a trap (the budget) or the interface's own `result<_, string>`.
+type ModelResult<T> = wasmtime::Result<Result<T, String>>;
 
 /// A loaded workflow plugin.
 pub struct WorkflowPlugin {
@@ -46,6 +54,11 @@ pub(crate) struct Session {
     defaults: SamplingParams,
     seed: u64,
     calls: u64,
+    /// Tokens the model generated for this task run so far.
+    generated: u64,
+    /// The run's model budget.
+    max_calls: u64,
+    max_tokens: u64,
     turns: Vec<Turn>,
     /// When the current export call started, and how much of it was spent in host calls.
     started: Instant,
@@ -54,17 +67,45 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    fn new(model: Option<Arc<RolloutModel>>, defaults: SamplingParams, seed: u64, deadline: Duration) -> Self {
+    fn new(model: Option<Arc<RolloutModel>>, defaults: SamplingParams, seed: u64, limits: &PluginLimits) -> Self {
         Session {
             model,
             defaults,
             seed,
             calls: 0,
+            generated: 0,
+            max_calls: u64::from(limits.max_model_calls),
+            max_tokens: limits.max_model_tokens,
             turns: Vec::new(),
             started: Instant::now(),
             host_time: Duration::ZERO,
-            deadline,
+            deadline: limits.call_timeout,
         }
+    }
+
+    /// Admits one more request of `n` samples, or says which budget it would break (the call then traps).
+    fn admit(&self, n: u32) -> Result<(), ModelBudgetExceeded> {
+        if self.calls >= self.max_calls {
+            return Err(ModelBudgetExceeded(format!(
+                "request {} is past the limit of {} model calls per task (max_model_calls)",
+                self.calls + 1,
+                self.max_calls
+            )));
+        }
+        let left = self.max_tokens.saturating_sub(self.generated);
+        if u64::from(n.max(1)) > left {
+            return Err(ModelBudgetExceeded(format!(
+                "{} tokens generated of the {} allowed per task (max_model_tokens); a request of n = {n} cannot fit",
+                self.generated, self.max_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    /// Counts what a request generated.
+    fn spend(&mut self, generation: &trinity_engine::Generation) {
+        let tokens: usize = generation.completions.iter().map(|c| c.tokens.len()).sum();
+        self.generated = self.generated.saturating_add(tokens as u64);
     }
 
     fn model(&self) -> Result<&Arc<RolloutModel>, String> {
@@ -73,8 +114,7 @@ impl Session {
 
     /// Engine parameters for one request; without a seed from the plugin each call gets its own, derived from
     /// the task's seed and the call's position, so rollouts of one task differ but a run is reproducible.
-    fn params(&mut self, params: &model::SamplingParams) -> SamplingParams {
-        self.calls += 1;
+    fn params(&self, params: &model::SamplingParams) -> SamplingParams {
         SamplingParams {
             n: params.n.max(1) as usize,
             temperature: params.temperature,
@@ -93,6 +133,18 @@ impl Session {
         &mut self,
         messages: Vec<wit::Message>,
         params: model::SamplingParams,
+    ) -> ModelResult<Vec<model::Completion>> {
+        self.admit(params.n).map_err(wasmtime::Error::new)?;
+        // Counted whether or not the request succeeds: failing requests also cost host time, which the
+        // deadline does not see.
+        self.calls += 1;
+        Ok(self.chat_within_budget(messages, params).await)
+    }
+
+    async fn chat_within_budget(
+        &mut self,
+        messages: Vec<wit::Message>,
+        params: model::SamplingParams,
     ) -> Result<Vec<model::Completion>, String> {
         let model = Arc::clone(self.model()?);
         let messages: Vec<ChatMessage> = messages.into_iter().map(|m| ChatMessage::new(m.role, m.content)).collect();
@@ -107,6 +159,7 @@ impl Session {
         let params = self.params(&params);
         let version = model.model_version();
         let generation = model.generate(prefix.tokens.clone(), params).await.map_err(|e| e.to_string())?;
+        self.spend(&generation);
         let mut out = Vec::with_capacity(generation.completions.len());
         for completion in &generation.completions {
             let mut history = messages.clone();
@@ -122,12 +175,23 @@ impl Session {
         &mut self,
         prompt: Vec<u32>,
         params: model::SamplingParams,
+    ) -> ModelResult<Vec<model::Completion>> {
+        self.admit(params.n).map_err(wasmtime::Error::new)?;
+        self.calls += 1;
+        Ok(self.generate_within_budget(prompt, params).await)
+    }
+
+    async fn generate_within_budget(
+        &mut self,
+        prompt: Vec<u32>,
+        params: model::SamplingParams,
     ) -> Result<Vec<model::Completion>, String> {
         let model = Arc::clone(self.model()?);
         let prefix = Prefix::fresh(prompt);
         let params = self.params(&params);
         let version = model.model_version();
         let generation = model.generate(prefix.tokens.clone(), params).await.map_err(|e| e.to_string())?;
+        self.spend(&generation);
         Ok(generation
             .completions
             .iter()
@@ -165,9 +229,9 @@ macro_rules! timed {
 }
 
 impl model::Host for StoreState<Session> {
-    async fn default_params(&mut self) -> model::SamplingParams {
+    async fn default_params(&mut self) -> wasmtime::Result<model::SamplingParams> {
         let d = &self.extra.defaults;
-        model::SamplingParams {
+        Ok(model::SamplingParams {
             n: 1,
             temperature: d.temperature,
             top_p: d.top_p,
@@ -177,14 +241,14 @@ impl model::Host for StoreState<Session> {
             min_tokens: d.min_tokens as u32,
             stop: d.stop.clone(),
             seed: None,
-        }
+        })
     }
 
     async fn chat(
         &mut self,
         messages: Vec<wit::Message>,
         params: model::SamplingParams,
-    ) -> Result<Vec<model::Completion>, String> {
+    ) -> ModelResult<Vec<model::Completion>> {
         timed!(self, self.extra.chat(messages, params).await)
     }
 
@@ -192,26 +256,28 @@ impl model::Host for StoreState<Session> {
         &mut self,
         prompt: Vec<u32>,
         params: model::SamplingParams,
-    ) -> Result<Vec<model::Completion>, String> {
+    ) -> ModelResult<Vec<model::Completion>> {
         timed!(self, self.extra.generate(prompt, params).await)
     }
 
-    async fn tokenize(&mut self, text: String) -> Result<Vec<u32>, String> {
-        let model = self.extra.model()?;
-        model.tokenizer().encode(&text, false).map_err(|e| e.to_string())
+    async fn tokenize(&mut self, text: String) -> ModelResult<Vec<u32>> {
+        Ok(self.extra.model().and_then(|model| model.tokenizer().encode(&text, false).map_err(|e| e.to_string())))
     }
 
-    async fn detokenize(&mut self, tokens: Vec<u32>) -> Result<String, String> {
-        self.extra.model()?.decode(&tokens).map_err(|e| e.to_string())
+    async fn detokenize(&mut self, tokens: Vec<u32>) -> ModelResult<String> {
+        Ok(self.extra.model().and_then(|model| model.decode(&tokens).map_err(|e| e.to_string())))
     }
 
     async fn apply_chat_template(
         &mut self,
         messages: Vec<wit::Message>,
         add_generation_prompt: bool,
-    ) -> Result<String, String> {
+    ) -> ModelResult<String> {
         let messages: Vec<ChatMessage> = messages.into_iter().map(|m| ChatMessage::new(m.role, m.content)).collect();
-        self.extra.model()?.render_chat(&messages, add_generation_prompt).map_err(|e| e.to_string())
+        Ok(self
+            .extra
+            .model()
+            .and_then(|model| model.render_chat(&messages, add_generation_prompt).map_err(|e| e.to_string())))
     }
 }
 
@@ -233,11 +299,13 @@ impl WorkflowPlugin {
                         .build()
                         .map_err(|e| PluginError::Engine { message: e.to_string() })?;
                     runtime.block_on(async {
-                        let session = Session::new(None, SamplingParams::default(), 0, limits.call_timeout);
+                        let session = Session::new(None, SamplingParams::default(), 0, &limits);
                         let mut store = workflow_store(&label, &limits, session, path)?;
                         let bindings =
                             pre.instantiate_async(&mut store).await.map_err(|e| call_error(&label, &limits, &e))?;
-                        let info = bindings.call_info(&mut store).await.map_err(|e| call_error(&label, &limits, &e))?;
+                        let info = bindings.call_info(&mut store).await;
+                        store.data().drain_output();
+                        let info = info.map_err(|e| call_error(&label, &limits, &e))?;
                         PluginInfo::from_guest(path, PluginKind::Workflow, info)
                     })
                 })
@@ -262,19 +330,28 @@ impl WorkflowPlugin {
             task.index as u64,
             u64::from(ctx.attempt),
         ]);
-        let session = Session::new(Some(Arc::clone(&ctx.model)), defaults, seed, self.limits.call_timeout);
+        let session = Session::new(Some(Arc::clone(&ctx.model)), defaults, seed, &self.limits);
         let mut store = workflow_store(name, &self.limits, session, &self.info.path)?;
         let bindings = self.pre.instantiate_async(&mut store).await.map_err(|e| call_error(name, &self.limits, &e))?;
         store.data_mut().extra.started = Instant::now();
         store.data_mut().extra.host_time = Duration::ZERO;
         let context = export::RunContext { repeat_times: ctx.repeat_times, attempt: ctx.attempt };
-        let result = bindings
-            .trinity_plugin_workflow()
-            .call_run(&mut store, &wit_task(task), context)
-            .await
-            .map_err(|e| call_error(name, &self.limits, &e))?;
+        let result = bindings.trinity_plugin_workflow().call_run(&mut store, &wit_task(task), context).await;
+        store.data().drain_output();
+        let result = result.map_err(|e| call_error(name, &self.limits, &e))?;
         let experiences = result.map_err(|message| PluginError::Guest { plugin: name.clone(), message })?;
         let session = &store.data().extra;
+        // Counted before anything is built: each experience copies its turn's tokens.
+        let limit = session.turns.len().max(ctx.repeat_times as usize);
+        if experiences.len() > limit {
+            return Err(PluginError::TooManyExperiences {
+                plugin: name.clone(),
+                returned: experiences.len(),
+                turns: session.turns.len(),
+                repeat_times: ctx.repeat_times,
+                limit,
+            });
+        }
         experiences
             .into_iter()
             .enumerate()

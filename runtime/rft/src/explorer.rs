@@ -145,7 +145,7 @@ impl Explorer {
             return Err(RftError::AllTasksFailed { step, first });
         }
         let mut metrics = rollout_metrics("rollout", &report);
-        let output = self.pipeline.process(report.groups.into_iter().flatten().collect())?;
+        let output = self.pipeline.process(report.groups.into_iter().flatten().collect()).await?;
         metrics.extend(output.metrics);
         // Pass rates an operator measured (`pass_rate_calculator`) feed the task selectors before the next step
         // draws its tasks (the `difficulty_based` selector's beliefs).

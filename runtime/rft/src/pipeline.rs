@@ -42,15 +42,36 @@ impl ExperiencePipeline {
 
     /// Runs the operators, then the group advantage. An operator that fails is skipped for this batch and counted,
     /// never fatal, as in Trinity-RFT.
-    pub(crate) fn process(&self, mut experiences: Vec<Experience>) -> Result<PipelineOutput, RftError> {
-        let mut out = PipelineOutput::default();
-        if !self.operators.is_empty() {
-            let named = self.operators.iter().map(|(name, args)| (name.as_str(), args));
-            let output = trinity_explorer::apply_pipeline(named, experiences);
-            experiences = output.experiences;
-            out.metrics.extend(output.metrics);
-            out.selector_feedback = output.selector_feedback;
+    pub(crate) async fn process(&self, experiences: Vec<Experience>) -> Result<PipelineOutput, RftError> {
+        let operated = Self::run_operators(self.operators(), experiences).await;
+        self.advantages(operated)
+    }
+
+    /// The configured operators (name, args), for [`Self::run_operators`].
+    pub(crate) fn operators(&self) -> Vec<(String, serde_json::Map<String, serde_json::Value>)> {
+        self.operators.clone()
+    }
+
+    /// Runs `operators` off the async runtime (an operator plugin may block until its deadline).
+    pub(crate) async fn run_operators(
+        operators: Vec<(String, serde_json::Map<String, serde_json::Value>)>,
+        experiences: Vec<Experience>,
+    ) -> PipelineOutput {
+        if operators.is_empty() {
+            return PipelineOutput { experiences, ..PipelineOutput::default() };
         }
+        let output = trinity_explorer::apply_pipeline_blocking(operators, experiences).await;
+        PipelineOutput {
+            experiences: output.experiences,
+            metrics: output.metrics,
+            selector_feedback: output.selector_feedback,
+        }
+    }
+
+    /// The group advantage over what the operators kept.
+    pub(crate) fn advantages(&self, operated: PipelineOutput) -> Result<PipelineOutput, RftError> {
+        let PipelineOutput { mut experiences, metrics, selector_feedback } = operated;
+        let mut out = PipelineOutput { metrics, selector_feedback, ..PipelineOutput::default() };
         if let Some(advantage) = &self.advantage {
             let (with_advantages, metrics) = apply_group_advantage(advantage.as_ref(), experiences)?;
             experiences = with_advantages;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 use trinity_plugin::{Plugin, PluginError, PluginLimits, RewardPlugin, RewardTask};
 
-use crate::support::wasm;
+use crate::support::{capture_log, log_text, wasm};
 
 fn hostile(limits: PluginLimits) -> std::sync::Arc<RewardPlugin> {
     match trinity_plugin::load(&wasm("hostile_reward"), limits).unwrap() {
@@ -30,7 +30,7 @@ fn still_works(plugin: &RewardPlugin) {
 }
 
 fn short_limits() -> PluginLimits {
-    PluginLimits { call_timeout: Duration::from_millis(500), memory_bytes: 64 << 20, allow_dir: None }
+    PluginLimits { call_timeout: Duration::from_millis(500), memory_bytes: 64 << 20, ..PluginLimits::default() }
 }
 
 #[test]
@@ -102,5 +102,18 @@ fn bad_outputs_are_refused() {
         assert!(error.to_string().contains(expected), "{behavior}: {error}");
         assert!(error.to_string().contains("hostile_reward"), "{behavior}: {error}");
     }
+    still_works(&plugin);
+}
+
+#[test]
+fn a_flood_of_stderr_is_capped_and_logged_under_the_plugin_name() {
+    capture_log();
+    let plugin = hostile(PluginLimits { call_timeout: Duration::from_secs(20), ..short_limits() });
+    assert_eq!(score(&plugin, json!({"behavior": "stderr"})).unwrap(), 1.0, "printing is no failure");
+    let log = log_text();
+    let lines: Vec<&str> = log.lines().filter(|line| line.contains("plugin hostile_reward stderr")).collect();
+    assert!(lines.iter().any(|line| line.contains("more bytes of stderr dropped")), "no marker in the log");
+    let logged: usize = lines.iter().map(|line| line.len()).sum();
+    assert!(logged < 1 << 20, "{logged} bytes of plugin output reached the log");
     still_works(&plugin);
 }

@@ -143,7 +143,7 @@ struct BufferSink {
 impl BufferSink {
     /// Renumbers the commit as explore step `step` (the server counts commits per process; the buffer needs
     /// steps unique over restarts) and runs the pipeline on it.
-    fn process(
+    async fn process(
         &self,
         step: u64,
         mut experiences: Vec<Experience>,
@@ -152,9 +152,12 @@ impl BufferSink {
             experience.eid = Eid { batch: step, ..experience.eid };
             experience.group_id = experience.eid.tid();
         }
-        let pipeline = self.pipeline.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let output = pipeline.process(experiences)?;
-        drop(pipeline);
+        let lock = || self.pipeline.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The operators run off the runtime (and outside the lock), so a slow operator plugin never stalls the
+        // server's other requests.
+        let operators = lock().operators();
+        let operated = ExperiencePipeline::run_operators(operators, experiences).await;
+        let output = lock().advantages(operated)?;
         self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).write_batch(&output.experiences)?;
         let report = CommitReport { accepted: output.experiences.len(), step: Some(step), metrics: output.metrics };
         Ok((output.experiences, report))
@@ -166,7 +169,7 @@ impl ExperienceSink for BufferSink {
         Box::pin(async move {
             // Commits come one at a time (the server serialises them), so the step is taken only on success.
             let step = self.next_step.load(Ordering::SeqCst);
-            let (experiences, report) = self.process(step, experiences)?;
+            let (experiences, report) = self.process(step, experiences).await?;
             let state = serde_json::json!({"serve": true, "metrics": report.metrics}).to_string();
             self.buffer.put_step(&self.producer, step, experiences, &state).await?;
             self.next_step.store(step + 1, Ordering::SeqCst);
