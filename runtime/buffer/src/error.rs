@@ -115,6 +115,13 @@ pub enum BufferError {
         "experience buffer `{name}`: timed out after {waited_s:.1} s waiting for {wanted} experiences ({available} available, left in the buffer)"
     )]
     Timeout { name: String, wanted: usize, available: usize, waited_s: f64 },
+    #[error(
+        "experience buffer `{name}`: waited {waited_s:.1} s (synchronizer.sync_timeout) for room to store \
+         {incoming} experiences of explore step {step}: {waiting} wait to be claimed, capacity {capacity}; nothing \
+         consumed them in that time (is the trainer running? is capacity at least the experiences of every explore \
+         step the explorer may run ahead of the trainer?)"
+    )]
+    NoRoom { name: String, step: u64, incoming: usize, waiting: usize, capacity: usize, waited_s: f64 },
 }
 
 /// Shorthand used throughout the crate.

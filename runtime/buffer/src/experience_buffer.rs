@@ -47,7 +47,13 @@ pub struct ExperienceBuffer {
     capacity: usize,
     consumer: Arc<str>,
     lease: Duration,
+    /// Longest a put waits for room (back-pressure) before it fails naming what it waited for.
+    room_timeout: Duration,
 }
+
+/// How long a put waits for room unless [`ExperienceBuffer::with_room_timeout`] says otherwise: Trinity-RFT's
+/// default `synchronizer.sync_timeout`.
+pub const DEFAULT_ROOM_TIMEOUT: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone)]
 enum Backend {
@@ -95,6 +101,7 @@ impl ExperienceBuffer {
             capacity,
             consumer: Arc::from(DEFAULT_CONSUMER),
             lease: DEFAULT_LEASE,
+            room_timeout: DEFAULT_ROOM_TIMEOUT,
         })
     }
 
@@ -108,6 +115,13 @@ impl ExperienceBuffer {
     /// How long another consumer's silence must last before its open claims may be taken (default 30 min).
     pub fn with_lease(mut self, lease: Duration) -> ExperienceBuffer {
         self.lease = lease;
+        self
+    }
+
+    /// How long storing a step may wait for room before it fails (a run passes `synchronizer.sync_timeout`): a
+    /// full buffer nobody drains must end in an error that says so, never in a silent hang.
+    pub fn with_room_timeout(mut self, timeout: Duration) -> ExperienceBuffer {
+        self.room_timeout = timeout;
         self
     }
 
@@ -139,25 +153,39 @@ impl ExperienceBuffer {
         }
         match &self.backend {
             // The queue applies its own back-pressure, woken by the reader.
-            Backend::Memory(store) => store.put_step(producer, step, batch, state).await,
+            Backend::Memory(store) => store.put_step(producer, step, batch, state, self.room_timeout).await,
             Backend::Sqlite(store) => {
-                self.wait_for_room(SQLITE_POLL).await?;
+                self.wait_for_room(step, batch.len(), SQLITE_POLL).await?;
                 store.put_step(producer, step, &batch, state).map(drop)
             }
             Backend::Postgres(store) => {
-                self.wait_for_room(POSTGRES_POLL).await?;
+                self.wait_for_room(step, batch.len(), POSTGRES_POLL).await?;
                 store.put_step(producer, step, &batch, state).await.map(drop)
             }
         }
     }
 
-    /// Back-pressure for a persistent buffer: waits while `capacity` or more rows wait to be claimed. Producers
-    /// check independently, so several of them may overshoot the capacity by a step each.
-    async fn wait_for_room(&self, poll: Duration) -> Result<()> {
-        while self.len().await? >= self.capacity {
+    /// Back-pressure for a persistent buffer: waits while `capacity` or more rows wait to be claimed, up to the
+    /// room timeout. Producers check independently, so several of them may overshoot the capacity by a step each.
+    async fn wait_for_room(&self, step: u64, incoming: usize, poll: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + self.room_timeout;
+        loop {
+            let waiting = self.len().await?;
+            if waiting < self.capacity {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BufferError::NoRoom {
+                    name: self.name.clone(),
+                    step,
+                    incoming,
+                    waiting,
+                    capacity: self.capacity,
+                    waited_s: self.room_timeout.as_secs_f64(),
+                });
+            }
             tokio::time::sleep(poll).await;
         }
-        Ok(())
     }
 
     async fn has_step(&self, producer: &str, step: u64) -> Result<bool> {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::error::Result;
+use crate::error::{BufferError, Result};
 use crate::experience::Experience;
 use crate::queue::ExperienceQueue;
 use crate::store::{ExploreStep, ProducerState, ProducerStatus, unix_now};
@@ -35,8 +35,16 @@ impl MemoryStore {
         MemoryStore { queue: ExperienceQueue::new(name, capacity), ledger: Mutex::new(Ledger::default()) }
     }
 
-    /// Queues a step's experiences (waiting while the queue is full) unless the step was stored before.
-    pub(crate) async fn put_step(&self, producer: &str, step: u64, batch: Vec<Experience>, state: &str) -> Result<()> {
+    /// Queues a step's experiences (waiting up to `room_timeout` while the queue is full) unless the step was
+    /// stored before. On failure the step is not recorded, so a retry stores it.
+    pub(crate) async fn put_step(
+        &self,
+        producer: &str,
+        step: u64,
+        batch: Vec<Experience>,
+        state: &str,
+        room_timeout: Duration,
+    ) -> Result<()> {
         for exp in &batch {
             exp.validate()?;
         }
@@ -51,7 +59,19 @@ impl MemoryStore {
             ledger.steps.insert(key.clone(), record);
             ledger.producers.entry(producer.to_owned()).or_insert((ProducerState::Running, 0)).1 = now_secs();
         }
-        let queued = self.queue.put_batch(batch).await;
+        let incoming = batch.len();
+        // Dropping the put mid-wait is safe: nothing is queued until all of the batch fits.
+        let queued = match tokio::time::timeout(room_timeout, self.queue.put_batch(batch)).await {
+            Ok(queued) => queued,
+            Err(_) => Err(BufferError::NoRoom {
+                name: self.queue.name().to_owned(),
+                step,
+                incoming,
+                waiting: self.queue.len(),
+                capacity: self.queue.capacity(),
+                waited_s: room_timeout.as_secs_f64(),
+            }),
+        };
         if queued.is_err() {
             self.lock().steps.remove(&key);
         }

@@ -113,7 +113,10 @@ impl Resolver<'_> {
                     "in mode `{mode}` explorer and trainer alternate in one process, so the trainer's weights are ready \
                      at every sync point and syncs happen where `fixed` has them"
                 ),
-                format!("in mode `{mode}` nothing waits for weights, so it never expires"),
+                format!(
+                    "in mode `{mode}` nothing waits for weights; it bounds only a wait for room in the experience \
+                     buffer, which the capacity check makes impossible"
+                ),
             ),
             Mode::Bench => (
                 "mode `bench` evaluates saved checkpoints and syncs nothing".to_owned(),

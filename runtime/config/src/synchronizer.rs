@@ -16,7 +16,7 @@ pub struct SynchronizerConfig {
     pub sync_interval: u32,
     /// Explore steps the explorer may run ahead of the trainer (one-step-off-policy with 1).
     pub sync_offset: u32,
-    /// Seconds to wait for new weights before failing.
+    /// Seconds to wait for new weights, or for room in a full experience buffer, before failing.
     pub sync_timeout: u64,
     /// Unused by Trinity-RFT itself; kept for its configs.
     pub wait_for_checkpoint: bool,

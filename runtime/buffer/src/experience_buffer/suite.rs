@@ -229,6 +229,22 @@ async fn a_full_buffer_holds_the_explorer(f: Fixture) {
     assert_eq!(buffer.len().await.unwrap(), 4);
 }
 
+async fn a_full_buffer_nobody_drains_fails_after_the_room_timeout(f: Fixture) {
+    let mut f = f;
+    f.config.capacity = 2;
+    let buffer = f.open().await.with_room_timeout(Duration::from_millis(300));
+    buffer.put_step("explorer", 1, step_rows(1, 2), "{}").await.unwrap();
+    let error = buffer.put_step("explorer", 2, step_rows(2, 2), "{}").await.unwrap_err();
+    assert!(matches!(error, BufferError::NoRoom { step: 2, incoming: 2, waiting: 2, capacity: 2, .. }), "{error}");
+    let text = error.to_string();
+    assert!(text.contains(&f.config.name) && text.contains("synchronizer.sync_timeout"), "{text}");
+    // Nothing of the failed step was stored: once room is made, the same step goes in.
+    assert!(buffer.explored_after("explorer", 1).await.unwrap().is_empty());
+    buffer.get_batch_for_step(2, Duration::from_secs(5), 1).await.unwrap();
+    buffer.put_step("explorer", 2, step_rows(2, 2), "{}").await.unwrap();
+    assert_eq!(buffer.len().await.unwrap(), 2);
+}
+
 async fn experiences_survive_reopening(f: Fixture) {
     let buffer = f.open().await;
     buffer.put_step("explorer", 1, step_rows(1, 2), "{}").await.unwrap();
@@ -269,6 +285,7 @@ suite! {
     a_silent_consumers_claims_pass_to_another: sqlite, postgres;
     producers_report_their_state: memory, sqlite, postgres;
     a_full_buffer_holds_the_explorer: memory, sqlite, postgres;
+    a_full_buffer_nobody_drains_fails_after_the_room_timeout: memory, sqlite, postgres;
     experiences_survive_reopening: sqlite, postgres;
 }
 

@@ -114,7 +114,8 @@ impl<'a> Both<'a> {
         let experience_buffer = config.buffer.trainer_input.experience_buffer.clone().unwrap_or_default();
         let buffer = ExperienceBuffer::open(&experience_buffer, &job_dir.join("buffer"))
             .await?
-            .with_consumer(&config.trainer.name);
+            .with_consumer(&config.trainer.name)
+            .with_room_timeout(Duration::from_secs(config.synchronizer.sync_timeout));
         let mut explored = trained;
         let mut positions = BTreeMap::new();
         let mut pending = BTreeMap::new();

@@ -25,8 +25,10 @@ use crate::error::RftError;
 /// claiming as `trainer.name`. It must outlive the process: SQLite on one machine, PostgreSQL across machines.
 pub(crate) async fn shared_buffer(config: &Config, job_dir: &Path, mode: &str) -> Result<ExperienceBuffer, RftError> {
     let buffer_config = config.buffer.trainer_input.experience_buffer.clone().unwrap_or_default();
-    let buffer =
-        ExperienceBuffer::open(&buffer_config, &job_dir.join("buffer")).await?.with_consumer(&config.trainer.name);
+    let buffer = ExperienceBuffer::open(&buffer_config, &job_dir.join("buffer"))
+        .await?
+        .with_consumer(&config.trainer.name)
+        .with_room_timeout(std::time::Duration::from_secs(config.synchronizer.sync_timeout));
     if !buffer.is_persistent() {
         return Err(RftError::Setting {
             key: "buffer.trainer_input.experience_buffer.path",
