@@ -347,3 +347,40 @@ fn a_trainer_behind_the_explorer_skips_experiences_older_than_max_staleness() {
     assert_eq!(count("SELECT COUNT(*) FROM experiences WHERE consumed = 0"), 0, "nothing waits: the rest is stale");
     assert_eq!(count("SELECT COUNT(*) FROM experiences"), 40);
 }
+
+/// Checkpoint sync hands the explorer's engine the weights of the published file, not some other copy: the file
+/// holds the tiny model with its final norm zeroed, which makes every logit 0, so every token the explorer then
+/// samples has log-probability exactly −ln(vocab); the base model's tokens do not.
+#[test]
+fn the_explorer_generates_with_the_weights_of_the_published_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let sync = "synchronizer:\n  sync_method: checkpoint\n  sync_style: trainer_driven\n";
+    let explorer = rl_config(dir.path(), "explore", sync);
+    let job = trinity_rft::job_dir(&explorer);
+    let base = trinity_model::load_model(&tiny_model_dir(), tch::Kind::Float, tch::Device::Cpu).unwrap();
+    let vocab = base.decoder.config().vocab_size;
+    let mut weights = base.decoder.named_parameters().unwrap();
+    let ids = tch::Tensor::from_slice(&[1i64, 2, 3]).view([1, 3]);
+    let logits = tch::no_grad(|| base.decoder.forward(&ids, None)).unwrap();
+    let spread = logits.max().double_value(&[]) - logits.min().double_value(&[]);
+    assert!(spread > 1e-3, "the base model's logits differ from token to token, so its logprobs are not uniform");
+    let norm = weights.iter_mut().find(|(name, _)| name == "model.norm.weight").unwrap();
+    norm.1 = norm.1.zeros_like();
+    std::fs::create_dir_all(job.join("sync")).unwrap();
+    trinity_model::write_safetensors(&job.join("sync/weights_1.safetensors"), &weights).unwrap();
+    std::fs::write(job.join("sync/latest.json"), r#"{"version": 1, "file": "weights_1.safetensors"}"#).unwrap();
+
+    trinity_rft::run(&explorer, &job).unwrap();
+    let store = trinity_buffer::SqliteStore::open(&job.join("buffer/exp.db")).unwrap();
+    let experiences: Vec<_> = store.waiting().unwrap().into_iter().map(|(_, e)| e).collect();
+    assert_eq!(experiences.len(), 40);
+    let uniform = -(vocab as f32).ln();
+    let published: Vec<_> = experiences.iter().filter(|e| e.model_version == 1).collect();
+    assert!(published.len() >= 32, "{} of 40 experiences sampled with the published version", published.len());
+    for experience in published {
+        assert!(!experience.logprobs.is_empty());
+        for &logprob in &experience.logprobs {
+            assert!((logprob - uniform).abs() < 1e-4, "logprob {logprob}, uniform {uniform}: not the file's weights");
+        }
+    }
+}

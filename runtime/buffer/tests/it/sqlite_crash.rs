@@ -1,7 +1,8 @@
 //! SQLite persistence across processes and through kill -9.
 //!
-//! The crash test re-runs this test binary as a child that only runs `writer_child` (selected by an
-//! environment variable); the parent kills it with SIGKILL mid-stream and checks the database.
+//! The crash test re-runs this test binary as a child that runs the same test with an environment variable
+//! naming the database: the child takes the writer's part (`write_until_killed`), the parent kills it with SIGKILL
+//! mid-stream and checks the database.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -15,27 +16,34 @@ const CHILD_DB: &str = "TRINITY_BUFFER_TEST_CHILD_DB";
 const GROUP: u64 = 4;
 const LEASE: Duration = Duration::from_secs(60);
 
-/// The child's body: write groups of 4 forever, announcing each commit. A no-op in a normal test run.
-#[test]
-fn writer_child() {
-    let Ok(db) = std::env::var(CHILD_DB) else { return };
-    let store = SqliteStore::open(std::path::Path::new(&db)).unwrap();
-    let mut jsonl = JsonlWriter::open(&std::path::Path::new(&db).with_extension("jsonl")).unwrap();
+/// The child's part: write groups of 4 forever, announcing each commit, until the parent kills the process.
+fn write_until_killed(db: &str) -> ! {
+    let store = SqliteStore::open(std::path::Path::new(db)).unwrap();
+    let mut jsonl = JsonlWriter::open(&std::path::Path::new(db).with_extension("jsonl")).unwrap();
     for step in 0.. {
         let batch: Vec<_> = (0..GROUP).map(|run| experience(step, 0, run, step)).collect();
         store.put_step("explorer", step, &batch, "{}").unwrap();
         jsonl.write_batch(&batch).unwrap();
         println!("committed {step}");
     }
+    unreachable!("the step counter of a test writer does not run out")
 }
 
 #[test]
 fn kill_9_loses_no_committed_experience_and_leaves_no_half_batch() {
+    if let Ok(db) = std::env::var(CHILD_DB) {
+        write_until_killed(&db);
+    }
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("buffer/experience_buffer.db");
     let reader = SqliteStore::open(&db).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["sqlite_crash::writer_child", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "sqlite_crash::kill_9_loses_no_committed_experience_and_leaves_no_half_batch",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_DB, &db)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

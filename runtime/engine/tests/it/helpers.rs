@@ -110,17 +110,18 @@ pub fn run(engine: &Engine, prompt: Vec<u32>, params: SamplingParams) -> Generat
     engine.submit(prompt, params).unwrap().wait().unwrap()
 }
 
-/// The SmolLM2 GGUF, when present.
-pub fn smollm2_path() -> Option<PathBuf> {
+/// The SmolLM2 GGUF that `cargo xtask setup` installs (or `TRINITY_SMOLLM2_GGUF`). A missing file fails the test
+/// that needs it, saying how to install it: a test that passes without running proves nothing.
+pub fn smollm2_path() -> PathBuf {
     let path = std::env::var_os("TRINITY_SMOLLM2_GGUF").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf")
     });
-    if path.exists() {
-        Some(path)
-    } else {
-        println!("skipped: SmolLM2 GGUF not found (set TRINITY_SMOLLM2_GGUF or run `cargo xtask setup`)");
-        None
-    }
+    assert!(
+        path.exists(),
+        "SmolLM2 GGUF not found at {}: run `cargo xtask setup` (or set TRINITY_SMOLLM2_GGUF to the file)",
+        path.display()
+    );
+    path
 }
 
 /// Log-probabilities of `response` after `prompt` from the training forward pass
