@@ -107,6 +107,9 @@ impl GroupSender {
     }
 }
 
+/// Tensors by parameter name, as the engine takes them.
+type NamedTensors = Vec<(String, Tensor)>;
+
 /// The newest version received over the group, waiting to be applied.
 #[derive(Debug, Default)]
 struct Slot {
@@ -147,7 +150,7 @@ impl GroupReceiver {
     }
 
     /// The newest received weights, by the names the engine asks for; `None` when nothing new came.
-    pub(crate) fn take(&self, names: &[String]) -> Result<Option<(u64, Vec<(String, Tensor)>)>, RftError> {
+    pub(crate) fn take(&self, names: &[String]) -> Result<Option<(u64, NamedTensors)>, RftError> {
         let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
         let (Some(version), Some(weights)) = (slot.version, slot.weights.take()) else { return Ok(None) };
         let mut by_name: HashMap<String, Tensor> = weights.into_iter().collect();

@@ -459,10 +459,11 @@ impl<'a> TrainRun<'a> {
         if let (Some(_), Source::Buffer(buffer)) = (&self.group, &self.source) {
             let producers = buffer.producers().await?;
             // No explorer is left to take the last weights over the group: they go to files, for whoever comes.
-            if !producers.is_empty() && producers.iter().all(|p| p.state == ProducerState::Finished) {
-                if let Some(group) = self.group.take() {
-                    group.close();
-                }
+            if !producers.is_empty()
+                && producers.iter().all(|p| p.state == ProducerState::Finished)
+                && let Some(group) = self.group.take()
+            {
+                group.close();
             }
         }
         if self.trained > 0 && self.published != Some(self.trained) {
