@@ -300,9 +300,9 @@ pub struct ExperienceBufferConfig {
     /// `postgresql://user:password@host:port/db` across machines; modes `explore` and `train` need one), or for a
     /// queue a `.jsonl` file that keeps a copy; for `file`, the rows.
     pub path: Option<String>,
-    /// Most experiences held before the explorer waits (back-pressure; up to `synchronizer.sync_timeout`). In
-    /// modes `both` / `colocate` it must hold the `sync_interval + sync_offset` explore steps the explorer runs
-    /// before the trainer takes the first.
+    /// Most experiences held before the explorer waits (back-pressure; up to `synchronizer.sync_timeout`, then the
+    /// step fails naming the buffer). In modes `both` / `colocate` the explorer runs `sync_interval + sync_offset`
+    /// explore steps before the trainer takes the first, so a smaller buffer ends the run at that timeout.
     pub capacity: u32,
     /// Seconds the trainer waits for a batch before giving up.
     pub max_read_timeout: f64,

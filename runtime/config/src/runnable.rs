@@ -44,7 +44,6 @@ impl Check<'_> {
         let config = self.config;
         self.check_shared_buffer()?;
         self.check_train_batch_size()?;
-        self.check_back_pressure()?;
         let input = &config.buffer.explorer_input;
         let tasksets = input
             .tasksets
@@ -114,52 +113,6 @@ impl Check<'_> {
             format!(
                 "mode `{}` hands experiences to {other} in another process through this buffer, and {what}; {fix}",
                 config.mode.name()
-            ),
-        ))
-    }
-
-    /// In modes `both` and `colocate` explorer and trainer take turns in one process, and the explorer runs up to
-    /// `sync_interval + sync_offset` explore steps before the trainer takes the first of them (`schedule.rs`), so
-    /// the experience buffer must hold that many steps' experiences: otherwise storing the last one waits for room
-    /// that only the trainer, on the same thread, could make, and the run hangs. An in-memory queue admits a step
-    /// when it fits under `capacity` (or the queue is empty); a database admits it while fewer than `capacity`
-    /// rows wait.
-    fn check_back_pressure(&self) -> Result<(), ConfigError> {
-        let config = self.config;
-        if !matches!(config.mode, Mode::Both | Mode::Colocate) {
-            return Ok(());
-        }
-        let Some(buffer) = &config.buffer.trainer_input.experience_buffer else {
-            return Ok(());
-        };
-        if buffer.schema_type.as_deref() != Some(ExperienceSchema::Experience.name()) {
-            return Ok(());
-        }
-        let sync = &config.synchronizer;
-        let ahead = u64::from(sync.sync_interval.max(1)) + u64::from(sync.sync_offset);
-        if ahead < 2 {
-            return Ok(());
-        }
-        let per_step = u64::from(config.buffer.batch_size) * u64::from(config.algorithm.repeat_times.unwrap_or(1));
-        let capacity = u64::from(buffer.capacity);
-        let persistent = is_database_url(buffer.path.as_deref().unwrap_or_default());
-        // The smallest capacity that admits the last of `ahead` steps.
-        let needed = if persistent { (ahead - 1) * per_step + 1 } else { ahead * per_step };
-        if capacity >= needed {
-            return Ok(());
-        }
-        Err(self.refuse(
-            "buffer.trainer_input.experience_buffer.capacity",
-            format!(
-                "{capacity} experiences, but in mode `{}` the explorer runs {ahead} explore steps \
-                 (synchronizer.sync_interval {} + sync_offset {}) of {per_step} experiences each (batch_size {} × \
-                 repeat_times {}) before the trainer, in the same process, takes the first: storing the last step \
-                 would wait for room forever; set capacity to at least {needed}, or lower sync_offset / sync_interval",
-                config.mode.name(),
-                sync.sync_interval,
-                sync.sync_offset,
-                config.buffer.batch_size,
-                config.algorithm.repeat_times.unwrap_or(1),
             ),
         ))
     }
@@ -237,33 +190,6 @@ mod tests {
                 if key == "buffer.train_batch_size" && message.contains("batch_size 2 × repeat_times 4 = 8")),
             "{error}"
         );
-    }
-
-    #[test]
-    fn a_buffer_too_small_for_the_steps_run_ahead_is_refused() {
-        // Two tasks × four rollouts a step; offset 1 keeps two steps in the buffer before the first train step.
-        let offset = |capacity: u32, path: &str| {
-            let buffer = format!("  trainer_input:\n    experience_buffer:\n      capacity: {capacity}\n{path}");
-            let mut loaded = load_with("", &buffer);
-            loaded.config.synchronizer.sync_offset = 1;
-            loaded.check_runnable()
-        };
-        assert!(offset(16, "").is_ok());
-        let error = offset(15, "").unwrap_err();
-        assert!(
-            matches!(&error, ConfigError::NotRunnable { key, message, .. }
-                if key == "buffer.trainer_input.experience_buffer.capacity"
-                    && message.contains("runs 2 explore steps") && message.contains("at least 16")),
-            "{error}"
-        );
-        // A database admits a step while fewer than `capacity` rows wait.
-        let sqlite = "      path: sqlite:///b.db\n";
-        assert!(offset(9, sqlite).is_ok());
-        assert!(offset(8, sqlite).unwrap_err().to_string().contains("at least 9"));
-        // Without an offset (interval 1) one step at a time is always admitted.
-        let mut loaded = load_with("", "  trainer_input:\n    experience_buffer:\n      capacity: 1\n");
-        loaded.config.synchronizer.sync_offset = 0;
-        assert!(loaded.check_runnable().is_ok());
     }
 
     #[test]
