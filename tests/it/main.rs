@@ -13,3 +13,4 @@ mod plugins;
 mod rft;
 mod serve;
 mod support;
+mod tool_model;

@@ -1,18 +1,26 @@
-//! `mode: serve` end to end: `trinity run` serves the tiny model over the OpenAI API, an agent (raw HTTP here; the
-//! `openai` package drives the server in `runtime/serve`'s tests) chats, rewards and commits, and a `mode: train`
-//! process trains on exactly the recorded tokens; SIGTERM stops the server cleanly.
+//! `mode: serve` end to end: `trinity run` serves a tiny model over the OpenAI API, an agent (raw HTTP, and the
+//! official `openai` Python package) chats, calls a tool, rewards and commits, and a `mode: train` process trains
+//! on exactly the recorded tokens; SIGTERM stops the server cleanly.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{stderr, tiny_model_dir, trinity};
+use crate::support::{stderr, tiny_model_dir, trinity, workspace_root};
+use crate::tool_model::write_tool_model;
 
 fn config(mode: &str) -> String {
+    config_for(mode, &tiny_model_dir(), 40, 6, 2)
+}
+
+/// A serve (or train) config for `model`: train steps of `train_batch_size` experiences from the shared buffer.
+/// Engine and trainer both hold fp32 weights, so the trainer's logprobs of the recorded tokens can be compared
+/// tightly with the ones the server returned.
+fn config_for(mode: &str, model: &Path, max_model_len: u32, max_response_tokens: u32, train_batch_size: u32) -> String {
     format!(
         "project: p
 name: served
@@ -23,10 +31,10 @@ algorithm:
   repeat_times: 2
 model:
   model_path: {model}
-  max_model_len: 40
-  max_response_tokens: 6
+  max_model_len: {max_model_len}
+  max_response_tokens: {max_response_tokens}
 buffer:
-  train_batch_size: 2
+  train_batch_size: {train_batch_size}
   total_steps: 1
   trainer_input:
     experience_buffer:
@@ -36,12 +44,16 @@ buffer:
 explorer:
   listen_address: 127.0.0.1
   proxy_port: 0
+  rollout_model:
+    dtype: float32
+trainer:
+  dtype: float32
 synchronizer:
   sync_method: checkpoint
 monitor:
   monitor_type: jsonl
 ",
-        model = tiny_model_dir().display()
+        model = model.display()
     )
 }
 
@@ -144,4 +156,106 @@ fn an_agent_chats_rewards_and_commits_and_a_trainer_trains_on_exactly_those_toke
     let count = |sql: &str| db.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
     assert_eq!(count("SELECT COUNT(*) FROM experiences WHERE consumed = 1 AND train_step = 1"), 2);
     assert_eq!(count("SELECT COUNT(*) FROM producers WHERE name = 'explorer' AND state = 'finished'"), 1);
+}
+
+/// Where `cargo xtask setup` installed the `openai` package.
+fn openai_python() -> PathBuf {
+    let python = std::env::var_os("TRINITY_OPENAI_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
+        deps.join("openai-venv/bin/python")
+    });
+    let imports = Command::new(&python).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    assert!(
+        imports,
+        "{} cannot import the `openai` package: run `cargo xtask setup`, which installs it",
+        python.display()
+    );
+    python
+}
+
+fn u64s(value: &Value) -> Vec<u64> {
+    value.as_array().unwrap_or_else(|| panic!("not a list: {value}")).iter().map(|v| v.as_u64().unwrap()).collect()
+}
+
+fn f64s(value: &Value) -> Vec<f64> {
+    value.as_array().unwrap_or_else(|| panic!("not a list: {value}")).iter().map(|v| v.as_f64().unwrap()).collect()
+}
+
+/// The official client against `trinity run` in mode serve, on a model that really calls its tool: chat with
+/// n = 2 and logprobs, a streamed chat, a legacy completion, errors, a tool call (whole and streamed), rewards,
+/// one commit; then `mode: train` takes the four rewarded experiences as its step and its logprobs of those
+/// tokens equal the ones the client received (PPO's ratio starts at 1).
+#[test]
+fn the_openai_client_drives_mode_serve_and_a_trainer_trains_on_what_it_received() {
+    let python = openai_python();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tool-model");
+    write_tool_model(&model);
+    std::fs::write(dir.path().join("serve.yaml"), config_for("serve", &model, 512, 12, 4)).unwrap();
+    std::fs::write(dir.path().join("train.yaml"), config_for("train", &model, 512, 12, 4)).unwrap();
+    let job = dir.path().join("ckpt/p/served");
+    let server = Command::new(env!("CARGO_BIN_EXE_trinity"))
+        .current_dir(dir.path())
+        .args(["run", "--config", "serve.yaml"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let address = server_address(&job);
+    let script = workspace_root().join("runtime/serve/tests/openai_client.py");
+    let client =
+        Command::new(python).arg(script).args(["--base-url", &format!("http://{address}/v1")]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&client.stdout);
+    assert!(
+        client.status.success(),
+        "the client script failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    // Rewarded: the two chat choices, the stream and the tool call; the legacy completion and the streamed
+    // tool call stay pending.
+    assert_eq!(seen["commit"]["committed"], 4, "{seen}");
+    assert_eq!(seen["commit"]["pending"], 2, "{seen}");
+
+    let output = trinity(dir.path(), &["run", "--config", "train.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let pid = server.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let served = server.wait_with_output().unwrap();
+    assert!(served.status.success(), "{}", stderr(&served));
+
+    // Stored exactly as the client received it, token ids and logprobs per choice.
+    let stored: Vec<Value> = std::fs::read_to_string(job.join("explorer_experiences.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(stored.len(), 4);
+    let responses = seen["responses"].as_object().unwrap();
+    let mut far_from_certain = 0;
+    for experience in &stored {
+        let id = experience["info"]["response_id"].as_str().unwrap();
+        let choice = experience["info"]["choice"].as_u64().unwrap() as usize;
+        let client = &responses[id]["choices"][choice];
+        let tokens = u64s(&experience["tokens"]);
+        let prompt_length = experience["prompt_length"].as_u64().unwrap() as usize;
+        assert_eq!(tokens[prompt_length..], u64s(&client["token_ids"])[..], "{id}#{choice}");
+        let received = f64s(&client["logprobs"]);
+        let recorded = f64s(&experience["logprobs"]);
+        assert_eq!(received.len(), recorded.len(), "{id}#{choice}");
+        for (a, b) in received.iter().zip(&recorded) {
+            assert!((a - b).abs() < 1e-5, "{id}#{choice}: {received:?} vs {recorded:?}");
+        }
+        far_from_certain += recorded.iter().filter(|&&l| l < -0.1).count();
+    }
+    // The tool call is certain by construction; the continued replies are not, so the check below has teeth.
+    assert!(far_from_certain > 0, "every recorded logprob is ≈ 0: {stored:?}");
+    let metrics = std::fs::read_to_string(job.join("monitor/trainer/metrics.jsonl")).unwrap();
+    let step: Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+    assert_eq!(step["step"], 1);
+    assert!(step["train/ppo_kl"].as_f64().unwrap().abs() < 1e-4, "{step}");
+    let db = rusqlite::Connection::open(job.join("buffer/exp.db")).unwrap();
+    let count = |sql: &str| db.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+    assert_eq!(count("SELECT COUNT(*) FROM experiences WHERE consumed = 1 AND train_step = 1"), 4);
 }

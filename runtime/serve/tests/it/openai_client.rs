@@ -2,9 +2,8 @@
 //! server commits hold exactly the token ids and logprobs the client received — the logprobs a training
 //! forward pass computes for those tokens.
 //!
-//! The package is installed from PyPI into a throwaway virtual environment under the target directory
-//! (`python3 -m venv`, `pip install openai`), reused by later runs. Without python3 or pip the test fails
-//! and says so: it is never skipped.
+//! The package comes from the virtual environment `cargo xtask setup` installs it into (`.deps/openai-venv`,
+//! or `$TRINITY_OPENAI_PYTHON`); without it the test fails and says to run setup: it is never skipped.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,31 +13,19 @@ use tch::{Device, Kind, Tensor};
 
 use crate::helpers::*;
 
-/// A virtual environment with `openai`, created on first use.
+/// The interpreter with the `openai` package that `cargo xtask setup` installed.
 fn openai_python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
-    let python = venv.join("bin/python");
-    let has_openai =
-        |python: &Path| Command::new(python).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
-    if python.exists() && has_openai(&python) {
-        return python;
-    }
-    let created = Command::new("python3").arg("-m").arg("venv").arg(&venv).output().unwrap_or_else(|e| {
-        panic!("this test needs python3 (with venv) to install the `openai` package: cannot run python3: {e}")
+    let python = std::env::var_os("TRINITY_OPENAI_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| root.join(".deps"), PathBuf::from);
+        deps.join("openai-venv/bin/python")
     });
+    let imports = Command::new(&python).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
     assert!(
-        created.status.success(),
-        "`python3 -m venv {}` failed (install python3-venv): {}",
-        venv.display(),
-        String::from_utf8_lossy(&created.stderr)
+        imports,
+        "{} cannot import the `openai` package: run `cargo xtask setup`, which installs it",
+        python.display()
     );
-    let installed = Command::new(venv.join("bin/pip")).args(["install", "--quiet", "openai"]).output().unwrap();
-    assert!(
-        installed.status.success(),
-        "`pip install openai` failed (PyPI must be reachable): {}",
-        String::from_utf8_lossy(&installed.stderr)
-    );
-    assert!(has_openai(&python), "`openai` is not importable after installing it");
     python
 }
 
@@ -58,7 +45,7 @@ fn training_logprobs(tokens: &[u32], prompt: usize, temperature: f64) -> Vec<f32
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_client_drives_serve_mode_and_its_tokens_are_committed() {
-    let python = tokio::task::spawn_blocking(openai_python).await.unwrap();
+    let python = openai_python();
     let (server, sink) = start(tiny_rollout(4, 256), options("tiny")).await;
     let (tools_server, tools_sink) = start(tool_rollout(), options("tools")).await;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
