@@ -2,6 +2,7 @@
 
 mod algorithm_plugins;
 mod async_rl;
+mod auxiliary_models;
 mod cli;
 mod compat;
 mod compat_runs;

@@ -37,8 +37,9 @@ pub struct ExplorerConfig {
     pub concurrent_mode: String,
     /// Largest number of a task's repeats one runner takes; Trinity-RFT splits bigger groups across runners.
     pub max_repeat_times_per_runner: Option<u32>,
-    /// Models besides the policy that workflows call (judges, teachers, environments).
-    pub auxiliary_models: Vec<Value>,
+    /// Models besides the policy that workflows call (judges, teachers), each on an engine of its own and never
+    /// trained; workflows take them in this order (Trinity-RFT's `auxiliary_models[0]` is the first).
+    pub auxiliary_models: Vec<AuxiliaryModelConfig>,
     /// Start the next step before every task of this one finished (Trinity-RFT's over-rollout).
     pub over_rollout: OverRolloutConfig,
     /// Adapt the task timeout to the observed task time.
@@ -213,5 +214,72 @@ impl Default for RolloutModelConfig {
             extra_engine_args: Map::new(),
             weight_sync_buffer_size: 1024,
         }
+    }
+}
+
+/// `explorer.auxiliary_models[i]`: a judge or teacher model. It gets a generation engine of its own (its own
+/// dtype and length limits) and keeps its weights: weight sync only ever reaches the rollout model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuxiliaryModelConfig {
+    /// HF directory or GGUF file of the model (required).
+    pub model_path: String,
+    /// The name workflows and the OpenAI-compatible API reach the model by; its `model_path` when unset.
+    pub name: Option<String>,
+    /// `vllm` and `vllm_async` (Trinity-RFT's names) and `native` all select trinity's engine.
+    pub engine_type: String,
+    /// Trinity-RFT's number of engines of this model; trinity runs one and batches concurrent requests in it.
+    pub engine_num: u32,
+    /// Tensor-parallel degree of Trinity-RFT's engines; trinity's engine runs on one device.
+    pub tensor_parallel_size: u32,
+    /// Weight dtype of the model's engine: `bfloat16`, `float16` or `float32`; `bfloat16` runs with fp32 weights
+    /// on a CPU without native bf16.
+    pub dtype: String,
+    /// Seed of the model's sampler.
+    pub seed: u64,
+    /// Chat template that replaces the model's own.
+    pub chat_template: Option<String>,
+    /// Passed to chat templates that understand it (Qwen3).
+    pub enable_thinking: Option<bool>,
+    /// Longest sequence (prompt and response) the model's engine holds; 2048 when unset.
+    pub max_model_len: Option<u32>,
+    /// Longest prompt the model accepts; `max_model_len − max_response_tokens` when unset.
+    pub max_prompt_tokens: Option<u32>,
+    /// Most tokens one reply of the model may have (what a judge's reply is capped at).
+    pub max_response_tokens: Option<u32>,
+    /// Fraction of device memory the engine's KV cache may take.
+    pub gpu_memory_utilization: f64,
+    /// vLLM knob; no effect in trinity.
+    pub enforce_eager: Option<bool>,
+    /// vLLM knob; no effect in trinity.
+    pub enable_prefix_caching: Option<bool>,
+}
+
+impl Default for AuxiliaryModelConfig {
+    fn default() -> Self {
+        AuxiliaryModelConfig {
+            model_path: String::new(),
+            name: None,
+            engine_type: "vllm".to_owned(),
+            engine_num: 1,
+            tensor_parallel_size: 1,
+            dtype: "bfloat16".to_owned(),
+            seed: 42,
+            chat_template: None,
+            enable_thinking: None,
+            max_model_len: None,
+            max_prompt_tokens: None,
+            max_response_tokens: None,
+            gpu_memory_utilization: 0.9,
+            enforce_eager: None,
+            enable_prefix_caching: None,
+        }
+    }
+}
+
+impl AuxiliaryModelConfig {
+    /// The name the model is reached by.
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.model_path)
     }
 }

@@ -19,10 +19,7 @@ const NEEDS: &[(&str, &str)] = &[
     ("agentscope_v1_react_search_workflow", "the AgentScope Python agent framework and a web-search service"),
     ("math_rm_workflow", "the RM-Gallery Python reward-model library"),
     ("rm_gallery_reward", "the RM-Gallery Python reward-model library"),
-    ("math_ruler_workflow", "an auxiliary judge model (explorer.auxiliary_models)"),
     ("math_trainable_ruler_workflow", "an auxiliary judge model served next to the policy"),
-    ("rubric_judge_workflow", "an auxiliary judge model (explorer.auxiliary_models)"),
-    ("on_policy_distill_math_workflow", "an auxiliary teacher model (explorer.auxiliary_models)"),
     ("simple_mm_workflow", "a vision-language model and image inputs"),
     ("bots_ref_eval_collect_math_boxed_workflow", "Python code from Trinity-RFT's BOTS example"),
 ];
@@ -49,6 +46,15 @@ pub fn needs(name: &str) -> Option<String> {
     let class_path = segments.len() >= 2
         && segments.iter().all(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
     class_path.then(|| format!("the Python class `{name}` (a Trinity-RFT plugin written in Python)"))
+}
+
+/// Built-in workflows that call the first of `explorer.auxiliary_models` (a teacher or a judge).
+const AUXILIARY_WORKFLOWS: &[&str] =
+    &["on_policy_distill_workflow", "on_policy_distill_math_workflow", "math_ruler_workflow", "rubric_judge_workflow"];
+
+/// Whether the workflow called `name` needs an auxiliary model to run.
+pub fn needs_auxiliary_model(name: &str) -> bool {
+    AUXILIARY_WORKFLOWS.contains(&name)
 }
 
 /// How to bring a workflow trinity lacks, for error messages.

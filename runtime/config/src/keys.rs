@@ -399,7 +399,10 @@ mod tests {
         );
         assert!(notes.iter().all(|n| n.category == Category::Placement), "{notes:?}");
         for (tree, key) in [
-            (json!({"explorer": {"auxiliary_models": [{"model_path": "judge"}]}}), "explorer.auxiliary_models"),
+            (
+                json!({"explorer": {"rollout_model": {"enable_openai_api": true}}}),
+                "explorer.rollout_model.enable_openai_api",
+            ),
             (
                 json!({"explorer": {"rollout_model": {"tool_call_parser": "hermes"}}}),
                 "explorer.rollout_model.tool_call_parser",

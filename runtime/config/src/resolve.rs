@@ -403,10 +403,41 @@ impl Resolver<'_> {
             &explorer.rollout_model.dtype,
             &["bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "auto"],
         )?;
+        self.resolve_auxiliary_models(config)?;
         for (i, operator) in config.data_processor.experience_pipeline.operators.iter().enumerate() {
             let key = format!("data_processor.experience_pipeline.operators[{i}].name");
             self.check(!operator.name.is_empty(), &key, "an operator needs a name")?;
             self.registered(&key, ComponentKind::Operator, &operator.name)?;
+        }
+        Ok(())
+    }
+
+    /// Trinity-RFT's rule for auxiliary models: a model path is required, and the length limits it leaves unset
+    /// are the policy's. Names must be unique, since workflows and the API reach the models by name.
+    fn resolve_auxiliary_models(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+        let model = &config.model;
+        let mut names = std::collections::BTreeSet::new();
+        for (i, aux) in config.explorer.auxiliary_models.iter_mut().enumerate() {
+            let key = |field: &str| format!("explorer.auxiliary_models[{i}].{field}");
+            self.check(
+                !aux.model_path.is_empty(),
+                &key("model_path"),
+                "an auxiliary model needs model_path (the HF directory or GGUF file of the judge or teacher)",
+            )?;
+            aux.max_model_len = aux.max_model_len.or(model.max_model_len);
+            aux.max_prompt_tokens = aux.max_prompt_tokens.or(model.max_prompt_tokens);
+            aux.max_response_tokens = aux.max_response_tokens.or(model.max_response_tokens);
+            let aux = &*aux;
+            self.one_of(
+                &key("dtype"),
+                &aux.dtype,
+                &["bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "auto"],
+            )?;
+            self.check(
+                names.insert(aux.name().to_owned()),
+                &key("name"),
+                format!("another auxiliary model is already called `{}`; give each a distinct name", aux.name()),
+            )?;
         }
         Ok(())
     }

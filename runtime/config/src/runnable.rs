@@ -53,6 +53,17 @@ impl Check<'_> {
         for (i, (list, taskset)) in tasksets.enumerate() {
             let index = if list == "tasksets" { i } else { i - input.tasksets.len() };
             let key = format!("buffer.explorer_input.{list}[{index}]");
+            let workflow = taskset.default_workflow_type.as_deref().unwrap_or_default();
+            if config.explorer.auxiliary_models.is_empty() && crate::external::needs_auxiliary_model(workflow) {
+                return Err(self.refuse(
+                    &format!("{key}.default_workflow_type"),
+                    format!(
+                        "taskset `{}`: `{workflow}` calls a judge or teacher model; list it under \
+                         explorer.auxiliary_models (the first one is the workflow's)",
+                        taskset.name
+                    ),
+                ));
+            }
             if taskset.storage_type == StorageType::Sql {
                 return Err(self.refuse(
                     &format!("{key}.storage_type"),

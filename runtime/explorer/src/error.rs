@@ -13,6 +13,8 @@ pub enum ExplorerError {
     Engine { task: String, source: trinity_engine::EngineError },
     #[error("task {task}: model: {source}")]
     Model { task: String, source: trinity_model::ModelError },
+    #[error("task {task}: {source}")]
+    Auxiliary { task: String, source: crate::auxiliary::AuxiliaryError },
     #[error("task {task}: timed out after {seconds} s")]
     Timeout { task: String, seconds: u64 },
     #[error("task {task}: {message}")]
@@ -39,6 +41,12 @@ impl ExplorerError {
             | ExplorerError::UnknownWorkflow { .. }
             | ExplorerError::Reward { .. }
             | ExplorerError::Model { .. } => false,
+            // A judge or teacher fails the same way again (a prompt over its limit, a foreign vocabulary), unless
+            // its engine failed mid-step.
+            ExplorerError::Auxiliary { source, .. } => matches!(
+                source,
+                crate::auxiliary::AuxiliaryError::Engine { source: trinity_engine::EngineError::Stopped, .. }
+            ),
         }
     }
 }

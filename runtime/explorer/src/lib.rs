@@ -9,17 +9,23 @@
 //!   math and Q&A (`simple_workflow`, `math_workflow`, `math_boxed_workflow`, their `async_*` names,
 //!   `math_eval_workflow`), `countdown`, `tool_call_workflow` (ToolACE function calling), the multi-step
 //!   `sudoku_workflow` (one experience per step) and the multi-turn `frozen_lake_workflow` (one experience per
-//!   run over the whole conversation, see `conversation.rs`).
+//!   run over the whole conversation, see `conversation.rs`). Workflows that call an auxiliary model
+//!   ([`AuxiliaryModel`], `explorer.auxiliary_models`): on-policy distillation (`on_policy_distill_workflow`,
+//!   `on_policy_distill_math_workflow`: the teacher's logprobs of every sampled token) and LLM-judged rewards
+//!   (`math_ruler_workflow`, `rubric_judge_workflow`).
 //! * [`ExperienceOperator`]s transform one explore step's experiences before they enter the buffer: Trinity-RFT's
 //!   pure ones are built in ([`OperatorEntry`]), plugins register by name ([`register_operator`]), and
 //!   [`apply_pipeline`] runs a configured pipeline, collecting the selectors' feedback.
 //! * [`run_tasks`] runs a batch of tasks with `runner_per_model` workflows in flight, a per-task timeout and
 //!   retries; a task that fails for good is logged and counted, never fatal to the run.
 
+mod auxiliary;
 mod conversation;
 mod countdown_workflow;
+mod distill_workflow;
 mod error;
 mod frozen_lake_workflow;
+mod judge_workflow;
 mod math_boxed_workflow;
 mod math_eval_workflow;
 mod math_workflow;
@@ -33,6 +39,7 @@ mod sudoku_workflow;
 mod tool_call_workflow;
 mod workflow;
 
+pub use auxiliary::{AuxiliaryError, AuxiliaryModel};
 pub use error::ExplorerError;
 pub use math_workflow::mix as seed_mix;
 pub use operator::{

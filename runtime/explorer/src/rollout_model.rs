@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use trinity_engine::{Engine, Generation, SamplingParams};
 use trinity_model::{ChatMessage, ChatTemplate, ModelError, Tokenizer};
 
+use crate::auxiliary::AuxiliaryModel;
+
 /// The generation engine plus the text side of the model (tokenizer, chat template) and the version of the
 /// weights it serves. Shared by every running workflow; the engine batches their requests together.
 #[derive(Debug)]
@@ -17,11 +19,37 @@ pub struct RolloutModel {
     /// `model.enable_prompt_truncation`: a prompt over the engine's limit yields masked placeholder experiences
     /// instead of failing its task.
     truncate_long_prompts: bool,
+    /// `explorer.auxiliary_models`, in config order: the judges and teachers workflows call beside this model.
+    auxiliary: Vec<AuxiliaryModel>,
 }
 
 impl RolloutModel {
     pub fn new(engine: Arc<Engine>, tokenizer: Tokenizer, chat_template: Option<ChatTemplate>) -> Self {
-        RolloutModel { engine, tokenizer, chat_template, version: AtomicU64::new(0), truncate_long_prompts: true }
+        RolloutModel {
+            engine,
+            tokenizer,
+            chat_template,
+            version: AtomicU64::new(0),
+            truncate_long_prompts: true,
+            auxiliary: Vec::new(),
+        }
+    }
+
+    /// Gives workflows these judges and teachers (`explorer.auxiliary_models`, in config order).
+    pub fn with_auxiliary_models(mut self, models: Vec<AuxiliaryModel>) -> Self {
+        self.auxiliary = models;
+        self
+    }
+
+    /// The auxiliary models in config order (Trinity-RFT's workflows take `auxiliary_models[0]` as their judge
+    /// or teacher).
+    pub fn auxiliary_models(&self) -> &[AuxiliaryModel] {
+        &self.auxiliary
+    }
+
+    /// The auxiliary model called `name`.
+    pub fn auxiliary_model(&self, name: &str) -> Option<&AuxiliaryModel> {
+        self.auxiliary.iter().find(|m| m.name() == name)
     }
 
     /// Sets `model.enable_prompt_truncation` (Trinity-RFT's default is on): with it, a workflow whose prompt is

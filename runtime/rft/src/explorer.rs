@@ -89,7 +89,8 @@ impl Explorer {
         let template = template.map(|t: ChatTemplate| t.with_enable_thinking(enable_thinking));
         let rollout = Arc::new(
             RolloutModel::new(Arc::new(engine), tokenizer, template)
-                .with_prompt_truncation(config.model.enable_prompt_truncation),
+                .with_prompt_truncation(config.model.enable_prompt_truncation)
+                .with_auxiliary_models(crate::auxiliary::load_all(config, device, threads)?),
         );
         let scheduler = match role {
             ExplorerRole::Explore => Some(TaskScheduler::from_config(&config.buffer)?),

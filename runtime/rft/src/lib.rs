@@ -11,6 +11,7 @@
 //! * `data_parallel`: `trinity run` under a launcher: rank 0 runs the mode, every rank trains.
 //! * [`run`]: the entry point: a resolved config's mode in a job directory; [`stages`]: several, in order.
 
+pub(crate) mod auxiliary;
 pub(crate) mod data_parallel;
 pub mod dataset;
 pub mod dpo_data;
