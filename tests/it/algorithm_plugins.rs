@@ -256,8 +256,9 @@ fn sha256_of(path: &Path) -> String {
     trinity_registry::sha256_hex(&std::fs::read(path).unwrap())
 }
 
-/// A registry index in `dir` offering example A as `artifact` with the given sha256.
-fn registry(dir: &Path, artifact: &Path, sha256: &str) -> PathBuf {
+/// A registry index in `dir` offering example A as `artifact` with the given sha256, signed by a publisher key
+/// made with `trinity plugins keygen` and `trinity plugins sign`; returns the index and the public key.
+fn registry(dir: &Path, artifact: &Path, sha256: &str) -> (PathBuf, String) {
     let index = dir.join("index.toml");
     let body = format!(
         "[[plugin]]\nname = \"algo-example-a\"\nkind = \"algorithm\"\nversion = \"0.1.0\"\napi = \"^0.1\"\n\
@@ -265,7 +266,19 @@ fn registry(dir: &Path, artifact: &Path, sha256: &str) -> PathBuf {
         artifact.file_name().unwrap().to_str().unwrap()
     );
     std::fs::write(&index, body).unwrap();
-    index
+    let keygen = trinity(dir, &["plugins", "keygen", "--out", "publisher.key"]);
+    assert!(keygen.status.success(), "{}", stderr(&keygen));
+    let public = stdout(&keygen).trim().to_owned();
+    let signed = trinity(dir, &["plugins", "sign", "index.toml", "--key", "publisher.key"]);
+    assert!(signed.status.success(), "{}", stderr(&signed));
+    assert!(std::fs::read_to_string(&index).unwrap().contains("signature = "));
+    (index, public)
+}
+
+/// `trinity plugins trust KEY` in `project`.
+fn trust(project: &Path, key: &str) {
+    let out = trinity(project, &["plugins", "trust", key]);
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[test]
@@ -274,9 +287,13 @@ fn an_installed_plugin_is_pinned_loaded_by_name_and_a_tampered_one_refused() {
     let reg = tempfile::tempdir().unwrap();
     let artifact = reg.path().join("libalgo_example_a.so");
     std::fs::copy(a, &artifact).unwrap();
-    let index = registry(reg.path(), &artifact, &sha256_of(&artifact));
+    let (index, publisher) = registry(reg.path(), &artifact, &sha256_of(&artifact));
     let project = tempfile::tempdir().unwrap();
     let url = format!("file://{}", index.display());
+    // Nobody trusted yet: refused, saying how to trust the publisher.
+    let out = trinity(project.path(), &["plugins", "install", "algo-example-a@0.1.0", "--registry", &url]);
+    assert_clean_failure(&out, &["no publisher key is trusted", "trinity plugins trust KEY"]);
+    trust(project.path(), &publisher);
     let out = trinity(project.path(), &["plugins", "install", "algo-example-a@0.1.0", "--registry", &url]);
     assert!(out.status.success(), "{}", stderr(&out));
     let lock = std::fs::read_to_string(project.path().join("trinity-plugins.lock")).unwrap();
@@ -318,11 +335,12 @@ algorithm:
 
     // Tampered in the registry: refused at install, nothing pinned.
     let fresh = tempfile::tempdir().unwrap();
+    trust(fresh.path(), &publisher);
     let mut bytes = std::fs::read(&artifact).unwrap();
     bytes[1000] ^= 0xff;
     std::fs::write(&artifact, bytes).unwrap();
     let out = trinity(fresh.path(), &["plugins", "install", "algo-example-a", "--registry", index.to_str().unwrap()]);
     assert_clean_failure(&out, &["plugin `algo-example-a` 0.1.0", "refusing it (tampered or corrupted)"]);
-    assert!(!fresh.path().join("trinity-plugins.lock").exists());
+    assert!(trinity_registry::Lock::read(fresh.path()).unwrap().plugins.is_empty(), "nothing pinned");
     assert!(!fresh.path().join(".trinity").exists());
 }

@@ -32,6 +32,34 @@ pub(crate) enum PluginsCommand {
     /// Install a plugin from a registry index: fetch it, verify its sha256, store it under `.trinity/plugins/` and
     /// pin it in `trinity-plugins.lock`; runs then load it by name (`--plugin NAME`, `plugins: [NAME]`).
     Install(crate::install::InstallArgs),
+    /// Trust a publisher's ed25519 public key (64 hex digits) for installs into this project: it is pinned in
+    /// `trinity-plugins.lock`, and `install` accepts only releases whose index entry that key (or another
+    /// trusted one) signed.
+    Trust {
+        /// The publisher's public key, 64 hex digits (as `trinity plugins keygen` prints it).
+        #[arg(value_name = "KEY")]
+        key: String,
+        /// The project folder that holds `trinity-plugins.lock`; the working directory by default.
+        #[arg(long, value_name = "DIR")]
+        project: Option<PathBuf>,
+    },
+    /// For publishers: make a signing key. Writes its secret (64 hex digits) to FILE, readable by you alone, and
+    /// prints the public key that projects pass to `trinity plugins trust`.
+    Keygen {
+        /// Where to write the secret key; an existing file is never overwritten.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// For publishers: sign every release of a registry index with the secret key in FILE (rewrites INDEX with
+    /// each entry's `signature`).
+    Sign {
+        /// The index file to sign in place.
+        #[arg(value_name = "INDEX")]
+        index: PathBuf,
+        /// The secret key file `trinity plugins keygen` wrote.
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+    },
 }
 
 pub(crate) fn run(args: PluginsArgs) -> Result<()> {
@@ -53,7 +81,49 @@ pub(crate) fn run(args: PluginsArgs) -> Result<()> {
             }
         }
         PluginsCommand::Install(args) => crate::install::run(args)?,
+        PluginsCommand::Trust { key, project } => {
+            let cwd = std::env::current_dir().context("cannot read the working directory")?;
+            let project = project.map_or_else(|| cwd.clone(), |p| cwd.join(p));
+            let mut lock = trinity_registry::Lock::read(&project)?;
+            let new = lock.trust(&key)?;
+            lock.write()?;
+            let state = if new { "now trusted" } else { "already trusted" };
+            println!("publisher key {} {state} in {}", key.trim().to_lowercase(), lock.path().display());
+        }
+        PluginsCommand::Keygen { out } => keygen(&out)?,
+        PluginsCommand::Sign { index, key } => {
+            let secret = std::fs::read_to_string(&key).with_context(|| format!("cannot read {}", key.display()))?;
+            let secret = trinity_registry::parse_secret_key(&secret).with_context(|| key.display().to_string())?;
+            let text = std::fs::read_to_string(&index).with_context(|| format!("cannot read {}", index.display()))?;
+            let signed = trinity_registry::Index::sign(&text, &secret)?;
+            let tmp = index.with_extension("toml.signing");
+            std::fs::write(&tmp, signed).with_context(|| format!("cannot write {}", tmp.display()))?;
+            std::fs::rename(&tmp, &index).with_context(|| format!("cannot replace {}", index.display()))?;
+            println!("signed {} with key {}", index.display(), trinity_registry::public_key_hex(&secret));
+        }
     }
+    Ok(())
+}
+
+/// Writes a new secret key (32 bytes from the kernel's random source, as hex) to `out`, created with mode 0600
+/// and never over an existing file, and prints its public key.
+fn keygen(out: &Path) -> Result<()> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut seed = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| random.read_exact(&mut seed))
+        .context("cannot read /dev/urandom")?;
+    let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
+    let secret = trinity_registry::parse_secret_key(&hex)?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .with_context(|| format!("cannot create {} (an existing key file is never overwritten)", out.display()))?;
+    writeln!(file, "{hex}").with_context(|| format!("cannot write {}", out.display()))?;
+    println!("{}", trinity_registry::public_key_hex(&secret));
     Ok(())
 }
 

@@ -72,6 +72,29 @@ pub enum RegistryError {
     )]
     Tampered { name: String, path: PathBuf, lock: PathBuf, expected: String, actual: String },
 
+    /// A publisher key that is not one.
+    #[error("publisher key `{key}`: {message}")]
+    Key { key: String, message: String },
+
+    /// No publisher is trusted yet, so no signature could be accepted.
+    #[error(
+        "plugin {plugin}: no publisher key is trusted in {}; run `trinity plugins trust KEY` with the ed25519 \
+         public key of the registry's publisher first; refusing it",
+        lock.display()
+    )]
+    NoTrustedKey { plugin: String, lock: PathBuf },
+
+    /// An index entry without a signature.
+    #[error(
+        "plugin {plugin}: its index entry has no `signature`; only releases signed by a trusted publisher are \
+         installed, refusing it"
+    )]
+    Unsigned { plugin: String },
+
+    /// An index entry whose signature does not verify.
+    #[error("plugin {plugin}: its signature does not verify ({message}); refusing it (tampered index?)")]
+    BadSignature { plugin: String, message: String },
+
     /// The lock file could not be read, parsed or written.
     #[error("lock file {}: {message}", path.display())]
     Lock { path: PathBuf, message: String },

@@ -11,19 +11,20 @@
 //! size = 123456                 # optional: the artifact's length in bytes (the download's cap)
 //! platform = "x86_64-linux"     # optional; native libraries only
 //! description = "…"             # optional
+//! signature = "9a1f…"           # ed25519 by the publisher over the entry (see `signature`), 128 hex digits
 //! ```
 
 use std::path::Path;
 
 use semver::{Version, VersionReq};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::RegistryError;
 use crate::fetch::Location;
 use crate::http::FetchOptions;
 
 /// One release of one plugin.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Release {
     pub name: String,
@@ -40,9 +41,12 @@ pub struct Release {
     /// `ARCH-OS` the artifact is built for (native libraries); absent for portable ones.
     pub platform: Option<String>,
     pub description: Option<String>,
+    /// The publisher's ed25519 signature over [`crate::signature::signed_message`], hex; installs refuse a
+    /// release without a valid one from a trusted key.
+    pub signature: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct IndexFile {
     #[serde(default)]
@@ -107,6 +111,18 @@ impl Index {
             }
         }
         Ok(Index { location, releases: file.plugin })
+    }
+
+    /// Signs every release of index `text` with `secret` (what a publisher runs before uploading an index) and
+    /// returns the index with each entry's `signature` set. Comments and layout are not kept.
+    pub fn sign(text: &str, secret: &ed25519_dalek::SigningKey) -> Result<String, RegistryError> {
+        let location = Location::parse("index.toml", Path::new("."))?;
+        let mut index = Index::parse(text, location)?;
+        for release in &mut index.releases {
+            release.signature = Some(crate::signature::sign_release(release, secret));
+        }
+        toml::to_string(&IndexFile { plugin: index.releases })
+            .map_err(|e| RegistryError::Index { location: "index.toml".to_owned(), message: e.to_string() })
     }
 
     /// The release to install: the requested version, or else the newest one whose API range contains the host's

@@ -38,6 +38,9 @@ pub fn install_with(
 ) -> Result<LockedPlugin, RegistryError> {
     let index = Index::fetch_with(registry, project, options)?;
     let release = index.select(request, host_api)?;
+    // Before anything is downloaded or written: the release must be signed by a publisher this project trusts.
+    let mut lock = Lock::read(project)?;
+    crate::signature::verify_release(release, &lock.trusted_keys, &lock.path())?;
     let artifact = index.location.join(&release.url)?;
     if index.location.is_remote() && !artifact.is_remote() {
         return Err(RegistryError::LocalArtifact {
@@ -66,7 +69,6 @@ pub fn install_with(
         sha256: actual,
         path: relative,
     };
-    let mut lock = Lock::read(project)?;
     lock.pin(pinned.clone());
     lock.write()?;
     Ok(pinned)
@@ -150,6 +152,9 @@ mod tests {
         (kind == "algorithm").then(|| Version::new(0, 1, 0))
     }
 
+    /// A registry whose publisher signs with this seed, and a project that trusts it.
+    const SEED: [u8; 32] = [7; 32];
+
     fn registry(dir: &Path, artifact: &[u8], sha256: &str) {
         std::fs::create_dir_all(dir.join("files")).unwrap();
         std::fs::write(dir.join("files/libx.so"), artifact).unwrap();
@@ -157,13 +162,22 @@ mod tests {
             "[[plugin]]\nname = \"x\"\nkind = \"algorithm\"\nversion = \"0.3.0\"\napi = \">=0.1, <0.2\"\n\
              url = \"files/libx.so\"\nsha256 = \"{sha256}\"\n"
         );
-        std::fs::write(dir.join("index.toml"), index).unwrap();
+        let signed = Index::sign(&index, &ed25519_dalek::SigningKey::from_bytes(&SEED)).unwrap();
+        std::fs::write(dir.join("index.toml"), signed).unwrap();
+    }
+
+    fn trusting_project() -> tempfile::TempDir {
+        let project = tempfile::tempdir().unwrap();
+        let mut lock = Lock::read(project.path()).unwrap();
+        lock.trust(&crate::public_key_hex(&ed25519_dalek::SigningKey::from_bytes(&SEED))).unwrap();
+        lock.write().unwrap();
+        project
     }
 
     #[test]
     fn installs_verifies_stores_and_pins() {
         let reg = tempfile::tempdir().unwrap();
-        let project = tempfile::tempdir().unwrap();
+        let project = trusting_project();
         registry(reg.path(), b"library bytes", &crate::sha256_hex(b"library bytes"));
         let url = format!("file://{}", reg.path().join("index.toml").display());
         let pinned = install(&Request::parse("x").unwrap(), &url, project.path(), &api).unwrap();
@@ -177,7 +191,7 @@ mod tests {
     #[test]
     fn a_tampered_artifact_is_refused_and_nothing_is_pinned() {
         let reg = tempfile::tempdir().unwrap();
-        let project = tempfile::tempdir().unwrap();
+        let project = trusting_project();
         registry(reg.path(), b"evil bytes", &crate::sha256_hex(b"library bytes"));
         let index = reg.path().join("index.toml");
         let err = install(&Request::parse("x@0.3.0").unwrap(), index.to_str().unwrap(), project.path(), &api)
@@ -186,6 +200,10 @@ mod tests {
         assert!(err.contains("refusing it") && err.contains(&crate::sha256_hex(b"evil bytes")), "{err}");
         assert!(Lock::read(project.path()).unwrap().plugins.is_empty());
         assert!(!project.path().join(PLUGIN_DIR).exists());
-        assert_eq!(std::fs::read_dir(project.path()).unwrap().count(), 0, "the download was removed");
+        assert_eq!(
+            std::fs::read_dir(project.path()).unwrap().count(),
+            1,
+            "only the lock file: the download was removed"
+        );
     }
 }

@@ -9,6 +9,9 @@
 //!   folder (`.trinity/plugins/NAME/VERSION/FILE`) and pins it in the project's lock file.
 //! * Over the network ([`http`]): https only unless [`FetchOptions::allow_insecure_http`], no redirect that
 //!   leaves https, timeouts, and caps on every body.
+//! * **Signatures** ([`signature`]): every index entry carries the publisher's ed25519 signature over its name,
+//!   kind, version, API range and sha256; an install refuses a release unless a key the project trusts
+//!   (`trinity plugins trust KEY`, kept in the lock file) made its signature, before anything is downloaded.
 //! * The **lock file** ([`lock`], `trinity-plugins.lock`) is what a run trusts: [`lock::Lock::resolve`] finds an
 //!   installed plugin by name and re-checks the stored file's sha256 before anyone loads it, so a file changed
 //!   after install is refused too.
@@ -19,6 +22,7 @@ pub mod http;
 pub mod index;
 pub mod install;
 pub mod lock;
+pub mod signature;
 
 pub use error::RegistryError;
 pub use http::FetchOptions;
@@ -27,6 +31,7 @@ pub use install::{PLUGIN_DIR, install, install_with};
 pub use lock::{LOCK_FILE, Lock, LockedPlugin};
 /// Plugin API versions are semver versions; re-exported so callers need not depend on semver themselves.
 pub use semver::Version;
+pub use signature::{parse_public_key, parse_secret_key, public_key_hex, sign_release};
 
 /// Lowercase hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {

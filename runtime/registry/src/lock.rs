@@ -28,6 +28,9 @@ pub struct LockedPlugin {
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LockFile {
+    /// Publisher keys (ed25519, hex) whose signatures installs accept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    trusted_keys: Vec<String>,
     #[serde(default)]
     plugin: Vec<LockedPlugin>,
 }
@@ -39,6 +42,8 @@ pub struct Lock {
     pub project: PathBuf,
     /// Pinned plugins, sorted by name.
     pub plugins: Vec<LockedPlugin>,
+    /// Publisher keys (ed25519, hex) this project trusts to sign releases (`trinity plugins trust KEY`).
+    pub trusted_keys: Vec<String>,
 }
 
 impl Lock {
@@ -52,7 +57,7 @@ impl Lock {
         };
         let file: LockFile =
             toml::from_str(&text).map_err(|e| RegistryError::Lock { path: path.clone(), message: e.to_string() })?;
-        Ok(Lock { project: project.to_owned(), plugins: file.plugin })
+        Ok(Lock { project: project.to_owned(), plugins: file.plugin, trusted_keys: file.trusted_keys })
     }
 
     /// Writes the lock file (to a temporary file, then renamed, so a crash never leaves half a lock).
@@ -60,12 +65,28 @@ impl Lock {
         let path = self.project.join(LOCK_FILE);
         let mut plugins = self.plugins.clone();
         plugins.sort_by(|a, b| a.name.cmp(&b.name));
-        let body = toml::to_string(&LockFile { plugin: plugins })
+        let body = toml::to_string(&LockFile { trusted_keys: self.trusted_keys.clone(), plugin: plugins })
             .map_err(|e| RegistryError::Lock { path: path.clone(), message: e.to_string() })?;
         let text = format!("# Written by `trinity plugins install`; commit it with the project.\n\n{body}");
         let tmp = self.project.join(format!(".{LOCK_FILE}.tmp"));
         std::fs::write(&tmp, text).map_err(|source| RegistryError::Io { path: tmp.clone(), source })?;
         std::fs::rename(&tmp, &path).map_err(|source| RegistryError::Io { path, source })
+    }
+
+    /// Trusts publisher `key` (64 hex digits, checked to be an ed25519 public key) for later installs; returns
+    /// whether it was new.
+    pub fn trust(&mut self, key: &str) -> Result<bool, RegistryError> {
+        let key = crate::signature::public_key_hex_of(&crate::signature::parse_public_key(key)?);
+        if self.trusted_keys.contains(&key) {
+            return Ok(false);
+        }
+        self.trusted_keys.push(key);
+        Ok(true)
+    }
+
+    /// The lock file's path.
+    pub fn path(&self) -> PathBuf {
+        self.project.join(LOCK_FILE)
     }
 
     /// Pins `plugin`, replacing any earlier pin of the same name.
@@ -133,6 +154,21 @@ mod tests {
         );
         assert_eq!(back.resolve("a").unwrap(), Some(dir.path().join("a.so")));
         assert_eq!(back.resolve("zzz").unwrap(), None);
+    }
+
+    #[test]
+    fn trusted_keys_round_trip_once_each_and_bad_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = crate::public_key_hex(&ed25519_dalek::SigningKey::from_bytes(&[7; 32]));
+        let mut lock = Lock::read(dir.path()).unwrap();
+        assert!(lock.trust(&key.to_uppercase()).unwrap());
+        assert!(!lock.trust(&key).unwrap(), "the same key, differently spelt, is trusted once");
+        lock.pin(pin("a", b"1", dir.path()));
+        lock.write().unwrap();
+        let back = Lock::read(dir.path()).unwrap();
+        assert_eq!(back.trusted_keys, [key]);
+        assert_eq!(back.plugins.len(), 1);
+        assert!(matches!(lock.trust("not a key"), Err(RegistryError::Key { .. })));
     }
 
     #[test]

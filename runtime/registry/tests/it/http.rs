@@ -3,7 +3,10 @@
 
 use std::path::Path;
 
-use trinity_registry::{FetchOptions, Lock, PLUGIN_DIR, RegistryError, Request, Version, install_with, sha256_hex};
+use trinity_registry::{
+    FetchOptions, Index, Lock, PLUGIN_DIR, RegistryError, Request, Version, install_with, parse_secret_key,
+    public_key_hex, sha256_hex,
+};
 
 use crate::server::{Length, Reply, Server, TestCa};
 
@@ -13,8 +16,12 @@ fn api(kind: &str) -> Option<Version> {
     (kind == "algorithm").then(|| Version::new(0, 1, 0))
 }
 
-/// An index with one release of `x` whose artifact is at `url` and hashes to `sha256`.
-fn index(url: &str, sha256: &str, size: Option<u64>) -> String {
+/// The publisher's secret key (a fixed seed: tests must reproduce) and a stranger's.
+const PUBLISHER: &str = "0707070707070707070707070707070707070707070707070707070707070707";
+const STRANGER: &str = "0909090909090909090909090909090909090909090909090909090909090909";
+
+/// An index with one release of `x`, unsigned, whose artifact is at `url` and hashes to `sha256`.
+fn unsigned_index(url: &str, sha256: &str, size: Option<u64>) -> String {
     let size = size.map(|n| format!("size = {n}\n")).unwrap_or_default();
     format!(
         "[[plugin]]\nname = \"x\"\nkind = \"algorithm\"\nversion = \"0.3.0\"\napi = \"^0.1\"\nurl = \"{url}\"\n\
@@ -22,8 +29,27 @@ fn index(url: &str, sha256: &str, size: Option<u64>) -> String {
     )
 }
 
+/// [`unsigned_index`] signed by `secret`.
+fn index_signed_by(secret: &str, url: &str, sha256: &str, size: Option<u64>) -> String {
+    Index::sign(&unsigned_index(url, sha256, size), &parse_secret_key(secret).unwrap()).unwrap()
+}
+
+/// [`unsigned_index`] signed by the publisher.
+fn index(url: &str, sha256: &str, size: Option<u64>) -> String {
+    index_signed_by(PUBLISHER, url, sha256, size)
+}
+
 fn trusting(ca: &TestCa) -> FetchOptions {
     FetchOptions { trusted_roots: Some(vec![ca.ca_der.clone()]), ..FetchOptions::default() }
+}
+
+/// A project that trusts the publisher's key, as `trinity plugins trust KEY` leaves it.
+fn trusting_project() -> tempfile::TempDir {
+    let project = tempfile::tempdir().unwrap();
+    let mut lock = Lock::read(project.path()).unwrap();
+    assert!(lock.trust(&public_key_hex(&parse_secret_key(PUBLISHER).unwrap())).unwrap());
+    lock.write().unwrap();
+    project
 }
 
 fn install(
@@ -34,12 +60,54 @@ fn install(
     install_with(&Request::parse("x").unwrap(), registry, project, &api, options).map_err(Box::new)
 }
 
-/// Nothing of a failed install is left: no plugin folder, no pin, no download.
+/// Nothing of a failed install is left: no plugin folder, no pin, no download; the lock file holds only what was
+/// there before (the trusted key).
 fn nothing_stored(project: &Path) {
     assert!(!project.join(PLUGIN_DIR).exists(), "a plugin folder was created");
     assert!(Lock::read(project).unwrap().plugins.is_empty(), "something was pinned");
-    let left: Vec<_> = std::fs::read_dir(project).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let left: Vec<_> = std::fs::read_dir(project)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|name| name != trinity_registry::LOCK_FILE)
+        .collect();
     assert!(left.is_empty(), "files left behind: {left:?}");
+}
+
+#[test]
+fn unsigned_and_wrongly_signed_releases_are_refused_before_the_download() {
+    let ca = TestCa::new();
+    let server = Server::https(&ca);
+    let hash = sha256_hex(ARTIFACT);
+    server.route("/unsigned/index.toml", Reply::ok(unsigned_index("libx.so", &hash, None)));
+    server.route("/stranger/index.toml", Reply::ok(index_signed_by(STRANGER, "libx.so", &hash, None)));
+    // A genuine entry relabelled: an old release passed off as a newer version keeps the old signature.
+    let relabelled = index("libx.so", &hash, None).replace("version = \"0.3.0\"", "version = \"0.4.0\"");
+    server.route("/relabelled/index.toml", Reply::ok(relabelled));
+    let cases = [
+        ("/unsigned/index.toml", "no `signature`"),
+        ("/stranger/index.toml", "no key trusted in"),
+        ("/relabelled/index.toml", "does not verify"),
+    ];
+    for (index, why) in cases {
+        server.route(&index.replace("index.toml", "libx.so"), Reply::ok(ARTIFACT));
+        let project = trusting_project();
+        let err = install(&server.url(index), project.path(), &trusting(&ca)).unwrap_err();
+        assert!(matches!(*err, RegistryError::Unsigned { .. } | RegistryError::BadSignature { .. }), "{index}: {err}");
+        assert!(err.to_string().contains("plugin `x`") && err.to_string().contains(why), "{index}: {err}");
+        nothing_stored(project.path());
+    }
+    assert!(
+        server.hits().iter().all(|hit| hit.ends_with("index.toml")),
+        "an artifact was fetched: {:?}",
+        server.hits()
+    );
+    // A project that trusts nobody installs nothing, and says how to trust a publisher.
+    server.route("/index.toml", Reply::ok(index("libx.so", &hash, None)));
+    let project = tempfile::tempdir().unwrap();
+    let err = install(&server.url("/index.toml"), project.path(), &trusting(&ca)).unwrap_err();
+    assert!(matches!(*err, RegistryError::NoTrustedKey { .. }), "{err}");
+    assert!(err.to_string().contains("trinity plugins trust KEY"), "{err}");
+    nothing_stored(project.path());
 }
 
 #[test]
@@ -49,7 +117,7 @@ fn installs_over_https_end_to_end() {
     server
         .route("/r/index.toml", Reply::ok(index("files/libx.so", &sha256_hex(ARTIFACT), Some(ARTIFACT.len() as u64))));
     server.route("/r/files/libx.so", Reply::ok(ARTIFACT));
-    let project = tempfile::tempdir().unwrap();
+    let project = trusting_project();
     let pinned = install(&server.url("/r/index.toml"), project.path(), &trusting(&ca)).unwrap();
     assert_eq!(std::fs::read(project.path().join(&pinned.path)).unwrap(), ARTIFACT);
     assert_eq!(pinned.source, server.url("/r/files/libx.so"));
@@ -65,7 +133,7 @@ fn an_https_redirect_within_https_is_followed() {
     server.route("/r/index.toml", Reply::ok(index("libx.so", &sha256_hex(ARTIFACT), None)));
     server.route("/r/libx.so", Reply::redirect(&server.url("/cdn/libx.so")));
     server.route("/cdn/libx.so", Reply::ok(ARTIFACT));
-    let project = tempfile::tempdir().unwrap();
+    let project = trusting_project();
     install(&server.url("/old/index.toml"), project.path(), &trusting(&ca)).unwrap();
 }
 
@@ -74,7 +142,7 @@ fn an_unknown_certificate_authority_is_refused() {
     let ca = TestCa::new();
     let server = Server::https(&ca);
     server.route("/index.toml", Reply::ok(index("libx.so", &sha256_hex(ARTIFACT), None)));
-    let project = tempfile::tempdir().unwrap();
+    let project = trusting_project();
     // Mozilla's roots do not include the test CA.
     let err = install(&server.url("/index.toml"), project.path(), &FetchOptions::default()).unwrap_err();
     assert!(matches!(*err, RegistryError::Fetch { .. }), "{err}");
@@ -87,7 +155,7 @@ fn plain_http_is_refused_unless_allowed() {
     let server = Server::http();
     server.route("/index.toml", Reply::ok(index("libx.so", &sha256_hex(ARTIFACT), None)));
     server.route("/libx.so", Reply::ok(ARTIFACT));
-    let project = tempfile::tempdir().unwrap();
+    let project = trusting_project();
     let err = install(&server.url("/index.toml"), project.path(), &FetchOptions::default()).unwrap_err();
     assert!(matches!(*err, RegistryError::InsecureHttp { .. }), "{err}");
     assert!(err.to_string().contains("vouch for nothing"), "{err}");
@@ -106,7 +174,7 @@ fn an_https_index_naming_an_http_artifact_is_refused() {
     let plain = Server::http();
     plain.route("/libx.so", Reply::ok(ARTIFACT));
     server.route("/index.toml", Reply::ok(index(&plain.url("/libx.so"), &sha256_hex(ARTIFACT), None)));
-    let project = tempfile::tempdir().unwrap();
+    let project = trusting_project();
     let err = install(&server.url("/index.toml"), project.path(), &trusting(&ca)).unwrap_err();
     assert!(matches!(*err, RegistryError::InsecureHttp { .. }), "{err}");
     assert!(plain.hits().is_empty());
@@ -121,7 +189,7 @@ fn a_redirect_from_https_to_http_is_refused_even_when_http_is_allowed() {
     plain.route("/libx.so", Reply::ok(ARTIFACT));
     server.route("/index.toml", Reply::ok(index("libx.so", &sha256_hex(ARTIFACT), None)));
     server.route("/libx.so", Reply::redirect(&plain.url("/libx.so")));
-    let project = tempfile::tempdir().unwrap();
+    let project = trusting_project();
     let options = FetchOptions { allow_insecure_http: true, ..trusting(&ca) };
     let err = install(&server.url("/index.toml"), project.path(), &options).unwrap_err();
     assert!(matches!(*err, RegistryError::Downgrade { .. }), "{err}");
@@ -136,7 +204,7 @@ fn a_tampered_artifact_is_refused() {
     let server = Server::https(&ca);
     server.route("/index.toml", Reply::ok(index("libx.so", &sha256_hex(ARTIFACT), None)));
     server.route("/libx.so", Reply::ok(b"evil bytes".to_vec()));
-    let project = tempfile::tempdir().unwrap();
+    let project = trusting_project();
     let err = install(&server.url("/index.toml"), project.path(), &trusting(&ca)).unwrap_err();
     assert!(matches!(*err, RegistryError::Checksum { .. }), "{err}");
     assert!(err.to_string().contains(&sha256_hex(b"evil bytes")), "{err}");
@@ -158,13 +226,13 @@ fn oversized_bodies_are_refused_declared_or_not() {
     for (index, options) in
         [("/index.toml", &small), ("/streamed/index.toml", &small), ("/sized/index.toml", &trusting(&ca))]
     {
-        let project = tempfile::tempdir().unwrap();
+        let project = trusting_project();
         let err = install(&server.url(index), project.path(), options).unwrap_err();
         assert!(matches!(*err, RegistryError::TooLarge { .. }), "{index}: {err}");
         nothing_stored(project.path());
     }
     // An index over its own cap.
-    let project = tempfile::tempdir().unwrap();
+    let project = trusting_project();
     let tiny_index = FetchOptions { max_index_bytes: 10, ..trusting(&ca) };
     let err = install(&server.url("/index.toml"), project.path(), &tiny_index).unwrap_err();
     assert!(matches!(*err, RegistryError::TooLarge { limit: 10, .. }), "{err}");
@@ -176,7 +244,7 @@ fn a_truncated_or_short_body_is_refused() {
     let server = Server::https(&ca);
     server.route("/index.toml", Reply::ok(index("libx.so", &sha256_hex(ARTIFACT), None)));
     server.route("/libx.so", Reply::ok(&ARTIFACT[..10]).with_length(Length::Declared(ARTIFACT.len() as u64)));
-    let project = tempfile::tempdir().unwrap();
+    let project = trusting_project();
     let err = install(&server.url("/index.toml"), project.path(), &trusting(&ca)).unwrap_err();
     assert!(matches!(*err, RegistryError::Fetch { .. }), "{err}");
     nothing_stored(project.path());
@@ -196,7 +264,7 @@ fn a_remote_index_cannot_name_a_local_file() {
     std::fs::write(local.path().join("libx.so"), ARTIFACT).unwrap();
     let url = format!("file://{}", local.path().join("libx.so").display());
     server.route("/index.toml", Reply::ok(index(&url, &sha256_hex(ARTIFACT), None)));
-    let project = tempfile::tempdir().unwrap();
+    let project = trusting_project();
     let err = install(&server.url("/index.toml"), project.path(), &trusting(&ca)).unwrap_err();
     assert!(matches!(*err, RegistryError::LocalArtifact { .. }), "{err}");
     nothing_stored(project.path());
