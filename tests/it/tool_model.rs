@@ -93,8 +93,7 @@ impl WeightSource for Weights {
         let zeros = || Tensor::zeros(shape, (Kind::Float, Device::Cpu));
         let random = |scale: f64| {
             let t = zeros();
-            let _ = t
-                .narrow(1, CHAIN_DIMS, HIDDEN - CHAIN_DIMS)
+            t.narrow(1, CHAIN_DIMS, HIDDEN - CHAIN_DIMS)
                 .copy_(&(Tensor::randn([shape[0], HIDDEN - CHAIN_DIMS], (Kind::Float, Device::Cpu)) * scale));
             t
         };

@@ -71,7 +71,7 @@ impl Workflow for OnPolicyDistill {
                 let scored = teacher
                     .logprobs(&experience.tokens, temperature)
                     .await
-                    .map_err(|source| ExplorerError::Auxiliary { task: describe(task), source })?;
+                    .map_err(|source| ExplorerError::Auxiliary { task: describe(task), source: Box::new(source) })?;
                 set_teacher_logprobs(experience, &scored)
                     .map_err(|message| ExplorerError::Task { task: describe(task), message })?;
                 experience.reward = 0.0;

@@ -14,7 +14,7 @@ pub enum ExplorerError {
     #[error("task {task}: model: {source}")]
     Model { task: String, source: trinity_model::ModelError },
     #[error("task {task}: {source}")]
-    Auxiliary { task: String, source: crate::auxiliary::AuxiliaryError },
+    Auxiliary { task: String, source: Box<crate::auxiliary::AuxiliaryError> },
     #[error("task {task}: timed out after {seconds} s")]
     Timeout { task: String, seconds: u64 },
     #[error("task {task}: {message}")]
@@ -44,7 +44,7 @@ impl ExplorerError {
             // A judge or teacher fails the same way again (a prompt over its limit, a foreign vocabulary), unless
             // its engine failed mid-step.
             ExplorerError::Auxiliary { source, .. } => matches!(
-                source,
+                **source,
                 crate::auxiliary::AuxiliaryError::Engine { source: trinity_engine::EngineError::Stopped, .. }
             ),
         }

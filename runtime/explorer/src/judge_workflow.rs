@@ -83,7 +83,7 @@ impl Workflow for MathRuler {
             let reply = judge
                 .chat(&judge_messages, judge_params(judge, task, ctx, 1.0))
                 .await
-                .map_err(|source| ExplorerError::Auxiliary { task: describe(task), source })?;
+                .map_err(|source| ExplorerError::Auxiliary { task: describe(task), source: Box::new(source) })?;
             let scores = ruler_scores(&reply, experiences.len());
             if scores.is_none() {
                 tracing::warn!("task {}: no list of {} scores in the judge's reply", describe(task), experiences.len());
@@ -183,7 +183,7 @@ impl Workflow for RubricJudge {
                 let reply = judge
                     .chat(&judge_messages, judge_params(judge, task, ctx, 0.0))
                     .await
-                    .map_err(|source| ExplorerError::Auxiliary { task: describe(task), source })?;
+                    .map_err(|source| ExplorerError::Auxiliary { task: describe(task), source: Box::new(source) })?;
                 let rating = rubric_rating(&reply);
                 valid += usize::from(rating.is_some());
                 e.reward = rating.map_or(0.0, |r| (r - 1.0) / 9.0);
