@@ -62,10 +62,6 @@ fn placement_keys_are_accepted_with_one_note_each() {
 #[test]
 fn refused_keys_name_the_key_and_the_reason_only_when_not_default() {
     let cases = [
-        (
-            format!("{BASE}explorer:\n  auxiliary_models:\n    - model_path: /models/judge\n"),
-            vec!["`explorer.auxiliary_models`", "issue 16"],
-        ),
         (format!("{BASE}explorer:\n  env_vars:\n    A: b\n"), vec!["`explorer.env_vars`", "workflow_args"]),
         (
             format!("{BASE}explorer:\n  rollout_model:\n    enable_openai_api: true\n"),
