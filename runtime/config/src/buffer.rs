@@ -301,8 +301,8 @@ pub struct ExperienceBufferConfig {
     /// queue a `.jsonl` file that keeps a copy; for `file`, the rows.
     pub path: Option<String>,
     /// Most experiences held before the explorer waits (back-pressure; up to `synchronizer.sync_timeout`, then the
-    /// step fails naming the buffer). In modes `both` / `colocate` the explorer runs `sync_interval + sync_offset`
-    /// explore steps before the trainer takes the first, so a smaller buffer ends the run at that timeout.
+    /// step fails naming the buffer). In modes `both` / `colocate` it holds up to `sync_offset + 1` explore steps
+    /// at once, and the run is refused before it starts when that does not fit.
     pub capacity: u32,
     /// Seconds the trainer waits for a batch before giving up.
     pub max_read_timeout: f64,

@@ -44,6 +44,7 @@ impl Check<'_> {
         let config = self.config;
         self.check_shared_buffer()?;
         self.check_train_batch_size()?;
+        self.check_back_pressure()?;
         let input = &config.buffer.explorer_input;
         let tasksets = input
             .tasksets
@@ -128,6 +129,51 @@ impl Check<'_> {
         ))
     }
 
+    /// In modes `both` and `colocate` explorer and trainer take turns in one process, and the explorer runs up to
+    /// `sync_offset` steps ahead of the train step that publishes the weights it needs (`schedule.rs` in
+    /// trinity-rft, `SyncSchedule::steps_buffered`), so the experience buffer must hold `sync_offset + 1` steps'
+    /// experiences: otherwise storing the last one waits for room that only the trainer, on the same thread,
+    /// could make, and the step fails after `synchronizer.sync_timeout`. An in-memory queue admits a step when it
+    /// fits under `capacity` (or the queue is empty); a database admits it while fewer than `capacity` rows wait.
+    fn check_back_pressure(&self) -> Result<(), ConfigError> {
+        let config = self.config;
+        if !matches!(config.mode, Mode::Both | Mode::Colocate) {
+            return Ok(());
+        }
+        let Some(buffer) = &config.buffer.trainer_input.experience_buffer else {
+            return Ok(());
+        };
+        if buffer.schema_type.as_deref() != Some(ExperienceSchema::Experience.name()) {
+            return Ok(());
+        }
+        let offset = u64::from(config.synchronizer.sync_offset);
+        let buffered = offset + 1;
+        if buffered < 2 {
+            return Ok(());
+        }
+        let per_step = u64::from(config.buffer.batch_size) * u64::from(config.algorithm.repeat_times.unwrap_or(1));
+        let capacity = u64::from(buffer.capacity);
+        let persistent = is_database_url(buffer.path.as_deref().unwrap_or_default());
+        // The smallest capacity that admits the last of `buffered` steps.
+        let needed = if persistent { (buffered - 1) * per_step + 1 } else { buffered * per_step };
+        if capacity >= needed {
+            return Ok(());
+        }
+        Err(self.refuse(
+            "buffer.trainer_input.experience_buffer.capacity",
+            format!(
+                "{capacity} experiences, but in mode `{}` the buffer holds {buffered} explore steps at once \
+                 (synchronizer.sync_offset {offset} steps run ahead, plus the one being stored) of {per_step} \
+                 experiences each (batch_size {} × repeat_times {}), and the trainer that would make room runs in \
+                 the same process: the step would fail after synchronizer.sync_timeout; set capacity to at least \
+                 {needed}, or lower sync_offset",
+                config.mode.name(),
+                config.buffer.batch_size,
+                config.algorithm.repeat_times.unwrap_or(1),
+            ),
+        ))
+    }
+
     /// In modes `both` and `colocate` train step `s` trains explore step `s`'s experiences (plus the expert rows of
     /// sample strategy `mix`), so `buffer.train_batch_size` must be what that makes. Modes `explore` and `train`
     /// are free of this rule: their trainer reads batches of `train_batch_size` whatever the explore steps made.
@@ -201,6 +247,37 @@ mod tests {
                 if key == "buffer.train_batch_size" && message.contains("batch_size 2 × repeat_times 4 = 8")),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_buffer_too_small_for_the_steps_run_ahead_is_refused() {
+        // Two tasks × four rollouts a step; offset 1 keeps two steps in the buffer at once.
+        let offset = |capacity: u32, path: &str, interval: u32| {
+            let buffer = format!("  trainer_input:\n    experience_buffer:\n      capacity: {capacity}\n{path}");
+            let mut loaded = load_with("", &buffer);
+            loaded.config.synchronizer.sync_offset = 1;
+            loaded.config.synchronizer.sync_interval = interval;
+            loaded.check_runnable()
+        };
+        assert!(offset(16, "", 1).is_ok());
+        let error = offset(15, "", 1).unwrap_err();
+        assert!(
+            matches!(&error, ConfigError::NotRunnable { key, message, .. }
+                if key == "buffer.trainer_input.experience_buffer.capacity"
+                    && message.contains("holds 2 explore steps") && message.contains("at least 16")),
+            "{error}"
+        );
+        // A sparse sync plan does not grow the buffer: train steps that publish nothing run as their batch arrives.
+        assert!(offset(16, "", 20).is_ok());
+        // A database admits a step while fewer than `capacity` rows wait.
+        let sqlite = "      path: sqlite:///b.db\n";
+        assert!(offset(9, sqlite, 1).is_ok());
+        assert!(offset(8, sqlite, 1).unwrap_err().to_string().contains("at least 9"));
+        // Without an offset one step at a time is always admitted, whatever the interval.
+        let mut loaded = load_with("", "  trainer_input:\n    experience_buffer:\n      capacity: 1\n");
+        loaded.config.synchronizer.sync_offset = 0;
+        loaded.config.synchronizer.sync_interval = 20;
+        assert!(loaded.check_runnable().is_ok());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Modes `both` and `colocate`: explorer and trainer in one process on one device, weights synchronised in place.
 //!
-//! The loop follows [`crate::schedule`]: explore whenever the sync plan allows, else train; after every
-//! `sync_interval`-th train step the trainer's weights are copied into the generation engine (`memory`), or go
+//! The loop follows [`crate::schedule`]: a train step that publishes no weights runs as soon as its explore step is
+//! stored, otherwise explore whenever the sync plan allows, else train; after every `sync_interval`-th train step the trainer's weights are copied into the generation engine (`memory`), or go
 //! through the run's weight store on disk first (`checkpoint`). Train step `s` trains on exactly the experiences of
 //! explore step `s` (whole groups, in order).
 //!
