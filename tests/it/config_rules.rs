@@ -64,8 +64,8 @@ fn refused_keys_name_the_key_and_the_reason_only_when_not_default() {
     let cases = [
         (format!("{BASE}explorer:\n  env_vars:\n    A: b\n"), vec!["`explorer.env_vars`", "workflow_args"]),
         (
-            format!("{BASE}explorer:\n  rollout_model:\n    enable_openai_api: true\n"),
-            vec!["`explorer.rollout_model.enable_openai_api`"],
+            format!("{BASE}explorer:\n  rollout_model:\n    reasoning_parser: deepseek_r1\n"),
+            vec!["`explorer.rollout_model.reasoning_parser`"],
         ),
         (
             BASE.replace(

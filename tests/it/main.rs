@@ -1,5 +1,6 @@
 //! Integration tests: the `trinity` binary run as a user runs it, in temporary directories.
 
+mod agent_process;
 mod algorithm_plugins;
 mod async_rl;
 mod auxiliary_models;

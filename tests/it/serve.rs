@@ -4,13 +4,13 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{stderr, tiny_model_dir, trinity, workspace_root};
+use crate::support::{openai_python, stderr, tiny_model_dir, trinity, workspace_root};
 use crate::tool_model::write_tool_model;
 
 fn config(mode: &str) -> String {
@@ -46,6 +46,8 @@ explorer:
   proxy_port: 0
   rollout_model:
     dtype: float32
+    enable_auto_tool_choice: true
+    tool_call_parser: hermes
 trainer:
   dtype: float32
 synchronizer:
@@ -156,21 +158,6 @@ fn an_agent_chats_rewards_and_commits_and_a_trainer_trains_on_exactly_those_toke
     let count = |sql: &str| db.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
     assert_eq!(count("SELECT COUNT(*) FROM experiences WHERE consumed = 1 AND train_step = 1"), 2);
     assert_eq!(count("SELECT COUNT(*) FROM producers WHERE name = 'explorer' AND state = 'finished'"), 1);
-}
-
-/// Where `cargo xtask setup` installed the `openai` package.
-fn openai_python() -> PathBuf {
-    let python = std::env::var_os("TRINITY_OPENAI_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
-        deps.join("openai-venv/bin/python")
-    });
-    let imports = Command::new(&python).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
-    assert!(
-        imports,
-        "{} cannot import the `openai` package: run `cargo xtask setup`, which installs it",
-        python.display()
-    );
-    python
 }
 
 fn u64s(value: &Value) -> Vec<u64> {

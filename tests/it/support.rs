@@ -81,3 +81,18 @@ pub fn assert_clean_failure(output: &Output, expected: &[&str]) {
         assert!(err.contains(piece), "stderr lacks {piece:?}:\n{err}");
     }
 }
+
+/// Where `cargo xtask setup` installed the `openai` package.
+pub fn openai_python() -> PathBuf {
+    let python = std::env::var_os("TRINITY_OPENAI_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
+        deps.join("openai-venv/bin/python")
+    });
+    let imports = Command::new(&python).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    assert!(
+        imports,
+        "{} cannot import the `openai` package: run `cargo xtask setup`, which installs it",
+        python.display()
+    );
+    python
+}

@@ -380,18 +380,8 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("RolloutModelConfig", "seed", H, ""),
     ("RolloutModelConfig", "chat_template", H, ""),
     ("RolloutModelConfig", "enable_thinking", H, ""),
-    (
-        "RolloutModelConfig",
-        "enable_history",
-        R,
-        "it records the OpenAI-compatible API's requests for agent workflows, which come with issue 16; remove it",
-    ),
-    (
-        "RolloutModelConfig",
-        "enable_openai_api",
-        R,
-        "trinity has no OpenAI-compatible endpoint for workflows yet (issue 16 brings `mode: serve`); remove it",
-    ),
+    ("RolloutModelConfig", "enable_history", H, ""),
+    ("RolloutModelConfig", "enable_openai_api", H, ""),
     ("RolloutModelConfig", "ignore_eos", H, ""),
     (
         "RolloutModelConfig",
@@ -405,23 +395,13 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("RolloutModelConfig", "enable_chunked_prefill", P, VLLM),
     ("RolloutModelConfig", "enable_log_requests", P, VLLM),
     ("RolloutModelConfig", "bundle_indices", P, RAY),
-    (
-        "RolloutModelConfig",
-        "enable_auto_tool_choice",
-        R,
-        "it configures tool-call parsing in the OpenAI-compatible API, which trinity does not have yet (issue 16); remove it",
-    ),
-    (
-        "RolloutModelConfig",
-        "tool_call_parser",
-        R,
-        "it configures tool-call parsing in the OpenAI-compatible API, which trinity does not have yet (issue 16); remove it",
-    ),
+    ("RolloutModelConfig", "enable_auto_tool_choice", H, ""),
+    ("RolloutModelConfig", "tool_call_parser", H, ""),
     (
         "RolloutModelConfig",
         "reasoning_parser",
         R,
-        "it configures reasoning parsing in the OpenAI-compatible API, which trinity does not have yet (issue 16); remove it",
+        "trinity's OpenAI-compatible API has no reasoning parser (it would move the model's thinking text into `reasoning_content`, changing what an agent sees); remove it",
     ),
     ("RolloutModelConfig", "data_parallel_size", P, ONE_ENGINE),
     (

@@ -101,7 +101,7 @@ pub enum Mode {
     /// Evaluate the base model (`explorer.eval_on_startup`) and every `global_step_N` checkpoint of this experiment
     /// on the eval tasksets (only the latest with `explorer.bench_on_latest_checkpoint`).
     Bench,
-    /// Serve the rollout model over an OpenAI-compatible API and record experiences (not yet run: issue 16).
+    /// Serve the rollout model over an OpenAI-compatible API and record experiences.
     Serve,
     /// Explorer and trainer sharing one device (what `both` does on one device).
     Colocate,

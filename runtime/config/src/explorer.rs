@@ -147,9 +147,11 @@ pub struct RolloutModelConfig {
     pub chat_template: Option<String>,
     /// Passed to chat templates that understand it (Qwen3).
     pub enable_thinking: Option<bool>,
-    /// Record every request and response (for the `serve` mode).
+    /// Record every reply workflows receive over the OpenAI-compatible API (`enable_openai_api`), filed under the
+    /// workflow run that asked, so agent workflows (`agent_process_workflow`) train on exactly those tokens.
     pub enable_history: bool,
-    /// Expose the engine over an OpenAI-compatible API to workflows.
+    /// Serve the rollout model (and the auxiliary models, by name) to workflows over an OpenAI-compatible API on
+    /// a loopback port, through the same engine; each workflow run gets a base URL of its own.
     pub enable_openai_api: bool,
     /// Never stop at end-of-sequence (length benchmarks).
     pub ignore_eos: bool,
@@ -167,9 +169,11 @@ pub struct RolloutModelConfig {
     pub enable_log_requests: bool,
     /// Ray placement-group bundles of the engine.
     pub bundle_indices: Option<String>,
-    /// Let the OpenAI-compatible API turn tool-call text into `tool_calls`.
+    /// Let the OpenAI-compatible API (mode `serve`, `enable_openai_api`) turn tool-call text into `tool_calls` for
+    /// `tool_choice: "auto"`, with `tool_call_parser`; without it such requests are refused, as vLLM does.
     pub enable_auto_tool_choice: bool,
-    /// Parser of tool calls in the OpenAI-compatible API's responses.
+    /// Parser of tool calls in the OpenAI-compatible API's responses: `hermes` (`<tool_call>{json}</tool_call>`,
+    /// Qwen's format) is the one trinity has.
     pub tool_call_parser: Option<String>,
     /// Parser of reasoning text in the OpenAI-compatible API's responses.
     pub reasoning_parser: Option<String>,

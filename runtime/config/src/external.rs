@@ -52,6 +52,14 @@ pub fn needs(name: &str) -> Option<String> {
 const AUXILIARY_WORKFLOWS: &[&str] =
     &["on_policy_distill_workflow", "on_policy_distill_math_workflow", "math_ruler_workflow", "rubric_judge_workflow"];
 
+/// Built-in workflows that train on the replies recorded through the OpenAI API.
+const HISTORY_WORKFLOWS: &[&str] = &["agent_process_workflow"];
+
+/// Whether the workflow called `name` needs `enable_openai_api` and `enable_history`.
+pub fn needs_openai_history(name: &str) -> bool {
+    HISTORY_WORKFLOWS.contains(&name)
+}
+
 /// Whether the workflow called `name` needs an auxiliary model to run.
 pub fn needs_auxiliary_model(name: &str) -> bool {
     AUXILIARY_WORKFLOWS.contains(&name)
@@ -59,8 +67,9 @@ pub fn needs_auxiliary_model(name: &str) -> bool {
 
 /// How to bring a workflow trinity lacks, for error messages.
 pub const HOW_TO_BRING: &str = "bring it as a WASM workflow plugin (`cargo xtask new-plugin --kind workflow`, \
-     then list it under `plugins:`), or run the agent outside trinity against trinity's OpenAI-compatible \
-     endpoint (`mode: serve`, coming with issue 16)";
+     then list it under `plugins:`), run the agent as a program over the OpenAI API (`agent_process_workflow` \
+     with `explorer.rollout_model.enable_openai_api` and `enable_history`), or run it outside trinity against \
+     trinity's OpenAI-compatible endpoint (`mode: serve`)";
 
 #[cfg(test)]
 mod tests {

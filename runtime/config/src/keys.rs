@@ -148,10 +148,22 @@ pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
     ("RolloutModelConfig", "rope_scaling", "it is copied from model.rope_scaling; set that instead"),
     ("RolloutModelConfig", "rope_theta", "it is copied from model.rope_theta; set that instead"),
     ("RolloutModelConfig", "trust_remote_code", "it is copied from model.trust_remote_code; set that instead"),
-    ("RolloutModelConfig", "name", "it names auxiliary models for AgentScope, which come with issue 16; remove it"),
+    (
+        "RolloutModelConfig",
+        "name",
+        "the rollout model answers over the OpenAI API under `model.model_path`; only auxiliary models take a `name`; remove it",
+    ),
     ("RolloutModelConfig", "enable_multimodal", "trinity's models are text-only; remove it"),
-    ("RolloutModelConfig", "base_port", "the OpenAI-compatible API comes with issue 16; remove it"),
-    ("RolloutModelConfig", "api_key", "the OpenAI-compatible API comes with issue 16; remove it"),
+    (
+        "RolloutModelConfig",
+        "base_port",
+        "the workflows' OpenAI-compatible server listens on a free loopback port (each workflow run gets its URL); remove it",
+    ),
+    (
+        "RolloutModelConfig",
+        "api_key",
+        "the workflows' OpenAI-compatible server listens on loopback only and checks no key; remove it",
+    ),
     (
         "RolloutModelConfig",
         "external_model_config",
@@ -400,12 +412,8 @@ mod tests {
         assert!(notes.iter().all(|n| n.category == Category::Placement), "{notes:?}");
         for (tree, key) in [
             (
-                json!({"explorer": {"rollout_model": {"enable_openai_api": true}}}),
-                "explorer.rollout_model.enable_openai_api",
-            ),
-            (
-                json!({"explorer": {"rollout_model": {"tool_call_parser": "hermes"}}}),
-                "explorer.rollout_model.tool_call_parser",
+                json!({"explorer": {"rollout_model": {"reasoning_parser": "deepseek_r1"}}}),
+                "explorer.rollout_model.reasoning_parser",
             ),
             (
                 json!({"buffer": {"explorer_input": {"taskset": {"format": {"enable_concatenated_multi_turn": true}}}}}),

@@ -42,6 +42,34 @@ impl Check<'_> {
 
     fn run(&self) -> Result<(), ConfigError> {
         let config = self.config;
+        let rollout = &config.explorer.rollout_model;
+        if rollout.enable_history && !rollout.enable_openai_api {
+            return Err(self.refuse(
+                "explorer.rollout_model.enable_history",
+                "it records the replies workflows receive over the OpenAI-compatible API, which is off; set \
+                 `explorer.rollout_model.enable_openai_api: true` as well, or remove `enable_history`"
+                    .to_owned(),
+            ));
+        }
+        match rollout.tool_call_parser.as_deref() {
+            None | Some("hermes") => {}
+            Some(other) => {
+                return Err(self.refuse(
+                    "explorer.rollout_model.tool_call_parser",
+                    format!(
+                        "trinity parses tool calls in the `hermes` format (`<tool_call>{{json}}</tool_call>`, Qwen's) \
+                         only, not `{other}`; set `tool_call_parser: hermes` for a model that writes that format"
+                    ),
+                ));
+            }
+        }
+        if rollout.enable_auto_tool_choice && rollout.tool_call_parser.is_none() {
+            return Err(self.refuse(
+                "explorer.rollout_model.enable_auto_tool_choice",
+                "it needs a parser of the model's tool calls, as vLLM's does; set `tool_call_parser: hermes`"
+                    .to_owned(),
+            ));
+        }
         self.check_shared_buffer()?;
         self.check_train_batch_size()?;
         self.check_back_pressure()?;
@@ -61,6 +89,17 @@ impl Check<'_> {
                     format!(
                         "taskset `{}`: `{workflow}` calls a judge or teacher model; list it under \
                          explorer.auxiliary_models (the first one is the workflow's)",
+                        taskset.name
+                    ),
+                ));
+            }
+            if crate::external::needs_openai_history(workflow) && !(rollout.enable_openai_api && rollout.enable_history)
+            {
+                return Err(self.refuse(
+                    &format!("{key}.default_workflow_type"),
+                    format!(
+                        "taskset `{}`: `{workflow}` trains on the replies its agent receives over the OpenAI API; \
+                         set `explorer.rollout_model.enable_openai_api: true` and `enable_history: true`",
                         taskset.name
                     ),
                 ));

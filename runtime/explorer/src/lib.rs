@@ -19,6 +19,7 @@
 //! * [`run_tasks`] runs a batch of tasks with `runner_per_model` workflows in flight, a per-task timeout and
 //!   retries; a task that fails for good is logged and counted, never fatal to the run.
 
+mod agent_process_workflow;
 mod auxiliary;
 mod conversation;
 mod countdown_workflow;
@@ -29,6 +30,7 @@ mod judge_workflow;
 mod math_boxed_workflow;
 mod math_eval_workflow;
 mod math_workflow;
+mod openai_view;
 mod operator;
 mod pass_rate_calculator;
 mod reward_filters;
@@ -42,6 +44,7 @@ mod workflow;
 pub use auxiliary::{AuxiliaryError, AuxiliaryModel};
 pub use error::ExplorerError;
 pub use math_workflow::mix as seed_mix;
+pub use openai_view::{OpenAiSession, OpenAiView, RunClosed};
 pub use operator::{
     ExperienceOperator, OperatorEntry, OperatorOutput, PipelineOutput, apply_operators, apply_pipeline,
     apply_pipeline_blocking, builtin_operators, lookup_operator, operator_names, register_operator,

@@ -1,12 +1,13 @@
 //! The rollout model as workflows see it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use trinity_engine::{Engine, Generation, SamplingParams};
 use trinity_model::{ChatMessage, ChatTemplate, ModelError, Tokenizer};
 
 use crate::auxiliary::AuxiliaryModel;
+use crate::openai_view::{OpenAiSession, OpenAiView};
 
 /// The generation engine plus the text side of the model (tokenizer, chat template) and the version of the
 /// weights it serves. Shared by every running workflow; the engine batches their requests together.
@@ -21,6 +22,8 @@ pub struct RolloutModel {
     truncate_long_prompts: bool,
     /// `explorer.auxiliary_models`, in config order: the judges and teachers workflows call beside this model.
     auxiliary: Vec<AuxiliaryModel>,
+    /// `enable_openai_api`: the in-process OpenAI-compatible server in front of this model, set once it listens.
+    openai: OnceLock<Arc<OpenAiView>>,
 }
 
 impl RolloutModel {
@@ -32,7 +35,27 @@ impl RolloutModel {
             version: AtomicU64::new(0),
             truncate_long_prompts: true,
             auxiliary: Vec::new(),
+            openai: OnceLock::new(),
         }
+    }
+
+    /// Makes the OpenAI-compatible server at `view` reachable from workflows ([`RolloutModel::openai_session`]).
+    /// Only the first call counts: a model is served by one server.
+    pub fn set_openai_view(&self, view: Arc<OpenAiView>) {
+        if self.openai.set(view).is_err() {
+            tracing::warn!("the rollout model already has an OpenAI-compatible server; keeping the first");
+        }
+    }
+
+    /// The OpenAI-compatible server in front of this model, when `enable_openai_api` started one.
+    pub fn openai_view(&self) -> Option<&Arc<OpenAiView>> {
+        self.openai.get()
+    }
+
+    /// A workflow run's own base URL on the OpenAI-compatible server (and, with `enable_history`, its recorded
+    /// replies); `None` without `enable_openai_api`.
+    pub fn openai_session(&self) -> Option<OpenAiSession> {
+        self.openai.get().map(OpenAiSession::open)
     }
 
     /// Gives workflows these judges and teachers (`explorer.auxiliary_models`, in config order).

@@ -47,6 +47,8 @@ pub(crate) struct Explorer {
     pipeline: ExperiencePipeline,
     options: RunnerOptions,
     experiences_log: Option<JsonlWriter>,
+    /// `enable_openai_api`: the rollout model's OpenAI-compatible server for workflows; dropping it stops it.
+    _openai: Option<trinity_serve::ServerHandle>,
 }
 
 impl std::fmt::Debug for Explorer {
@@ -92,6 +94,7 @@ impl Explorer {
                 .with_prompt_truncation(config.model.enable_prompt_truncation)
                 .with_auxiliary_models(crate::auxiliary::load_all(config, device, threads)?),
         );
+        let openai = start_openai_view(config, &rollout)?;
         let scheduler = match role {
             ExplorerRole::Explore => Some(TaskScheduler::from_config(&config.buffer)?),
             ExplorerRole::EvaluateOnly => None,
@@ -109,6 +112,7 @@ impl Explorer {
                 default_workflow: "simple_workflow".to_owned(),
             },
             experiences_log: experiences_log.map(JsonlWriter::open).transpose()?,
+            _openai: openai,
         })
     }
 
@@ -203,4 +207,39 @@ impl Explorer {
             .collect::<Result<Vec<_>, RftError>>()?;
         self.load_weights(weights, version).await
     }
+}
+
+/// `explorer.rollout_model.enable_openai_api`: serves the rollout model (and the auxiliary models, by name) to
+/// workflows on a loopback port, through the same engine, so an agent's replies are the rollout's own tokens.
+/// The policy samples at `model.temperature` whatever a request asks, as in mode `serve`, so recorded logprobs
+/// are the ones the trainer recomputes; `enable_history` files each reply under the workflow run that asked.
+fn start_openai_view(
+    config: &Config,
+    rollout: &Arc<RolloutModel>,
+) -> Result<Option<trinity_serve::ServerHandle>, RftError> {
+    let settings = &config.explorer.rollout_model;
+    if !settings.enable_openai_api {
+        return Ok(None);
+    }
+    let options = trinity_serve::ServeOptions {
+        model_name: config.model.model_path.clone(),
+        temperature: Some(config.model.temperature as f32),
+        auto_tool_choice: auto_tool_choice(config),
+        ..trinity_serve::ServeOptions::default()
+    };
+    let server = trinity_serve::serve_workflows(options, Arc::clone(rollout), settings.enable_history)
+        .map_err(|e| RftError::Unsupported(format!("explorer.rollout_model.enable_openai_api: {e}")))?;
+    tracing::info!(
+        "the rollout model answers workflows over the OpenAI API at {} (history {})",
+        server.base_url(),
+        if settings.enable_history { "recorded" } else { "not recorded" }
+    );
+    Ok(Some(server))
+}
+
+/// `enable_auto_tool_choice` with `tool_call_parser: hermes` (the only parser, checked at resolve time): whether
+/// the OpenAI-compatible API turns `<tool_call>` blocks into `tool_calls` for `tool_choice: "auto"`.
+pub(crate) fn auto_tool_choice(config: &Config) -> bool {
+    let rollout = &config.explorer.rollout_model;
+    rollout.enable_auto_tool_choice && rollout.tool_call_parser.as_deref() == Some("hermes")
 }

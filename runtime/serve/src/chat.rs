@@ -10,6 +10,7 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use trinity_explorer::RolloutModel;
 use trinity_model::ChatMessage;
 
 use crate::error::ApiError;
@@ -18,6 +19,7 @@ use crate::logprobs::chat_logprobs;
 use crate::params::{self, CommonParams};
 use crate::server::{AppState, read_body};
 use crate::sse::{self, Shape, StreamSpec};
+use crate::target;
 use crate::tool_calls::parse_hermes;
 
 pub(crate) const ENDPOINT: &str = "chat.completions";
@@ -70,8 +72,9 @@ pub(crate) struct ChatOutput {
 
 pub(crate) async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
+    let run_key = target::run_key(request.uri().path());
     let prepared = match read_body(&state, request).await {
-        Ok(body) => prepare(&state, &body, started),
+        Ok(body) => prepare(&state, &body, started, run_key),
         Err(error) => Err(error),
     };
     let run = prepared.and_then(|(job, output)| Ok((Run::start(&state, job)?, output)));
@@ -88,12 +91,17 @@ pub(crate) async fn handle(State(state): State<Arc<AppState>>, request: Request)
 }
 
 /// Parses and validates the body, renders and tokenizes the prompt.
-fn prepare(state: &AppState, body: &[u8], started: Instant) -> Result<(Job, ChatOutput), ApiError> {
+fn prepare(
+    state: &AppState,
+    body: &[u8],
+    started: Instant,
+    run_key: Option<String>,
+) -> Result<(Job, ChatOutput), ApiError> {
     let map = params::object(body)?;
     params::check_known(&map, CHAT_FIELDS)?;
     let common: CommonParams = params::typed(&map)?;
     let fields: ChatFields = params::typed(&map)?;
-    common.check_model(&state.options.model_name)?;
+    let target = state.target(common.model.as_deref(), run_key)?;
     if let Some(format) = &fields.response_format
         && format.get("type").and_then(Value::as_str) != Some("text")
     {
@@ -109,18 +117,25 @@ fn prepare(state: &AppState, body: &[u8], started: Instant) -> Result<(Job, Chat
     }
     let tools = check_tools(fields.tools.as_deref())?;
     let parse_tools = tools.is_some() && tool_choice_parses(fields.tool_choice.as_ref())?;
+    if parse_tools && !state.options.auto_tool_choice {
+        return Err(ApiError::invalid_param(
+            "tool_choice",
+            "\"auto\" tool choice needs `explorer.rollout_model.enable_auto_tool_choice: true` with \
+             `tool_call_parser: hermes` in the config; send tool_choice \"none\" to show the tools without parsing calls",
+        ));
+    }
     if fields.messages.is_empty() {
         return Err(ApiError::invalid_param("messages", "`messages` must not be empty"));
     }
     let messages = normalize_messages(&fields.messages)?;
-    let prompt = render_prompt(state, &messages, tools.as_ref(), &fields)?;
+    let prompt = render_prompt(&target.model, &messages, tools.as_ref(), &fields)?;
     let max_tokens = fields.max_completion_tokens.or(common.max_tokens);
-    let params = common.sampling(&state.options, max_tokens, if logprobs { top } else { 0 })?;
+    let params = common.sampling(state.forced_temperature(&target), max_tokens, if logprobs { top } else { 0 })?;
     let return_token_ids = common.return_token_ids.unwrap_or(false);
     let stream = common.stream.unwrap_or(false).then(|| StreamSpec {
         shape: Shape::Chat,
         id: state.ids.next("chatcmpl-"),
-        model: state.options.model_name.clone(),
+        model: target.name.clone(),
         logprobs,
         top_logprobs: top > 0,
         return_token_ids,
@@ -128,15 +143,15 @@ fn prepare(state: &AppState, body: &[u8], started: Instant) -> Result<(Job, Chat
         parse_tools,
         stop: params.stop.clone(),
     });
-    let job = Job { endpoint: ENDPOINT, prompts: vec![Arc::new(prompt)], params, started };
     let output = ChatOutput {
         stream,
         logprobs,
         top_logprobs: top > 0,
         return_token_ids,
         parse_tools,
-        model: state.options.model_name.clone(),
+        model: target.name.clone(),
     };
+    let job = Job { endpoint: ENDPOINT, target, prompts: vec![Arc::new(prompt)], params, started };
     Ok((job, output))
 }
 
@@ -264,7 +279,7 @@ fn template_tool_calls(calls: &Value, at: &str) -> Result<Value, ApiError> {
 
 /// Renders the messages (with tools) and tokenizes them as the engine will see them.
 fn render_prompt(
-    state: &AppState,
+    rollout: &RolloutModel,
     messages: &[Value],
     tools: Option<&Value>,
     fields: &ChatFields,
@@ -277,7 +292,6 @@ fn render_prompt(
             "`continue_final_message` and `add_generation_prompt` cannot both be set",
         ));
     }
-    let rollout = &state.rollout;
     let text = match rollout.chat_template() {
         Some(template) => template.render(messages, add_generation_prompt, tools),
         None if tools.is_some() => {
@@ -341,7 +355,8 @@ async fn respond_whole(mut run: Run, output: &ChatOutput) -> Response {
     }
     let state = Arc::clone(run.state());
     let id = state.ids.next("chatcmpl-");
-    let tokenizer = state.rollout.tokenizer();
+    let model = Arc::clone(&run.target.model);
+    let tokenizer = model.tokenizer();
     let mut reasons = Vec::with_capacity(run.choices.len());
     let mut choices = Vec::with_capacity(run.choices.len());
     for (index, choice) in run.choices.iter().enumerate() {

@@ -16,6 +16,7 @@ use crate::logprobs::completion_logprobs;
 use crate::params::{self, CommonParams};
 use crate::server::{AppState, read_body};
 use crate::sse::{self, Shape, StreamSpec};
+use crate::target;
 
 pub(crate) const ENDPOINT: &str = "completions";
 
@@ -49,8 +50,9 @@ struct CompletionFields {
 
 pub(crate) async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
+    let run_key = target::run_key(request.uri().path());
     let prepared = match read_body(&state, request).await {
-        Ok(body) => prepare(&state, &body, started),
+        Ok(body) => prepare(&state, &body, started, run_key),
         Err(error) => Err(error),
     };
     let run = prepared.and_then(|(job, spec)| Ok((Run::start(&state, job).map_err(prompt_param)?, spec)));
@@ -83,12 +85,17 @@ struct Output {
     include_stream: bool,
 }
 
-fn prepare(state: &AppState, body: &[u8], started: Instant) -> Result<(Job, Output), ApiError> {
+fn prepare(
+    state: &AppState,
+    body: &[u8],
+    started: Instant,
+    run_key: Option<String>,
+) -> Result<(Job, Output), ApiError> {
     let map = params::object(body)?;
     params::check_known(&map, COMPLETION_FIELDS)?;
     let common: CommonParams = params::typed(&map)?;
     let fields: CompletionFields = params::typed(&map)?;
-    common.check_model(&state.options.model_name)?;
+    let target = state.target(common.model.as_deref(), run_key)?;
     if fields.echo == Some(true) {
         return Err(ApiError::unsupported("echo", "`echo` is not supported"));
     }
@@ -102,7 +109,7 @@ fn prepare(state: &AppState, body: &[u8], started: Instant) -> Result<(Job, Outp
     if top > 20 {
         return Err(ApiError::invalid_param("logprobs", format!("{top} is more than 20")));
     }
-    let tokenizer = state.rollout.tokenizer();
+    let tokenizer = target.model.tokenizer();
     let special = fields.add_special_tokens.unwrap_or(true);
     let encode = |text: &str| tokenizer.encode(text, special).map_err(|e| ApiError::internal(e.to_string()));
     let prompts: Vec<Vec<u32>> = match fields.prompt {
@@ -114,11 +121,11 @@ fn prepare(state: &AppState, body: &[u8], started: Instant) -> Result<(Job, Outp
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(ApiError::invalid_param("prompt", "every prompt must have at least one token"));
     }
-    let params = common.sampling(&state.options, common.max_tokens.or(Some(16)), top)?;
+    let params = common.sampling(state.forced_temperature(&target), common.max_tokens.or(Some(16)), top)?;
     let spec = StreamSpec {
         shape: Shape::Completion,
         id: state.ids.next("cmpl-"),
-        model: state.options.model_name.clone(),
+        model: target.name.clone(),
         logprobs: fields.logprobs.is_some(),
         top_logprobs: top > 0,
         return_token_ids: common.return_token_ids.unwrap_or(false),
@@ -126,7 +133,7 @@ fn prepare(state: &AppState, body: &[u8], started: Instant) -> Result<(Job, Outp
         parse_tools: false,
         stop: params.stop.clone(),
     };
-    let job = Job { endpoint: ENDPOINT, prompts: prompts.into_iter().map(Arc::new).collect(), params, started };
+    let job = Job { endpoint: ENDPOINT, target, prompts: prompts.into_iter().map(Arc::new).collect(), params, started };
     Ok((job, Output { spec, include_stream: common.stream.unwrap_or(false) }))
 }
 
@@ -135,8 +142,8 @@ async fn respond_whole(mut run: Run, spec: &StreamSpec) -> Response {
         run.failed(&error);
         return error.into_response();
     }
-    let state = Arc::clone(run.state());
-    let tokenizer = state.rollout.tokenizer();
+    let model = Arc::clone(&run.target.model);
+    let tokenizer = model.tokenizer();
     let mut reasons = Vec::with_capacity(run.choices.len());
     let mut choices = Vec::with_capacity(run.choices.len());
     for (index, choice) in run.choices.iter().enumerate() {

@@ -14,14 +14,17 @@ use futures_util::stream::{self, BoxStream, SelectAll};
 use trinity_engine::{EngineError, FinishReason, GenerationEvent, SamplingParams, TopLogprob};
 
 use crate::error::ApiError;
-use crate::recorder::{ChoiceRecord, Reservation, ResponseRecord};
+use crate::recorder::{ChoiceRecord, Reservation, ResponseRecord, build_experiences};
 use crate::server::AppState;
+use crate::target::{Recording, Target};
 
 /// A validated request, ready for the engine.
 #[derive(Debug)]
 pub(crate) struct Job {
     /// `chat.completions` or `completions` (metrics and recorded experiences).
     pub(crate) endpoint: &'static str,
+    /// The model that answers and where its replies go.
+    pub(crate) target: Target,
     /// One prompt (chat) or several (a batch of completions); each gets `params.n` choices.
     pub(crate) prompts: Vec<Arc<Vec<u32>>>,
     pub(crate) params: SamplingParams,
@@ -57,6 +60,7 @@ type Tagged = (usize, Result<GenerationEvent, EngineError>);
 pub(crate) struct Run {
     state: Arc<AppState>,
     pub(crate) endpoint: &'static str,
+    pub(crate) target: Target,
     events: SelectAll<BoxStream<'static, Tagged>>,
     pub(crate) prompts: Vec<Arc<Vec<u32>>>,
     pub(crate) choices: Vec<ChoiceState>,
@@ -91,9 +95,13 @@ impl Run {
     pub(crate) fn start(state: &Arc<AppState>, job: Job) -> Result<Run, ApiError> {
         let n = job.params.n;
         let total = n * job.prompts.len();
-        let reservation = state.recorder.reserve(total)?;
-        let engine = state.rollout.engine();
-        let version_start = state.rollout.model_version();
+        // Only the rollout model's replies are recorded, and only mode `serve` bounds what it holds.
+        let reservation = match &state.recording {
+            Recording::Feedback(recorder) if job.target.policy => Some(recorder.reserve(total)?),
+            _ => None,
+        };
+        let engine = job.target.model.engine();
+        let version_start = job.target.model.model_version();
         let mut events = SelectAll::new();
         for (i, prompt) in job.prompts.iter().enumerate() {
             let mut stream = engine.submit_stream(prompt.as_ref().clone(), job.params.clone())?;
@@ -105,12 +113,13 @@ impl Run {
         Ok(Run {
             state: Arc::clone(state),
             endpoint: job.endpoint,
+            target: job.target,
             events,
             prompts: job.prompts,
             choices,
             n,
             temperature: job.params.logprob_temperature(),
-            reservation: Some(reservation),
+            reservation,
             version_start,
             started: job.started,
             first_token: None,
@@ -178,7 +187,14 @@ impl Run {
     /// Records the finished response under `id`; `finish_reasons` are the choices' reasons as returned (a
     /// parsed tool call counts as `tool_calls`).
     pub(crate) fn record(&mut self, id: &str, finish_reasons: &[&'static str]) {
-        let Some(reservation) = self.reservation.take() else { return };
+        let reservation = self.reservation.take();
+        let view = match &self.state.recording {
+            Recording::Workflows(view) if self.target.policy && self.target.run.is_some() => Some(view),
+            _ => None,
+        };
+        if reservation.is_none() && view.is_none() {
+            return;
+        }
         let choices = self
             .choices
             .iter()
@@ -195,12 +211,20 @@ impl Run {
         let response = ResponseRecord {
             id: id.to_owned(),
             endpoint: self.endpoint,
-            versions: (self.version_start, self.state.rollout.model_version()),
+            versions: (self.version_start, self.target.model.model_version()),
             temperature: self.temperature,
             choices,
         };
-        let tokenizer = self.state.rollout.tokenizer();
-        reservation.record(response, &|prompt| tokenizer.decode(prompt, false).ok());
+        let tokenizer = self.target.model.tokenizer();
+        let prompt_text = |prompt: &[u32]| tokenizer.decode(prompt, false).ok();
+        if let Some(reservation) = reservation {
+            reservation.record(response, &prompt_text);
+        } else if let (Some(view), Some(run)) = (view, &self.target.run)
+            && let Err(closed) = view.record(run, build_experiences(&response, &prompt_text))
+        {
+            // The workflow finished (or failed) while its request ran; nobody is left to train on the reply.
+            tracing::debug!("{closed}");
+        }
     }
 
     /// Marks the response as delivered: counts its tokens and latency.

@@ -47,8 +47,9 @@ mod params;
 mod recorder;
 mod server;
 mod sse;
+mod target;
 mod tool_calls;
 
 pub use error::ServeError;
 pub use recorder::{CommitReport, ExperienceSink, SinkError, SinkFuture};
-pub use server::{ServeOptions, ServerHandle, serve};
+pub use server::{ServeOptions, ServerHandle, serve, serve_workflows};

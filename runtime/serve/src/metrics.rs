@@ -64,7 +64,8 @@ pub(crate) struct Metrics {
 pub(crate) struct Snapshot<'a> {
     pub(crate) engine: EngineStats,
     pub(crate) info: &'a EngineInfo,
-    pub(crate) recorder: RecorderStats,
+    /// Mode `serve`'s pending store (the workflows' view has none).
+    pub(crate) recorder: Option<RecorderStats>,
     pub(crate) model_version: u64,
 }
 
@@ -188,7 +189,7 @@ impl Metrics {
             snapshot.model_version as f64,
         );
 
-        let r = &snapshot.recorder;
+        let Some(r) = &snapshot.recorder else { return out };
         gauge(
             &mut out,
             "trinity_serve_pending_experiences",

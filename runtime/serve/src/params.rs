@@ -12,7 +12,6 @@ use serde_json::{Map, Value};
 use trinity_engine::SamplingParams;
 
 use crate::error::ApiError;
-use crate::server::ServeOptions;
 
 /// Sampling and output fields shared by `/v1/chat/completions` and `/v1/completions` (OpenAI's names plus the
 /// vLLM extras agent frameworks send).
@@ -121,19 +120,11 @@ pub(crate) fn typed<T: DeserializeOwned>(map: &Map<String, Value>) -> Result<T, 
 }
 
 impl CommonParams {
-    /// Checks `model` against the served name (an absent model means the served one).
-    pub(crate) fn check_model(&self, served: &str) -> Result<(), ApiError> {
-        match &self.model {
-            Some(model) if model != served => Err(ApiError::model_not_found(model, served)),
-            _ => Ok(()),
-        }
-    }
-
     /// The engine parameters; `max_tokens` is the endpoint's resolved limit, `top_logprobs` how many
     /// alternatives to compute.
     pub(crate) fn sampling(
         &self,
-        options: &ServeOptions,
+        forced_temperature: Option<f32>,
         max_tokens: Option<usize>,
         top_logprobs: usize,
     ) -> Result<SamplingParams, ApiError> {
@@ -162,7 +153,7 @@ impl CommonParams {
         if max_tokens == Some(0) {
             return Err(ApiError::invalid_param("max_tokens", "`max_tokens` must be at least 1"));
         }
-        let temperature = match options.temperature {
+        let temperature = match forced_temperature {
             Some(forced) => forced,
             None => self.temperature.unwrap_or(1.0),
         };

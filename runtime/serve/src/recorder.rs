@@ -153,7 +153,10 @@ impl Reservation {
 }
 
 /// The experiences of one response, before any reward (eids are assigned at commit).
-fn build_experiences(response: &ResponseRecord, prompt_texts: &dyn Fn(&[u32]) -> Option<String>) -> Vec<Experience> {
+pub(crate) fn build_experiences(
+    response: &ResponseRecord,
+    prompt_texts: &dyn Fn(&[u32]) -> Option<String>,
+) -> Vec<Experience> {
     // Choices of one prompt share its tokens, so its text is decoded once.
     let mut texts: Vec<(&Arc<Vec<u32>>, Option<String>)> = Vec::new();
     response

@@ -17,12 +17,13 @@ use axum::routing::{get, post};
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use trinity_explorer::RolloutModel;
+use trinity_explorer::{OpenAiView, RolloutModel};
 
 use crate::error::{ApiError, ServeError};
 use crate::ids::IdGenerator;
 use crate::metrics::{Metrics, Snapshot};
 use crate::recorder::{ExperienceSink, Feedback, Recorder};
+use crate::target::Recording;
 use crate::{chat, completions, params};
 
 /// How the server listens and what it accepts.
@@ -43,6 +44,10 @@ pub struct ServeOptions {
     pub max_pending_experiences: usize,
     /// Largest request body accepted, in bytes (413 above).
     pub max_request_bytes: usize,
+    /// Whether `tool_choice: "auto"` (the default when a request has `tools`) parses hermes `<tool_call>` blocks
+    /// into `tool_calls`; without it such a request is refused, as vLLM refuses it without
+    /// `--enable-auto-tool-choice` (Trinity's `enable_auto_tool_choice` with `tool_call_parser: hermes`).
+    pub auto_tool_choice: bool,
 }
 
 impl Default for ServeOptions {
@@ -53,6 +58,7 @@ impl Default for ServeOptions {
             temperature: None,
             max_pending_experiences: 100_000,
             max_request_bytes: 16 << 20,
+            auto_tool_choice: true,
         }
     }
 }
@@ -61,7 +67,7 @@ impl Default for ServeOptions {
 pub(crate) struct AppState {
     pub(crate) rollout: Arc<RolloutModel>,
     pub(crate) options: ServeOptions,
-    pub(crate) recorder: Arc<Recorder>,
+    pub(crate) recording: Recording,
     pub(crate) metrics: Metrics,
     pub(crate) ids: IdGenerator,
     shutting_down: AtomicBool,
@@ -102,10 +108,49 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(options.address)
         .await
         .map_err(|source| ServeError::Bind { address: options.address, source })?;
+    let recording = Recording::Feedback(Arc::new(Recorder::new(options.max_pending_experiences, sink)));
+    start(listener, options, rollout, recording)
+}
+
+/// Serves the rollout model to workflows (`explorer.rollout_model.enable_openai_api`) on a free loopback port,
+/// on the current Tokio runtime, and hands the rollout model its [`OpenAiView`] (so
+/// [`RolloutModel::openai_session`] gives each workflow run a base URL of its own).
+///
+/// Requests on a run's URL (`/runs/<key>/v1/...`) are filed under that run when `history` is on
+/// (`enable_history`); those on the plain `/v1/...` URL are answered and not recorded. The rollout model samples
+/// at `options.temperature` when set, auxiliary models at the temperature each request asks. There is no
+/// `/feedback` or `/commit`: the workflow rewards its own experiences.
+///
+/// Errors: no loopback port can be bound, or no Tokio runtime is running on this thread.
+pub fn serve_workflows(
+    options: ServeOptions,
+    rollout: Arc<RolloutModel>,
+    history: bool,
+) -> Result<ServerHandle, ServeError> {
+    let address = SocketAddr::from(([127, 0, 0, 1], 0));
+    let bound = std::net::TcpListener::bind(address)
+        .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
+        .map_err(|source| ServeError::Bind { address, source })?;
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(ServeError::Task("the OpenAI-compatible server needs a running Tokio runtime".into()));
+    }
+    let listener = tokio::net::TcpListener::from_std(bound)?;
+    let origin = format!("http://{}", listener.local_addr()?);
+    let view = Arc::new(OpenAiView::new(origin, options.model_name.clone(), history));
+    rollout.set_openai_view(Arc::clone(&view));
+    start(listener, options, rollout, Recording::Workflows(view))
+}
+
+fn start(
+    listener: tokio::net::TcpListener,
+    options: ServeOptions,
+    rollout: Arc<RolloutModel>,
+    recording: Recording,
+) -> Result<ServerHandle, ServeError> {
     let address = listener.local_addr()?;
     let state = Arc::new(AppState {
         rollout,
-        recorder: Arc::new(Recorder::new(options.max_pending_experiences, sink)),
+        recording,
         options,
         metrics: Metrics::default(),
         ids: IdGenerator::new(),
@@ -169,18 +214,33 @@ fn flatten(result: Result<std::io::Result<()>, tokio::task::JoinError>) -> Resul
 }
 
 fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let mut router = Router::new()
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
         .route("/v1/models", get(models))
         .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/feedback", post(feedback))
-        .route("/commit", post(commit))
+        .route("/metrics", get(metrics));
+    router = match &state.recording {
+        Recording::Feedback(_) => router.route("/feedback", post(feedback)).route("/commit", post(commit)),
+        // Each workflow run has a base URL of its own, so its replies are filed under it.
+        Recording::Workflows(_) => router
+            .route("/runs/{run}/v1/chat/completions", post(chat::handle))
+            .route("/runs/{run}/v1/completions", post(completions::handle))
+            .route("/runs/{run}/v1/models", get(models)),
+    };
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), refuse_while_stopping))
         .with_state(state)
+}
+
+/// The recorder of mode `serve`; the workflows' view has none (404 for `/feedback` and `/commit`).
+fn recorder(state: &AppState) -> Result<&Arc<Recorder>, ApiError> {
+    match &state.recording {
+        Recording::Feedback(recorder) => Ok(recorder),
+        Recording::Workflows(_) => Err(ApiError::not_found("workflows reward their own experiences", None)),
+    }
 }
 
 /// 503 for everything but `/metrics` once shutdown has begun (requests already in their handlers go on).
@@ -204,17 +264,20 @@ pub(crate) async fn read_body(state: &AppState, request: Request) -> Result<Byte
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Response {
-    let info = state.rollout.engine().info();
-    Json(json!({"object": "list", "data": [{
-        "id": state.options.model_name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "trinity",
-        "root": state.options.model_name,
-        "max_model_len": info.max_model_len,
-        "model_version": state.rollout.model_version(),
-    }]}))
-    .into_response()
+    let mut data = Vec::new();
+    for name in state.served_names() {
+        let Ok(target) = state.target(Some(&name), None) else { continue };
+        data.push(json!({
+            "id": name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "trinity",
+            "root": name,
+            "max_model_len": target.model.engine().info().max_model_len,
+            "model_version": target.model.model_version(),
+        }));
+    }
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
@@ -226,7 +289,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let snapshot = Snapshot {
         engine: engine.stats(),
         info: engine.info(),
-        recorder: state.recorder.stats(),
+        recorder: recorder(&state).ok().map(|r| r.stats()),
         model_version: state.rollout.model_version(),
     };
     let text = state.metrics.render(&snapshot);
@@ -239,8 +302,9 @@ async fn feedback(State(state): State<Arc<AppState>>, request: Request) -> Respo
         let body = read_body(&state, request).await?;
         let map = params::object(&body)?;
         let feedback: Feedback = params::typed(&map)?;
-        let updated = state.recorder.feedback(&feedback)?;
-        let stats = state.recorder.stats();
+        let recorder = recorder(&state)?;
+        let updated = recorder.feedback(&feedback)?;
+        let stats = recorder.stats();
         Ok::<_, ApiError>(
             json!({"status": "ok", "updated": updated, "pending": stats.pending, "rewarded": stats.rewarded}),
         )
@@ -260,7 +324,7 @@ async fn commit(State(state): State<Arc<AppState>>, request: Request) -> Respons
                 return Err(ApiError::invalid(Some(unknown.clone()), format!("`/commit` takes no field `{unknown}`")));
             }
         }
-        state.recorder.commit().await
+        recorder(&state)?.commit().await
     }
     .await;
     respond("commit", &state, started, result)

@@ -159,8 +159,8 @@ impl StreamState {
 
     /// A new token of choice `index`: its releasable text, logprob and id.
     fn token(&mut self, index: usize) {
-        let state = std::sync::Arc::clone(self.run.state());
-        let tokenizer = state.rollout.tokenizer();
+        let model = std::sync::Arc::clone(&self.run.target.model);
+        let tokenizer = model.tokenizer();
         let choice = &self.run.choices[index];
         let (Some(&token), Some(&logprob)) = (choice.tokens.last(), choice.logprobs.last()) else { return };
         let top = self.spec.top_logprobs.then(|| choice.top.last().map(Vec::as_slice)).flatten();
