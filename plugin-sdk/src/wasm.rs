@@ -21,7 +21,7 @@
 //! trinity_plugin_sdk::export_reward!(ExactMatch);
 //! ```
 //!
-//! The contract is the WIT package `trinity:plugin@0.1.0` in this crate's `wit/` folder; the host refuses a
+//! The contract is the WIT package `trinity:plugin@0.1.1` in this crate's `wit/` folder; the host refuses a
 //! plugin built against an incompatible version with a message naming both. Inside the sandbox a plugin has no
 //! filesystem (unless the config grants a read-only directory, mounted at `/data`), no network, no environment,
 //! a memory cap and a deadline per call; a panic traps the plugin and costs only the task or batch it was

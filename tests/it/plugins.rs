@@ -8,7 +8,8 @@ use serde_json::Value;
 
 use crate::support::{assert_clean_failure, grpo_run_config, stderr, stdout, tiny_model_dir, trinity, workspace_root};
 
-const PACKAGES: [&str; 4] = ["gsm8k_reward", "frozen_lake", "zero_variance_filter", "hostile_reward"];
+const PACKAGES: [&str; 6] =
+    ["gsm8k_reward", "frozen_lake", "zero_variance_filter", "hostile_reward", "judged_workflow", "wit_0_1_0_workflow"];
 
 /// The `.wasm` file of one plugin package, built once per test binary.
 fn plugin(package: &str) -> PathBuf {
@@ -164,4 +165,54 @@ fn a_plugin_loaded_twice_or_not_a_component_is_a_clean_error() {
 
     let output = trinity(dir.path(), &["plugins", "list", "--plugin", "libalgo.so"]);
     assert_clean_failure(&output, &["libalgo.so"]);
+}
+
+#[test]
+fn a_plugin_workflow_calls_an_auxiliary_model_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tasks.jsonl"), "{\"prompt\": \"ab1\"}\n{\"prompt\": \"ab2\"}\n").unwrap();
+    let model = tiny_model_dir();
+    let taskset = "      workflow_args:\n        judge: critic\n    default_workflow_type: judged_workflow\n";
+    let extra = format!(
+        "  total_steps: 1\nexplorer:\n  rollout_model:\n    dtype: float32\n  auxiliary_models:\n    - model_path: {}\n      name: critic\n      dtype: float32\nplugins:\n  - {}\n",
+        model.display(),
+        plugin("judged_workflow").display()
+    );
+    std::fs::write(dir.path().join("config.yaml"), config(&model, 40, taskset, &extra)).unwrap();
+    let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let rows = experiences(dir.path());
+    assert_eq!(rows.len(), 4, "2 tasks x 2 rollouts");
+    for row in &rows {
+        let info = &row["info"];
+        assert_eq!(info["auxiliary_models"], serde_json::json!(["critic"]), "{row}");
+        assert!(info["verdict_tokens"].as_u64().unwrap() > 0, "the judge answered: {row}");
+        let verdict = info["verdict"].as_str().unwrap();
+        assert_eq!(row["reward"].as_f64().unwrap(), f64::from(u8::from(verdict.chars().count() % 2 == 0)));
+        let unknown = info["unknown_judge"].as_str().unwrap();
+        assert!(unknown.contains("no_such_judge") && unknown.contains("critic"), "{unknown}");
+        // The judge is the same tiny model in fp32: its logprobs of the reply's tokens after the first equal the
+        // policy's sampling logprobs of them only with the prompt in front, so here only the shape is checked.
+        let reply = info["reply_logprobs"].as_array().unwrap().len();
+        assert_eq!(info["teacher_logprobs"].as_array().unwrap().len(), reply.saturating_sub(1), "{row}");
+    }
+}
+
+#[test]
+fn a_plugin_built_against_wit_0_1_0_still_loads_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tasks.jsonl"), "{\"prompt\": \"a\"}\n{\"prompt\": \"b\"}\n").unwrap();
+    let model = tiny_model_dir();
+    let wasm = plugin("wit_0_1_0_workflow");
+    let listed = trinity(dir.path(), &["plugins", "list", "--plugin", wasm.to_str().unwrap()]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert!(stdout(&listed).contains("wit_0_1_0_workflow"), "{}", stdout(&listed));
+    let taskset = "    default_workflow_type: wit_0_1_0_workflow\n";
+    let extra = format!("  total_steps: 1\nplugins:\n  - {}\n", wasm.display());
+    std::fs::write(dir.path().join("config.yaml"), config(&model, 40, taskset, &extra)).unwrap();
+    let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let rows = experiences(dir.path());
+    assert_eq!(rows.len(), 4);
+    assert!(rows.iter().all(|row| row["reward"].as_f64() == Some(0.5)), "{rows:?}");
 }

@@ -24,7 +24,8 @@ super::world_helpers!();
 
 pub use bindings::exports::trinity::plugin::workflow::{Experience, RunContext};
 pub use bindings::trinity::plugin::model::{
-    Completion, FinishReason, SamplingParams, apply_chat_template, chat, default_params, detokenize, generate, tokenize,
+    AuxiliaryReply, Completion, FinishReason, SamplingParams, apply_chat_template, auxiliary_logprobs,
+    auxiliary_models, chat, chat_auxiliary, default_params, detokenize, generate, tokenize,
 };
 
 /// A workflow.
@@ -49,6 +50,16 @@ pub fn message(role: &str, content: impl Into<String>) -> Message {
 pub fn chat_once(messages: &[Message]) -> Result<Completion, String> {
     let params = default_params();
     chat(messages, &params)?.into_iter().next().ok_or_else(|| "the model returned no sample".to_owned())
+}
+
+/// One reply of the auxiliary model called `model` (a judge) to `messages`, with the task's default sampling
+/// parameters. Needs a host of WIT 0.1.1 or later.
+pub fn chat_auxiliary_once(model: &str, messages: &[Message]) -> Result<AuxiliaryReply, String> {
+    let params = default_params();
+    chat_auxiliary(model, messages, &params)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("auxiliary model `{model}` returned no sample"))
 }
 
 #[doc(hidden)]

@@ -1,4 +1,5 @@
-//! Host bindings of the three worlds of `plugin-sdk/wit` (`trinity:plugin@0.1.0`).
+//! Host bindings of the three worlds of `plugin-sdk/wit` (`trinity:plugin@0.1.1`; plugins built against 0.1.0 link to it
+//! unchanged, since 0.1.1 only adds).
 //!
 //! The `types` and `log` interfaces are generated once (in [`reward`]) and shared by the other worlds, so one
 //! `log` implementation serves every plugin. Workflows are async on the host side: their `model` calls await

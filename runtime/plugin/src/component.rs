@@ -9,9 +9,10 @@ use crate::engine::engine;
 use crate::error::PluginError;
 
 /// The WIT package version this host implements.
-pub const WIT_VERSION: &str = "0.1.0";
-/// Plugin versions this host accepts (semver: same major, and for 0.x the same minor).
-pub const WIT_COMPATIBLE: &str = "0.1.x";
+pub const WIT_VERSION: &str = "0.1.1";
+/// Plugin versions this host accepts (semver: same major, and for 0.x the same minor; a patch release only adds,
+/// so a plugin of an older patch links unchanged, while one of a newer patch may need what this host lacks).
+pub const WIT_COMPATIBLE: &str = "0.1.0 to 0.1.1";
 
 /// What a plugin provides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -98,18 +99,20 @@ fn trinity_version(name: &str) -> Option<&str> {
     Some(rest.split_once('@').map_or("", |(_, version)| version))
 }
 
-/// Whether a plugin built against `version` can run on this host: the same major version, and for 0.x the
-/// same minor version (semver's rule for breaking changes before 1.0).
+/// Whether a plugin built against `version` can run on this host: the same major version, for 0.x the same
+/// minor version (semver's rule for breaking changes before 1.0), and no newer than the host (a newer release may
+/// add functions the plugin imports).
 pub(crate) fn compatible(version: &str) -> bool {
-    let parse = |v: &str| -> Option<(u64, u64)> {
+    let parse = |v: &str| -> Option<(u64, u64, u64)> {
         let mut parts = v.split('.');
         let major = parts.next()?.parse().ok()?;
         let minor = parts.next()?.parse().ok()?;
-        Some((major, minor))
+        let patch = parts.next().map_or(Some(0), |p| p.parse().ok())?;
+        Some((major, minor, patch))
     };
     match (parse(version), parse(WIT_VERSION)) {
-        (Some((major, minor)), Some((host_major, host_minor))) => {
-            major == host_major && (major != 0 || minor == host_minor)
+        (Some((major, minor, patch)), Some((host_major, host_minor, host_patch))) => {
+            major == host_major && (major != 0 || minor == host_minor) && (minor, patch) <= (host_minor, host_patch)
         }
         _ => false,
     }
@@ -122,7 +125,8 @@ mod tests {
     #[test]
     fn versions_follow_semver_before_and_after_one() {
         assert!(compatible("0.1.0"));
-        assert!(compatible("0.1.7"));
+        assert!(compatible("0.1.1"));
+        assert!(!compatible("0.1.7"), "a newer patch may import what this host lacks");
         assert!(!compatible("0.2.0"));
         assert!(!compatible("1.0.0"));
         assert!(!compatible("garbage"));

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 use trinity_buffer::{Eid, Experience, Task};
 use trinity_engine::{FinishReason, SamplingParams};
-use trinity_explorer::{ExplorerError, RolloutModel, Workflow, WorkflowContext, WorkflowFuture, seed_mix};
+use trinity_explorer::{
+    AuxiliaryModel, ExplorerError, RolloutModel, Workflow, WorkflowContext, WorkflowFuture, seed_mix,
+};
 use trinity_model::ChatMessage;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Store, UpdateDeadline};
@@ -202,6 +204,71 @@ impl Session {
             .collect())
     }
 
+    /// The auxiliary model called `name`, or an error naming the ones there are.
+    fn auxiliary(&self, name: &str) -> Result<AuxiliaryModel, String> {
+        let model = self.model()?;
+        model.auxiliary_model(name).cloned().ok_or_else(|| {
+            let names: Vec<&str> = model.auxiliary_models().iter().map(AuxiliaryModel::name).collect();
+            if names.is_empty() {
+                format!("no auxiliary model `{name}`: the config lists none (explorer.auxiliary_models)")
+            } else {
+                format!("no auxiliary model `{name}` (explorer.auxiliary_models has `{}`)", names.join("`, `"))
+            }
+        })
+    }
+
+    async fn chat_auxiliary(
+        &mut self,
+        name: String,
+        messages: Vec<wit::Message>,
+        params: model::SamplingParams,
+    ) -> ModelResult<Vec<model::AuxiliaryReply>> {
+        self.admit(params.n).map_err(wasmtime::Error::new)?;
+        self.calls += 1;
+        Ok(self.chat_auxiliary_within_budget(&name, messages, params).await)
+    }
+
+    async fn chat_auxiliary_within_budget(
+        &mut self,
+        name: &str,
+        messages: Vec<wit::Message>,
+        params: model::SamplingParams,
+    ) -> Result<Vec<model::AuxiliaryReply>, String> {
+        let auxiliary = self.auxiliary(name)?;
+        let messages: Vec<ChatMessage> = messages.into_iter().map(|m| ChatMessage::new(m.role, m.content)).collect();
+        let prompt =
+            auxiliary.model().chat_prompt(&messages, None).map_err(|e| format!("auxiliary model `{name}`: {e}"))?;
+        let generation = auxiliary
+            .model()
+            .generate(prompt, self.params(&params))
+            .await
+            .map_err(|e| format!("auxiliary model `{name}`: {e}"))?;
+        self.spend(&generation);
+        Ok(generation
+            .completions
+            .into_iter()
+            .map(|c| model::AuxiliaryReply {
+                text: c.text,
+                tokens: c.tokens,
+                logprobs: c.logprobs,
+                finish_reason: finish_reason(c.finish_reason),
+            })
+            .collect())
+    }
+
+    async fn auxiliary_logprobs(&mut self, name: String, tokens: Vec<u32>, temperature: f32) -> ModelResult<Vec<f32>> {
+        self.admit(1).map_err(wasmtime::Error::new)?;
+        self.calls += 1;
+        let auxiliary = match self.auxiliary(&name) {
+            Ok(auxiliary) => auxiliary,
+            Err(error) => return Ok(Err(error)),
+        };
+        if !(temperature.is_finite() && temperature > 0.0) {
+            return Ok(Err(format!("temperature {temperature} must be a positive number")));
+        }
+        Ok(auxiliary.logprobs(&tokens, f64::from(temperature)).await.map_err(|e| e.to_string()))
+    }
+
     fn record(&mut self, turn: Turn, completion: &trinity_engine::Completion) -> model::Completion {
         self.turns.push(turn);
         model::Completion {
@@ -209,12 +276,16 @@ impl Session {
             text: completion.text.clone(),
             tokens: completion.tokens.clone(),
             logprobs: completion.logprobs.clone(),
-            finish_reason: match completion.finish_reason {
-                FinishReason::Eos => model::FinishReason::Eos,
-                FinishReason::Stop => model::FinishReason::Stop,
-                FinishReason::Length => model::FinishReason::Length,
-            },
+            finish_reason: finish_reason(completion.finish_reason),
         }
+    }
+}
+
+fn finish_reason(reason: FinishReason) -> model::FinishReason {
+    match reason {
+        FinishReason::Eos => model::FinishReason::Eos,
+        FinishReason::Stop => model::FinishReason::Stop,
+        FinishReason::Length => model::FinishReason::Length,
     }
 }
 
@@ -258,6 +329,28 @@ impl model::Host for StoreState<Session> {
         params: model::SamplingParams,
     ) -> ModelResult<Vec<model::Completion>> {
         timed!(self, self.extra.generate(prompt, params).await)
+    }
+
+    async fn auxiliary_models(&mut self) -> wasmtime::Result<Vec<String>> {
+        Ok(self
+            .extra
+            .model
+            .as_ref()
+            .map(|model| model.auxiliary_models().iter().map(|m| m.name().to_owned()).collect())
+            .unwrap_or_default())
+    }
+
+    async fn chat_auxiliary(
+        &mut self,
+        model: String,
+        messages: Vec<wit::Message>,
+        params: model::SamplingParams,
+    ) -> ModelResult<Vec<model::AuxiliaryReply>> {
+        timed!(self, self.extra.chat_auxiliary(model, messages, params).await)
+    }
+
+    async fn auxiliary_logprobs(&mut self, model: String, tokens: Vec<u32>, temperature: f32) -> ModelResult<Vec<f32>> {
+        timed!(self, self.extra.auxiliary_logprobs(model, tokens, temperature).await)
     }
 
     async fn tokenize(&mut self, text: String) -> ModelResult<Vec<u32>> {
