@@ -12,7 +12,9 @@
 //!   run over the whole conversation, see `conversation.rs`). Workflows that call an auxiliary model
 //!   ([`AuxiliaryModel`], `explorer.auxiliary_models`): on-policy distillation (`on_policy_distill_workflow`,
 //!   `on_policy_distill_math_workflow`: the teacher's logprobs of every sampled token) and LLM-judged rewards
-//!   (`math_ruler_workflow`, `rubric_judge_workflow`).
+//!   (`math_ruler_workflow`, `rubric_judge_workflow`). `agent_process_workflow` runs an agent program per rollout
+//!   against the rollout model's OpenAI view ([`OpenAiSession`], `enable_openai_api`) and trains on the replies
+//!   recorded there (`enable_history`).
 //! * [`ExperienceOperator`]s transform one explore step's experiences before they enter the buffer: Trinity-RFT's
 //!   pure ones are built in ([`OperatorEntry`]), plugins register by name ([`register_operator`]), and
 //!   [`apply_pipeline`] runs a configured pipeline, collecting the selectors' feedback.

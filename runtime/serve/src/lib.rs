@@ -7,13 +7,19 @@
 //! response id (`POST /feedback`) and commits (`POST /commit`), which hands the rewarded experiences to an
 //! [`ExperienceSink`] — in `trinity run`, the experience pipeline and the buffer a trainer reads.
 //!
+//! [`serve_workflows`] serves the same API to the explorer's workflows (`explorer.rollout_model.enable_openai_api`)
+//! on a loopback port: each workflow run has a base URL of its own (`/runs/<key>/v1`) under which its replies are
+//! filed for it ([`trinity_explorer::OpenAiView`]); there is no `/feedback` or `/commit`. In both, a request's
+//! `model` names the rollout model or one of its auxiliary models, whose replies are never recorded.
+//!
 //! # Endpoints
 //! - `POST /v1/chat/completions`: `messages` (system/developer/user/assistant/tool; content as a string or text
 //!   parts), `model`, `n` (choices share one prefill), `temperature`, `top_p`, `max_tokens` /
 //!   `max_completion_tokens`, `stop`, `seed`, `logprobs` / `top_logprobs` (0–20), `stream` (SSE) with
 //!   `stream_options.include_usage`, `tools` / `tool_choice` (`auto`, `none`: tools are rendered through the
 //!   chat template's `tools` variable and hermes-style `<tool_call>{json}</tool_call>` blocks in the output
-//!   become `tool_calls` with `finish_reason: tool_calls`), and vLLM's `return_token_ids` (`prompt_token_ids`,
+//!   become `tool_calls` with `finish_reason: tool_calls`, when `ServeOptions::auto_tool_choice` allows it; else
+//!   `auto` is a 400 as in vLLM without `--enable-auto-tool-choice`), and vLLM's `return_token_ids` (`prompt_token_ids`,
 //!   `choices[].token_ids`), `top_k`, `min_p`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
 //!   `add_generation_prompt`, `continue_final_message`.
 //! - `POST /v1/completions`: `prompt` as text, token ids or a batch of either; `logprobs` as a count.
