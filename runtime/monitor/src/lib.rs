@@ -9,14 +9,16 @@ mod crc32c;
 mod csv_sink;
 mod error;
 mod jsonl_sink;
+mod progress;
 mod tensorboard;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use crate::csv_sink::CsvSink;
 pub use crate::error::MonitorError;
 pub use crate::jsonl_sink::JsonlSink;
+pub use crate::progress::{Phase, Progress, observe, stop_observing};
 pub use crate::tensorboard::TensorboardSink;
 
 /// One step's metrics, by name (`rollout/reward_mean`, `train/pg_loss`, ...). Sorted, so files are stable.
@@ -28,8 +30,13 @@ pub trait Sink: Send {
     fn record(&mut self, step: u64, metrics: &Metrics) -> Result<(), MonitorError>;
 }
 
-/// Every sink of a run, fed together.
+/// The file beside `metrics.jsonl` that holds a run's planned steps (`{"total_steps": N}`, `null` when the run
+/// cannot know), so that readers (the studio) can show steps done of total.
+pub const PLAN_FILE: &str = "plan.json";
+
+/// Every sink of a run, fed together, and the run's progress (see [`Progress`]).
 pub struct Monitor {
+    dir: PathBuf,
     sinks: Vec<Box<dyn Sink>>,
 }
 
@@ -52,7 +59,24 @@ impl Monitor {
             "tensorboard" => sinks.push(Box::new(TensorboardSink::create(&dir.join("tensorboard"))?)),
             other => return Err(MonitorError::UnknownMonitor(other.to_owned())),
         }
-        Ok(Monitor { sinks })
+        Ok(Monitor { dir: dir.to_owned(), sinks })
+    }
+
+    /// Records the run's plan: `total_steps` (`None` when it cannot know) with `done` of them done before this
+    /// process started. Written to a temporary file and renamed, so a reader never sees half of it.
+    pub fn plan(&mut self, total_steps: Option<u64>, done: u64) -> Result<(), MonitorError> {
+        let path = self.dir.join(PLAN_FILE);
+        let partial = self.dir.join(format!(".{PLAN_FILE}.partial"));
+        let text = serde_json::json!({ "total_steps": total_steps, "resumed_at": done }).to_string();
+        std::fs::write(&partial, text).map_err(MonitorError::io(&partial))?;
+        std::fs::rename(&partial, &path).map_err(MonitorError::io(&path))?;
+        progress::notify(|progress| progress.planned(total_steps, done));
+        Ok(())
+    }
+
+    /// Step `step` entered `phase` (for live displays; nothing is written).
+    pub fn phase(&self, step: u64, phase: Phase) {
+        progress::notify(|progress| progress.phase(step, phase));
     }
 
     /// Records one step in every sink; the first failure is returned after all sinks were tried.
@@ -63,6 +87,7 @@ impl Monitor {
                 first_error.get_or_insert(error);
             }
         }
+        progress::notify(|progress| progress.recorded(step, metrics));
         first_error.map_or(Ok(()), Err)
     }
 }
@@ -80,5 +105,40 @@ mod tests {
         assert!(dir.path().join("metrics.csv").exists());
         let error = Monitor::open(dir.path(), "wandb").unwrap_err().to_string();
         assert!(error.contains("wandb"), "{error}");
+    }
+
+    /// Every event reaches the installed observer, and the plan is on disk for readers.
+    #[test]
+    fn the_plan_is_written_and_events_reach_the_observer() {
+        use std::sync::{Arc, Mutex};
+        #[derive(Default)]
+        struct Seen(Arc<Mutex<Vec<String>>>);
+        impl Progress for Seen {
+            fn planned(&mut self, total_steps: Option<u64>, done: u64) {
+                self.0.lock().unwrap().push(format!("plan {total_steps:?} {done}"));
+            }
+            fn phase(&mut self, step: u64, phase: Phase) {
+                self.0.lock().unwrap().push(format!("{step} {}", phase.label()));
+            }
+            fn recorded(&mut self, step: u64, metrics: &Metrics) {
+                self.0.lock().unwrap().push(format!("{step} recorded {}", metrics.len()));
+            }
+        }
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        observe(Box::new(Seen(Arc::clone(&seen))));
+        let dir = tempfile::tempdir().unwrap();
+        let mut monitor = Monitor::open(dir.path(), "jsonl").unwrap();
+        monitor.plan(Some(4), 1).unwrap();
+        monitor.phase(102, Phase::Explore);
+        monitor.record(102, &Metrics::from([("a".to_owned(), 1.0)])).unwrap();
+        assert!(stop_observing().is_some());
+        monitor.phase(103, Phase::Train);
+        // Other tests of this binary record steps below 100 meanwhile; only this test's events count.
+        let seen: Vec<String> =
+            seen.lock().unwrap().iter().filter(|e| e.starts_with("plan") || e.starts_with("10")).cloned().collect();
+        assert_eq!(seen, ["plan Some(4) 1", "102 explore", "102 recorded 1"]);
+        let plan: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join(PLAN_FILE)).unwrap()).unwrap();
+        assert_eq!(plan, serde_json::json!({"total_steps": 4, "resumed_at": 1}));
     }
 }

@@ -20,7 +20,7 @@ use trinity_buffer::difficulty_estimator::DifficultyEstimator;
 use trinity_buffer::{Experience, ExperienceBuffer, SchedulerState};
 use trinity_config::Config;
 use trinity_config::synchronizer::SyncMethod;
-use trinity_monitor::{Metrics, Monitor};
+use trinity_monitor::{Metrics, Monitor, Phase};
 
 use crate::error::RftError;
 use crate::explorer::{Explorer, ExplorerRole};
@@ -169,6 +169,7 @@ impl<'a> Both<'a> {
             self.schedule.interval,
             self.schedule.offset
         );
+        self.monitor.plan(Some(self.total_steps), self.trained)?;
         if self.resumed_from.is_none() && self.config.explorer.eval_on_startup && self.explorer.has_eval_tasksets() {
             let metrics = self.explorer.evaluate("eval").await?;
             self.monitor.record(0, &metrics)?;
@@ -186,6 +187,7 @@ impl<'a> Both<'a> {
     }
 
     async fn explore(&mut self, step: u64) -> Result<(), RftError> {
+        self.monitor.phase(step, Phase::Explore);
         let Some(output) = self.explorer.explore_step(step).await? else {
             // The tasksets ran out earlier than planned (only possible with total_steps beyond the data).
             self.total_steps = step - 1;
@@ -204,6 +206,7 @@ impl<'a> Both<'a> {
     }
 
     async fn train(&mut self, step: u64) -> Result<(), RftError> {
+        self.monitor.phase(step, Phase::Train);
         let (count, mut metrics) = self.pending.remove(&step).unwrap_or_default();
         if count > 0 {
             let timeout = Duration::from_secs_f64(
@@ -219,6 +222,7 @@ impl<'a> Both<'a> {
         let mut sync_seconds = 0.0;
         if self.schedule.syncs_after(step) || step == self.total_steps {
             let started = Instant::now();
+            self.monitor.phase(step, Phase::Sync);
             self.sync(step).await?;
             sync_seconds = started.elapsed().as_secs_f64();
         }
@@ -226,12 +230,14 @@ impl<'a> Both<'a> {
 
         let eval_interval = self.config.explorer.eval_interval;
         if self.explorer.has_eval_tasksets() && (step.is_multiple_of(eval_interval) || step == self.total_steps) {
+            self.monitor.phase(step, Phase::Evaluate);
             metrics.extend(self.explorer.evaluate("eval").await?);
         }
         let save_interval = self.config.trainer.save_interval;
         let mut save_seconds = 0.0;
         if (save_interval > 0 && step.is_multiple_of(save_interval)) || step == self.total_steps {
             let started = Instant::now();
+            self.monitor.phase(step, Phase::Save);
             self.save(step).await?;
             save_seconds = started.elapsed().as_secs_f64();
         }

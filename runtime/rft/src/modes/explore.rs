@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use trinity_buffer::{ExperienceBuffer, ProducerState};
 use trinity_config::Config;
 use trinity_config::synchronizer::{SyncMethod, SyncStyle};
-use trinity_monitor::Monitor;
+use trinity_monitor::{Monitor, Phase};
 
 use crate::error::RftError;
 use crate::explorer::{Explorer, ExplorerRole};
@@ -72,6 +72,7 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
         run.monitor.record(0, &metrics)?;
     }
     let total = run.explorer.scheduler().total_steps();
+    run.monitor.plan(Some(total), explored)?;
     for step in explored + 1..=total {
         match run.step(step).await? {
             StepOutcome::Stored => explored = step,
@@ -133,6 +134,7 @@ impl ExploreRun<'_> {
             Synced::Kept => false,
         };
         let sync_seconds = started.elapsed().as_secs_f64();
+        self.monitor.phase(step, Phase::Explore);
         let Some(output) = self.explorer.explore_step(step).await? else {
             return Ok(StepOutcome::TasksetsEnded);
         };
@@ -150,6 +152,7 @@ impl ExploreRun<'_> {
         metrics.insert("time/buffer_put_s".into(), stored.elapsed().as_secs_f64());
         let eval_interval = self.config.explorer.eval_interval;
         if self.explorer.has_eval_tasksets() && step.is_multiple_of(eval_interval) {
+            self.monitor.phase(step, Phase::Evaluate);
             metrics.extend(self.explorer.evaluate("eval").await?);
         }
         self.monitor.record(step, &metrics)?;

@@ -22,7 +22,7 @@ use trinity_config::algorithm::mix_expert_rows;
 use trinity_config::steps::TrainSteps;
 use trinity_config::synchronizer::{SyncMethod, SyncStyle};
 use trinity_config::{Config, ExperienceSchema};
-use trinity_monitor::{Metrics, Monitor};
+use trinity_monitor::{Metrics, Monitor, Phase};
 use trinity_trainer::Components;
 
 use crate::dataset::DatasetRows;
@@ -266,6 +266,7 @@ impl<'a> TrainRun<'a> {
             let metrics = self.evaluate(0).await?;
             self.monitor.record(0, &metrics)?;
         }
+        self.monitor.plan((total != u64::MAX).then_some(total), self.trained)?;
         self.step_mark = Instant::now();
         while self.trained < total {
             let step = self.trained + 1;
@@ -289,6 +290,7 @@ impl<'a> TrainRun<'a> {
     /// will come (the explorers finished, or none came for `max_read_timeout`).
     async fn step(&mut self, step: u64) -> Result<Option<Metrics>, RftError> {
         let mut metrics = Metrics::new();
+        self.monitor.phase(step, Phase::Train);
         let waited = Instant::now();
         match &mut self.source {
             Source::Dataset(rows) => {
@@ -307,6 +309,7 @@ impl<'a> TrainRun<'a> {
         }
         self.trained = step;
         let sync = Instant::now();
+        self.monitor.phase(step, Phase::Sync);
         match self.config.synchronizer.sync_style {
             SyncStyle::DynamicByExplorer => self.answer_requests().await?,
             SyncStyle::Fixed | SyncStyle::DynamicByTrainer => {
@@ -318,11 +321,13 @@ impl<'a> TrainRun<'a> {
         metrics.insert("time/sync_s".into(), sync.elapsed().as_secs_f64());
         let total = self.trainer.total_steps();
         if self.evaluator.is_some() && (step.is_multiple_of(self.config.explorer.eval_interval) || step == total) {
+            self.monitor.phase(step, Phase::Evaluate);
             metrics.extend(self.evaluate(step).await?);
         }
         let save_interval = self.config.trainer.save_interval;
         let saving = Instant::now();
         if (save_interval > 0 && step.is_multiple_of(save_interval)) || step == total {
+            self.monitor.phase(step, Phase::Save);
             self.save().await?;
         }
         metrics.insert("time/save_s".into(), saving.elapsed().as_secs_f64());
