@@ -14,5 +14,6 @@ mod model_commands;
 mod plugins;
 mod rft;
 mod serve;
+mod studio;
 mod support;
 mod tool_model;

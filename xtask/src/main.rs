@@ -6,7 +6,6 @@
 mod bench_async;
 mod bench_grpo;
 mod new_algorithm;
-mod plot;
 mod plugins;
 mod setup;
 
@@ -32,20 +31,9 @@ enum Task {
     Setup,
     /// Setup, then `cargo fmt --check`, clippy with `-D warnings`, and every test of the workspace.
     Test,
-    /// Setup, release build, then run the quickstart job on the embedded default and plot its learning curve.
+    /// Setup, release build, then run the quickstart job, print its learning curve and the studio command that
+    /// shows the run.
     Quickstart,
-    /// Plot rollout reward and eval accuracy per step of any run as a PNG (no setup, no fonts needed).
-    Plot {
-        /// The run's metrics file, `<checkpoint_root_dir>/<project>/<name>/monitor/metrics.jsonl`.
-        #[arg(long)]
-        metrics: PathBuf,
-        /// The PNG to write (its directory is created if needed).
-        #[arg(long)]
-        output: PathBuf,
-        /// The plot's title; defaults to `<project>/<name>` taken from the metrics path.
-        #[arg(long)]
-        title: Option<String>,
-    },
     /// Scaffold a WASM plugin crate under `plugins/NAME` (with an example and a test) and add it to the workspace.
     NewPlugin {
         /// What the plugin provides.
@@ -118,10 +106,6 @@ fn main() -> Result<()> {
         }
         Task::Test => test(&root)?,
         Task::Quickstart => quickstart(&root)?,
-        Task::Plot { metrics, output, title } => {
-            plot::plot_metrics(&metrics, &output, title.as_deref())?;
-            println!("plot: {}", output.display());
-        }
         Task::NewPlugin { kind, name } => plugins::new_plugin(&root, kind, &name)?,
         Task::BuildPlugins => {
             plugins::build_plugins(&root)?;
@@ -166,7 +150,10 @@ fn quickstart(root: &Path) -> Result<()> {
             .env("TRINITY_CHECKPOINT_ROOT_DIR", &checkpoints)
             .args(["run", "--config", "examples/quickstart/quickstart.yaml"]))
     })?;
-    step("quickstart: summary", || summarize_run(&checkpoints.join("quickstart")))
+    step("quickstart: summary", || summarize_run(&checkpoints.join("quickstart")))?;
+    // The curves, the rollouts and the run's status are in the studio; the address it prints opens them.
+    println!("  see the run in the studio: {} studio --root {}", trinity.display(), checkpoints.display());
+    Ok(())
 }
 
 /// Prints the learning curve of the newest quickstart run: rollout reward per step and held-out accuracy at each
@@ -197,9 +184,6 @@ fn summarize_run(project_dir: &Path) -> Result<()> {
         println!("  held-out accuracy {first:.3} -> {last:.3} ({:+.3})", last - first);
     }
     println!("  TensorBoard: tensorboard --logdir {}", newest.join("monitor/tensorboard").display());
-    let plot = newest.join("monitor/reward_accuracy.png");
-    plot::plot_metrics(&newest.join("monitor/metrics.jsonl"), &plot, None)?;
-    println!("  plot: {}", plot.display());
     Ok(())
 }
 

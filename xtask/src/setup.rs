@@ -6,11 +6,15 @@
 //! `TRINITY_DEPS_DIR` moves the folder elsewhere; CI points it outside the clone so that the libtorch path, and
 //! therefore torch-sys's build fingerprint, stays the same from one run to the next.
 //!
-//! Three steps install outside that folder, as system packages, each only where it is missing: the PostgreSQL server
+//! Some steps install outside that folder, as system packages, each only where it is missing: the PostgreSQL server
 //! binaries the buffer's tests run throwaway servers with (Debian's `postgresql`, checked by `initdb`), the
 //! gloo headers the collectives crate compiles its c10d shim against (Debian's `libgloo-dev`; PyPI's torch wheel
-//! ships gloo's library inside `libtorch_cpu.so` but not its headers), and iproute2's `ip`, with which the
-//! multi-host data-parallel test builds network namespaces.
+//! ships gloo's library inside `libtorch_cpu.so` but not its headers), iproute2's `ip`, with which the
+//! multi-host data-parallel test builds network namespaces, Node.js with npm (the studio's npm packages) and
+//! Chromium (the studio's end-to-end test drives it headless).
+//!
+//! The studio's npm packages go to `<deps>/npm/node_modules`: uPlot, which `runtime/studio`'s build script embeds
+//! in the binary, and playwright-core, with which the end-to-end test drives Debian's chromium.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,6 +34,10 @@ const WASM_TARGET: &str = "wasm32-wasip2";
 /// The official OpenAI client the serve-mode tests drive the server with, pinned so a new release cannot change
 /// what a test run means.
 const OPENAI_PACKAGE: &str = "openai==3.54.0";
+/// The studio's npm packages, pinned: the charting library the page embeds and the browser driver of its test.
+const NPM_PACKAGES: [(&str, &str); 2] = [("uplot", "1.6.32"), ("playwright-core", "1.65.1")];
+/// Where Debian's chromium package puts the browser the studio's end-to-end test drives.
+pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
 
 #[derive(Debug)]
 pub(crate) struct Deps {
@@ -56,8 +64,15 @@ impl Deps {
         self.dir.join("openai-venv").join("bin").join("python")
     }
 
+    /// The npm prefix holding the studio's packages (`node_modules/` inside).
+    pub(crate) fn npm_dir(&self) -> PathBuf {
+        self.dir.join("npm")
+    }
+
     pub(crate) fn apply_env(&self, command: &mut Command) {
         command.env("LIBTORCH", self.libtorch());
+        // The studio's build script (uPlot) and its end-to-end test (playwright-core) find npm packages here.
+        command.env("TRINITY_DEPS_DIR", &self.dir);
         command.env("TRINITY_SMOLLM2_GGUF", self.smollm2_gguf());
         command.env("TRINITY_OPENAI_PYTHON", self.openai_python());
         // Our libtorch crates embed libtorch's run path, but a crate that reaches tch only through feature
@@ -114,6 +129,40 @@ impl Deps {
         install_postgres()?;
         install_gloo_headers()?;
         install_iproute2()?;
+        install_node()?;
+        step("setup: the studio's npm packages (uPlot, playwright-core)", || self.install_npm_packages())?;
+        install_chromium()?;
+        Ok(())
+    }
+
+    fn install_npm_packages(&self) -> Result<()> {
+        let dir = self.npm_dir();
+        let pins: Vec<String> = NPM_PACKAGES.iter().map(|(name, version)| format!("{name}@{version}")).collect();
+        let marker = dir.join(format!(".installed-{}", pins.join("+")));
+        if marker.exists() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&dir)?;
+        let dependencies: serde_json::Map<String, serde_json::Value> =
+            NPM_PACKAGES.iter().map(|(name, version)| ((*name).to_owned(), (*version).into())).collect();
+        let manifest = serde_json::json!({
+            "name": "trinity-deps", "private": true, "description": "written by cargo xtask setup",
+            "dependencies": dependencies,
+        });
+        std::fs::write(dir.join("package.json"), serde_json::to_string_pretty(&manifest)?)?;
+        // Neither package needs an install script (playwright-core downloads no browser; the test uses Debian's).
+        run(Command::new("npm").current_dir(&dir).args([
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--ignore-scripts",
+            "--loglevel=error",
+        ]))?;
+        let uplot = dir.join("node_modules/uplot/dist/uPlot.iife.min.js");
+        if !uplot.exists() {
+            bail!("npm finished but {} is missing", uplot.display());
+        }
+        std::fs::write(&marker, pins.join("\n"))?;
         Ok(())
     }
 
@@ -240,6 +289,35 @@ fn install_iproute2() -> Result<()> {
         return Ok(());
     }
     step("setup: iproute2 (installing Debian's iproute2)", || apt_install("iproute2"))
+}
+
+/// Node.js and npm, for the studio's npm packages (Debian's `nodejs` and `npm`), installed only when `npm` is missing.
+fn install_node() -> Result<()> {
+    if on_path("npm") && on_path("node") {
+        return Ok(());
+    }
+    step("setup: Node.js (npm not found; installing Debian's nodejs and npm)", || {
+        apt_install("nodejs")?;
+        apt_install("npm")
+    })
+}
+
+/// Debian's chromium, which the studio's end-to-end test drives headless, installed only when it is missing.
+fn install_chromium() -> Result<()> {
+    if Path::new(CHROMIUM).exists() {
+        return Ok(());
+    }
+    step("setup: Chromium (installing Debian's chromium for the studio's browser test)", || {
+        apt_install("chromium")?;
+        if !Path::new(CHROMIUM).exists() {
+            bail!("the chromium package is installed but {CHROMIUM} is missing");
+        }
+        Ok(())
+    })
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
 /// Installs a Debian package with apt-get (through `sudo -n` when not root), fetching the package lists first when

@@ -36,6 +36,9 @@ pub(crate) enum Command {
     Algorithm(crate::algorithm::AlgorithmArgs),
     /// Inspect plugins: every registered name with its kind, version and origin.
     Plugins(crate::plugins::PluginsArgs),
+    /// Serve the studio: a web page to watch the runs under a checkpoint root (status, curves, rollouts), validate
+    /// and edit configs, and see the plugins; prints its address and runs until stopped (Ctrl-C).
+    Studio(crate::studio::StudioArgs),
 }
 
 #[derive(Debug, Args)]

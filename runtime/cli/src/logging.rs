@@ -1,6 +1,6 @@
 //! Logging: human-readable lines on stderr, and the same events in a log file in the run directory.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -17,11 +17,24 @@ pub(crate) struct LogGuard {
     _file: Option<WorkerGuard>,
 }
 
+/// stderr, keeping clear of `trinity run`'s live progress line (see [`crate::progress::around_log`]).
+struct Console;
+
+impl Write for Console {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        crate::progress::around_log(|| std::io::stderr().write_all(buf)).map(|()| buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 /// Starts logging to stderr, and to the file `log` (a directory and a file name) when given.
 pub(crate) fn init(level: LogLevel, log: Option<(&Path, &str)>) -> Result<LogGuard> {
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level.directive()));
     let console = fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(|| Console)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .with_filter(filter());

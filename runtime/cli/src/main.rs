@@ -8,9 +8,11 @@ mod install;
 mod launch;
 mod logging;
 mod plugins;
+mod progress;
 mod registry;
 mod run;
 mod score;
+mod studio;
 
 use std::process::ExitCode;
 
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => with_logging(level, || convert::run(args)),
         Command::Algorithm(args) => with_logging(level, || algorithm::run(args)),
         Command::Plugins(args) => with_logging(level, || plugins::run(args)),
+        Command::Studio(args) => with_logging(level, || studio::run(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

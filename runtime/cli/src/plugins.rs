@@ -202,15 +202,15 @@ fn sandbox_keys(spec: &PluginSpec) -> Vec<&'static str> {
 
 /// One line of `trinity plugins list`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Row {
-    kind: String,
-    name: String,
-    version: String,
-    origin: String,
+pub(crate) struct Row {
+    pub(crate) kind: String,
+    pub(crate) name: String,
+    pub(crate) version: String,
+    pub(crate) origin: String,
 }
 
 /// Built-ins (workflows, rewards, algorithm components) then plugins, each group sorted by kind and name.
-fn listing() -> Vec<Row> {
+pub(crate) fn listing() -> Vec<Row> {
     let version = env!("CARGO_PKG_VERSION");
     let builtin = |kind: &str, name: &str| Row {
         kind: kind.to_owned(),

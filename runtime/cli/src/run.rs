@@ -1,7 +1,10 @@
 //! `trinity run`: load a config, then run its mode.
 
+use std::path::Path;
+
 use anyhow::{Context, Result};
 use trinity_config::Mode;
+use trinity_studio::RunRecord;
 
 use crate::cli::{LogLevel, RunArgs};
 use crate::logging;
@@ -18,15 +21,7 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
     specs.extend(trinity_config::plugin_entries(&args.config, options)?);
     plugins::load(&specs)?;
     let loaded = trinity_config::load_file(&args.config, options)?;
-    // The dry run refuses exactly what the run refuses: both go through this one check.
-    loaded.check_runnable()?;
-    let configs: Vec<&trinity_config::Config> = match loaded.stages.is_empty() {
-        true => vec![&loaded.config],
-        false => loaded.stages.iter().map(|s| &s.config).collect(),
-    };
-    for config in configs {
-        trinity_rft::check_components(config).with_context(|| args.config.display().to_string())?;
-    }
+    check(&loaded, &args.config)?;
     let config = &loaded.config;
     let log_level = effective_level(log_level, &config.log.level);
     if args.dry_run {
@@ -61,18 +56,55 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
         trinity_rft::run(config, &job_dir).with_context(|| format!("rank {} of {}", env.rank, env.world_size))?;
         return Ok(());
     }
-    // The processes of one run (an explorer and a trainer apart, a bench) write their own log files.
-    let log_file = match config.mode {
-        Mode::Explore => format!("{}.log", config.explorer.name),
-        Mode::Train => format!("{}.log", config.trainer.name),
-        Mode::Bench => "bench.log".to_owned(),
-        _ => "trinity.log".to_owned(),
+    // The processes of one run (an explorer and a trainer apart, a bench) write their own log files and status
+    // records.
+    let role = match config.mode {
+        Mode::Explore => config.explorer.name.clone(),
+        Mode::Train => config.trainer.name.clone(),
+        Mode::Bench => "bench".to_owned(),
+        _ => "trinity".to_owned(),
     };
-    let _guard = logging::init(log_level, Some((&job_dir.join("log"), &log_file)))?;
+    let _guard = logging::init(log_level, Some((&job_dir.join("log"), &format!("{role}.log"))))?;
+    let mut record = RunRecord::for_config(config, &args.config, &role, !loaded.stages.is_empty());
+    if let Err(error) = record.write(&job_dir) {
+        tracing::warn!("the studio will not see this run's status: {error}");
+    }
+    crate::progress::install();
+    let result = run_job(&loaded, &args, &job_dir, &registry, launched.as_ref());
+    crate::progress::finish();
+    if let Err(error) = record.finish(&job_dir, result.as_ref().err().map(|error| format!("{error:#}"))) {
+        tracing::warn!("the studio will not see how this run ended: {error}");
+    }
+    result
+}
+
+/// Everything `trinity run` checks before it starts; `--dry-run` and the studio's config validation call it too,
+/// so all three refuse the same configs.
+pub(crate) fn check(loaded: &trinity_config::Loaded, path: &Path) -> Result<()> {
+    loaded.check_runnable()?;
+    let configs: Vec<&trinity_config::Config> = match loaded.stages.is_empty() {
+        true => vec![&loaded.config],
+        false => loaded.stages.iter().map(|s| &s.config).collect(),
+    };
+    for config in configs {
+        trinity_rft::check_components(config).with_context(|| path.display().to_string())?;
+    }
+    Ok(())
+}
+
+/// Runs rank 0's (or the only process's) job once logging and the status record are in place.
+fn run_job(
+    loaded: &trinity_config::Loaded,
+    args: &RunArgs,
+    job_dir: &Path,
+    registry: &Registry,
+    launched: Option<&trinity_collective::DistEnv>,
+) -> Result<()> {
+    let config = &loaded.config;
     for note in &loaded.notes {
         tracing::warn!("{note}");
     }
-    if let Some(env) = &launched {
+    if let Some(env) = launched {
         tracing::info!(
             "data parallel: {} ranks from the launcher (cluster.node_num × gpu_per_node = {} describe Trinity-RFT's \
              Ray cluster and do not size this job)",
@@ -82,8 +114,8 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
     }
     tracing::info!("config {} → {}", args.config.display(), job_dir.display());
     if !loaded.stages.is_empty() {
-        let summaries = trinity_rft::run_stages(&loaded, &job_dir, &registry)
-            .with_context(|| format!("run {}", job_dir.display()))?;
+        let summaries =
+            trinity_rft::run_stages(loaded, job_dir, registry).with_context(|| format!("run {}", job_dir.display()))?;
         tracing::info!(
             "finished {} stages; each stage's metrics are in {}/<stage>/monitor",
             summaries.len(),
@@ -91,7 +123,7 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let summary = trinity_rft::run(config, &job_dir).with_context(|| format!("run {}", job_dir.display()))?;
+    let summary = trinity_rft::run(config, job_dir).with_context(|| format!("run {}", job_dir.display()))?;
     match config.mode {
         Mode::Explore | Mode::Bench => tracing::info!("finished; metrics in {}", job_dir.join("monitor").display()),
         _ => tracing::info!(

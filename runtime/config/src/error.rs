@@ -71,6 +71,28 @@ pub enum ConfigError {
     NotRunnable { origin: Origin, key: String, message: String },
 }
 
+impl ConfigError {
+    /// Where the error points (file and position, or a `--set` argument); `None` for errors about the whole file
+    /// (it cannot be read) or a malformed `--set` argument. Editors use it to mark the line.
+    pub fn origin(&self) -> Option<&Origin> {
+        match self {
+            ConfigError::Read { .. } | ConfigError::Override { .. } => None,
+            ConfigError::Syntax { origin, .. }
+            | ConfigError::Empty { origin }
+            | ConfigError::NotAMapping { origin, .. }
+            | ConfigError::UnknownKey { origin, .. }
+            | ConfigError::Unsupported { origin, .. }
+            | ConfigError::Type { origin, .. }
+            | ConfigError::MissingEnv { origin, .. }
+            | ConfigError::Interpolation { origin, .. }
+            | ConfigError::Invalid { origin, .. }
+            | ConfigError::UnknownName { origin, .. }
+            | ConfigError::MissingComponent { origin, .. }
+            | ConfigError::NotRunnable { origin, .. } => Some(origin),
+        }
+    }
+}
+
 fn bring_text(kind: &str) -> String {
     match kind {
         "workflow" => crate::external::HOW_TO_BRING.to_owned(),
@@ -116,5 +138,14 @@ mod tests {
         let origin = Origin::File { path: "x.yaml".into(), position: Some(Position { line: 3, column: 5 }) };
         assert_eq!(origin.to_string(), "x.yaml:3:5");
         assert_eq!(Origin::Override("a.b=1".into()).to_string(), "--set a.b=1");
+    }
+
+    #[test]
+    fn errors_give_their_origin_except_whole_file_ones() {
+        let origin = Origin::File { path: "x.yaml".into(), position: Some(Position { line: 7, column: 3 }) };
+        let error = ConfigError::UnknownKey { origin: origin.clone(), key: "a".into(), suggestion: None };
+        assert_eq!(error.origin(), Some(&origin));
+        let error = ConfigError::Override { arg: "a=1".into(), message: "bad".into() };
+        assert_eq!(error.origin(), None);
     }
 }

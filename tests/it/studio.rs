@@ -1,0 +1,114 @@
+//! `trinity studio` end to end: a tiny-model run writes a run directory, the studio serves it, and headless
+//! Chromium (Debian's, driven by playwright-core from npm; both installed by `cargo xtask setup`) opens the run,
+//! draws two curves, pages through and filters the rollouts, validates a broken config and lists the plugins,
+//! taking a screenshot of each page (kept under the target directory; the paths are printed).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::support::{grpo_run_config, stderr, tiny_model_dir, trinity};
+
+/// Kills the studio when the test ends, however it ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn deps_dir() -> PathBuf {
+    std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| crate::support::workspace_root().join(".deps"), PathBuf::from)
+}
+
+/// Starts `trinity studio` over `root` on a free port and returns it with the address it printed.
+fn start_studio(dir: &Path, root: &str) -> (Server, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trinity"))
+        .current_dir(dir)
+        .args(["studio", "--root", root, "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("trinity studio starts");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let server = Server(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("the studio prints its address");
+    let url = line
+        .strip_prefix("studio: ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected first line from trinity studio: {line:?}"))
+        .to_owned();
+    (server, url)
+}
+
+#[test]
+fn the_studio_shows_a_real_run_in_chromium() {
+    let chromium = Path::new("/usr/bin/chromium");
+    let playwright = deps_dir().join("npm/node_modules/playwright-core");
+    assert!(
+        chromium.exists() && playwright.is_dir(),
+        "this test drives Debian's chromium with playwright-core from npm; run `cargo xtask setup` to install them \
+         ({} and {})",
+        chromium.display(),
+        playwright.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let rows: String = (0..6).map(|i| format!("{{\"prompt\": \"ab{i}\", \"response\": \"{i}\"}}\n")).collect();
+    std::fs::write(dir.path().join("tasks.jsonl"), rows).unwrap();
+    let config = format!(
+        "{}    default_workflow_type: simple_workflow\n    default_reward_fn_type: math_reward\nmonitor:\n  monitor_type: jsonl\n",
+        grpo_run_config(&tiny_model_dir(), 40)
+    );
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    // What the page must show, from the files the run wrote.
+    let job = dir.path().join("ckpt/p/n");
+    let record = std::fs::read_to_string(job.join("status/trinity.json")).unwrap();
+    assert!(record.contains("\"status\": \"finished\""), "{record}");
+    let experiences = std::fs::read_to_string(job.join("experiences.jsonl")).unwrap();
+    let rewards: Vec<f64> = experiences
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["reward"].as_f64().unwrap())
+        .collect();
+    let reward_min = rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let above_min = rewards.iter().filter(|r| **r >= reward_min).count();
+
+    let (_server, url) = start_studio(dir.path(), "ckpt");
+    let shots = Path::new(env!("CARGO_BIN_EXE_trinity")).parent().unwrap().join("studio-e2e");
+    std::fs::create_dir_all(&shots).unwrap();
+    let want = serde_json::json!({
+        "url": url, "run": "p/n", "chromium": chromium, "userDataDir": dir.path().join("chromium-profile"),
+        "shots": shots, "metrics": ["rollout/reward_mean", "train/pg_loss"], "points": 3,
+        "experiences": rewards.len(), "rewardMin": reward_min, "aboveMin": above_min,
+    });
+    let mut driver = Command::new("node")
+        .arg(crate::support::fixture("studio/drive.cjs"))
+        .arg(want.to_string())
+        .env("TRINITY_PLAYWRIGHT_CORE", &playwright)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("node runs (installed by `cargo xtask setup`)");
+    // The whole drive takes a few seconds; a hung browser must not hang the test suite.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while driver.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = driver.kill();
+            panic!("the browser drive did not finish within 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let output = driver.wait_with_output().unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    print!("{printed}");
+    assert!(output.status.success(), "{}{}", printed, String::from_utf8_lossy(&output.stderr));
+    for page in ["runs", "curves", "rollouts", "config", "plugins"] {
+        assert!(shots.join(format!("{page}.png")).is_file(), "screenshot of {page}");
+    }
+}
