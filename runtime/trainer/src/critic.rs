@@ -42,18 +42,43 @@ pub(crate) struct CriticUpdate {
     pub metrics: Metrics,
 }
 
+/// `n` standard normal draws from `seed`: splitmix64 for uniforms, Box-Muller for the normals. Enough for
+/// initialising a head reproducibly; not a general-purpose generator.
+fn seeded_normals(seed: u64, n: usize) -> Vec<f64> {
+    let mut state = seed;
+    let mut uniform = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        // 53 random bits in (0, 1]: never 0, so the logarithm below is finite.
+        ((z >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    };
+    (0..n)
+        .map(|_| {
+            let (u1, u2) = (uniform(), uniform());
+            (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+        })
+        .collect()
+}
+
 impl Critic {
     /// Wraps `decoder` (the critic backbone) with a fresh value head (normal(0, 0.02) weights, zero bias, as
-    /// transformers initializes a token-classification head) and an AdamW over both.
+    /// transformers initializes a token-classification head) and an AdamW over both. The head's weights come
+    /// from `seed` alone, not from libtorch's global generator, so a run repeated with the same config trains the
+    /// same critic whatever else drew random numbers before.
     pub fn new(
         decoder: Decoder,
         optimizer: &trinity_config::algorithm::OptimizerConfig,
         schedule: LrSchedule,
         cliprange_value: f64,
+        seed: u64,
     ) -> Result<Self> {
         let h = decoder.config().hidden_size;
         let device = decoder.device();
-        let head_weight = (Tensor::f_randn([1, h], (Kind::Float, device))? * 0.02).set_requires_grad(true);
+        let draws: Vec<f32> = seeded_normals(seed, h as usize).into_iter().map(|x| (x * 0.02) as f32).collect();
+        let head_weight = Tensor::f_from_slice(&draws)?.f_reshape([1, h])?.f_to_device(device)?.set_requires_grad(true);
         let head_bias = Tensor::f_zeros([1], (Kind::Float, device))?.set_requires_grad(true);
         let mut params = decoder.named_parameters()?;
         params.push(("score.weight".into(), head_weight.shallow_clone()));

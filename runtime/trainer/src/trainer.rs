@@ -87,6 +87,9 @@ pub struct TrainerOptions {
     /// Recompute `old_logprob` with the policy before the update instead of using the rollout logprobs (veRL's
     /// `rollout_correction.bypass_mode: false`).
     pub recompute_old_logprobs: bool,
+    /// Seeds what the trainer draws at random (the critic's fresh value head), so that two runs of one config
+    /// train the same critic; the run's `explorer.rollout_model.seed`.
+    pub seed: u64,
 }
 
 impl Default for TrainerOptions {
@@ -106,6 +109,7 @@ impl Default for TrainerOptions {
             critic_epochs: None,
             critic_optimizer: None,
             recompute_old_logprobs: false,
+            seed: 42,
         }
     }
 }
@@ -153,6 +157,7 @@ impl TrainerOptions {
             critic_epochs: critic.ppo_epochs,
             critic_optimizer: critic.optim_resolved.clone(),
             recompute_old_logprobs: !verl.algorithm.rollout_correction.bypass_mode,
+            seed: config.explorer.rollout_model.seed,
             ..defaults
         }
     }
@@ -285,7 +290,7 @@ impl Trainer {
                 Some(own) => (own, LrSchedule::new(own, options.total_steps)?),
                 None => (optimizer, schedule.clone()),
             };
-            Some(Critic::new(backbone, critic_optimizer, critic_schedule, options.cliprange_value)?)
+            Some(Critic::new(backbone, critic_optimizer, critic_schedule, options.cliprange_value, options.seed)?)
         } else {
             None
         };

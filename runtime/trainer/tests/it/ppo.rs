@@ -47,3 +47,19 @@ fn critic_state_round_trips() {
     assert_eq!(b.global_step(), 1);
     assert_eq!(b.critic().unwrap().optimizer().step_count(), 1);
 }
+
+#[test]
+fn the_value_head_is_drawn_from_the_seed() {
+    let alg = algorithm("ppo", |_| {});
+    let head = |seed: u64, torch_seed: i64| {
+        // libtorch's global generator moved differently before each trainer: the head must not depend on it.
+        tch::manual_seed(torch_seed);
+        let t = trainer(tiny_model(4, Kind::Float), &alg, 5e-3, TrainerOptions { seed, ..TrainerOptions::default() });
+        t.critic().unwrap().value_head().0.copy()
+    };
+    let (a, b, c) = (head(7, 1), head(7, 2), head(8, 1));
+    assert!(a.equal(&b), "same seed, same head");
+    assert!(!a.equal(&c), "another seed, another head");
+    let std = f64::try_from(a.std(true)).unwrap();
+    assert!((0.01..0.03).contains(&std), "normal(0, 0.02) weights, got std {std}");
+}
