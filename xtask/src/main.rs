@@ -5,6 +5,7 @@
 
 mod bench_async;
 mod bench_grpo;
+mod compat_runs;
 mod new_algorithm;
 mod plugins;
 mod setup;
@@ -52,6 +53,22 @@ enum Task {
         /// The workspace to add it to (default: this one).
         #[arg(long, value_name = "DIR")]
         root: Option<PathBuf>,
+    },
+    /// Run Trinity-RFT's own example configs (GRPO/PPO/mix/distillation/judged GSM8K and Countdown) for a few
+    /// steps each on SmolLM2 with the release binary, and print what each run did. Slow: minutes per config.
+    CompatRuns {
+        /// Steps of each run.
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        /// Tasks a step (`buffer.batch_size`; the configs ship 32-96).
+        #[arg(long, default_value_t = 2)]
+        batch: usize,
+        /// `model.max_response_tokens` (the configs ship 1024-10240).
+        #[arg(long, default_value_t = 256)]
+        max_response_tokens: usize,
+        /// Run only configs whose path contains one of these (repeatable).
+        #[arg(long)]
+        only: Vec<String>,
     },
     /// Benchmarks that run trinity and the Python reference side by side in one command and print both.
     Bench {
@@ -115,6 +132,11 @@ fn main() -> Result<()> {
             new_algorithm::next_steps(&name);
         }
         Task::Bench { which } => bench(&root, which)?,
+        Task::CompatRuns { steps, batch, max_response_tokens, only } => {
+            let deps = Deps::locate(&root);
+            deps.install_all()?;
+            compat_runs::run(&root, &deps, &compat_runs::Options { steps, batch, max_response_tokens, only })?;
+        }
     }
     Ok(())
 }
