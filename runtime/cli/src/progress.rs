@@ -143,6 +143,8 @@ impl Progress for Display {
             return;
         }
         self.recorded = self.recorded.max(step);
+        // The step is over: its last phase no longer describes what the run is doing.
+        self.phase = None;
         self.reward = metrics.get("rollout/reward_mean").copied().filter(|v| v.is_finite()).or(self.reward);
         self.tokens_per_s =
             metrics.get("perf/rollout_tokens_per_s").copied().filter(|v| v.is_finite()).or(self.tokens_per_s);
