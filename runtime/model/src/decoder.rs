@@ -693,9 +693,12 @@ impl Decoder {
                         cache.values[i].f_narrow(0, slot_ids[0], b)?.f_narrow(2, 0, kmax)?,
                     )
                 } else {
+                    // Narrow to the positions in use before gathering the slots: the gather copies what it is
+                    // given, and a slot holds `capacity + 1` positions (model.max_model_len, 2048 and more in
+                    // Trinity-RFT's configs) where a decode step reads `kmax`.
                     (
-                        cache.keys[i].f_index_select(0, &slot_t)?.f_narrow(2, 0, kmax)?,
-                        cache.values[i].f_index_select(0, &slot_t)?.f_narrow(2, 0, kmax)?,
+                        cache.keys[i].f_narrow(2, 0, kmax)?.f_index_select(0, &slot_t)?,
+                        cache.values[i].f_narrow(2, 0, kmax)?.f_index_select(0, &slot_t)?,
                     )
                 };
                 let q = q.f_transpose(1, 2)?;
