@@ -224,7 +224,9 @@ async function showCurves(main, params) {
           width: Math.max(420, box.clientWidth - 16), height: 240,
           scales: { x: { time: false } },
           // Steps are whole numbers: ticks at 1, 2, 5, 10, ... apart, never between two steps.
-          axes: [{ label: "step", incrs: STEP_TICKS }, {}],
+          // The value axis is as wide as its longest label: uPlot's fixed default width cut the minus sign off
+          // labels such as -0.025.
+          axes: [{ label: "step", incrs: STEP_TICKS }, { size: valueAxisWidth }],
           series: [{ label: "step" }, ...perRun.map((r, i) => ({
             label: r.run, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true, points: { show: true, size: 5 },
           }))],
@@ -245,6 +247,20 @@ async function showCurves(main, params) {
   studio.charts = {};
   update();
   setRefresh(() => draw());
+}
+
+// uPlot's `size` callback for a value axis: tick length, gap and the widest label in the axis font. On uPlot's
+// later layout passes (cycleNum > 1) the size it settled on is kept, so the layout converges.
+function valueAxisWidth(u, values, axisIdx, cycleNum) {
+  const axis = u.axes[axisIdx];
+  if (cycleNum > 1) return axis._size;
+  const longest = (values || []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
+  let width = axis.ticks.size + axis.gap;
+  if (longest) {
+    u.ctx.font = axis.font[0];
+    width += u.ctx.measureText(longest).width / devicePixelRatio;
+  }
+  return Math.ceil(width) + 4;
 }
 
 // One uPlot table for `metric` over several runs: the union of their steps on x, one series per run.
