@@ -291,7 +291,7 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
         "ExplorerConfig",
         "env_vars",
         R,
-        "trinity's workflows are built-ins or sandboxed WASM plugins with no process environment; pass values through the taskset's `workflow_args`",
+        "built-in workflows and sandboxed WASM plugins have no process environment, and `agent_process_workflow` programs inherit trinity's own: set the variables where trinity is started, or pass values through the taskset's `workflow_args`",
     ),
     ("ExplorerConfig", "eval_interval", H, ""),
     ("ExplorerConfig", "eval_on_startup", H, ""),
