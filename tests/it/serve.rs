@@ -119,20 +119,8 @@ fn an_agent_chats_rewards_and_commits_and_a_trainer_trains_on_exactly_those_toke
     assert_eq!(status, 200, "{report}");
 
     // The trainer takes the two committed experiences as train step 1.
-    let output = trinity(dir.path(), &["run", "--config", "train.yaml"]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    // SIGTERM: requests in flight finish, the producer is marked finished, exit 0.
-    let pid = server.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let served = server.wait_with_output().unwrap();
-    assert!(served.status.success(), "{}", stderr(&served));
-
+    let stored = train_then_stop(dir.path(), server, &job);
     // What the sink stored is exactly what the API returned: token ids and logprobs per choice.
-    let stored: Vec<Value> = std::fs::read_to_string(job.join("explorer_experiences.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     assert_eq!(stored.len(), 2);
     for (choice, experience) in choices.iter().zip(&stored) {
         let tokens: Vec<u64> = experience["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
@@ -158,6 +146,22 @@ fn an_agent_chats_rewards_and_commits_and_a_trainer_trains_on_exactly_those_toke
     let count = |sql: &str| db.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
     assert_eq!(count("SELECT COUNT(*) FROM experiences WHERE consumed = 1 AND train_step = 1"), 2);
     assert_eq!(count("SELECT COUNT(*) FROM producers WHERE name = 'explorer' AND state = 'finished'"), 1);
+}
+
+/// Runs mode train (`train.yaml` in `dir`) to success, stops the server with SIGTERM (requests in flight finish,
+/// the producer is marked finished, exit 0) and returns the experiences the server's sink stored.
+fn train_then_stop(dir: &Path, server: std::process::Child, job: &Path) -> Vec<Value> {
+    let output = trinity(dir, &["run", "--config", "train.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let pid = server.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let served = server.wait_with_output().unwrap();
+    assert!(served.status.success(), "{}", stderr(&served));
+    std::fs::read_to_string(job.join("explorer_experiences.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn u64s(value: &Value) -> Vec<u64> {
@@ -205,19 +209,8 @@ fn the_openai_client_drives_mode_serve_and_a_trainer_trains_on_what_it_received(
     assert_eq!(seen["commit"]["committed"], 4, "{seen}");
     assert_eq!(seen["commit"]["pending"], 2, "{seen}");
 
-    let output = trinity(dir.path(), &["run", "--config", "train.yaml"]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    let pid = server.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let served = server.wait_with_output().unwrap();
-    assert!(served.status.success(), "{}", stderr(&served));
-
+    let stored = train_then_stop(dir.path(), server, &job);
     // Stored exactly as the client received it, token ids and logprobs per choice.
-    let stored: Vec<Value> = std::fs::read_to_string(job.join("explorer_experiences.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     assert_eq!(stored.len(), 4);
     let responses = seen["responses"].as_object().unwrap();
     let mut far_from_certain = 0;
