@@ -24,3 +24,41 @@ fn unknown_subcommands_and_flags_are_usage_errors() {
     let output = trinity(dir.path(), &["run"]);
     assert_eq!(output.status.code(), Some(2), "--config is required");
 }
+
+/// The environment of a running `trinity studio` started with `set` (name, value) pairs after removing libgomp's
+/// wait variables, read from `/proc` once the server has printed its address (after any re-execution).
+fn environment_of_a_running_trinity(set: &[(&str, &str)]) -> String {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_trinity"));
+    command
+        .current_dir(dir.path())
+        .args(["studio", "--root", ".", "--listen", "127.0.0.1:0"])
+        .env_remove("OMP_WAIT_POLICY")
+        .env_remove("GOMP_SPINCOUNT")
+        .stdout(Stdio::piped());
+    for (name, value) in set {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().expect("trinity studio starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("the studio prints its address");
+    let environ = std::fs::read(format!("/proc/{}/environ", child.id()));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(line.starts_with("studio: "), "unexpected first line: {line:?}");
+    String::from_utf8_lossy(&environ.expect("/proc/PID/environ is readable")).replace('\0', "\n")
+}
+
+/// libgomp reads its wait policy before `main`, so trinity re-executes itself with `OMP_WAIT_POLICY=passive`
+/// (spinning OpenMP threads collapse throughput when anything else wants a core); a user's own choice stands.
+#[test]
+fn openmp_threads_wait_passively_unless_the_user_chose() {
+    let environ = environment_of_a_running_trinity(&[]);
+    assert!(environ.lines().any(|line| line == "OMP_WAIT_POLICY=passive"), "environment:\n{environ}");
+    let environ = environment_of_a_running_trinity(&[("OMP_WAIT_POLICY", "active")]);
+    assert!(environ.lines().any(|line| line == "OMP_WAIT_POLICY=active"), "environment:\n{environ}");
+    let environ = environment_of_a_running_trinity(&[("GOMP_SPINCOUNT", "1000")]);
+    assert!(!environ.lines().any(|line| line.starts_with("OMP_WAIT_POLICY=")), "environment:\n{environ}");
+}

@@ -7,6 +7,7 @@ mod generate;
 mod install;
 mod launch;
 mod logging;
+mod openmp;
 mod plugins;
 mod progress;
 mod registry;
@@ -21,6 +22,7 @@ use clap::Parser;
 use crate::cli::{Cli, Command, LogLevel};
 
 fn main() -> ExitCode {
+    openmp::wait_passively();
     trinity_model::keep_freed_memory();
     let cli = Cli::parse();
     let level = cli.log_level;
