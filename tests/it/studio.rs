@@ -1,7 +1,7 @@
 //! `trinity studio` end to end: a tiny-model run writes a run directory, the studio serves it, and headless
 //! Chromium (Debian's, driven by playwright-core from npm; both installed by `cargo xtask setup`) opens the run,
-//! draws two curves, pages through and filters the rollouts, validates a broken config and lists the plugins,
-//! taking a screenshot of each page (kept under the target directory; the paths are printed).
+//! draws two curves, pages through and filters the rollouts, shows the task that failed, validates a broken config
+//! and lists the plugins, taking a screenshot of each page (kept under the target directory; the paths are printed).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -57,7 +57,13 @@ fn the_studio_shows_a_real_run_in_chromium() {
         playwright.display()
     );
     let dir = tempfile::tempdir().unwrap();
-    let rows: String = (0..6).map(|i| format!("{{\"prompt\": \"ab{i}\", \"response\": \"{i}\"}}\n")).collect();
+    // Row 3 (the second task of step 2) has no prompt: its workflow fails, the run goes on, and the studio shows it.
+    let rows: String = (0..6)
+        .map(|i| match i {
+            3 => format!("{{\"question\": \"ab{i}\", \"response\": \"{i}\"}}\n"),
+            _ => format!("{{\"prompt\": \"ab{i}\", \"response\": \"{i}\"}}\n"),
+        })
+        .collect();
     std::fs::write(dir.path().join("tasks.jsonl"), rows).unwrap();
     let config = format!(
         "{}    default_workflow_type: simple_workflow\n    default_reward_fn_type: math_reward\nmonitor:\n  monitor_type: jsonl\n",
@@ -78,6 +84,11 @@ fn the_studio_shows_a_real_run_in_chromium() {
         .collect();
     let reward_min = rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let above_min = rewards.iter().filter(|r| **r >= reward_min).count();
+    let failed = std::fs::read_to_string(job.join("failed_tasks.jsonl")).unwrap();
+    let failed: Vec<serde_json::Value> = failed.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!((failed[0]["step"].as_u64(), failed[0]["index"].as_u64()), (Some(2), Some(3)), "{failed:?}");
+    assert_eq!(failed[0]["row"]["question"], "ab3");
 
     let (_server, url) = start_studio(dir.path(), "ckpt");
     let shots = Path::new(env!("CARGO_BIN_EXE_trinity")).parent().unwrap().join("studio-e2e");
@@ -86,6 +97,7 @@ fn the_studio_shows_a_real_run_in_chromium() {
         "url": url, "run": "p/n", "chromium": chromium, "userDataDir": dir.path().join("chromium-profile"),
         "shots": shots, "metrics": ["rollout/reward_mean", "train/pg_loss"], "points": 3,
         "experiences": rewards.len(), "rewardMin": reward_min, "aboveMin": above_min,
+        "failed": { "task": failed[0]["task"], "step": 2, "error": "no prompt field `prompt`" },
     });
     let mut driver = Command::new("node")
         .arg(crate::support::fixture("studio/drive.cjs"))
@@ -108,7 +120,7 @@ fn the_studio_shows_a_real_run_in_chromium() {
     let printed = String::from_utf8_lossy(&output.stdout);
     print!("{printed}");
     assert!(output.status.success(), "{}{}", printed, String::from_utf8_lossy(&output.stderr));
-    for page in ["runs", "curves", "rollouts", "config", "plugins"] {
+    for page in ["runs", "curves", "rollouts", "failed", "config", "plugins"] {
         assert!(shots.join(format!("{page}.png")).is_file(), "screenshot of {page}");
     }
 }

@@ -1,9 +1,11 @@
 //! Running a batch of tasks: `runner_per_model` workflows in flight, a timeout per task, retries.
 //!
 //! A task that fails (workflow error, reward error, timeout) is retried up to `max_retry_times` times with a
-//! fresh sampler seed; after that it is reported in [`RunReport::failures`] and the batch goes on. Results come
-//! back in task order whatever order the workflows finish in.
+//! fresh sampler seed; after that it is reported in [`RunReport::failures`] (with the task itself, so the run can
+//! record which row failed and why) and the batch goes on. A workflow that panics costs its task the same way.
+//! Results come back in task order whatever order the workflows finish in.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,8 +36,14 @@ pub struct RunnerOptions {
 pub struct TaskFailure {
     /// `taskset#index`.
     pub task: String,
+    /// The workflow that ran it (the task's own, else the default).
+    pub workflow: String,
+    /// Attempts that ran (0 when the workflow could not even be built).
+    pub attempts: u32,
     /// The last attempt's error.
     pub error: ExplorerError,
+    /// The task as it was drawn (taskset, row index, the row), so that a run can record what failed.
+    pub source: Task,
 }
 
 /// What a batch produced.
@@ -60,38 +68,54 @@ impl RunReport {
 pub async fn run_tasks(model: Arc<RolloutModel>, tasks: Vec<Task>, options: &RunnerOptions) -> RunReport {
     let semaphore = Arc::new(Semaphore::new(options.concurrency.max(1)));
     let mut set = JoinSet::new();
+    // Each task's position and a copy, by tokio task id: a workflow that panics takes its task down with it.
+    let mut spawned = HashMap::new();
     for (position, task) in tasks.into_iter().enumerate() {
         let model = Arc::clone(&model);
         let semaphore = Arc::clone(&semaphore);
         let options = options.clone();
-        set.spawn(async move {
+        let copy = task.clone();
+        let handle = set.spawn(async move {
             // The semaphore is never closed, so acquiring only fails if it were; run unthrottled then.
             let _permit = semaphore.acquire_owned().await.ok();
-            let (result, retries) = run_with_retries(&model, &task, &options).await;
-            (position, describe(&task), result, retries)
+            let (result, attempts) = run_with_retries(&model, &task, &options).await;
+            (position, task, result, attempts)
         });
+        spawned.insert(handle.id(), (position, copy));
     }
     let mut results = Vec::new();
     while let Some(joined) = set.join_next().await {
         match joined {
             Ok(result) => results.push(result),
             // A panicking workflow loses its task, not the batch.
-            Err(error) => tracing::error!("a workflow task panicked or was cancelled: {error}"),
+            Err(error) => {
+                tracing::error!("a workflow task panicked or was cancelled: {error}");
+                if let Some((position, task)) = spawned.remove(&error.id()) {
+                    let message = format!("the workflow panicked or was cancelled: {error}");
+                    let error = ExplorerError::Task { task: describe(&task), message };
+                    results.push((position, task, Err(error), 1));
+                }
+            }
         }
     }
     results.sort_by_key(|(position, ..)| *position);
     let mut report = RunReport::default();
-    for (_, task, result, retries) in results {
-        report.retries += retries;
+    for (_, task, result, attempts) in results {
+        report.retries += attempts.saturating_sub(1);
         match result {
             Ok(group) => report.groups.push(group),
             Err(error) => {
                 tracing::warn!("{error}");
-                report.failures.push(TaskFailure { task, error });
+                let workflow = workflow_name(&task, options).to_owned();
+                report.failures.push(TaskFailure { task: describe(&task), workflow, attempts, error, source: task });
             }
         }
     }
     report
+}
+
+fn workflow_name<'a>(task: &'a Task, options: &'a RunnerOptions) -> &'a str {
+    task.workflow.as_deref().unwrap_or(&options.default_workflow)
 }
 
 /// Records which taskset row each experience came from (`info.task_index`, Trinity's field), whatever workflow
@@ -103,12 +127,14 @@ fn stamp_task_index(task: &Task, group: &mut [Experience]) {
     }
 }
 
+/// Runs `task` until an attempt succeeds, fails for good or the retries are spent; returns the outcome with the
+/// number of attempts that ran.
 async fn run_with_retries(
     model: &Arc<RolloutModel>,
     task: &Task,
     options: &RunnerOptions,
 ) -> (Result<Vec<Experience>, ExplorerError>, u32) {
-    let name = task.workflow.as_deref().unwrap_or(&options.default_workflow);
+    let name = workflow_name(task, options);
     let Some(workflow) = build_workflow(name) else {
         let error = ExplorerError::UnknownWorkflow {
             task: describe(task),
@@ -123,13 +149,13 @@ async fn run_with_retries(
         let error = match tokio::time::timeout(options.timeout, workflow.run(task, &ctx)).await {
             Ok(Ok(mut group)) => {
                 stamp_task_index(task, &mut group);
-                return (Ok(group), attempt);
+                return (Ok(group), attempt + 1);
             }
             Ok(Err(error)) => error,
             Err(_) => ExplorerError::Timeout { task: describe(task), seconds: options.timeout.as_secs() },
         };
         if !error.is_retryable() {
-            return (Err(error), attempt);
+            return (Err(error), attempt + 1);
         }
         if attempt < options.max_retries {
             tracing::info!("retrying after: {error}");
@@ -138,5 +164,5 @@ async fn run_with_retries(
     }
     let error =
         last_error.unwrap_or_else(|| ExplorerError::Task { task: describe(task), message: "no attempt ran".into() });
-    (Err(error), options.max_retries)
+    (Err(error), options.max_retries + 1)
 }

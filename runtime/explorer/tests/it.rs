@@ -33,6 +33,23 @@ inventory::submit! {
     WorkflowEntry { name: "stalling_workflow", description: "test: never finishes", build: stalling }
 }
 
+/// A workflow with a bug: it panics.
+struct Panicking;
+
+impl Workflow for Panicking {
+    fn run<'a>(&'a self, _task: &'a Task, _ctx: &'a WorkflowContext) -> WorkflowFuture<'a> {
+        Box::pin(async { panic!("a bug in the workflow") })
+    }
+}
+
+fn panicking() -> Box<dyn Workflow> {
+    Box::new(Panicking)
+}
+
+inventory::submit! {
+    WorkflowEntry { name: "panicking_workflow", description: "test: panics", build: panicking }
+}
+
 fn tiny_model_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied")
 }
@@ -112,6 +129,10 @@ async fn failing_tasks_are_counted_and_do_not_stop_the_batch() {
     assert_eq!(report.failures.len(), 1);
     assert!(report.failures[0].task.ends_with("#1"), "{:?}", report.failures);
     assert!(report.failures[0].error.to_string().contains("no prompt field `prompt`"), "{}", report.failures[0].error);
+    // The failure carries what a run records of it: the workflow, the attempts, the row itself.
+    let failure = &report.failures[0];
+    assert_eq!((failure.workflow.as_str(), failure.attempts, failure.source.index), ("simple_workflow", 1, 1));
+    assert_eq!(failure.source.raw["question"], "no prompt field");
     assert_eq!(report.retries, 0, "a row without a prompt fails the same way every time: no retry");
     assert!(report.groups[1].iter().all(|e| e.metrics.contains_key("score")), "countdown_reward scored it");
 }
@@ -127,9 +148,19 @@ async fn unknown_workflows_and_timeouts_are_named_failures() {
     let mut quick = options("stalling_workflow");
     quick.timeout = Duration::from_millis(50);
     quick.max_retries = 1;
-    let report = run_tasks(model, tasks(rows, "stalling_workflow"), &quick).await;
+    let report = run_tasks(Arc::clone(&model), tasks(rows.clone(), "stalling_workflow"), &quick).await;
     assert!(matches!(report.failures[0].error, ExplorerError::Timeout { .. }), "{:?}", report.failures);
     assert_eq!(report.retries, 1, "a timeout may be transient, so it is retried");
+    assert_eq!(report.failures[0].attempts, 2);
+    // A workflow that panics costs its task, which is reported like any failure; the other task still runs.
+    let mut batch = tasks(vec![rows[0].clone(), rows[0].clone()], "simple_workflow");
+    batch[0].workflow = Some("panicking_workflow".into());
+    let report = run_tasks(model, batch, &options("x")).await;
+    assert_eq!(report.groups.len(), 1, "{:?}", report.failures);
+    assert_eq!(report.failures.len(), 1);
+    let failure = &report.failures[0];
+    assert_eq!((failure.task.as_str(), failure.workflow.as_str()), ("toy#0", "panicking_workflow"));
+    assert!(failure.error.to_string().contains("panicked"), "{}", failure.error);
 }
 
 /// The tiny model with room for the long prompts of Trinity's game and tool workflows (its tokenizer knows few

@@ -7,7 +7,7 @@
 //! Every experience carries the model version of the weights that sampled it, which the trainer's staleness
 //! control reads.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use trinity_model::ChatTemplate;
 use trinity_monitor::Metrics;
 
 use crate::error::RftError;
+use crate::failed_tasks::{FailedTaskLog, FailurePhase};
 use crate::models::{self, model_error};
 use crate::pipeline::ExperiencePipeline;
 use crate::rollout_metrics::{is_accurate, rollout_metrics};
@@ -39,6 +40,26 @@ pub(crate) struct ExploreOutput {
     pub metrics: Metrics,
 }
 
+/// The files an exploring explorer appends to, in the run directory.
+#[derive(Debug, Clone)]
+pub(crate) struct ExplorerLogs {
+    /// Every experience explored.
+    pub experiences: PathBuf,
+    /// Every task that failed for good ([`crate::failed_tasks`]).
+    pub failed_tasks: PathBuf,
+}
+
+impl ExplorerLogs {
+    /// `<dir>/<prefix>experiences.jsonl` and `<dir>/<prefix>failed_tasks.jsonl` (the prefix names the explorer of
+    /// a decoupled run, e.g. `explorer_`; a single-process run has none).
+    pub(crate) fn in_dir(dir: &Path, prefix: &str) -> ExplorerLogs {
+        ExplorerLogs {
+            experiences: dir.join(format!("{prefix}experiences.jsonl")),
+            failed_tasks: dir.join(format!("{prefix}failed_tasks.jsonl")),
+        }
+    }
+}
+
 /// The explorer of a run.
 pub(crate) struct Explorer {
     rollout: Arc<RolloutModel>,
@@ -47,6 +68,7 @@ pub(crate) struct Explorer {
     pipeline: ExperiencePipeline,
     options: RunnerOptions,
     experiences_log: Option<JsonlWriter>,
+    failed_log: Option<FailedTaskLog>,
     /// `enable_openai_api`: the rollout model's OpenAI-compatible server for workflows; dropping it stops it.
     _openai: Option<trinity_serve::ServerHandle>,
 }
@@ -59,14 +81,15 @@ impl std::fmt::Debug for Explorer {
 
 impl Explorer {
     /// Loads the rollout engine from `model_path` (the base model, or weights a trainer saved) and the tasksets of
-    /// `role`; every experience explored is also appended to `experiences_log` when given.
+    /// `role`; with `logs`, every experience explored and every task that fails for good is also appended to its
+    /// file.
     pub(crate) fn start(
         config: &Config,
         model_path: &Path,
         device: tch::Device,
         threads: usize,
         role: ExplorerRole,
-        experiences_log: Option<&Path>,
+        logs: Option<ExplorerLogs>,
     ) -> Result<Explorer, RftError> {
         let kind = models::engine_kind(&config.explorer.rollout_model.dtype, device);
         let mut generation = models::load(model_path, kind, device, threads)?;
@@ -111,7 +134,8 @@ impl Explorer {
                 max_retries: explorer.max_retry_times,
                 default_workflow: "simple_workflow".to_owned(),
             },
-            experiences_log: experiences_log.map(JsonlWriter::open).transpose()?,
+            experiences_log: logs.as_ref().map(|logs| JsonlWriter::open(&logs.experiences)).transpose()?,
+            failed_log: logs.as_ref().map(|logs| FailedTaskLog::open(&logs.failed_tasks)).transpose()?,
             _openai: openai,
         })
     }
@@ -145,6 +169,10 @@ impl Explorer {
             return Ok(None);
         };
         let report = run_tasks(Arc::clone(&self.rollout), tasks, &self.options).await;
+        // Recorded first: when every task failed, the run stops below, and this record says why.
+        if let Some(log) = &mut self.failed_log {
+            log.record(step, FailurePhase::Explore, self.rollout.model_version(), &report.failures)?;
+        }
         if report.groups.is_empty() {
             let first = report.failures.first().map(|f| f.error.to_string()).unwrap_or_default();
             return Err(RftError::AllTasksFailed { step, first });
@@ -168,12 +196,15 @@ impl Explorer {
     }
 
     /// Evaluates the current weights on every eval taskset: `<prefix>/<taskset>/accuracy` and the rollout statistics,
-    /// plus `time/eval_<taskset>_s`.
-    pub(crate) async fn evaluate(&self, prefix: &str) -> Result<Metrics, RftError> {
+    /// plus `time/eval_<taskset>_s`. Failed tasks are recorded under `step`, the step the evaluation follows.
+    pub(crate) async fn evaluate(&mut self, prefix: &str, step: u64) -> Result<Metrics, RftError> {
         let mut metrics = Metrics::new();
         for taskset in &self.eval_tasksets {
             let started = Instant::now();
             let report = run_tasks(Arc::clone(&self.rollout), taskset.all_tasks()?, &self.options).await;
+            if let Some(log) = &mut self.failed_log {
+                log.record(step, FailurePhase::Eval, self.rollout.model_version(), &report.failures)?;
+            }
             let name = format!("{prefix}/{}", taskset.config.name);
             let mut taskset_metrics = rollout_metrics(&name, &report);
             let experiences: Vec<&Experience> = report.experiences().collect();

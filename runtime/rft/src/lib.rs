@@ -1,6 +1,7 @@
 //! The RFT loop: Trinity-RFT's Explorer, Trainer and Synchronizer, and the modes that compose them.
 //!
 //! * [`explorer`]: draws tasks, runs workflows on the rollout engine, makes experiences, evaluates.
+//! * `failed_tasks`: the run's record of the tasks that failed for good (`failed_tasks.jsonl`).
 //! * [`trainer`]: consumes experiences (with the sample strategy) or dataset rows, writes checkpoints.
 //! * [`synchronizer`]: when weights move and how (in place, or through a weight store on disk).
 //! * [`modes`]: `both`/`colocate` (one process), and the decoupled modes.
@@ -17,6 +18,7 @@ pub mod dataset;
 pub mod dpo_data;
 pub mod error;
 pub(crate) mod explorer;
+pub(crate) mod failed_tasks;
 pub(crate) mod json_file;
 pub mod mix_strategy;
 pub(crate) mod models;

@@ -287,6 +287,8 @@ async function showRollouts(main, params) {
     truncated: params.get("truncated") || "",
     offset: Number(params.get("offset") || 0),
     color: params.get("color") || "logprob",
+    // "failed": the run's failed tasks (failed_tasks.jsonl) instead of its experiences.
+    show: params.get("show") || "",
   };
   const LIMIT = 10;
   const runSelect = el("select", { id: "rollout-run" }, allRuns.map((r) => el("option", { value: r.id, selected: r.id === state.run }, r.id)));
@@ -296,6 +298,8 @@ async function showRollouts(main, params) {
   const max = el("input", { type: "number", step: "any", id: "reward-max", placeholder: "max", style: "width:80px", value: state.reward_max });
   const truncated = el("select", { id: "rollout-truncated" },
     [["", "any length"], ["true", "truncated only"], ["false", "complete only"]].map(([v, t]) => el("option", { value: v, selected: v === state.truncated }, t)));
+  const show = el("select", { id: "rollout-show" },
+    [["", "experiences"], ["failed", "failed tasks"]].map(([v, t]) => el("option", { value: v, selected: v === state.show }, t)));
   const color = el("select", { id: "rollout-color" },
     [["logprob", "colour by logprob"], ["advantage", "colour by advantage"]].map(([v, t]) => el("option", { value: v, selected: v === state.color }, t)));
   const apply = el("button", { class: "primary", id: "apply-filter" }, "Filter");
@@ -306,7 +310,8 @@ async function showRollouts(main, params) {
   const groups = el("div", { class: "panel", id: "groups" });
   const list = el("div", { id: "rollout-list" });
   main.append(el("h2", {}, "Rollouts"),
-    el("div", { class: "toolbar" }, "run", runSelect, fileSelect, "step", stepSelect, "reward", min, "–", max, truncated, apply, color, groupNote),
+    el("div", { class: "toolbar" }, "run", runSelect, show, fileSelect, "step", stepSelect,
+      el("span", { class: "experience-filters" }, "reward ", min, " – ", max, " ", truncated, " ", apply, " ", color), groupNote),
     el("div", { class: "row" },
       el("div", { class: "grow" }, el("div", { class: "toolbar" }, prev, next, position), list),
       el("div", { class: "side" }, groups)));
@@ -316,6 +321,9 @@ async function showRollouts(main, params) {
   }
   async function load() {
     sync();
+    main.querySelector(".experience-filters").hidden = state.show === "failed";
+    groups.hidden = state.show === "failed";
+    if (state.show === "failed") return loadFailed();
     list.replaceChildren(el("div", { class: "muted" }, "loading…"));
     let data;
     const truncatedParam = state.truncated;
@@ -346,6 +354,33 @@ async function showRollouts(main, params) {
     if (data.rows.length === 0) list.append(el("div", { class: "muted" }, "no experiences match"));
     loadGroups(data);
   }
+  // The run's failed tasks, paged like the experiences: what failed (task, row), in which step and workflow, after
+  // how many attempts, and the last error.
+  async function loadFailed() {
+    list.replaceChildren(el("div", { class: "muted" }, "loading…"));
+    groups.replaceChildren();
+    groupNote.replaceChildren();
+    let data;
+    try {
+      data = await api(`/api/failed?${qs({ run: state.run, file: state.file, step: state.step, offset: state.offset, limit: LIMIT })}`);
+    } catch (error) {
+      list.replaceChildren(el("div", { class: "error-box" }, error.message));
+      position.textContent = "";
+      return;
+    }
+    fileSelect.replaceChildren(...data.files.map((f) => el("option", { value: f, selected: f === data.file }, f)));
+    fileSelect.hidden = data.files.length < 2;
+    stepSelect.replaceChildren(el("option", { value: "" }, "all steps"),
+      ...data.steps.map((s) => el("option", { value: s.step, selected: String(s.step) === String(state.step) }, `${s.step} (${s.failed} failed)`)));
+    const first = data.total === 0 ? 0 : data.offset + 1;
+    position.textContent = `failed tasks ${first}–${data.offset + data.rows.length} of ${data.total}` +
+      (data.skipped_lines ? ` · ${data.skipped_lines} unreadable line(s) skipped` : "");
+    position.setAttribute("data-total", data.total);
+    prev.disabled = state.offset === 0;
+    next.disabled = data.offset + data.rows.length >= data.total;
+    list.replaceChildren(...data.rows.map(failedCard));
+    if (data.rows.length === 0) list.append(el("div", { class: "muted", id: "no-failed" }, "no failed tasks"));
+  }
   async function loadGroups(data) {
     const step = state.step || (data.steps.length ? data.steps[data.steps.length - 1].step : "");
     if (step === "") { groups.replaceChildren(); return; }
@@ -359,6 +394,7 @@ async function showRollouts(main, params) {
     } catch (error) { groups.replaceChildren(el("div", { class: "error-box" }, error.message)); }
   }
   runSelect.addEventListener("change", () => { Object.assign(state, { run: runSelect.value, file: "", step: "", group: "", offset: 0 }); load(); });
+  show.addEventListener("change", () => { Object.assign(state, { show: show.value, file: "", step: "", group: "", offset: 0 }); load(); });
   fileSelect.addEventListener("change", () => { Object.assign(state, { file: fileSelect.value, step: "", group: "", offset: 0 }); load(); });
   stepSelect.addEventListener("change", () => { Object.assign(state, { step: stepSelect.value, group: "", offset: 0 }); load(); });
   apply.addEventListener("click", () => {
@@ -369,6 +405,22 @@ async function showRollouts(main, params) {
   prev.addEventListener("click", () => { state.offset = Math.max(0, state.offset - LIMIT); load(); });
   next.addEventListener("click", () => { state.offset += LIMIT; load(); });
   if (state.run) await load(); else list.append(el("div", { class: "muted" }, "no runs yet"));
+}
+
+function failedCard(row) {
+  const rowText = row.row ? JSON.stringify(row.row, null, 2) : `(row of ${row.row_bytes ?? "?"} bytes not recorded)`;
+  return el("div", { class: "rollout failed", "data-task": row.task, "data-step": row.step },
+    el("div", { class: "meta" },
+      el("span", {}, "step ", el("b", {}, row.step)),
+      el("span", {}, "task ", el("b", {}, row.task)),
+      row.phase === "eval" ? el("span", { class: "badge truncated" }, "eval") : null,
+      el("span", {}, "workflow ", el("b", {}, row.workflow)),
+      row.reward_fn ? el("span", {}, "reward ", el("b", {}, row.reward_fn)) : null,
+      el("span", {}, "attempts ", el("b", {}, row.attempts)),
+      el("span", {}, "model version ", el("b", {}, row.model_version ?? "–")),
+      el("span", {}, ago(row.time))),
+    el("pre", { class: "error-text" }, row.error),
+    el("details", {}, el("summary", {}, "task row"), el("pre", {}, rowText)));
 }
 
 function rolloutCard(row, colorBy) {

@@ -6,13 +6,15 @@
 //! `trinity run --dry-run`, list plugins, decode tokens with a run's tokenizer) comes in through [`Host`], which
 //! keeps this crate free of libtorch and wasmtime.
 //!
-//! Pieces: [`runs`] finds runs under the root, [`metrics`] and [`rollouts`] read their files incrementally (a
-//! growing file is read from where the last request stopped; a huge experiences file is indexed, never held),
+//! Pieces: [`runs`] finds runs under the root, [`metrics`], [`rollouts`] and [`failed_tasks`] read their files
+//! incrementally (a growing file is read from where the last request stopped; a huge experiences file is indexed,
+//! never held),
 //! `server` answers the JSON API and serves the page (`assets/`, with uPlot embedded at build time).
 
 mod assets;
 mod config_api;
 pub mod error;
+pub mod failed_tasks;
 pub mod host;
 pub mod metrics;
 mod query;
@@ -20,6 +22,7 @@ pub mod rollouts;
 pub mod run_record;
 pub mod runs;
 mod server;
+mod tail;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

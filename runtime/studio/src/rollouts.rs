@@ -4,17 +4,18 @@
 //! The index keeps, per experience, where its line starts and the few fields filters and group statistics need
 //! (step, task, run, group, reward, truncation, response length): tens of bytes instead of the tokens, logprobs
 //! and texts of a line that may take kilobytes. It is built by streaming the file once and then extended with the
-//! lines appended since, like [`crate::metrics::MetricsLog`]; a page of rows reads just those lines again from
+//! lines appended since (`tail::Tail`); a page of rows reads just those lines again from
 //! their offsets. A malformed line is counted and skipped; a partial last line waits until it is complete.
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
+
+use crate::tail::{Tail, read_object_at};
 
 /// What the index keeps of one experience.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,75 +124,55 @@ pub struct GroupSummary {
 /// The index of one experiences file.
 #[derive(Debug)]
 pub struct ExperienceIndex {
-    path: PathBuf,
-    consumed: u64,
-    identity: Option<(u64, u64)>,
-    lines: usize,
+    tail: Tail,
     entries: Vec<Entry>,
     skipped: usize,
 }
 
 impl ExperienceIndex {
     pub fn new(path: &Path) -> ExperienceIndex {
-        ExperienceIndex {
-            path: path.to_owned(),
-            consumed: 0,
-            identity: None,
-            lines: 0,
-            entries: Vec::new(),
-            skipped: 0,
-        }
+        ExperienceIndex { tail: Tail::new(path), entries: Vec::new(), skipped: 0 }
     }
 
     /// Indexes the lines appended since the last refresh (all of them the first time, or after the file was
     /// replaced).
     pub fn refresh(&mut self) -> std::io::Result<()> {
-        let file = File::open(&self.path)?;
-        let meta = file.metadata()?;
-        let identity = file_identity(&meta);
-        if identity != self.identity || meta.len() < self.consumed {
-            let path = std::mem::take(&mut self.path);
-            *self = ExperienceIndex::new(&path);
-            self.identity = identity;
+        let ExperienceIndex { tail, entries, skipped } = self;
+        // New entries are collected apart and added once the tail says whether the file started over.
+        let mut fresh = Vec::new();
+        let mut fresh_skipped = 0;
+        let mut restarted = false;
+        tail.read_new(
+            || restarted = true,
+            |offset, text| {
+                if text.iter().all(u8::is_ascii_whitespace) {
+                    return;
+                }
+                match serde_json::from_slice::<Light>(text) {
+                    Ok(light) => fresh.push(Entry {
+                        offset,
+                        len: text.len(),
+                        step: light.eid.batch,
+                        task: light.eid.task,
+                        run: light.eid.run,
+                        group: light
+                            .group_id
+                            .unwrap_or_else(|| format!("{}/{}", light.eid.batch, light.eid.task))
+                            .into_boxed_str(),
+                        reward: light.reward,
+                        truncated: light.truncate_status.is_some(),
+                        response_tokens: light.tokens.0.saturating_sub(light.prompt_length),
+                    }),
+                    Err(_) => fresh_skipped += 1,
+                }
+            },
+        )?;
+        if restarted {
+            entries.clear();
+            *skipped = 0;
         }
-        if meta.len() == self.consumed {
-            return Ok(());
-        }
-        let mut reader = BufReader::with_capacity(1 << 16, file);
-        reader.seek(SeekFrom::Start(self.consumed))?;
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            let read = reader.read_until(b'\n', &mut line)?;
-            if read == 0 || line.last() != Some(&b'\n') {
-                // The end, or a line still being written: it is read once it is whole.
-                break;
-            }
-            let offset = self.consumed;
-            self.consumed += read as u64;
-            self.lines += 1;
-            let text = &line[..read - 1];
-            if text.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            match serde_json::from_slice::<Light>(text) {
-                Ok(light) => self.entries.push(Entry {
-                    offset,
-                    len: text.len(),
-                    step: light.eid.batch,
-                    task: light.eid.task,
-                    run: light.eid.run,
-                    group: light
-                        .group_id
-                        .unwrap_or_else(|| format!("{}/{}", light.eid.batch, light.eid.task))
-                        .into_boxed_str(),
-                    reward: light.reward,
-                    truncated: light.truncate_status.is_some(),
-                    response_tokens: light.tokens.0.saturating_sub(light.prompt_length),
-                }),
-                Err(_) => self.skipped += 1,
-            }
-        }
+        entries.append(&mut fresh);
+        *skipped += fresh_skipped;
         Ok(())
     }
 
@@ -221,7 +202,7 @@ impl ExperienceIndex {
     /// from the file.
     pub fn page(&self, filter: &Filter, offset: usize, limit: usize) -> std::io::Result<(usize, Vec<Value>)> {
         let kept: Vec<&Entry> = self.entries.iter().filter(|entry| filter.keeps(entry)).collect();
-        let mut file = File::open(&self.path)?;
+        let mut file = File::open(self.tail.path())?;
         let mut rows = Vec::with_capacity(limit.min(kept.len()));
         for entry in kept.iter().skip(offset).take(limit) {
             rows.push(read_row(&mut file, entry)?);
@@ -260,19 +241,7 @@ impl ExperienceIndex {
 /// One experience line read again from its offset, shaped for the page: the response's tokens beside their
 /// logprobs and advantages, the run coordinates, and the reward with its components.
 fn read_row(file: &mut File, entry: &Entry) -> std::io::Result<Value> {
-    file.seek(SeekFrom::Start(entry.offset))?;
-    let mut bytes = vec![0; entry.len];
-    file.read_exact(&mut bytes)?;
-    let mut full: Map<String, Value> = match serde_json::from_slice(&bytes) {
-        Ok(Value::Object(object)) => object,
-        // The line parsed when it was indexed; a file rewritten under us since is reported, not guessed at.
-        _ => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("the experience at byte {} changed since it was indexed", entry.offset),
-            ));
-        }
-    };
+    let mut full = read_object_at(file, entry.offset, entry.len)?;
     let tokens: Vec<Value> = match full.remove("tokens") {
         Some(Value::Array(tokens)) => tokens,
         _ => Vec::new(),
@@ -303,17 +272,6 @@ fn read_row(file: &mut File, entry: &Entry) -> std::io::Result<Value> {
         row.insert(key.into(), full.remove(key).unwrap_or(Value::Null));
     }
     Ok(Value::Object(row))
-}
-
-#[cfg(unix)]
-fn file_identity(meta: &std::fs::Metadata) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    Some((meta.dev(), meta.ino()))
-}
-
-#[cfg(not(unix))]
-fn file_identity(_: &std::fs::Metadata) -> Option<(u64, u64)> {
-    None
 }
 
 #[cfg(test)]

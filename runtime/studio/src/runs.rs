@@ -86,6 +86,7 @@ fn is_run(dir: &Path) -> bool {
     dir.join("monitor").is_dir()
         || dir.join(crate::run_record::STATUS_DIR).is_dir()
         || !experience_files(dir).is_empty()
+        || !failed_task_files(dir).is_empty()
         || !checkpoints(dir).is_empty()
 }
 
@@ -140,14 +141,26 @@ pub fn planned_steps(dir: &Path) -> Option<u64> {
 /// The experiences files of a run (file names): `experiences.jsonl` (modes both / colocate) first, then each
 /// explorer's or server's `<name>_experiences.jsonl`.
 pub fn experience_files(dir: &Path) -> Vec<String> {
+    files_named(dir, "experiences.jsonl")
+}
+
+/// The failed-task files of a run (file names): `failed_tasks.jsonl` first, then each explorer's
+/// `<name>_failed_tasks.jsonl`.
+pub fn failed_task_files(dir: &Path) -> Vec<String> {
+    files_named(dir, "failed_tasks.jsonl")
+}
+
+/// The files of `dir` named `base` or `<prefix>_<base>`, `base` first.
+fn files_named(dir: &Path, base: &str) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let suffix = format!("_{base}");
     let mut files: Vec<String> = entries
         .flatten()
         .filter(|entry| entry.file_type().is_ok_and(|t| t.is_file()))
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| name == "experiences.jsonl" || name.ends_with("_experiences.jsonl"))
+        .filter(|name| name == base || name.ends_with(&suffix))
         .collect();
-    files.sort_by_key(|name| (name != "experiences.jsonl", name.clone()));
+    files.sort_by_key(|name| (name != base, name.clone()));
     files
 }
 
@@ -222,6 +235,9 @@ mod tests {
         assert_eq!(checkpoints(&root.join("p/n")), [2]);
         assert_eq!(names_of("p/g/n2", &[]), ("p".into(), "g".into(), "n2".into()));
         assert_eq!(experience_files(&root.join("r/only_experiences")), ["explorer_experiences.jsonl"]);
+        std::fs::write(root.join("r/only_experiences/b_failed_tasks.jsonl"), "").unwrap();
+        std::fs::write(root.join("r/only_experiences/failed_tasks.jsonl"), "").unwrap();
+        assert_eq!(failed_task_files(&root.join("r/only_experiences")), ["failed_tasks.jsonl", "b_failed_tasks.jsonl"]);
     }
 
     #[test]

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use crate::assets;
 use crate::config_api;
 use crate::error::StudioError;
+use crate::failed_tasks::{FailedFilter, FailedTaskIndex};
 use crate::host::Host;
 use crate::metrics::{MetricsLog, series};
 use crate::query::Query;
@@ -38,6 +39,7 @@ pub(crate) struct AppState {
     pub(crate) host: Arc<dyn Host>,
     metrics: Mutex<HashMap<PathBuf, MetricsLog>>,
     experiences: Mutex<HashMap<PathBuf, ExperienceIndex>>,
+    failed: Mutex<HashMap<PathBuf, FailedTaskIndex>>,
     /// Token texts by model path and token id.
     tokens: Mutex<HashMap<PathBuf, HashMap<u32, String>>>,
 }
@@ -51,6 +53,7 @@ impl AppState {
             host,
             metrics: Mutex::default(),
             experiences: Mutex::default(),
+            failed: Mutex::default(),
             tokens: Mutex::default(),
         }
     }
@@ -71,6 +74,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/api/series", get(metric_series))
         .route("/api/rollouts", get(rollouts))
         .route("/api/groups", get(groups))
+        .route("/api/failed", get(failed_tasks))
         .route("/api/plugins", get(plugins))
         .route("/api/schema", get(config_api::schema))
         .route("/api/examples", get(config_api::examples))
@@ -105,6 +109,7 @@ async fn list_runs(State(state): State<Arc<AppState>>) -> Result<axum::Json<Valu
         // Forget the files of runs that are gone, so a long-lived studio does not keep them.
         lock(&state.metrics).retain(|path, _| path.exists());
         lock(&state.experiences).retain(|path, _| path.exists());
+        lock(&state.failed).retain(|path, _| path.exists());
         Ok(axum::Json(json!({ "root": state.root.display().to_string(), "runs": summaries })))
     })
     .await
@@ -317,6 +322,51 @@ async fn groups(State(state): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> 
         let best: Vec<_> = groups.iter().take(k.min(groups.len().div_ceil(2))).collect();
         let worst: Vec<_> = groups.iter().rev().take(k.min(groups.len() - best.len())).collect();
         Ok(axum::Json(json!({ "file": file, "step": step, "groups": groups.len(), "best": best, "worst": worst })))
+    })
+    .await
+}
+
+/// The failed tasks of a run, paged: from the failed-task file a request names (`file=`), or the run's first. A run
+/// without failures answers an empty page, not an error: that is the usual case.
+async fn failed_tasks(
+    State(state): State<Arc<AppState>>,
+    RawQuery(raw): RawQuery,
+) -> Result<axum::Json<Value>, StudioError> {
+    blocking(move || {
+        let query = Query::parse(raw.as_deref());
+        let id = query.require("run")?;
+        let dir = runs::run_dir(&state.root, id)?;
+        let files = runs::failed_task_files(&dir);
+        let offset = query.parsed::<usize>("offset")?.unwrap_or(0);
+        let limit = query.parsed::<usize>("limit")?.unwrap_or(20).min(MAX_PAGE);
+        let file = match query.get("file") {
+            Some(file) if files.iter().any(|f| f == file) => file.to_owned(),
+            Some(file) => {
+                return Err(StudioError::query("file", format!("run `{id}` has no failed-task file `{file}`")));
+            }
+            None => match files.first() {
+                Some(file) => file.clone(),
+                None => {
+                    return Ok(axum::Json(json!({
+                        "run": id, "files": files, "file": null, "steps": [], "total": 0, "offset": offset,
+                        "limit": limit, "rows": [], "skipped_lines": 0,
+                    })));
+                }
+            },
+        };
+        let filter = FailedFilter { step: query.parsed("step")?, phase: query.get("phase").map(str::to_owned) };
+        let path = dir.join(&file);
+        let mut cache = lock(&state.failed);
+        let index = cache.entry(path.clone()).or_insert_with(|| FailedTaskIndex::new(&path));
+        if let Err(source) = index.refresh() {
+            cache.remove(&path);
+            return Err(StudioError::Io { path, source });
+        }
+        let (total, rows) = index.page(&filter, offset, limit).map_err(StudioError::io(&path))?;
+        Ok(axum::Json(json!({
+            "run": id, "files": files, "file": file, "steps": index.steps(), "total": total, "offset": offset,
+            "limit": limit, "rows": rows, "skipped_lines": index.skipped(),
+        })))
     })
     .await
 }

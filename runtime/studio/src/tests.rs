@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 use tower::ServiceExt;
 use trinity_config::{Catalog, ComponentKind, ExperienceSchema, LoadOptions, Preset};
 
+use crate::failed_tasks::tests::failure;
 use crate::rollouts::tests::{line, write};
 use crate::run_record::{RunRecord, RunStatus};
 use crate::{Host, PluginRow, Problem, StudioOptions, Validation, router};
@@ -178,6 +179,25 @@ async fn rollouts_page_filter_and_decode_tokens() {
     let (status, body) = get(root.path(), "/api/rollouts?run=p/n&reward_min=lots").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body["error"].as_str().unwrap().contains("reward_min"), "{body}");
+}
+
+#[tokio::test]
+async fn failed_tasks_page_by_step_and_a_run_without_any_answers_an_empty_page() {
+    let root = root_with_a_run();
+    let (status, body) = get(root.path(), "/api/failed?run=p/n").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!((body["total"].as_u64(), body["files"].as_array().map(Vec::len)), (Some(0), Some(0)), "{body}");
+    let lines = failure(1, 0, "explore") + &failure(2, 3, "explore") + &failure(2, 5, "eval");
+    write(&root.path().join("p/n/failed_tasks.jsonl"), &lines);
+    let (status, body) = get(root.path(), "/api/failed?run=p/n&step=2&limit=1&offset=1").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!((body["total"].as_u64(), body["file"].as_str()), (Some(2), Some("failed_tasks.jsonl")), "{body}");
+    assert_eq!(body["rows"][0]["task"], "math#5");
+    assert_eq!(body["steps"], json!([{"step": 1, "failed": 1}, {"step": 2, "failed": 2}]));
+    let (_, body) = get(root.path(), "/api/failed?run=p/n&phase=eval").await;
+    assert_eq!(body["total"], 1, "{body}");
+    let (status, body) = get(root.path(), "/api/failed?run=p/n&file=experiences.jsonl").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 }
 
 #[tokio::test]

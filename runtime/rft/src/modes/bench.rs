@@ -61,14 +61,14 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
     );
     let base = PathBuf::from(&config.model.model_path);
     let device = models::device(&base)?;
-    let explorer = Explorer::start(config, &base, device, threads, ExplorerRole::EvaluateOnly, None)?;
+    let mut explorer = Explorer::start(config, &base, device, threads, ExplorerRole::EvaluateOnly, None)?;
     let mut monitor = Monitor::open(&job_dir.join("monitor").join("bench"), &config.monitor.monitor_type)?;
     for (step, weights) in todo {
         let started = Instant::now();
         if let Some(dir) = &weights {
             explorer.load_weights_from_dir(dir, step).await?;
         }
-        let mut metrics = explorer.evaluate("bench").await?;
+        let mut metrics = explorer.evaluate("bench", step).await?;
         metrics.insert("time/bench_s".into(), started.elapsed().as_secs_f64());
         monitor.record(step, &metrics)?;
         let accuracies: Vec<String> = metrics

@@ -23,7 +23,7 @@ use trinity_config::synchronizer::SyncMethod;
 use trinity_monitor::{Metrics, Monitor, Phase};
 
 use crate::error::RftError;
-use crate::explorer::{Explorer, ExplorerRole};
+use crate::explorer::{Explorer, ExplorerLogs, ExplorerRole};
 use crate::models;
 use crate::run::RunSummary;
 use crate::schedule::{Action, SyncSchedule, next_action};
@@ -96,8 +96,8 @@ impl<'a> Both<'a> {
             Some((checkpoint, _)) => checkpoint.path.join("hf"),
             None => PathBuf::from(&config.model.model_path),
         };
-        let log = job_dir.join("experiences.jsonl");
-        let mut explorer = Explorer::start(config, &model_path, device, threads, ExplorerRole::Explore, Some(&log))?;
+        let logs = ExplorerLogs::in_dir(job_dir, "");
+        let mut explorer = Explorer::start(config, &model_path, device, threads, ExplorerRole::Explore, Some(logs))?;
         let (mut trained, mut syncs) = (0, 0);
         if let Some((_, meta)) = &started.resumed {
             let scheduler = explorer.scheduler();
@@ -171,7 +171,7 @@ impl<'a> Both<'a> {
         );
         self.monitor.plan(Some(self.total_steps), self.trained)?;
         if self.resumed_from.is_none() && self.config.explorer.eval_on_startup && self.explorer.has_eval_tasksets() {
-            let metrics = self.explorer.evaluate("eval").await?;
+            let metrics = self.explorer.evaluate("eval", 0).await?;
             self.monitor.record(0, &metrics)?;
         }
         self.step_mark = Instant::now();
@@ -231,7 +231,7 @@ impl<'a> Both<'a> {
         let eval_interval = self.config.explorer.eval_interval;
         if self.explorer.has_eval_tasksets() && (step.is_multiple_of(eval_interval) || step == self.total_steps) {
             self.monitor.phase(step, Phase::Evaluate);
-            metrics.extend(self.explorer.evaluate("eval").await?);
+            metrics.extend(self.explorer.evaluate("eval", step).await?);
         }
         let save_interval = self.config.trainer.save_interval;
         let mut save_seconds = 0.0;

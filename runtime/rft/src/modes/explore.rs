@@ -8,7 +8,8 @@
 //!
 //! Before each explore step it follows the sync plan ([`crate::synchronizer`]): at a sync point it waits (fixed),
 //! asks (explorer_driven) or looks (trainer_driven) for new weights, up to `synchronizer.sync_timeout`, saying what
-//! it waits for. Metrics go to `monitor/<explorer.name>/`, experiences also to `<explorer.name>_experiences.jsonl`.
+//! it waits for. Metrics go to `monitor/<explorer.name>/`, experiences also to `<explorer.name>_experiences.jsonl`
+//! and failed tasks to `<explorer.name>_failed_tasks.jsonl`.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ use trinity_config::synchronizer::{SyncMethod, SyncStyle};
 use trinity_monitor::{Monitor, Phase};
 
 use crate::error::RftError;
-use crate::explorer::{Explorer, ExplorerRole};
+use crate::explorer::{Explorer, ExplorerLogs, ExplorerRole};
 use crate::models;
 use crate::modes::both::ExploreRecord;
 use crate::modes::shared_buffer;
@@ -33,9 +34,9 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
     let name = config.explorer.name.clone();
     let device = models::device(Path::new(&config.model.model_path))?;
     let buffer = shared_buffer(config, job_dir, "explore").await?;
-    let log = job_dir.join(format!("{name}_experiences.jsonl"));
+    let logs = ExplorerLogs::in_dir(job_dir, &format!("{name}_"));
     let base = PathBuf::from(&config.model.model_path);
-    let mut explorer = Explorer::start(config, &base, device, threads, ExplorerRole::Explore, Some(&log))?;
+    let mut explorer = Explorer::start(config, &base, device, threads, ExplorerRole::Explore, Some(logs))?;
     let mut explored = 0;
     if let Some(last) = buffer.last_explored(&name).await? {
         let record: ExploreRecord = serde_json::from_str(&last.state).map_err(|e| {
@@ -68,7 +69,7 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
     run.pull_newest().await?;
     run.buffer.set_producer(&run.name, ProducerState::Running).await?;
     if explored == 0 && config.explorer.eval_on_startup && run.explorer.has_eval_tasksets() {
-        let metrics = run.explorer.evaluate("eval").await?;
+        let metrics = run.explorer.evaluate("eval", 0).await?;
         run.monitor.record(0, &metrics)?;
     }
     let total = run.explorer.scheduler().total_steps();
@@ -153,7 +154,7 @@ impl ExploreRun<'_> {
         let eval_interval = self.config.explorer.eval_interval;
         if self.explorer.has_eval_tasksets() && step.is_multiple_of(eval_interval) {
             self.monitor.phase(step, Phase::Evaluate);
-            metrics.extend(self.explorer.evaluate("eval").await?);
+            metrics.extend(self.explorer.evaluate("eval", step).await?);
         }
         self.monitor.record(step, &metrics)?;
         tracing::info!(

@@ -430,11 +430,11 @@ impl<'a> TrainRun<'a> {
     }
 
     async fn evaluate(&mut self, step: u64) -> Result<Metrics, RftError> {
-        let Some(evaluator) = &self.evaluator else { return Ok(Metrics::new()) };
+        let Some(evaluator) = &mut self.evaluator else { return Ok(Metrics::new()) };
         if evaluator.model_version() != step {
             evaluator.load_weights(self.trainer.weights()?, step).await?;
         }
-        evaluator.evaluate("eval").await
+        evaluator.evaluate("eval", step).await
     }
 
     async fn save(&mut self) -> Result<(), RftError> {
