@@ -33,6 +33,12 @@ fn generate_writes_completions_in_input_order() {
     }
     assert!(lines[0]["prompt"].to_string().contains("ab"), "input order: {}", lines[0]);
     assert!(stderr(&output).contains("tok/s"), "the summary reports throughput");
+    // Not a terminal: progress is plain lines on stderr (stdout holds only the results, parsed above).
+    let err = stderr(&output);
+    let progress: Vec<&str> = err.lines().filter(|l| l.starts_with("progress: ")).collect();
+    assert_eq!(progress.len(), 2, "a line at each tenth of the prompts reached: {progress:?}");
+    assert!(progress[1].starts_with("progress: generate: 2/2 prompts [####################] 100%"), "{progress:?}");
+    assert!(progress[1].contains("tokens/s"), "{progress:?}");
     let again = trinity(dir.path(), &[&args[..], &["--seed", "3"]].concat());
     assert_eq!(stdout(&output), stdout(&again), "same seed, same output");
 }
@@ -48,6 +54,7 @@ fn score_and_convert_round_trip_through_the_cli() {
     let logprobs = line["logprobs"].as_array().unwrap();
     assert_eq!(logprobs.len(), line["response_tokens"].as_array().unwrap().len());
     assert!(logprobs.iter().all(|l| l.as_f64().unwrap() <= 0.0));
+    assert!(stderr(&scored).contains("progress: score: 1/1 rows [####################] 100%"), "{}", stderr(&scored));
     // The config's dtype spellings are the flag's too, with the same meaning.
     let spelled = trinity(
         dir.path(),
@@ -74,6 +81,9 @@ fn score_and_convert_round_trip_through_the_cli() {
     let gguf = workspace_root().join("runtime/model/tests/fixtures/tiny_llama.gguf").display().to_string();
     let converted = trinity(dir.path(), &["convert", "--gguf", &gguf, "--output", "hf"]);
     assert!(converted.status.success(), "{}", stderr(&converted));
+    assert_eq!(stdout(&converted).trim(), "wrote hf", "progress stays off stdout");
+    let shown = stderr(&converted);
+    assert!(shown.lines().any(|l| l.starts_with("progress: convert: ") && l.ends_with(" s)")), "{shown}");
     let from_gguf = trinity(dir.path(), &["score", "--model", &gguf, "--input", "pairs.jsonl", "--device", "cpu"]);
     let from_hf = trinity(dir.path(), &["score", "--model", "hf", "--input", "pairs.jsonl", "--device", "cpu"]);
     assert!(from_gguf.status.success() && from_hf.status.success(), "{}{}", stderr(&from_gguf), stderr(&from_hf));

@@ -19,8 +19,12 @@ pub(crate) struct ConvertArgs {
 }
 
 pub(crate) fn run(args: ConvertArgs) -> anyhow::Result<()> {
+    // Shown on stderr: stdout says what was written.
+    let mut progress = crate::progress::Phases::start("convert");
+    progress.begin(format!("{} to {}", args.gguf.display(), args.output.display()));
     trinity_model::convert_gguf_to_hf(&args.gguf, &args.output)
         .with_context(|| format!("converting {} to {}", args.gguf.display(), args.output.display()))?;
+    progress.finish();
     println!("wrote {}", args.output.display());
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! `trinity generate`: completions for a file of prompts through the generation engine, one JSON line per
-//! input line, in input order, with a throughput summary on stderr.
+//! input line, in input order, with progress and a throughput summary on stderr (stdout may be the results).
 
-use std::io::{BufRead, BufWriter, Write};
+use std::io::{BufRead, BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -174,14 +174,28 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
         None => Box::new(std::io::stdout().lock()),
     };
     let mut out = BufWriter::new(out);
+    // Results on the terminal share the screen with a live progress line on stderr: each is written whole, with
+    // the progress line moved out of its way.
+    let on_screen = args.output.is_none() && std::io::stdout().is_terminal();
+    let mut progress = crate::progress::Count::start("generate", "prompts", inputs.len());
     let mut completions = 0;
     for ((line, input), handle) in inputs.iter().zip(pending) {
         let generation = handle.wait().with_context(|| format!("{}:{line}", args.input.display()))?;
         completions += generation.completions.len();
         let prompt = input.get("messages").or_else(|| input.get("prompt")).cloned().unwrap_or(Value::Null);
-        serde_json::to_writer(&mut out, &json!({ "prompt": prompt, "completions": generation.completions }))?;
-        out.write_all(b"\n")?;
+        let mut write = || -> anyhow::Result<()> {
+            serde_json::to_writer(&mut out, &json!({ "prompt": prompt, "completions": generation.completions }))?;
+            out.write_all(b"\n")?;
+            if on_screen {
+                out.flush()?;
+            }
+            Ok(())
+        };
+        if on_screen { crate::progress::around_log(write) } else { write() }?;
+        let rate = engine.stats().generated_tokens as f64 / generating.elapsed().as_secs_f64();
+        progress.advance(1, Some((rate, "tokens/s")));
     }
+    progress.finish();
     out.flush()?;
     let generation_s = generating.elapsed().as_secs_f64();
 

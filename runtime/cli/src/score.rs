@@ -1,4 +1,5 @@
-//! `trinity score`: per-token logprobs of responses under a model, one JSON line per input line.
+//! `trinity score`: per-token logprobs of responses under a model, one JSON line per input line, with progress on
+//! stderr (stdout may be the results).
 
 use std::io::{BufRead, BufWriter, Write};
 use std::path::PathBuf;
@@ -58,7 +59,19 @@ pub(crate) fn run(args: ScoreArgs) -> anyhow::Result<()> {
     let device = select_device(DeviceRequest::parse(&args.device)?)?;
     tracing::info!("scoring on {device:?}");
     let model = load_model(&args.model, kind, device).with_context(|| format!("loading {}", args.model.display()))?;
-    let scored = score(&model, &requests)?;
+    // Scored a slice at a time, so the progress display moves; each slice is still sorted by length and batched
+    // by `score` itself, and a slice of a twentieth of the file (at least 64 rows) keeps those batches full.
+    let slice = requests.len().div_ceil(20).max(64);
+    let mut progress = crate::progress::Count::start("score", "rows", requests.len());
+    let started = std::time::Instant::now();
+    let (mut scored, mut tokens) = (Vec::with_capacity(requests.len()), 0);
+    for chunk in requests.chunks(slice) {
+        let done = score(&model, chunk)?;
+        tokens += done.iter().map(|s| s.prompt_tokens.len() + s.response_tokens.len()).sum::<usize>();
+        progress.advance(chunk.len(), Some((tokens as f64 / started.elapsed().as_secs_f64(), "tokens/s")));
+        scored.extend(done);
+    }
+    progress.finish();
     let out: Box<dyn Write> = match &args.output {
         Some(path) => {
             Box::new(std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?)
