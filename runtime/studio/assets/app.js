@@ -473,6 +473,8 @@ function tokensView(row, colorBy) {
 async function showConfig(main, params) {
   const examples = (await api("/api/examples")).examples;
   const schema = await api("/api/schema");
+  // Registered names (algorithm presets, workflows, rewards, ...) complete the keys that name one.
+  const plugins = (await api("/api/plugins")).plugins;
   const exampleSelect = el("select", { id: "example" }, el("option", { value: "" }, "start from an example…"),
     examples.map((e) => el("option", { value: e }, e)));
   const pathInput = el("input", { type: "text", id: "config-path", value: params.get("path") || "config.yaml", style: "width:280px" });
@@ -544,21 +546,24 @@ async function showConfig(main, params) {
     text.scrollTop = Math.max(0, (line - 5) * 20);
   }
 
-  // Completion: the keys the schema allows at the cursor (found from the indentation of the lines above),
-  // filtered by what is typed; a click or Tab inserts one.
+  // Completion: the keys the schema allows at the cursor (found from the indentation of the lines above), or after
+  // `key: ` the values it allows (the schema's enums and booleans, and the registered names of the plugin kind a
+  // name key takes), filtered by what is typed; a click or Tab inserts one.
   function showSuggestions() {
     const before = text.value.slice(0, text.selectionStart);
     const lines = before.split("\n");
     const current = lines[lines.length - 1];
     const indent = current.match(/^\s*/)[0].length;
     const typed = current.trim();
-    if (typed.includes(":") || typed.startsWith("-") || typed.startsWith("#")) { suggest.hidden = true; return; }
+    if (typed.startsWith("-") || typed.startsWith("#")) { suggest.hidden = true; return; }
     const path = [];
     let level = indent;
     for (let i = lines.length - 2; i >= 0 && level > 0; i--) {
       const m = lines[i].match(/^(\s*)(?:- )?([A-Za-z_][\w.]*)\s*:/);
       if (m && m[1].length < level) { path.unshift(m[2]); level = m[1].length; }
     }
+    const valueMatch = current.match(/^\s*([A-Za-z_][\w.]*)\s*:\s*(.*)$/);
+    if (valueMatch) { showValues(path, valueMatch[1], valueMatch[2]); return; }
     const node = schemaAt(schema, path);
     const props = node && node.properties ? Object.entries(node.properties) : [];
     const options = props.filter(([k]) => k.startsWith(typed)).slice(0, 30);
@@ -566,6 +571,27 @@ async function showConfig(main, params) {
     suggest.replaceChildren(...options.map(([key, prop]) => el("div", { onclick: () => insertKey(key, typed) },
       key, el("small", {}, (resolveRef(schema, prop).description || "").split("\n")[0].slice(0, 90)))));
     suggest.hidden = false;
+  }
+  function showValues(path, key, typed) {
+    const parent = schemaAt(schema, path);
+    const prop = parent && parent.properties ? parent.properties[key] : undefined;
+    if (!prop || typed.includes(" ") || typed.includes("#")) { suggest.hidden = true; return; }
+    const values = [...schemaValues(schema, prop), ...(NAME_KINDS[key] ? registeredNames(NAME_KINDS[key]) : [])];
+    const options = [...new Map(values.map((v) => [v.value, v])).values()].filter((v) => v.value.startsWith(typed)).slice(0, 40);
+    if (options.length === 0 || (options.length === 1 && options[0].value === typed)) { suggest.hidden = true; return; }
+    suggest.replaceChildren(...options.map((v) => el("div", { "data-value": v.value, onclick: () => insertValue(v.value, typed) },
+      v.value, el("small", {}, (v.description || "").split("\n")[0].slice(0, 90)))));
+    suggest.hidden = false;
+  }
+  function registeredNames(kind) {
+    return plugins.filter((p) => p.kind === kind).map((p) => ({ value: p.name, description: `${p.kind} · ${p.origin}` }));
+  }
+  function insertValue(value, typed) {
+    const at = text.selectionStart;
+    text.setRangeText(value, at - typed.length, at, "end");
+    text.focus();
+    suggest.hidden = true;
+    renderGutter();
   }
   function insertKey(key, typed) {
     const at = text.selectionStart;
@@ -576,6 +602,29 @@ async function showConfig(main, params) {
   }
   text.value = "";
   renderGutter();
+}
+
+// Keys whose value is a registered name, and the plugin kind (as `trinity plugins list` names it) that holds them.
+const NAME_KINDS = {
+  algorithm_type: "algorithm type", advantage_fn: "advantage function", policy_loss_fn: "policy loss",
+  kl_loss_fn: "KL function", kl_penalty_fn: "KL function", entropy_loss_fn: "entropy loss",
+  sample_strategy: "sample strategy", default_workflow_type: "workflow", default_eval_workflow_type: "workflow",
+  default_reward_fn_type: "reward",
+};
+
+// The values a schema node allows: its enum, the constants of its oneOf/anyOf, or true/false.
+function schemaValues(root, node) {
+  let current = node || {};
+  for (let i = 0; i < 10 && current.$ref; i++) {
+    current = current.$ref.replace(/^#\//, "").split("/").reduce((n, part) => (n ? n[part] : undefined), root) || {};
+  }
+  const values = [];
+  for (const v of current.enum || []) if (v !== null) values.push({ value: String(v), description: current.description });
+  if (current.const !== undefined && current.const !== null) values.push({ value: String(current.const), description: current.description });
+  for (const inner of current.oneOf || current.anyOf || []) values.push(...schemaValues(root, inner));
+  const types = [].concat(current.type || []);
+  if (types.includes("boolean")) values.push({ value: "true" }, { value: "false" });
+  return values;
 }
 
 function resolveRef(root, node) {
