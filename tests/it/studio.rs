@@ -1,7 +1,9 @@
 //! `trinity studio` end to end: a tiny-model run writes a run directory, the studio serves it, and headless
 //! Chromium (Debian's, driven by playwright-core from npm; both installed by `cargo xtask setup`) opens the run,
 //! draws two curves, pages through and filters the rollouts, shows the task that failed, validates a broken config
-//! and lists the plugins, taking a screenshot of each page (kept under the target directory; the paths are printed).
+//! and completes values, lists the plugins, and watches a run that is still writing (its step in the runs table and
+//! its chart grow without a reload) until it is deleted under the page, taking a screenshot of each page (kept under
+//! the target directory; the paths are printed).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -90,7 +92,20 @@ fn the_studio_shows_a_real_run_in_chromium() {
     assert_eq!((failed[0]["step"].as_u64(), failed[0]["index"].as_u64()), (Some(2), Some(3)), "{failed:?}");
     assert_eq!(failed[0]["row"]["question"], "ab3");
 
-    let (_server, url) = start_studio(dir.path(), "ckpt");
+    let (server, url) = start_studio(dir.path(), "ckpt");
+    // A run still writing: its record names a live `trinity` process (the studio itself) and the browser drive
+    // appends steps 4 and 5 to its metrics while the page is open, then deletes the run.
+    let live = dir.path().join("ckpt/p/live");
+    std::fs::create_dir_all(live.join("monitor")).unwrap();
+    std::fs::create_dir_all(live.join("status")).unwrap();
+    let metrics = std::fs::read_to_string(job.join("monitor/metrics.jsonl")).unwrap();
+    std::fs::write(live.join("monitor/metrics.jsonl"), metrics).unwrap();
+    std::fs::write(live.join("monitor/plan.json"), r#"{"total_steps": 5}"#).unwrap();
+    let running = serde_json::json!({
+        "role": "trinity", "status": "running", "pid": server.0.id(), "config": "config.yaml", "project": "p",
+        "group": "", "name": "live", "mode": "both", "model_path": "", "started_at": 1,
+    });
+    std::fs::write(live.join("status/trinity.json"), running.to_string()).unwrap();
     let shots = Path::new(env!("CARGO_BIN_EXE_trinity")).parent().unwrap().join("studio-e2e");
     std::fs::create_dir_all(&shots).unwrap();
     let want = serde_json::json!({
@@ -98,6 +113,10 @@ fn the_studio_shows_a_real_run_in_chromium() {
         "shots": shots, "metrics": ["rollout/reward_mean", "train/pg_loss"], "points": 3,
         "experiences": rewards.len(), "rewardMin": reward_min, "aboveMin": above_min,
         "failed": { "task": failed[0]["task"], "step": 2, "error": "no prompt field `prompt`" },
+        "live": {
+            "run": "p/live", "dir": live, "metrics": live.join("monitor/metrics.jsonl"), "metric": "rollout/reward_mean",
+            "lines": ["{\"step\": 4, \"rollout/reward_mean\": 0.5}\n", "{\"step\": 5, \"rollout/reward_mean\": 0.75}\n"],
+        },
     });
     let mut driver = Command::new("node")
         .arg(crate::support::fixture("studio/drive.cjs"))
@@ -120,7 +139,7 @@ fn the_studio_shows_a_real_run_in_chromium() {
     let printed = String::from_utf8_lossy(&output.stdout);
     print!("{printed}");
     assert!(output.status.success(), "{}{}", printed, String::from_utf8_lossy(&output.stderr));
-    for page in ["runs", "curves", "rollouts", "failed", "config", "plugins"] {
+    for page in ["runs", "curves", "rollouts", "failed", "config", "plugins", "live"] {
         assert!(shots.join(format!("{page}.png")).is_file(), "screenshot of {page}");
     }
 }
