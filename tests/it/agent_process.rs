@@ -18,6 +18,9 @@ fn agent_dir(rollout_model: &str) -> tempfile::TempDir {
         command: [\"{}\", \"{}\"]
   total_steps: 1
 explorer:
+  env_vars:
+    AGENT_MARK: 7
+    OPENAI_BASE_URL: http://nowhere.invalid
   rollout_model:
     dtype: float32
 {rollout_model}  auxiliary_models:
@@ -58,6 +61,7 @@ fn an_agent_program_trains_on_exactly_the_replies_it_received() {
         assert_eq!(recorded.len(), received.len());
         assert!(recorded.iter().zip(&received).all(|(a, b)| (a - b).abs() < 1e-5), "{recorded:?} vs {received:?}");
         assert_eq!(e["eid"]["run"], e["info"]["rollout"]);
+        assert_eq!(e["info"]["env"], "7", "explorer.env_vars reach the program (a number as YAML writes it)");
         let tokens = call["tokens"].as_array().unwrap().len();
         let final_tokens = e["info"]["calls"][1]["tokens"].as_array().unwrap().len();
         assert_eq!(e["reward"].as_f64().unwrap(), (final_tokens % 3) as f64 / 2.0, "{tokens}");

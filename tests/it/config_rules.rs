@@ -62,7 +62,6 @@ fn placement_keys_are_accepted_with_one_note_each() {
 #[test]
 fn refused_keys_name_the_key_and_the_reason_only_when_not_default() {
     let cases = [
-        (format!("{BASE}explorer:\n  env_vars:\n    A: b\n"), vec!["`explorer.env_vars`", "workflow_args"]),
         (
             format!("{BASE}explorer:\n  rollout_model:\n    reasoning_parser: deepseek_r1\n"),
             vec!["`explorer.rollout_model.reasoning_parser`"],
@@ -282,4 +281,15 @@ fn log_level_from_the_config_applies_unless_the_flag_says_otherwise() {
     std::fs::write(&path, &text).unwrap();
     let loud = trinity(dir.path(), &["--log-level", "warn", "run", "--config", path.to_str().unwrap(), "--dry-run"]);
     assert!(stderr(&loud).contains("ulysses_sequence_parallel_size"), "{}", stderr(&loud));
+}
+
+/// `explorer.env_vars` become the agent programs' environment (tests/it/agent_process.rs runs one): scalars pass
+/// with a note saying where they apply, anything that cannot be an environment variable names its key.
+#[test]
+fn env_vars_are_scalars_and_say_where_they_apply() {
+    let output = run(&format!("{BASE}explorer:\n  env_vars:\n    TMPDIR: /tmp\n    N: 3\n"), true);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stderr(&output).contains("agent_process_workflow"), "{}", stderr(&output));
+    let output = run(&format!("{BASE}explorer:\n  env_vars:\n    A:\n      b: 1\n"), true);
+    assert_clean_failure(&output, &["explorer.env_vars.A", "environment variable"]);
 }

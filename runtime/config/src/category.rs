@@ -287,12 +287,7 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("ExplorerConfig", "runner_per_model", H, ""),
     ("ExplorerConfig", "max_timeout", H, ""),
     ("ExplorerConfig", "max_retry_times", H, ""),
-    (
-        "ExplorerConfig",
-        "env_vars",
-        R,
-        "built-in workflows and sandboxed WASM plugins have no process environment, and `agent_process_workflow` programs inherit trinity's own: set the variables where trinity is started, or pass values through the taskset's `workflow_args`",
-    ),
+    ("ExplorerConfig", "env_vars", H, ""),
     ("ExplorerConfig", "eval_interval", H, ""),
     ("ExplorerConfig", "eval_on_startup", H, ""),
     ("ExplorerConfig", "bench_on_latest_checkpoint", H, ""),

@@ -16,7 +16,8 @@ pub struct ExplorerConfig {
     pub max_timeout: u64,
     /// Retries of a task that failed or timed out; after that it is counted as failed and skipped.
     pub max_retry_times: u32,
-    /// Environment variables visible to workflows.
+    /// Environment variables for the workflows' processes, as Trinity-RFT sets them on its workflow runners: here
+    /// the environment of `agent_process_workflow` programs (strings, numbers or booleans).
     pub env_vars: Map<String, Value>,
     /// Evaluate the eval tasksets every this many explore steps.
     pub eval_interval: u64,
@@ -93,6 +94,23 @@ pub struct DynamicTimeoutConfig {
 impl Default for DynamicTimeoutConfig {
     fn default() -> Self {
         DynamicTimeoutConfig { enable: false, ratio: 3.0, warmup_min_steps: 1 }
+    }
+}
+
+impl ExplorerConfig {
+    /// `env_vars` as (name, value) pairs: strings as they are, numbers and booleans as YAML writes them (the
+    /// resolver refuses anything else).
+    pub fn environment(&self) -> Vec<(String, String)> {
+        self.env_vars
+            .iter()
+            .map(|(name, value)| {
+                let value = match value {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                (name.clone(), value)
+            })
+            .collect()
     }
 }
 

@@ -392,6 +392,26 @@ impl Resolver<'_> {
         self.check(explorer.eval_interval >= 1, "explorer.eval_interval", "must be at least 1")?;
         // engine_type, engine_num, tensor_parallel_size, gpu_memory_utilization and the vLLM knobs are placement
         // keys: the key walk notes them, and nothing here may refuse them.
+        for (name, value) in &explorer.env_vars {
+            let key = format!("explorer.env_vars.{name}");
+            self.check(
+                value.is_string() || value.is_number() || value.is_boolean(),
+                &key,
+                "must be a string, number or boolean: it becomes an environment variable",
+            )?;
+            self.check(
+                !name.is_empty() && !name.contains(['=', '\0']),
+                &key,
+                "is not a valid environment variable name",
+            )?;
+        }
+        if !explorer.env_vars.is_empty() {
+            self.notes.push(
+                "explorer.env_vars: set in the environment of `agent_process_workflow` programs, the only workflows \
+                 with a process environment; built-in workflows read none and WASM plugins run sandboxed without one"
+                    .into(),
+            );
+        }
         if explorer.bench_on_latest_checkpoint && config.mode != Mode::Bench {
             self.notes.push(format!(
                 "explorer.bench_on_latest_checkpoint: only mode `bench` reads it; no effect in mode `{}`",

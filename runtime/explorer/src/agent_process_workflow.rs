@@ -7,7 +7,7 @@
 //! one experience of the rollout, as Trinity-RFT's agent workflows turn `extract_experience_from_history()` into
 //! their experiences. The program reports its reward on the last line of its standard output.
 //!
-//! The program's environment: `OPENAI_BASE_URL`, `OPENAI_API_KEY` (`EMPTY`; the server checks none),
+//! The program's environment: trinity's own, the config's `explorer.env_vars`, then `OPENAI_BASE_URL`, `OPENAI_API_KEY` (`EMPTY`; the server checks none),
 //! `TRINITY_MODEL` (the name to put in `model`; auxiliary models answer under theirs), and `TRINITY_TASK`: the
 //! task as a JSON object (`prompt`, `truth`, `system_prompt`, `raw` row, `workflow_args`, `rollout`: this
 //! rollout's index, `repeat_times`). Its last non-empty line of output is `{"reward": r}` (optionally with
@@ -17,6 +17,7 @@
 //! running.
 
 use std::process::Stdio;
+use std::sync::RwLock;
 
 use serde_json::{Map, Value, json};
 use trinity_buffer::{Eid, Experience, Task};
@@ -24,6 +25,22 @@ use trinity_buffer::{Eid, Experience, Task};
 use crate::error::ExplorerError;
 use crate::math_workflow::describe;
 use crate::workflow::{Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture};
+
+/// The running config's `explorer.env_vars`, which Trinity-RFT sets in its workflow runners' environment: here the
+/// programs' environment (built-in workflows and WASM plugins have none). Process-wide because a run has one
+/// explorer config at a time (stages set theirs in turn); a workflow is built by name from the registry and sees
+/// no config.
+static ENVIRONMENT: RwLock<Vec<(String, String)>> = RwLock::new(Vec::new());
+
+/// Sets the variables every agent program starts with (`explorer.env_vars`), replacing the previous ones. The
+/// workflow's own variables (`OPENAI_BASE_URL`, ...) take precedence over them.
+pub fn set_agent_environment(vars: Vec<(String, String)>) {
+    *ENVIRONMENT.write().unwrap_or_else(std::sync::PoisonError::into_inner) = vars;
+}
+
+fn agent_environment() -> Vec<(String, String)> {
+    ENVIRONMENT.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+}
 
 /// Most bytes of a failed program's stderr quoted in the error.
 const STDERR_TAIL: usize = 2000;
@@ -117,6 +134,7 @@ async fn run_rollout(
     });
     let child = tokio::process::Command::new(&command[0])
         .args(&command[1..])
+        .envs(agent_environment())
         .env("OPENAI_BASE_URL", session.base_url())
         .env("OPENAI_API_KEY", "EMPTY")
         .env("TRINITY_MODEL", session.model_name())

@@ -43,6 +43,7 @@ mod sudoku_workflow;
 mod tool_call_workflow;
 mod workflow;
 
+pub use agent_process_workflow::set_agent_environment;
 pub use auxiliary::{AuxiliaryError, AuxiliaryModel};
 pub use error::ExplorerError;
 pub use math_workflow::mix as seed_mix;

@@ -80,6 +80,7 @@ pub fn run(config: &Config, job_dir: &Path) -> Result<RunSummary, RftError> {
 }
 
 fn run_mode(config: &Config, job_dir: &Path, threads: usize, dp: Option<Rank0>) -> Result<RunSummary, RftError> {
+    trinity_explorer::set_agent_environment(config.explorer.environment());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
