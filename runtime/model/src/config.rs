@@ -174,7 +174,7 @@ impl ModelConfig {
             ModelError::Metadata { key, reason } => {
                 ModelError::InvalidFile { path: path.to_path_buf(), reason: format!("`{key}` {reason}") }
             }
-            other => other,
+            other => ModelError::in_file(path, other),
         })
     }
 

@@ -110,6 +110,16 @@ pub enum ModelError {
     /// libtorch reported an error (shape mismatch inside an operation, out of memory, bad device).
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    /// A model file holds a value the error inside names (an architecture, a config key, a tensor) but not where
+    /// it came from; this adds the file, so the user knows which file to fix.
+    #[error("{path}: {source}")]
+    InFile {
+        /// The file the value came from.
+        path: PathBuf,
+        /// What was wrong with it.
+        #[source]
+        source: Box<ModelError>,
+    },
     /// A JSON file could not be parsed.
     #[error("{path}: {source}")]
     Json {
@@ -127,6 +137,27 @@ pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 impl ModelError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io { path: path.into(), source }
+    }
+
+    /// Names `path` in `err` unless it already names a file.
+    pub(crate) fn in_file(path: impl Into<PathBuf>, err: Self) -> Self {
+        match err {
+            Self::Io { .. }
+            | Self::MissingFile { .. }
+            | Self::InvalidFile { .. }
+            | Self::Gguf { .. }
+            | Self::Json { .. }
+            | Self::InFile { .. } => err,
+            other => Self::InFile { path: path.into(), source: Box::new(other) },
+        }
+    }
+
+    /// The error without the file [`ModelError::InFile`] adds: what to match on.
+    pub fn cause(&self) -> &Self {
+        match self {
+            Self::InFile { source, .. } => source.cause(),
+            other => other,
+        }
     }
 
     pub(crate) fn gguf(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {

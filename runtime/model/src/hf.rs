@@ -111,10 +111,10 @@ fn template_from_config(v: &Value) -> Option<String> {
 /// Loads a GGUF file: config, dequantized weights, tokenizer and chat template from its metadata.
 pub fn load_gguf(path: &Path, kind: Kind, device: Device) -> Result<LoadedModel> {
     let gguf = GgufFile::open(path)?;
-    // Metadata errors name the key; here they also name the file.
+    // Metadata errors name the key, tensor errors the tensor; here they also name the file.
     let in_file = |e: ModelError| match e {
         ModelError::Metadata { key, reason } => ModelError::gguf(path, format!("metadata key `{key}`: {reason}")),
-        other => other,
+        other => ModelError::in_file(path, other),
     };
     let config = ModelConfig::from_gguf(&gguf).map_err(in_file)?;
     let tokenizer = Tokenizer::from_gguf(&gguf).map_err(in_file)?;
@@ -134,7 +134,7 @@ pub fn load_gguf(path: &Path, kind: Kind, device: Device) -> Result<LoadedModel>
     }
     let decoder = {
         let mut source = GgufWeights::new(&gguf, &config);
-        Decoder::load(config.clone(), &mut source, kind, device)?
+        Decoder::load(config.clone(), &mut source, kind, device).map_err(in_file)?
     };
     Ok(LoadedModel { decoder, tokenizer, chat_template, eos_token_ids })
 }

@@ -39,8 +39,11 @@ fn unknown_architecture_is_named() {
     let dir = staged_copy();
     edit_config(dir.path(), |v| v["model_type"] = "gpt_neox".into());
     let err = load_model(dir.path(), Kind::Float, Device::Cpu).unwrap_err();
-    assert!(matches!(err, ModelError::UnknownArchitecture { ref architecture, .. } if architecture == "gpt_neox"));
-    assert!(err.to_string().contains("gpt_neox"));
+    assert!(
+        matches!(err.cause(), ModelError::UnknownArchitecture { architecture, .. } if architecture == "gpt_neox"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("gpt_neox") && err.to_string().contains("config.json"), "{err}");
 }
 
 #[test]
@@ -57,4 +60,20 @@ fn shape_mismatch_and_missing_tensor_are_named() {
     edit_config(dir.path(), |v| v["num_hidden_layers"] = 3.into());
     let err = load_model(dir.path(), Kind::Float, Device::Cpu).unwrap_err();
     assert!(matches!(err, ModelError::MissingTensor { ref tensor } if tensor.starts_with("model.layers.2.")), "{err}");
+}
+
+#[test]
+fn gguf_errors_about_metadata_or_tensors_name_the_file() {
+    let mut bytes = std::fs::read(fixtures().join("tiny_llama.gguf")).unwrap();
+    let key = b"general.architecture";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    // The value after the key: type (u32 8 = string), length (u64 5), then the 5 bytes of `llama`.
+    assert_eq!(&bytes[at + 12..at + 17], b"llama");
+    bytes[at + 12..at + 17].copy_from_slice(b"mamba");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("renamed.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let err = load_model(&path, Kind::Float, Device::Cpu).unwrap_err();
+    assert!(matches!(err.cause(), ModelError::UnknownArchitecture { architecture, .. } if architecture == "mamba"));
+    assert!(err.to_string().contains("renamed.gguf"), "{err}");
 }
