@@ -236,7 +236,9 @@ impl ModelConfig {
             tie_word_embeddings: opt_bool(obj, "tie_word_embeddings", false)?,
             qkv_bias,
             o_bias,
-            mlp_bias: opt_bool(obj, "mlp_bias", false)?,
+            // Only Llama reads `mlp_bias`: transformers builds Qwen2 and Qwen3 MLPs without biases whatever the
+            // config says (and `to_json` writes the key for Llama alone).
+            mlp_bias: opt_bool(obj, "mlp_bias", false)? && family == Family::Llama,
             qk_norm: family == Family::Qwen3,
             bos_token_id: obj.get("bos_token_id").and_then(Value::as_i64),
             eos_token_ids: ids(obj.get("eos_token_id")),
@@ -582,6 +584,19 @@ mod tests {
         let mut v = base();
         v["rope_theta"] = json!(0.0);
         assert!(ModelConfig::from_json(&v).unwrap_err().to_string().contains("rope_theta"));
+    }
+
+    /// Found by the `hf_config` fuzz target's round-trip check: a Qwen2 config with `mlp_bias: true` expected
+    /// MLP biases that neither transformers nor our own `to_json` know of.
+    #[test]
+    fn mlp_bias_is_llama_only() {
+        let mut v = base();
+        v["mlp_bias"] = json!(true);
+        let c = ModelConfig::from_json(&v).unwrap();
+        assert!(!c.mlp_bias);
+        assert_eq!(ModelConfig::from_json(&c.to_json("float32")).unwrap().mlp_bias, c.mlp_bias);
+        v["model_type"] = json!("llama");
+        assert!(ModelConfig::from_json(&v).unwrap().mlp_bias);
     }
 
     #[test]
