@@ -45,10 +45,20 @@ fn special(v: Option<&Value>) -> Option<String> {
 impl Tokenizer {
     /// Loads `tokenizer.json` and, when given, the special tokens and flags of `tokenizer_config.json`.
     pub fn from_files(tokenizer_json: &Path, tokenizer_config: Option<&Value>) -> Result<Self> {
-        if !tokenizer_json.exists() {
-            return Err(ModelError::MissingFile { path: tokenizer_json.to_path_buf() });
-        }
-        let inner = tokenizers::Tokenizer::from_file(tokenizer_json)
+        let text = std::fs::read_to_string(tokenizer_json).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                ModelError::MissingFile { path: tokenizer_json.to_path_buf() }
+            } else {
+                ModelError::io(tokenizer_json, e)
+            }
+        })?;
+        // The JSON is checked on its own first: the `tokenizers` crate panics (an `expect` in its decoder's
+        // deserializer) when a syntax error falls inside the `decoder` object, and a valid document cannot
+        // reach that panic.
+        serde_json::from_str::<serde::de::IgnoredAny>(&text)
+            .map_err(|source| ModelError::Json { path: tokenizer_json.to_path_buf(), source })?;
+        let inner = text
+            .parse::<tokenizers::Tokenizer>()
             .map_err(|e| ModelError::InvalidFile { path: tokenizer_json.to_path_buf(), reason: e.to_string() })?;
         let empty = serde_json::Map::new();
         let cfg = tokenizer_config.and_then(Value::as_object).unwrap_or(&empty);
@@ -319,6 +329,18 @@ fn split_regex(pre: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `tokenizer` fuzz target: a syntax error inside `decoder` panicked in the `tokenizers` crate
+    /// (`fuzz/regressions/tokenizer/` keeps the inputs it found).
+    #[test]
+    fn syntax_error_inside_the_decoder_is_a_json_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, r#"{"decoder": {"type": "ByteLevel", "add_prefix_space": tru}}"#).unwrap();
+        let err = Tokenizer::from_files(&path, None).unwrap_err();
+        assert!(matches!(err, ModelError::Json { ref path, .. } if path.ends_with("tokenizer.json")), "{err}");
+        assert!(err.to_string().contains("tokenizer.json") && err.to_string().contains("line 1"), "{err}");
+    }
 
     #[test]
     fn byte_alphabet_is_gpt2s() {
