@@ -6,6 +6,7 @@
 mod bench_async;
 mod bench_grpo;
 mod compat_runs;
+mod fuzz;
 mod new_algorithm;
 mod plugins;
 mod setup;
@@ -70,6 +71,16 @@ enum Task {
         #[arg(long)]
         only: Vec<String>,
     },
+    /// Run one fuzz target of `fuzz/` (nightly and cargo-fuzz): crafted model files, configs, tokenizers and chat
+    /// templates; a crash stops the run and leaves its input in `fuzz/artifacts/TARGET/`.
+    Fuzz {
+        /// Which parser to fuzz.
+        #[arg(value_enum)]
+        target: fuzz::Target,
+        /// How long to run.
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+    },
     /// Benchmarks that run trinity and the Python reference side by side in one command and print both.
     Bench {
         #[command(subcommand)]
@@ -132,6 +143,11 @@ fn main() -> Result<()> {
             new_algorithm::next_steps(&name);
         }
         Task::Bench { which } => bench(&root, which)?,
+        Task::Fuzz { target, seconds } => {
+            let deps = Deps::locate(&root);
+            deps.install_all()?;
+            fuzz::run(&root, &deps, target, seconds)?;
+        }
         Task::CompatRuns { steps, batch, max_response_tokens, only } => {
             let deps = Deps::locate(&root);
             deps.install_all()?;

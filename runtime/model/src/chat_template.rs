@@ -9,7 +9,10 @@
 //!
 //! A template comes from a model file, so it is untrusted code: each rendering runs on a fuel budget
 //! ([`TEMPLATE_FUEL`] instructions, minijinja's `fuel`) and writes into a buffer capped at
-//! [`MAX_RENDERED_BYTES`]; a template that loops or inflates its output fails with an error naming it.
+//! [`MAX_RENDERED_BYTES`]; a template that loops or inflates its output fails with an error naming it. Values a
+//! template builds without printing them are not bounded: minijinja caps one `*` repetition at 100 MB but not
+//! `~` concatenation, so a loaded template could double a string a few times within its fuel (found while
+//! fuzzing; minijinja offers no hook on value sizes).
 
 use std::path::Path;
 

@@ -3,6 +3,7 @@
 mod crafted;
 mod errors;
 mod families;
+mod fuzz_regressions;
 mod gguf_files;
 mod helpers;
 mod hf_dirs;
