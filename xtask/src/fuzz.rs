@@ -13,6 +13,7 @@ use crate::setup::Deps;
 
 /// The fuzz targets, as named in `fuzz/Cargo.toml`.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
 pub(crate) enum Target {
     /// A GGUF file, loaded as `trinity generate` loads one.
     Gguf,
