@@ -1,5 +1,6 @@
 //! Integration tests: the `trinity` binary run as a user runs it, in temporary directories.
 
+mod agent_example;
 mod agent_process;
 mod algorithm_plugins;
 mod async_rl;
@@ -10,6 +11,7 @@ mod compat_runs;
 mod config;
 mod config_rules;
 mod data_parallel;
+mod digit_model;
 mod model_commands;
 mod plugins;
 mod rft;

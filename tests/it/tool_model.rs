@@ -21,17 +21,17 @@ use trinity_model::{ChatTemplate, Decoder, Family, ModelConfig, RopeScaling, Tok
 /// What the model says when it calls its tool.
 pub const TOOL_CALL_JSON: &str = r#"{"name":"get_weather","arguments":{"city":"Paris"}}"#;
 
-/// Qwen's layout: tools in a system block, calls as `<tool_call>` JSON.
+/// Qwen's layout: tools in a system block, calls as `<tool_call>` JSON (ChatML without tools).
 const TEMPLATE: &str = "{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools><|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>{{ message.role }}\n{% if message.tool_calls %}{% for call in message.tool_calls %}<tool_call>{{ call.function | tojson }}</tool_call>{% endfor %}{% else %}{{ message.content }}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
-/// Ids after the 256 byte tokens.
+/// Ids after the 256 byte tokens (a byte's id is its value).
 const IM_START: i64 = 256;
-const IM_END: i64 = 257;
+pub const IM_END: i64 = 257;
 const CALL_OPEN: i64 = 258;
 const CALL_JSON: i64 = 259;
 const CALL_CLOSE: i64 = 260;
 const VOCAB: i64 = 264;
-const HIDDEN: i64 = 16;
+pub const HIDDEN: i64 = 16;
 /// Hidden dimensions of the chain; the random part uses the others.
 const CHAIN_DIMS: i64 = 4;
 
@@ -53,6 +53,8 @@ fn byte_chars() -> Vec<char> {
     chars
 }
 
+/// Writes `dir/tokenizer.json`: GPT-2's byte-level alphabet (id = byte), the ChatML tokens and the tool-call
+/// tokens; other tiny test models share it.
 fn tokenizer(dir: &Path) -> Tokenizer {
     let mut vocab = serde_json::Map::new();
     for (i, c) in byte_chars().into_iter().enumerate() {
@@ -122,9 +124,23 @@ impl WeightSource for Weights {
 
 /// Writes the model to `dir` as an HF directory (config, safetensors, tokenizer and chat template).
 pub fn write_tool_model(dir: &Path) {
+    tch::manual_seed(7);
+    write_model(dir, &mut Weights);
+}
+
+/// Writes a [`model_config`] model with `weights` to `dir` as an HF directory (config, safetensors, [`tokenizer`]
+/// and the ChatML [`TEMPLATE`]).
+pub fn write_model(dir: &Path, weights: &mut dyn WeightSource) {
     std::fs::create_dir_all(dir).unwrap();
     let tokenizer = tokenizer(dir);
-    let config = ModelConfig {
+    let decoder = Decoder::load(model_config(), weights, Kind::Float, Device::Cpu).unwrap();
+    let template = ChatTemplate::new(TEMPLATE, Some("<|im_start|>"), Some("<|im_end|>")).unwrap();
+    trinity_model::save_hf_parts(&decoder, &tokenizer, Some(&template), &[IM_END], dir).unwrap();
+}
+
+/// One Llama layer over [`tokenizer`]'s vocabulary, [`HIDDEN`] wide, ending a reply at `<|im_end|>`.
+fn model_config() -> ModelConfig {
+    ModelConfig {
         family: Family::Llama,
         vocab_size: VOCAB,
         hidden_size: HIDDEN,
@@ -145,9 +161,5 @@ pub fn write_tool_model(dir: &Path) {
         bos_token_id: None,
         eos_token_ids: vec![IM_END],
         torch_dtype: None,
-    };
-    tch::manual_seed(7);
-    let decoder = Decoder::load(config, &mut Weights, Kind::Float, Device::Cpu).unwrap();
-    let template = ChatTemplate::new(TEMPLATE, Some("<|im_start|>"), Some("<|im_end|>")).unwrap();
-    trinity_model::save_hf_parts(&decoder, &tokenizer, Some(&template), &[IM_END], dir).unwrap();
+    }
 }
