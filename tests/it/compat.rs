@@ -172,7 +172,13 @@ fn trinity_rft_shipped_configs_pass_or_fail_only_for_named_reasons() {
     for (relative, expected) in EXPECTED {
         let output = dry_run(&root.join(relative), data.path());
         let err = String::from_utf8_lossy(&output.stderr).into_owned();
-        let error_line = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().to_owned();
+        // A config may have several errors, one `error:` line each; the first is the one its expectation names.
+        let error_line = err
+            .lines()
+            .find(|l| l.starts_with("error: "))
+            .or_else(|| err.lines().rev().find(|l| !l.trim().is_empty()))
+            .unwrap_or_default()
+            .to_owned();
         let actual = if output.status.success() {
             passed += 1;
             Pass

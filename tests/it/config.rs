@@ -244,6 +244,27 @@ fn malformed_configs_fail_with_named_errors() {
 }
 
 #[test]
+fn dry_run_lists_every_independent_error_at_its_line() {
+    let text =
+        BASE.replace("    lr: 1e-6", "    lr: 1e-6\n    weight_decy: 0.1").replace("batch_size: 2", "batch_size: two")
+            + "synchronizer:\n  sync_timeout: 0\n";
+    let output = dry_run(&text, &[]);
+    assert_clean_failure(&output, &[]);
+    let err = stderr(&output);
+    let lines: Vec<&str> = err.lines().filter(|line| line.starts_with("error: ")).collect();
+    assert_eq!(lines.len(), 3, "one line per error:\n{err}");
+    for (line, expected) in lines.iter().zip([
+        ["config.yaml:8:5: ", "unknown key `algorithm.optimizer.weight_decy`", "did you mean `weight_decay`"],
+        ["config.yaml:14:3: ", "`buffer.batch_size`", "invalid type"],
+        ["config.yaml:23:3: ", "`synchronizer.sync_timeout`", "at least 1 second"],
+    ]) {
+        for piece in expected {
+            assert!(line.contains(piece), "{line:?} lacks {piece:?}:\n{err}");
+        }
+    }
+}
+
+#[test]
 fn malformed_overrides_and_missing_files_fail_with_named_errors() {
     assert_clean_failure(
         &dry_run(BASE, &["--set", "buffer.batch_size"]),

@@ -1,9 +1,9 @@
 //! `trinity studio` end to end: a tiny-model run writes a run directory, the studio serves it, and headless
 //! Chromium (Debian's, driven by playwright-core from npm; both installed by `cargo xtask setup`) opens the run,
-//! draws two curves, pages through and filters the rollouts, shows the task that failed, validates a broken config
-//! and completes values, lists the plugins, and watches a run that is still writing (its step in the runs table and
-//! its chart grow without a reload) until it is deleted under the page, taking a screenshot of each page (kept under
-//! the target directory; the paths are printed).
+//! draws two curves, pages through and filters the rollouts, shows the task that failed, validates a config with
+//! two mistakes (each marked at its line) and completes values, lists the plugins, and watches a run that is still
+//! writing (its step in the runs table and its chart grow without a reload) until it is deleted under the page,
+//! taking a screenshot of each page (kept under the target directory; the paths are printed).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -40,7 +40,12 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            // A config's errors come one per line, each with its own `error:` like a compiler's, so that an
+            // editor or a reader finds each at its line.
+            match error.downcast_ref::<trinity_config::ConfigErrors>() {
+                Some(errors) => errors.iter().for_each(|error| eprintln!("error: {error}")),
+                None => eprintln!("error: {error:#}"),
+            }
             ExitCode::FAILURE
         }
     }

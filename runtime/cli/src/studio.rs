@@ -71,9 +71,9 @@ impl Host for CliHost {
             trinity_config::LoadOptions { overrides: &[], env: &env, catalog: &self.registry, cwd: &self.workdir };
         let loaded = match trinity_config::load_str(text, path, options) {
             Ok(loaded) => loaded,
-            Err(error) => {
+            Err(errors) => {
                 return Validation {
-                    problems: vec![Problem::from_config_error(&error)],
+                    problems: errors.iter().map(Problem::from_config_error).collect(),
                     notes: vec![],
                     resolved: None,
                 };

@@ -18,8 +18,8 @@ impl Resolver<'_> {
         schema: ExperienceSchema,
     ) -> Result<(), ConfigError> {
         let sync = &config.synchronizer;
-        self.check(sync.sync_interval >= 1, "synchronizer.sync_interval", "must be at least 1")?;
-        self.check(sync.sync_timeout >= 1, "synchronizer.sync_timeout", "must be at least 1 second")?;
+        self.require(sync.sync_interval >= 1, "synchronizer.sync_interval", "must be at least 1")?;
+        self.check(sync.sync_timeout >= 1, "synchronizer.sync_timeout", "must be at least 1 second");
         let separate = matches!(config.mode, Mode::Explore | Mode::Train | Mode::Bench | Mode::Serve);
         let dataset = schema != ExperienceSchema::Experience;
         // An explorer and a trainer in processes of their own (modes `explore` + `train`, RL) have a real `nccl`
@@ -77,16 +77,15 @@ impl Resolver<'_> {
             SyncMethod::Nccl => pair,
             SyncMethod::Memory => false,
         };
-        if separate && !between_processes && !dataset {
-            return Err(self.invalid(
-                "synchronizer.sync_method",
-                format!(
-                    "`{method}` needs explorer and trainer in one process; mode `{}` syncs through `checkpoint`{}",
-                    config.mode.name(),
-                    if pair { " or `nccl`" } else { "" }
-                ),
-            ));
-        }
+        self.check(
+            !(separate && !between_processes && !dataset),
+            "synchronizer.sync_method",
+            format!(
+                "`{method}` needs explorer and trainer in one process; mode `{}` syncs through `checkpoint`{}",
+                config.mode.name(),
+                if pair { " or `nccl`" } else { "" }
+            ),
+        );
         self.note_idle_sync_schedule(config, dataset);
         let interval = u64::from(config.synchronizer.sync_interval);
         let eval_interval = config.explorer.eval_interval;
@@ -139,7 +138,7 @@ impl Resolver<'_> {
         }
     }
 
-    pub(crate) fn resolve_monitor(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+    pub(crate) fn resolve_monitor(&mut self, config: &mut Config) {
         let monitor = config.monitor.monitor_type.clone();
         if matches!(monitor.as_str(), "wandb" | "mlflow" | "swanlab") {
             // A hosted service cannot be reached from here; metrics still go to TensorBoard and metrics.jsonl.
@@ -148,9 +147,9 @@ impl Resolver<'_> {
             self.notes.push(format!(
                 "monitor.monitor_type `{monitor}` is a hosted service that cannot be reached from here: metrics go to TensorBoard and metrics.jsonl instead{args}"
             ));
-            return Ok(());
+            return;
         }
-        self.one_of("monitor.monitor_type", &monitor, &["tensorboard", "csv", "jsonl"])
+        self.one_of("monitor.monitor_type", &monitor, &["tensorboard", "csv", "jsonl"]);
     }
 }
 

@@ -1,4 +1,5 @@
-//! Configuration errors. Each names the file, the position where known, and the key path.
+//! Configuration errors. Each names the file, the position where known, and the key path; loading returns all
+//! the independent ones it finds at once ([`ConfigErrors`]), so a config is fixed in one edit, not one per run.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -91,7 +92,92 @@ impl ConfigError {
             | ConfigError::NotRunnable { origin, .. } => Some(origin),
         }
     }
+    /// The key path the error is about; `None` for errors about the whole file or a malformed `--set`.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::UnknownKey { key, .. }
+            | ConfigError::Unsupported { key, .. }
+            | ConfigError::Type { key, .. }
+            | ConfigError::MissingEnv { key, .. }
+            | ConfigError::Interpolation { key, .. }
+            | ConfigError::Invalid { key, .. }
+            | ConfigError::UnknownName { key, .. }
+            | ConfigError::MissingComponent { key, .. }
+            | ConfigError::NotRunnable { key, .. } => Some(key),
+            ConfigError::Read { .. }
+            | ConfigError::Syntax { .. }
+            | ConfigError::Empty { .. }
+            | ConfigError::NotAMapping { .. }
+            | ConfigError::Override { .. } => None,
+        }
+    }
 }
+
+/// Every error loading found in one config, in the order the pipeline met them (keys, types, resolution rules);
+/// never empty. Displayed one error per line, each with its file, line and key.
+#[derive(Debug)]
+pub struct ConfigErrors(Vec<ConfigError>);
+
+impl ConfigErrors {
+    /// `None` for an empty list: a load with no errors is not a failure.
+    pub fn new(errors: Vec<ConfigError>) -> Option<ConfigErrors> {
+        (!errors.is_empty()).then_some(ConfigErrors(errors))
+    }
+
+    /// The first error met, the one a loader that stopped at the first would have given.
+    pub fn first(&self) -> &ConfigError {
+        // The constructor refuses an empty list, so there is always a first error.
+        &self.0[0]
+    }
+
+    pub fn as_slice(&self) -> &[ConfigError] {
+        &self.0
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, ConfigError> {
+        self.0.iter()
+    }
+
+    pub fn into_vec(self) -> Vec<ConfigError> {
+        self.0
+    }
+}
+
+impl From<ConfigError> for ConfigErrors {
+    fn from(error: ConfigError) -> ConfigErrors {
+        ConfigErrors(vec![error])
+    }
+}
+
+impl<'a> IntoIterator for &'a ConfigErrors {
+    type Item = &'a ConfigError;
+    type IntoIter = std::slice::Iter<'a, ConfigError>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl IntoIterator for ConfigErrors {
+    type Item = ConfigError;
+    type IntoIter = std::vec::IntoIter<ConfigError>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, error) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
 
 fn bring_text(kind: &str) -> String {
     match kind {
@@ -138,6 +224,20 @@ mod tests {
         let origin = Origin::File { path: "x.yaml".into(), position: Some(Position { line: 3, column: 5 }) };
         assert_eq!(origin.to_string(), "x.yaml:3:5");
         assert_eq!(Origin::Override("a.b=1".into()).to_string(), "--set a.b=1");
+    }
+
+    #[test]
+    fn a_list_of_errors_shows_one_per_line_and_is_never_empty() {
+        assert!(ConfigErrors::new(Vec::new()).is_none());
+        let at = |line| Origin::File { path: "x.yaml".into(), position: Some(Position { line, column: 1 }) };
+        let errors = ConfigErrors::new(vec![
+            ConfigError::UnknownKey { origin: at(2), key: "a".into(), suggestion: None },
+            ConfigError::Invalid { origin: at(9), key: "b.c".into(), message: "must be at least 1".into() },
+        ])
+        .unwrap();
+        assert_eq!(errors.to_string(), "x.yaml:2:1: unknown key `a`\nx.yaml:9:1: `b.c`: must be at least 1");
+        assert_eq!(errors.first().key(), Some("a"));
+        assert_eq!(errors.iter().filter_map(ConfigError::key).collect::<Vec<_>>(), ["a", "b.c"]);
     }
 
     #[test]

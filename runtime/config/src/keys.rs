@@ -194,19 +194,19 @@ pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
     ("TrainerConfig", "trust_remote_code", "it is copied from model.trust_remote_code; set that instead"),
 ];
 
-/// Walks `value` against the root `schema`: the first refused key is an error; placement and derived keys the
-/// user set to something other than their default come back as notes, one per key.
-pub fn check(schema: &Value, value: &Value) -> Result<Vec<KeyNote>, KeyProblem> {
-    let mut walker = Walker { root: schema, notes: Vec::new() };
-    match walker.walk(schema, "Config", value, "") {
-        Some(problem) => Err(problem),
-        None => Ok(walker.notes),
-    }
+/// Walks `value` against the root `schema`: every refused key is an error (the walk goes on past each, so one
+/// load reports them all); placement and derived keys the user set to something other than their default come
+/// back as notes, one per key.
+pub fn check(schema: &Value, value: &Value) -> Result<Vec<KeyNote>, Vec<KeyProblem>> {
+    let mut walker = Walker { root: schema, notes: Vec::new(), problems: Vec::new() };
+    walker.walk(schema, "Config", value, "");
+    if walker.problems.is_empty() { Ok(walker.notes) } else { Err(walker.problems) }
 }
 
 struct Walker<'a> {
     root: &'a Value,
     notes: Vec<KeyNote>,
+    problems: Vec<KeyProblem>,
 }
 
 impl<'a> Walker<'a> {
@@ -227,15 +227,19 @@ impl<'a> Walker<'a> {
         (schema, name)
     }
 
-    fn walk(&mut self, schema: &'a Value, name: &'a str, value: &Value, path: &str) -> Option<KeyProblem> {
+    fn walk(&mut self, schema: &'a Value, name: &'a str, value: &Value, path: &str) {
         let (schema, name) = self.deref(schema, name);
         for combinator in ["anyOf", "oneOf"] {
             if let Some(branches) = schema.get(combinator).and_then(Value::as_array) {
                 let branch = branches.iter().find(|b| {
                     let (b, _) = self.deref(b, name);
                     shape_matches(b, value)
-                })?;
-                return self.walk(branch, name, value, path);
+                });
+                // No branch of this shape: the typed deserializer reports the mismatch.
+                if let Some(branch) = branch {
+                    self.walk(branch, name, value, path);
+                }
+                return;
             }
         }
         match value {
@@ -251,7 +255,7 @@ impl<'a> Walker<'a> {
                             || child.get("x-trinity-note").and_then(Value::as_str).unwrap_or_default().to_owned();
                         match category {
                             Some(Category::Refused) if !same_as_default(item, child.get("default")) => {
-                                return Some(KeyProblem::Unsupported { key: child_path, reason: note() });
+                                self.problems.push(KeyProblem::Unsupported { key: child_path, reason: note() });
                             }
                             // A value equal to the default changes nothing even in Trinity-RFT; only other values
                             // are worth a line in the log.
@@ -260,39 +264,36 @@ impl<'a> Walker<'a> {
                             {
                                 self.notes.push(KeyNote { key: child_path, category, note: note() });
                             }
-                            _ => {
-                                if let Some(problem) = self.walk(child, name, item, &child_path) {
-                                    return Some(problem);
-                                }
-                            }
+                            _ => self.walk(child, name, item, &child_path),
                         }
                         continue;
                     }
                     match additional {
                         Some(Value::Bool(false)) => {
-                            if let Some((_, _, reason)) =
-                                UNSUPPORTED.iter().find(|(def, k, _)| *def == name && k == key)
-                            {
-                                return Some(KeyProblem::Unsupported { key: child_path, reason: (*reason).to_owned() });
-                            }
-                            let known = properties.into_iter().flat_map(|p| p.keys().map(String::as_str));
-                            return Some(KeyProblem::Unknown { suggestion: closest(key, known), key: child_path });
+                            let problem = match UNSUPPORTED.iter().find(|(def, k, _)| *def == name && k == key) {
+                                Some((_, _, reason)) => {
+                                    KeyProblem::Unsupported { key: child_path, reason: (*reason).to_owned() }
+                                }
+                                None => {
+                                    let known = properties.into_iter().flat_map(|p| p.keys().map(String::as_str));
+                                    KeyProblem::Unknown { suggestion: closest(key, known), key: child_path }
+                                }
+                            };
+                            self.problems.push(problem);
                         }
-                        Some(item_schema @ Value::Object(_)) => {
-                            if let Some(problem) = self.walk(item_schema, name, item, &child_path) {
-                                return Some(problem);
-                            }
-                        }
+                        Some(item_schema @ Value::Object(_)) => self.walk(item_schema, name, item, &child_path),
                         _ => {}
                     }
                 }
-                None
             }
             Value::Array(items) => {
-                let item_schema = schema.get("items")?;
-                items.iter().enumerate().find_map(|(i, item)| self.walk(item_schema, name, item, &join_index(path, i)))
+                if let Some(item_schema) = schema.get("items") {
+                    for (i, item) in items.iter().enumerate() {
+                        self.walk(item_schema, name, item, &join_index(path, i));
+                    }
+                }
             }
-            _ => None,
+            _ => {}
         }
     }
 }
@@ -349,18 +350,45 @@ mod tests {
         let tree = json!({"algorithm": {"optimizer": {"lr": 1e-5, "weight_decy": 0.1}}});
         assert_eq!(
             check(&schema, &tree).err(),
-            Some(KeyProblem::Unknown {
+            Some(vec![KeyProblem::Unknown {
                 key: "algorithm.optimizer.weight_decy".into(),
                 suggestion: Some("weight_decay".into())
-            })
+            }])
         );
         let tree = json!({"buffer": {"explorer_input": {"eval_tasksets": [{"name": "a"}, {"pth": "x"}]}}});
         assert_eq!(
             check(&schema, &tree).err(),
-            Some(KeyProblem::Unknown {
+            Some(vec![KeyProblem::Unknown {
                 key: "buffer.explorer_input.eval_tasksets[1].pth".into(),
                 suggestion: Some("path".into())
+            }])
+        );
+    }
+
+    #[test]
+    fn reports_every_refused_key_not_only_the_first() {
+        let schema = json_schema();
+        let tree = json!({
+            "algoritm": {},
+            "model": {"lora_configs": [{"lora_rank": 8}], "model_pth": "/m"},
+            "buffer": {"explorer_input": {"eval_tasksets": [{"pth": "x"}, {"nme": "y"}]}},
+        });
+        let keys: Vec<String> = check(&schema, &tree)
+            .unwrap_err()
+            .into_iter()
+            .map(|problem| match problem {
+                KeyProblem::Unknown { key, .. } | KeyProblem::Unsupported { key, .. } => key,
             })
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "algoritm",
+                "model.lora_configs",
+                "model.model_pth",
+                "buffer.explorer_input.eval_tasksets[0].pth",
+                "buffer.explorer_input.eval_tasksets[1].nme",
+            ]
         );
     }
 
@@ -369,8 +397,8 @@ mod tests {
         let schema = json_schema();
         let tree = json!({"model": {"lora_configs": [{"lora_rank": 8}]}});
         assert!(matches!(
-            check(&schema, &tree),
-            Err(KeyProblem::Unsupported { key, .. }) if key == "model.lora_configs"
+            check(&schema, &tree).as_ref().map_err(Vec::as_slice),
+            Err([KeyProblem::Unsupported { key, .. }]) if key == "model.lora_configs"
         ));
     }
 
@@ -384,7 +412,7 @@ mod tests {
         });
         assert_eq!(check(&schema, &tree), Ok(Vec::new()));
         let tree = json!({"plugins": [{"path": "b.wasm", "overide": true}]});
-        assert!(matches!(check(&schema, &tree), Err(KeyProblem::Unknown { .. })));
+        assert!(matches!(check(&schema, &tree).as_ref().map_err(Vec::as_slice), Err([KeyProblem::Unknown { .. }])));
     }
 
     #[test]
@@ -421,8 +449,8 @@ mod tests {
             ),
             (json!({"explorer": {"over_rollout": {"ratio": 0.5}}}), "explorer.over_rollout.ratio"),
         ] {
-            match check(&schema, &tree) {
-                Err(KeyProblem::Unsupported { key: refused, reason }) => {
+            match check(&schema, &tree).as_ref().map_err(Vec::as_slice) {
+                Err([KeyProblem::Unsupported { key: refused, reason }]) => {
                     assert_eq!(refused, key);
                     assert!(reason.len() > 20, "{reason}");
                 }

@@ -8,6 +8,13 @@
 //! ([`stages`]). [`Loaded::check_runnable`] then refuses what the run cannot do, and [`steps`] says what decides
 //! the train steps of mode `train`.
 //!
+//! Loading reports every independent mistake at once ([`ConfigErrors`]): YAML syntax, an empty file, `--set`
+//! arguments and interpolations stop it at the first error (nothing after them has a tree to read), but every
+//! refused key and every value of the wrong type is reported; each is then dropped from the tree, so its default
+//! applies and resolution still runs to report the rules the rest of the config breaks. A rule error about a key
+//! already reported (or one above or below it) is a consequence of that default and is not repeated. Resolution's
+//! own rules are collected the same way ([`resolve`] says which stop it).
+//!
 //! This crate has no heavy dependencies on purpose: the CLI, the engines and the tests of this crate all
 //! build without libtorch or wasmtime.
 
@@ -51,7 +58,7 @@ use serde_json::Value;
 
 pub use crate::catalog::{Catalog, ComponentKind, ExperienceSchema, Preset};
 pub use crate::config::{Config, Mode};
-pub use crate::error::{ConfigError, Origin};
+pub use crate::error::{ConfigError, ConfigErrors, Origin};
 pub use crate::interpolate::EnvLookup;
 pub use crate::resolve::Note;
 pub use crate::source::Source;
@@ -62,6 +69,7 @@ use crate::interpolate::{InterpolationError, interpolate_tree};
 use crate::keys::KeyProblem;
 use crate::overrides::Override;
 use crate::resolve::Resolver;
+use crate::source::covers;
 
 /// A resolved configuration and what is worth telling the user about it.
 #[derive(Debug, Clone)]
@@ -102,13 +110,13 @@ impl std::fmt::Debug for LoadOptions<'_> {
 }
 
 /// Reads, interpolates, checks and resolves a config file.
-pub fn load_file(path: &Path, options: LoadOptions<'_>) -> Result<Loaded, ConfigError> {
+pub fn load_file(path: &Path, options: LoadOptions<'_>) -> Result<Loaded, ConfigErrors> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
     load_str(&text, path, options)
 }
 
 /// As [`load_file`], with the text already read; `path` is only used in messages.
-pub fn load_str(text: &str, path: &Path, options: LoadOptions<'_>) -> Result<Loaded, ConfigError> {
+pub fn load_str(text: &str, path: &Path, options: LoadOptions<'_>) -> Result<Loaded, ConfigErrors> {
     let file_origin = || Origin::File { path: path.to_owned(), position: None };
     let (mut tree, positions) = yaml::parse(text).map_err(|error| ConfigError::Syntax {
         origin: Origin::File { path: path.to_owned(), position: error.position },
@@ -116,10 +124,10 @@ pub fn load_str(text: &str, path: &Path, options: LoadOptions<'_>) -> Result<Loa
     })?;
     let mut source = Source { path: path.to_owned(), positions, overrides: Vec::new() };
     if tree.is_null() && options.overrides.is_empty() {
-        return Err(ConfigError::Empty { origin: file_origin() });
+        return Err(ConfigError::Empty { origin: file_origin() }.into());
     }
     if !tree.is_object() && !tree.is_null() {
-        return Err(ConfigError::NotAMapping { origin: file_origin(), found: json_kind(&tree) });
+        return Err(ConfigError::NotAMapping { origin: file_origin(), found: json_kind(&tree) }.into());
     }
     for arg in options.overrides {
         let set = Override::parse(arg)?;
@@ -134,31 +142,70 @@ pub fn load_str(text: &str, path: &Path, options: LoadOptions<'_>) -> Result<Loa
             ConfigError::Interpolation { origin: source.origin(&key), key, message }
         }
     })?;
+    let mut errors = Vec::new();
     let key_notes = match keys::check(&schema::json_schema(), &tree) {
-        Err(KeyProblem::Unknown { key, suggestion }) => {
-            return Err(ConfigError::UnknownKey { origin: source.origin(&key), key, suggestion });
-        }
-        Err(KeyProblem::Unsupported { key, reason }) => {
-            return Err(ConfigError::Unsupported { origin: source.origin(&key), key, reason });
-        }
         Ok(notes) => notes,
+        Err(problems) => {
+            for problem in problems {
+                let error = match problem {
+                    KeyProblem::Unknown { key, suggestion } => {
+                        ConfigError::UnknownKey { origin: source.origin(&key), key, suggestion }
+                    }
+                    KeyProblem::Unsupported { key, reason } => {
+                        ConfigError::Unsupported { origin: source.origin(&key), key, reason }
+                    }
+                };
+                if let Some(key) = error.key() {
+                    yaml::remove(&mut tree, key);
+                }
+                errors.push(error);
+            }
+            Vec::new()
+        }
     };
-    let mut config: Config = serde_path_to_error::deserialize(tree).map_err(|error| {
-        let key = error.path().to_string();
-        ConfigError::Type { origin: source.origin(&key), message: error.into_inner().to_string(), key }
-    })?;
+    let Some(mut config) = typed(tree, &source, &mut errors) else {
+        // `typed` gives up only after recording the error it could not get past, so the list is not empty.
+        return Err(ConfigErrors::new(errors).expect("a tree that does not deserialize has a type error"));
+    };
     let raw = config.clone();
-    let mut resolver = Resolver {
-        source: &source,
-        catalog: options.catalog,
-        cwd: options.cwd,
-        scope: stages::Scope::top(),
-        notes: key_notes.iter().map(ToString::to_string).collect(),
-    };
-    resolver.resolve(&mut config)?;
+    let mut resolver = Resolver::new(&source, options.catalog, options.cwd, stages::Scope::top());
+    resolver.notes = key_notes.iter().map(ToString::to_string).collect();
+    let resolved = resolver.resolve(&mut config);
     let notes = resolver.notes;
+    if let Err(rule_errors) = resolved {
+        // What the removed keys' defaults break is not the user's mistake; the removal already has its error.
+        let reported: Vec<String> = errors.iter().filter_map(|e| e.key().map(str::to_owned)).collect();
+        let independent = |error: &ConfigError| {
+            error.key().is_none_or(|key| !reported.iter().any(|r| covers(r, key) || covers(key, r)))
+        };
+        errors.extend(rule_errors.into_iter().filter(independent));
+    }
+    if let Some(errors) = ConfigErrors::new(errors) {
+        return Err(errors);
+    }
     let stages = stages::resolve_stages(&raw, &source, options.catalog, options.cwd)?;
     Ok(Loaded { config, notes, source, stages, raw, cwd: options.cwd.to_owned() })
+}
+
+/// The typed config of `tree`. A value of the wrong type is reported, removed (so its default applies) and the
+/// rest deserialized again, until the tree deserializes; `None` when a removal cannot make progress (an error at
+/// the top level, at a list item, or at a key already reported), by which point its error is in `errors`.
+fn typed(mut tree: Value, source: &Source, errors: &mut Vec<ConfigError>) -> Option<Config> {
+    loop {
+        let error = match serde_path_to_error::deserialize::<_, Config>(tree.clone()) {
+            Ok(config) => return Some(config),
+            Err(error) => error,
+        };
+        let key = error.path().to_string();
+        if errors.iter().any(|reported| reported.key() == Some(key.as_str())) {
+            return None;
+        }
+        let message = error.into_inner().to_string();
+        errors.push(ConfigError::Type { origin: source.origin(&key), message, key: key.clone() });
+        if key == "." || !yaml::remove(&mut tree, &key) {
+            return None;
+        }
+    }
 }
 
 /// The `plugins:` list of a config file, read before the config is resolved: plugins register the names that
@@ -226,5 +273,91 @@ fn json_kind(value: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "a list",
         Value::Object(_) => "a mapping",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ConfigError;
+    use crate::testing::load;
+
+    /// (line, key) of each error of loading `text`.
+    fn errors_at(text: &str) -> Vec<(usize, String)> {
+        let errors = load(text).err().unwrap_or_else(|| panic!("accepted:\n{text}"));
+        errors
+            .iter()
+            .map(|error| {
+                let line = match error.origin() {
+                    Some(crate::Origin::File { position: Some(p), .. }) => p.line,
+                    other => panic!("{error}: no line ({other:?})"),
+                };
+                (line, error.key().unwrap_or_default().to_owned())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn three_unrelated_mistakes_give_three_errors_at_their_lines() {
+        let text = "project: p\n\
+                    algoritm:\n\
+                    \x20 algorithm_type: grpo\n\
+                    model:\n\
+                    \x20 model_path: /m\n\
+                    \x20 max_model_len: 64\n\
+                    buffer:\n\
+                    \x20 batch_size: two\n\
+                    \x20 explorer_input:\n\
+                    \x20   taskset:\n\
+                    \x20     path: /t.jsonl\n\
+                    synchronizer:\n\
+                    \x20 sync_timeout: 0\n";
+        assert_eq!(
+            errors_at(text),
+            [
+                (2, "algoritm".to_owned()),
+                (8, "buffer.batch_size".to_owned()),
+                (13, "synchronizer.sync_timeout".to_owned())
+            ]
+        );
+        let errors = load(text).unwrap_err();
+        assert!(
+            matches!(&errors.as_slice()[0], ConfigError::UnknownKey { suggestion: Some(s), .. } if s == "algorithm")
+        );
+        assert!(matches!(errors.as_slice()[1], ConfigError::Type { .. }), "{errors}");
+        let shown = errors.to_string();
+        assert_eq!(shown.lines().count(), 3, "one line per error:\n{shown}");
+        assert!(shown.lines().all(|line| line.starts_with("c.yaml:")), "{shown}");
+    }
+
+    #[test]
+    fn every_wrong_type_and_every_broken_rule_is_reported() {
+        let text = "model:\n  model_path: /m\n  max_model_len: 64\n  temperature: hot\n  top_p: 2\n\
+                    buffer:\n  total_epochs: 0\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n\
+                    \x20     repeat_times: many\n      rollout_args:\n        top_k: 0\n\
+                    explorer:\n  eval_interval: 0\n";
+        let keys: Vec<String> = errors_at(text).into_iter().map(|(_, key)| key).collect();
+        assert_eq!(
+            keys,
+            [
+                "model.temperature",
+                "buffer.explorer_input.taskset.repeat_times",
+                "model.top_p",
+                "buffer.total_epochs",
+                "buffer.explorer_input.taskset.rollout_args.top_k",
+                "explorer.eval_interval",
+            ]
+        );
+    }
+
+    #[test]
+    fn what_a_removed_value_breaks_is_not_reported_again() {
+        // `max_model_len` of the wrong type is dropped; resolution then misses it, which is the same mistake.
+        let text = "model:\n  model_path: /m\n  max_model_len: long\nbuffer:\n  explorer_input:\n    taskset:\n      \
+                    path: /t.jsonl\n";
+        assert_eq!(errors_at(text), [(3, "model.max_model_len".to_owned())]);
+        // A rule later rules read stops resolution: a zero repeat_times is one error, not one per taskset.
+        let text = "algorithm:\n  repeat_times: 0\nmodel:\n  model_path: /m\n  max_model_len: 64\nbuffer:\n  \
+                    explorer_input:\n    taskset:\n      path: /t.jsonl\n";
+        assert_eq!(errors_at(text), [(2, "algorithm.repeat_times".to_owned())]);
     }
 }

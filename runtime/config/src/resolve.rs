@@ -4,6 +4,15 @@
 //! of training tasksets with complete rollout arguments, concrete length limits, an absolute checkpoint root.
 //! Nothing downstream has to know a default. Rules follow Trinity-RFT's validators; where trinity differs it
 //! says so in the doc comment of the rule.
+//!
+//! A broken rule is recorded (`Resolver::check`, `Resolver::record`) and resolution goes on, so one run of
+//! `--dry-run` lists every mistake. A rule stops resolution instead (an `Err`, the `?` operator) only where later
+//! rules read the value it refused as valid, and going on would report their consequences as mistakes of their own:
+//! the algorithm type (its preset decides components, schema and defaults), `repeat_times`, `batch_size`, the model
+//! lengths (every taskset's limits derive from them), `train_batch_size` (mini-batches divide it), `sync_interval`
+//! (the eval interval is rounded to it), both `taskset` and `tasksets`, and a veRL optimizer section that does not
+//! parse. A rule that only makes sense once another held runs only then (the return value of `check`), and a
+//! taskset's rollout arguments are checked where the taskset writes them, not where it inherits them from `model`.
 
 use std::path::Path;
 
@@ -12,7 +21,7 @@ use serde_json::{Map, Value};
 use crate::algorithm::LossAggMode;
 use crate::catalog::{Catalog, ComponentKind, ExperienceSchema};
 use crate::config::{Config, Mode};
-use crate::error::{ConfigError, closest};
+use crate::error::{ConfigError, ConfigErrors, closest};
 use crate::source::Source;
 use crate::stages::Scope;
 /// Kept at its old path: it moved to [`crate::stages`] with the rest of the stage rules.
@@ -38,9 +47,11 @@ pub(crate) struct Resolver<'a> {
     /// The top level or the stage being resolved, for messages.
     pub(crate) scope: Scope,
     pub(crate) notes: Vec<Note>,
+    /// Broken rules so far, in the order met; resolution fails at its end when there is any.
+    pub(crate) errors: Vec<ConfigError>,
 }
 
-impl Resolver<'_> {
+impl<'a> Resolver<'a> {
     pub(crate) fn key(&self, key: &str) -> String {
         self.scope.key(key)
     }
@@ -51,17 +62,43 @@ impl Resolver<'_> {
         ConfigError::Invalid { origin: self.source.origin(&key), key, message }
     }
 
-    pub(crate) fn check(&self, ok: bool, key: &str, message: impl Into<String>) -> Result<(), ConfigError> {
+    /// A new resolver with no notes or errors yet.
+    pub(crate) fn new(source: &'a Source, catalog: &'a dyn Catalog, cwd: &'a Path, scope: Scope) -> Resolver<'a> {
+        Resolver { source, catalog, cwd, scope, notes: Vec::new(), errors: Vec::new() }
+    }
+
+    /// A rule whose value later rules read: it stops resolution when broken (see the module docs).
+    pub(crate) fn require(&self, ok: bool, key: &str, message: impl Into<String>) -> Result<(), ConfigError> {
         if ok { Ok(()) } else { Err(self.invalid(key, message)) }
     }
 
-    pub(crate) fn one_of(&self, key: &str, value: &str, allowed: &[&str]) -> Result<(), ConfigError> {
+    /// An independent rule: a broken one is recorded and resolution goes on. Returns whether it held, for the
+    /// rules that only make sense after it.
+    pub(crate) fn check(&mut self, ok: bool, key: &str, message: impl Into<String>) -> bool {
+        let result = self.require(ok, key, message);
+        self.record(result)
+    }
+
+    /// Records the error of an independent rule, if any; returns whether there was none.
+    pub(crate) fn record(&mut self, result: Result<(), ConfigError>) -> bool {
+        match result {
+            Ok(()) => true,
+            Err(error) => {
+                self.errors.push(error);
+                false
+            }
+        }
+    }
+
+    /// An independent rule: `value` must be one of `allowed`, with a did-you-mean when it is not.
+    pub(crate) fn one_of(&mut self, key: &str, value: &str, allowed: &[&str]) -> bool {
         if allowed.contains(&value) {
-            return Ok(());
+            return true;
         }
         let suggestion =
             closest(value, allowed.iter().copied()).map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default();
-        Err(self.invalid(key, format!("`{value}` is not one of {}{suggestion}", quoted_list(allowed))))
+        let error = self.invalid(key, format!("`{value}` is not one of {}{suggestion}", quoted_list(allowed)));
+        self.record(Err(error))
     }
 
     pub(crate) fn registered(&self, key: &str, kind: ComponentKind, name: &str) -> Result<(), ConfigError> {
@@ -92,28 +129,39 @@ impl Resolver<'_> {
         })
     }
 
-    /// Resolves and validates a whole config in place.
-    pub(crate) fn resolve(&mut self, config: &mut Config) -> Result<(), ConfigError> {
-        self.resolve_global(config)?;
+    /// Resolves and validates a whole config in place; the errors are every broken rule met before the end or
+    /// before the first rule that stops resolution.
+    pub(crate) fn resolve(&mut self, config: &mut Config) -> Result<(), ConfigErrors> {
+        let result = self.resolve_sections(config);
+        self.record(result);
+        match ConfigErrors::new(std::mem::take(&mut self.errors)) {
+            Some(errors) => Err(errors),
+            None => Ok(()),
+        }
+    }
+
+    fn resolve_sections(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+        self.resolve_global(config);
         self.map_trainer_config(config)?;
         let schema = self.resolve_algorithm(config)?;
         self.resolve_model(config)?;
         self.resolve_buffer(config, schema)?;
-        self.resolve_explorer(config)?;
-        self.resolve_trainer(config)?;
+        self.resolve_explorer(config);
+        self.resolve_trainer(config);
         self.resolve_synchronizer(config, schema)?;
-        self.resolve_monitor(config)?;
+        self.resolve_monitor(config);
         Ok(())
     }
 
-    fn resolve_global(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+    fn resolve_global(&mut self, config: &mut Config) {
         for (key, value) in [("project", &config.project), ("name", &config.name)] {
-            self.check(!value.trim().is_empty(), key, "must not be empty")?;
-            self.check(
-                !value.contains(['\\', '\0']) && value != "." && value != "..",
-                key,
-                "must be usable as a directory name",
-            )?;
+            if self.check(!value.trim().is_empty(), key, "must not be empty") {
+                self.check(
+                    !value.contains(['\\', '\0']) && value != "." && value != "..",
+                    key,
+                    "must be usable as a directory name",
+                );
+            }
         }
         if config.checkpoint_root_dir.trim().is_empty() {
             config.checkpoint_root_dir = "checkpoints".to_owned();
@@ -134,8 +182,7 @@ impl Resolver<'_> {
                     .into(),
             );
         }
-        self.one_of("log.level", &config.log.level.to_uppercase(), &["DEBUG", "INFO", "WARNING", "WARN", "ERROR"])?;
-        Ok(())
+        self.one_of("log.level", &config.log.level.to_uppercase(), &["DEBUG", "INFO", "WARNING", "WARN", "ERROR"]);
     }
 
     fn resolve_algorithm(&mut self, config: &mut Config) -> Result<ExperienceSchema, ConfigError> {
@@ -144,7 +191,7 @@ impl Resolver<'_> {
         let preset = self.catalog.preset(&algorithm.algorithm_type).unwrap_or_default();
 
         let repeat_times = algorithm.repeat_times.or(preset.repeat_times).unwrap_or(1);
-        self.check(repeat_times >= 1, "algorithm.repeat_times", "must be at least 1")?;
+        self.require(repeat_times >= 1, "algorithm.repeat_times", "must be at least 1")?;
         algorithm.repeat_times = Some(repeat_times);
 
         let fill = |user: &mut Option<String>, preset: &Option<String>, fallback: &str| {
@@ -204,7 +251,8 @@ impl Resolver<'_> {
         ];
         for (key, kind, name, args, preset_args) in components {
             let name = name.as_deref().unwrap_or_default();
-            self.registered(&format!("algorithm.{key}"), kind, name)?;
+            let known = self.registered(&format!("algorithm.{key}"), kind, name);
+            self.record(known);
             let mut merged = self.catalog.default_args(kind, name).unwrap_or_default();
             if let Some(preset_args) = preset_args {
                 merge_args(&mut merged, preset_args);
@@ -220,7 +268,7 @@ impl Resolver<'_> {
                 max.is_none_or(|v| v.is_null() || v.as_u64().is_some()),
                 "algorithm.sample_strategy_args.max_staleness",
                 "must be a whole number of model versions (null: no limit)",
-            )?;
+            );
         }
         // Like Trinity-RFT: a policy loss that aggregates reads the algorithm's aggregation mode.
         if let (Some(args), Some(mode)) = (algorithm.policy_loss_fn_args.as_mut(), algorithm.loss_agg_mode)
@@ -239,25 +287,25 @@ impl Resolver<'_> {
             optimizer.lr.is_finite() && optimizer.lr > 0.0,
             "algorithm.optimizer.lr",
             format!("must be a positive number, got {}", optimizer.lr),
-        )?;
+        );
         self.check(
             (0.0..=1.0).contains(&optimizer.lr_warmup_steps_ratio),
             "algorithm.optimizer.lr_warmup_steps_ratio",
             "must be between 0 and 1",
-        )?;
+        );
         self.check(
             (0.0..=1.0).contains(&optimizer.min_lr_ratio),
             "algorithm.optimizer.min_lr_ratio",
             "must be between 0 and 1",
-        )?;
+        );
         self.check(
             optimizer.betas.iter().all(|b| (0.0..1.0).contains(b)),
             "algorithm.optimizer.betas",
             "both betas must be in [0, 1)",
-        )?;
-        self.check(optimizer.eps > 0.0, "algorithm.optimizer.eps", "must be positive")?;
-        self.check(optimizer.weight_decay >= 0.0, "algorithm.optimizer.weight_decay", "must not be negative")?;
-        self.check(optimizer.clip_grad > 0.0, "algorithm.optimizer.clip_grad", "must be positive")?;
+        );
+        self.check(optimizer.eps > 0.0, "algorithm.optimizer.eps", "must be positive");
+        self.check(optimizer.weight_decay >= 0.0, "algorithm.optimizer.weight_decay", "must not be negative");
+        self.check(optimizer.clip_grad > 0.0, "algorithm.optimizer.clip_grad", "must be positive");
 
         if matches!(preset.schema, ExperienceSchema::Sft | ExperienceSchema::Dpo) {
             // Trinity-RFT's SFT / DPO `check_config`: no explorer feeds them, so no mode with an explorer runs them.
@@ -270,7 +318,7 @@ impl Resolver<'_> {
                     config.algorithm.algorithm_type,
                     config.mode.name()
                 ),
-            )?;
+            );
         }
         Ok(preset.schema)
     }
@@ -323,9 +371,9 @@ impl Resolver<'_> {
                 derived.2.unwrap_or(0)
             ));
         }
-        self.check(model.max_model_len.unwrap_or(0) >= 2, "model.max_model_len", "must be at least 2")?;
-        self.check(model.max_response_tokens.unwrap_or(0) >= 1, "model.max_response_tokens", "must be at least 1")?;
-        self.check(model.max_prompt_tokens.unwrap_or(0) >= 1, "model.max_prompt_tokens", "must be at least 1")?;
+        self.require(model.max_model_len.unwrap_or(0) >= 2, "model.max_model_len", "must be at least 2")?;
+        self.require(model.max_response_tokens.unwrap_or(0) >= 1, "model.max_response_tokens", "must be at least 1")?;
+        self.require(model.max_prompt_tokens.unwrap_or(0) >= 1, "model.max_prompt_tokens", "must be at least 1")?;
         // Trinity-RFT: a minimum at or above the maximum becomes one token below it.
         let max_response = model.max_response_tokens.unwrap_or(0);
         if model.min_response_tokens >= max_response && model.min_response_tokens > 0 {
@@ -337,59 +385,48 @@ impl Resolver<'_> {
             config.model.min_response_tokens = min;
         }
         let model = &config.model;
-        self.check_sampling("model", model.temperature, model.top_p, model.top_k, None)?;
+        self.check_sampling("model", model.temperature, model.top_p, model.top_k, None);
         self.check(
             model.logprobs == 0,
             "model.logprobs",
             "only 0 is supported: the sampled token's logprob is always returned",
-        )?;
+        );
         self.check(
             model.repetition_penalty == 1.0,
             "model.repetition_penalty",
             "a repetition penalty changes what is sampled, and trinity's sampler has none; use 1.0",
-        )?;
+        );
         self.check(
             !model.trust_remote_code,
             "model.trust_remote_code",
             "trinity never runs model code shipped with a checkpoint; use false",
-        )?;
+        );
         Ok(())
     }
 
-    pub(crate) fn check_sampling(
-        &self,
-        at: &str,
-        temperature: f64,
-        top_p: f64,
-        top_k: i64,
-        min_p: Option<f64>,
-    ) -> Result<(), ConfigError> {
+    /// Independent rules for sampling values.
+    pub(crate) fn check_sampling(&mut self, at: &str, temperature: f64, top_p: f64, top_k: i64, min_p: Option<f64>) {
         self.check(
             temperature.is_finite() && temperature >= 0.0,
             &format!("{at}.temperature"),
             format!("must be 0 (greedy) or positive, got {temperature}"),
-        )?;
-        self.check(top_p > 0.0 && top_p <= 1.0, &format!("{at}.top_p"), format!("must be in (0, 1], got {top_p}"))?;
+        );
+        self.check(top_p > 0.0 && top_p <= 1.0, &format!("{at}.top_p"), format!("must be in (0, 1], got {top_p}"));
         self.check(
             top_k == -1 || top_k >= 1,
             &format!("{at}.top_k"),
             format!("must be -1 (off) or at least 1, got {top_k}"),
-        )?;
+        );
         if let Some(min_p) = min_p {
-            self.check(
-                (0.0..=1.0).contains(&min_p),
-                &format!("{at}.min_p"),
-                format!("must be in [0, 1], got {min_p}"),
-            )?;
+            self.check((0.0..=1.0).contains(&min_p), &format!("{at}.min_p"), format!("must be in [0, 1], got {min_p}"));
         }
-        Ok(())
     }
 
-    fn resolve_explorer(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+    fn resolve_explorer(&mut self, config: &mut Config) {
         let explorer = &config.explorer;
-        self.check(explorer.runner_per_model >= 1, "explorer.runner_per_model", "must be at least 1")?;
-        self.check(explorer.max_timeout >= 1, "explorer.max_timeout", "must be at least 1 second")?;
-        self.check(explorer.eval_interval >= 1, "explorer.eval_interval", "must be at least 1")?;
+        self.check(explorer.runner_per_model >= 1, "explorer.runner_per_model", "must be at least 1");
+        self.check(explorer.max_timeout >= 1, "explorer.max_timeout", "must be at least 1 second");
+        self.check(explorer.eval_interval >= 1, "explorer.eval_interval", "must be at least 1");
         // engine_type, engine_num, tensor_parallel_size, gpu_memory_utilization and the vLLM knobs are placement
         // keys: the key walk notes them, and nothing here may refuse them.
         for (name, value) in &explorer.env_vars {
@@ -398,12 +435,12 @@ impl Resolver<'_> {
                 value.is_string() || value.is_number() || value.is_boolean(),
                 &key,
                 "must be a string, number or boolean: it becomes an environment variable",
-            )?;
+            );
             self.check(
                 !name.is_empty() && !name.contains(['=', '\0']),
                 &key,
                 "is not a valid environment variable name",
-            )?;
+            );
         }
         if !explorer.env_vars.is_empty() {
             self.notes.push(
@@ -422,19 +459,20 @@ impl Resolver<'_> {
             "explorer.rollout_model.dtype",
             &explorer.rollout_model.dtype,
             &["bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "auto"],
-        )?;
-        self.resolve_auxiliary_models(config)?;
+        );
+        self.resolve_auxiliary_models(config);
         for (i, operator) in config.data_processor.experience_pipeline.operators.iter().enumerate() {
             let key = format!("data_processor.experience_pipeline.operators[{i}].name");
-            self.check(!operator.name.is_empty(), &key, "an operator needs a name")?;
-            self.registered(&key, ComponentKind::Operator, &operator.name)?;
+            if self.check(!operator.name.is_empty(), &key, "an operator needs a name") {
+                let known = self.registered(&key, ComponentKind::Operator, &operator.name);
+                self.record(known);
+            }
         }
-        Ok(())
     }
 
     /// Trinity-RFT's rule for auxiliary models: a model path is required, and the length limits it leaves unset
     /// are the policy's. Names must be unique, since workflows and the API reach the models by name.
-    fn resolve_auxiliary_models(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+    fn resolve_auxiliary_models(&mut self, config: &mut Config) {
         let model = &config.model;
         let mut names = std::collections::BTreeSet::new();
         for (i, aux) in config.explorer.auxiliary_models.iter_mut().enumerate() {
@@ -443,41 +481,40 @@ impl Resolver<'_> {
                 !aux.model_path.is_empty(),
                 &key("model_path"),
                 "an auxiliary model needs model_path (the HF directory or GGUF file of the judge or teacher)",
-            )?;
+            );
             aux.max_model_len = aux.max_model_len.or(model.max_model_len);
             aux.max_prompt_tokens = aux.max_prompt_tokens.or(model.max_prompt_tokens);
             aux.max_response_tokens = aux.max_response_tokens.or(model.max_response_tokens);
             let aux = &*aux;
-            self.one_of(
-                &key("dtype"),
-                &aux.dtype,
-                &["bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "auto"],
-            )?;
+            self.one_of(&key("dtype"), &aux.dtype, &["bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "auto"]);
             self.check(
                 names.insert(aux.name().to_owned()),
                 &key("name"),
                 format!("another auxiliary model is already called `{}`; give each a distinct name", aux.name()),
-            )?;
+            );
         }
-        Ok(())
     }
 
-    fn resolve_trainer(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+    fn resolve_trainer(&mut self, config: &mut Config) {
         let trainer = &mut config.trainer;
+        let grad_clip_written = trainer.grad_clip.is_some();
         let grad_clip = trainer.grad_clip.unwrap_or(config.algorithm.optimizer.clip_grad);
         trainer.grad_clip = Some(grad_clip);
         config.algorithm.optimizer.clip_grad = grad_clip;
         let trainer = &config.trainer;
-        self.check(grad_clip > 0.0, "trainer.grad_clip", "must be positive")?;
-        self.one_of("trainer.save_hf_checkpoint", &trainer.save_hf_checkpoint, &["last", "always", "never"])?;
-        self.one_of("trainer.dtype", &trainer.dtype, &["auto", "bfloat16", "bf16", "float32", "fp32"])?;
+        // Without trainer.grad_clip the value is algorithm.optimizer.clip_grad, already checked there.
+        if grad_clip_written {
+            self.check(grad_clip > 0.0, "trainer.grad_clip", "must be positive");
+        }
+        self.one_of("trainer.save_hf_checkpoint", &trainer.save_hf_checkpoint, &["last", "always", "never"]);
+        self.one_of("trainer.dtype", &trainer.dtype, &["auto", "bfloat16", "bf16", "float32", "fp32"]);
         if let Some(steps) = trainer.total_steps {
-            self.check(steps >= 1, "trainer.total_steps", "must be at least 1")?;
+            self.check(steps >= 1, "trainer.total_steps", "must be at least 1");
         }
         if let Some(keep) = trainer.max_checkpoints_to_keep {
-            self.check(keep >= 1, "trainer.max_checkpoints_to_keep", "must be at least 1")?;
+            self.check(keep >= 1, "trainer.max_checkpoints_to_keep", "must be at least 1");
         }
-        self.resolve_trainer_config(config)?;
+        self.resolve_trainer_config(config);
         // Trinity-RFT's `_adjust_token_len_if_needed`: a budget below one full sequence is raised to it.
         let len = config.model.max_model_len.unwrap_or(0);
         if let Some(budget) = config.trainer.max_token_len_per_gpu
@@ -488,7 +525,6 @@ impl Resolver<'_> {
                 "trainer.max_token_len_per_gpu ({budget}) is raised to model.max_model_len ({len}) so one sequence fits"
             ));
         }
-        Ok(())
     }
 }
 

@@ -14,10 +14,10 @@ impl Resolver<'_> {
     pub(crate) fn resolve_buffer(&mut self, config: &mut Config, schema: ExperienceSchema) -> Result<(), ConfigError> {
         let repeat_times = config.algorithm.repeat_times.unwrap_or(1);
         let buffer = &mut config.buffer;
-        self.check(buffer.batch_size >= 1, "buffer.batch_size", "must be at least 1")?;
-        self.check(buffer.total_epochs >= 1, "buffer.total_epochs", "must be at least 1")?;
+        self.require(buffer.batch_size >= 1, "buffer.batch_size", "must be at least 1")?;
+        self.check(buffer.total_epochs >= 1, "buffer.total_epochs", "must be at least 1");
         if let Some(steps) = buffer.total_steps {
-            self.check(steps >= 1, "buffer.total_steps", "must be at least 1")?;
+            self.check(steps >= 1, "buffer.total_steps", "must be at least 1");
         }
         if buffer.train_batch_size == 0 {
             // Trinity-RFT raises here instead of deriving: a trainer that reads a buffer other processes fill, or a
@@ -45,7 +45,7 @@ impl Resolver<'_> {
         self.resolve_explorer_input(config, schema, repeat_times)?;
         // Trinity-RFT skips the trainer's inputs in mode bench: nothing trains.
         if config.mode != Mode::Bench {
-            self.resolve_trainer_input(config, schema)?;
+            self.resolve_trainer_input(config, schema);
         }
         Ok(())
     }
@@ -69,23 +69,21 @@ impl Resolver<'_> {
         }
         let needs_tasks = matches!(config.mode, Mode::Both | Mode::Explore | Mode::Colocate)
             && schema == ExperienceSchema::Experience;
-        if needs_tasks && input.tasksets.is_empty() {
-            return Err(self.invalid(
-                "buffer.explorer_input.taskset",
-                format!(
-                    "mode `{}` explores tasks and none are configured; add buffer.explorer_input.taskset (or tasksets)",
-                    config.mode.name()
-                ),
-            ));
-        }
-        if config.mode == Mode::Bench && input.eval_tasksets.is_empty() {
-            return Err(self.invalid(
-                "buffer.explorer_input.eval_tasksets",
-                "mode `bench` evaluates the base model and every checkpoint on the eval tasksets, and none are \
-                 configured; add at least one under buffer.explorer_input.eval_tasksets (benchmarking a hosted model \
-                 through model.external_model comes with issue 16)",
-            ));
-        }
+        self.check(
+            !(needs_tasks && input.tasksets.is_empty()),
+            "buffer.explorer_input.taskset",
+            format!(
+                "mode `{}` explores tasks and none are configured; add buffer.explorer_input.taskset (or tasksets)",
+                config.mode.name()
+            ),
+        );
+        self.check(
+            !(config.mode == Mode::Bench && input.eval_tasksets.is_empty()),
+            "buffer.explorer_input.eval_tasksets",
+            "mode `bench` evaluates the base model and every checkpoint on the eval tasksets, and none are \
+             configured; add at least one under buffer.explorer_input.eval_tasksets (benchmarking a hosted model \
+             through model.external_model comes with issue 16)",
+        );
         let train_steps_only = config.mode == Mode::Train && schema == ExperienceSchema::Experience;
         if train_steps_only && !input.tasksets.is_empty() {
             let use_ = match (config.trainer.total_steps, config.buffer.total_steps) {
@@ -115,12 +113,12 @@ impl Resolver<'_> {
             } else {
                 format!("buffer.explorer_input.tasksets[{i}]")
             };
-            self.resolve_taskset(taskset, &key, format!("taskset_{i}"), Some(repeat_times), &defaults, config)?;
+            self.resolve_taskset(taskset, &key, format!("taskset_{i}"), Some(repeat_times), &defaults, config);
         }
         let mut eval_tasksets = std::mem::take(&mut config.buffer.explorer_input.eval_tasksets);
         for (i, taskset) in eval_tasksets.iter_mut().enumerate() {
             let key = format!("buffer.explorer_input.eval_tasksets[{i}]");
-            self.resolve_taskset(taskset, &key, format!("eval_taskset_{i}"), None, &defaults, config)?;
+            self.resolve_taskset(taskset, &key, format!("eval_taskset_{i}"), None, &defaults, config);
         }
         // Names label metrics (`eval/<name>/...`) and selector state, so they must be unique within each list;
         // a training and an eval taskset may share one, as in Trinity-RFT's own configs.
@@ -130,7 +128,8 @@ impl Resolver<'_> {
             let mut names: Vec<&str> = list.iter().map(|t| t.name.as_str()).collect();
             names.sort_unstable();
             if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
-                return Err(self.invalid(key, format!("two tasksets are named `{}`; names must be unique", pair[0])));
+                let error = self.invalid(key, format!("two tasksets are named `{}`; names must be unique", pair[0]));
+                self.record(Err(error));
             }
         }
         config.buffer.explorer_input.tasksets = tasksets;
@@ -139,20 +138,22 @@ impl Resolver<'_> {
     }
 
     /// The experience buffer (or the SFT / DPO dataset) and the auxiliary buffers.
-    fn resolve_trainer_input(&mut self, config: &mut Config, schema: ExperienceSchema) -> Result<(), ConfigError> {
+    fn resolve_trainer_input(&mut self, config: &mut Config, schema: ExperienceSchema) {
         let key = "buffer.trainer_input.experience_buffer";
         let mut experience = config.buffer.trainer_input.experience_buffer.take().unwrap_or_default();
+        // A dataset without a path gets no further rules: the file buffer's own would only say the same again.
+        let mut has_path = true;
         if schema != ExperienceSchema::Experience {
             // Trinity-RFT's SFT / DPO `check_config` requires the path; rows come from a file, never a queue.
             let algorithm = &config.algorithm.algorithm_type;
-            self.check(
+            has_path = self.check(
                 experience.path.as_deref().is_some_and(|p| !p.trim().is_empty()),
                 &format!("{key}.path"),
                 format!(
                     "algorithm `{algorithm}` trains on a dataset; set the path of its rows (a JSONL, JSON or Parquet \
                      file, or a dataset directory) with storage_type: file"
                 ),
-            )?;
+            );
             self.check(
                 experience.storage_type == StorageType::File,
                 &format!("{key}.storage_type"),
@@ -161,7 +162,7 @@ impl Resolver<'_> {
                      experiences; set storage_type: file",
                     storage_name(experience.storage_type)
                 ),
-            )?;
+            );
         }
         if config.mode == Mode::Train {
             // Trinity-RFT copies it in mode train: the trainer's passes over its input are buffer.total_epochs.
@@ -174,7 +175,9 @@ impl Resolver<'_> {
             experience.total_epochs = Some(epochs);
         }
         experience.schema_type = Some(schema.name().to_owned());
-        self.resolve_experience_buffer(&mut experience, key, config.mode, schema)?;
+        if has_path {
+            self.resolve_experience_buffer(&mut experience, key, config.mode, schema);
+        }
         config.buffer.trainer_input.experience_buffer = Some(experience);
         let mut auxiliary = std::mem::take(&mut config.buffer.trainer_input.auxiliary_buffers);
         for (name, buffer) in auxiliary.iter_mut() {
@@ -182,9 +185,10 @@ impl Resolver<'_> {
             if buffer.name == ExperienceBufferConfig::default().name {
                 buffer.name = name.clone();
             }
-            self.check(buffer.path.is_some(), &key, "an auxiliary buffer needs a `path`")?;
             buffer.schema_type = Some(ExperienceSchema::Sft.name().to_owned());
-            self.resolve_experience_buffer(buffer, &key, config.mode, ExperienceSchema::Sft)?;
+            if self.check(buffer.path.is_some(), &key, "an auxiliary buffer needs a `path`") {
+                self.resolve_experience_buffer(buffer, &key, config.mode, ExperienceSchema::Sft);
+            }
         }
         config.buffer.trainer_input.auxiliary_buffers = auxiliary;
         // Sample strategy `mix` trains expert rows from a named auxiliary buffer; a missing one would only fail
@@ -196,9 +200,8 @@ impl Resolver<'_> {
                 config.buffer.trainer_input.auxiliary_buffers.contains_key(&name),
                 "buffer.trainer_input.auxiliary_buffers",
                 format!("sample strategy `mix` reads expert rows from auxiliary buffer `{name}` (sample_strategy_args.sft_dataset_name), which is not configured"),
-            )?;
+            );
         }
-        Ok(())
     }
 
     fn resolve_taskset(
@@ -209,11 +212,11 @@ impl Resolver<'_> {
         train_repeat_times: Option<u32>,
         defaults: &TasksetDefaults,
         config: &Config,
-    ) -> Result<(), ConfigError> {
+    ) {
         if taskset.name.is_empty() {
             taskset.name = default_name;
         }
-        self.check(!taskset.path.trim().is_empty(), &format!("{key}.path"), "a taskset needs a `path`")?;
+        self.check(!taskset.path.trim().is_empty(), &format!("{key}.path"), "a taskset needs a `path`");
         // These format keys describe SFT and DPO rows; the explorer's workflows read prompts with prompt_key and
         // friends, so on a taskset they would be silently ignored.
         let format = &taskset.format;
@@ -230,31 +233,29 @@ impl Resolver<'_> {
                 &format!("{key}.format.{field}"),
                 "it describes SFT / DPO rows (buffer.trainer_input), and the explorer's workflows do not read it; \
                  remove it from the taskset (workflows read prompt_key, response_key and system_prompt_key)",
-            )?;
+            );
         }
-        self.one_of(&format!("{key}.storage_type"), storage_name(taskset.storage_type), &["file", "sql"])?;
+        self.one_of(&format!("{key}.storage_type"), storage_name(taskset.storage_type), &["file", "sql"]);
         if taskset.storage_type == StorageType::Sql {
             self.check(
                 taskset.path.starts_with("sqlite:///"),
                 &format!("{key}.path"),
                 "an sql taskset path is a `sqlite:///` URL",
-            )?;
+            );
         }
-        match (taskset.task_selector.take(), taskset.data_selector.take()) {
-            (Some(_), Some(_)) => {
-                return Err(self.invalid(
-                    &format!("{key}.data_selector"),
-                    "set `data_selector` or its old name `task_selector`, not both",
-                ));
-            }
-            (a, b) => taskset.data_selector = Some(a.or(b).unwrap_or_default()),
-        }
+        let (old, new) = (taskset.task_selector.take(), taskset.data_selector.take());
+        self.check(
+            old.is_none() || new.is_none(),
+            &format!("{key}.data_selector"),
+            "set `data_selector` or its old name `task_selector`, not both",
+        );
+        taskset.data_selector = Some(new.or(old).unwrap_or_default());
         if let Some(selector) = &taskset.data_selector {
             self.one_of(
                 &format!("{key}.data_selector.selector_type"),
                 &selector.selector_type,
                 &["sequential", "shuffle", "random", "difficulty_based", "offline_easy2hard"],
-            )?;
+            );
         }
         let is_eval = train_repeat_times.is_none();
         let workflow = if is_eval { &defaults.eval_workflow } else { &defaults.workflow };
@@ -266,10 +267,12 @@ impl Resolver<'_> {
         }
         let check_components = defaults.check_training_components || is_eval;
         if let Some(name) = taskset.default_workflow_type.as_ref().filter(|_| check_components) {
-            self.registered(&format!("{key}.default_workflow_type"), ComponentKind::Workflow, name)?;
+            let known = self.registered(&format!("{key}.default_workflow_type"), ComponentKind::Workflow, name);
+            self.record(known);
         }
         if let Some(name) = taskset.default_reward_fn_type.as_ref().filter(|_| check_components) {
-            self.registered(&format!("{key}.default_reward_fn_type"), ComponentKind::RewardFn, name)?;
+            let known = self.registered(&format!("{key}.default_reward_fn_type"), ComponentKind::RewardFn, name);
+            self.record(known);
         }
         if taskset.format.system_prompt.is_none() {
             taskset.format.system_prompt = defaults.system_prompt.clone();
@@ -289,9 +292,11 @@ impl Resolver<'_> {
             }
             None => taskset.repeat_times.unwrap_or(1),
         };
-        self.check(repeat_times >= 1, &format!("{key}.repeat_times"), "must be at least 1")?;
+        self.check(repeat_times >= 1, &format!("{key}.repeat_times"), "must be at least 1");
         taskset.repeat_times = Some(repeat_times);
         let model = &config.model;
+        // What the taskset writes itself is checked here; what it inherits from `model` was checked there.
+        let own = taskset.rollout_args.clone();
         let args = &mut taskset.rollout_args;
         if args.n.is_some_and(|n| n != repeat_times) {
             self.notes.push(format!("{key}.rollout_args.n is set from repeat_times ({repeat_times})"));
@@ -310,30 +315,29 @@ impl Resolver<'_> {
         let at = format!("{key}.rollout_args");
         self.check_sampling(
             &at,
-            args.temperature.unwrap_or(1.0),
-            args.top_p.unwrap_or(1.0),
-            args.top_k.unwrap_or(-1),
+            own.temperature.unwrap_or(1.0),
+            own.top_p.unwrap_or(1.0),
+            own.top_k.unwrap_or(-1),
             args.min_p,
-        )?;
+        );
         self.check(
-            args.logprobs == Some(0),
+            own.logprobs.is_none_or(|logprobs| logprobs == 0),
             &format!("{at}.logprobs"),
             "only 0 is supported: the sampled token's logprob is always returned",
-        )?;
+        );
         let max_tokens = args.max_tokens.unwrap_or(1);
-        self.check(max_tokens >= 1, &format!("{at}.max_tokens"), "must be at least 1")?;
+        self.check(max_tokens >= 1, &format!("{at}.max_tokens"), "must be at least 1");
         self.check(
             max_tokens <= max_response,
             &format!("{at}.max_tokens"),
             format!("{max_tokens} exceeds model.max_response_tokens ({max_response})"),
-        )?;
+        );
         self.check(
             args.min_tokens.unwrap_or(0) <= max_tokens,
             &format!("{at}.min_tokens"),
             "must not exceed max_tokens",
-        )?;
-        self.check(args.stop.iter().all(|s| !s.is_empty()), &format!("{at}.stop"), "stop strings must not be empty")?;
-        Ok(())
+        );
+        self.check(args.stop.iter().all(|s| !s.is_empty()), &format!("{at}.stop"), "stop strings must not be empty");
     }
 
     fn resolve_experience_buffer(
@@ -342,9 +346,9 @@ impl Resolver<'_> {
         key: &str,
         mode: Mode,
         schema: ExperienceSchema,
-    ) -> Result<(), ConfigError> {
-        self.check(buffer.capacity >= 1, &format!("{key}.capacity"), "must be at least 1")?;
-        self.check(buffer.max_read_timeout > 0.0, &format!("{key}.max_read_timeout"), "must be positive")?;
+    ) {
+        self.check(buffer.capacity >= 1, &format!("{key}.capacity"), "must be at least 1");
+        self.check(buffer.max_read_timeout > 0.0, &format!("{key}.max_read_timeout"), "must be positive");
         if buffer.storage_type == StorageType::File
             && matches!(mode, Mode::Both | Mode::Colocate)
             && schema == ExperienceSchema::Experience
@@ -376,13 +380,12 @@ impl Resolver<'_> {
                     format!(
                         "an sql buffer path is a `sqlite:///file.db` or `postgresql://user:password@host/db` URL, got `{path}`"
                     ),
-                )?;
+                );
             }
             StorageType::File => {
-                self.check(!path.is_empty(), &format!("{key}.path"), "a file buffer needs a `path`")?;
+                self.check(!path.is_empty(), &format!("{key}.path"), "a file buffer needs a `path`");
             }
         }
-        Ok(())
     }
 }
 

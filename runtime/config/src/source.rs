@@ -37,7 +37,7 @@ impl Source {
 }
 
 /// Whether setting `set` also set `key` (same key or one of its parents).
-fn covers(set: &str, key: &str) -> bool {
+pub(crate) fn covers(set: &str, key: &str) -> bool {
     key == set || key.strip_prefix(set).is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
 }
 

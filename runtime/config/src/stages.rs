@@ -20,7 +20,7 @@ use std::path::Path;
 use crate::Loaded;
 use crate::catalog::Catalog;
 use crate::config::Config;
-use crate::error::ConfigError;
+use crate::error::ConfigErrors;
 use crate::resolve::{Note, Resolver};
 use crate::source::Source;
 
@@ -140,33 +140,44 @@ pub fn stage_config(config: &Config, index: usize) -> Config {
     staged
 }
 
-/// Resolves every stage of `raw` (the config as written), in order; names must be present and unique.
+/// Resolves every stage of `raw` (the config as written), in order; names must be present and unique. Each
+/// stage is resolved even when an earlier one has errors, so that all of them are reported.
 pub(crate) fn resolve_stages(
     raw: &Config,
     source: &Source,
     catalog: &dyn Catalog,
     cwd: &Path,
-) -> Result<Vec<Stage>, ConfigError> {
-    let top = Resolver { source, catalog, cwd, scope: Scope::top(), notes: Vec::new() };
+) -> Result<Vec<Stage>, ConfigErrors> {
+    let mut top = Resolver::new(source, catalog, cwd, Scope::top());
     let mut stages: Vec<Stage> = Vec::new();
+    let mut names: Vec<&str> = Vec::new();
     for (index, stage) in raw.stages.iter().enumerate() {
         let key = format!("stages[{index}].stage_name");
-        top.check(
+        let named = top.check(
             !stage.stage_name.trim().is_empty(),
             &key,
             "a stage needs a name (its experiment is `<name>/<stage_name>`)",
-        )?;
-        top.check(
-            !stages.iter().any(|s| s.name == stage.stage_name),
-            &key,
-            format!(
-                "stage `{}` appears twice; stage names must be unique (each names its own experiment)",
-                stage.stage_name
-            ),
-        )?;
-        stages.push(resolve_stage(raw, index, None, source, catalog, cwd)?);
+        );
+        if named {
+            top.check(
+                !names.contains(&stage.stage_name.as_str()),
+                &key,
+                format!(
+                    "stage `{}` appears twice; stage names must be unique (each names its own experiment)",
+                    stage.stage_name
+                ),
+            );
+        }
+        names.push(&stage.stage_name);
+        match resolve_stage(raw, index, None, source, catalog, cwd) {
+            Ok(resolved) => stages.push(resolved),
+            Err(errors) => top.errors.extend(errors),
+        }
     }
-    Ok(stages)
+    match ConfigErrors::new(top.errors) {
+        Some(errors) => Err(errors),
+        None => Ok(stages),
+    }
 }
 
 fn resolve_stage(
@@ -176,13 +187,13 @@ fn resolve_stage(
     source: &Source,
     catalog: &dyn Catalog,
     cwd: &Path,
-) -> Result<Stage, ConfigError> {
+) -> Result<Stage, ConfigErrors> {
     let mut config = stage_config(raw, index);
     if let Some(path) = model_path {
         config.model.model_path = path.to_owned();
     }
     let scope = Scope::stage(raw, index);
-    let mut resolver = Resolver { source, catalog, cwd, scope: scope.clone(), notes: Vec::new() };
+    let mut resolver = Resolver::new(source, catalog, cwd, scope.clone());
     resolver.resolve(&mut config)?;
     let prefix = scope.note_prefix();
     let notes = resolver.notes.into_iter().map(|note| format!("{prefix}{note}")).collect();
@@ -199,7 +210,7 @@ impl Loaded {
         index: usize,
         model_path: &str,
         catalog: &dyn Catalog,
-    ) -> Result<Stage, ConfigError> {
+    ) -> Result<Stage, ConfigErrors> {
         resolve_stage(&self.raw, index, Some(model_path), &self.source, catalog, &self.cwd)
     }
 

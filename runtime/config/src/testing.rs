@@ -3,11 +3,11 @@
 use std::path::Path;
 
 use crate::catalog::AnyName;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ConfigErrors};
 use crate::{LoadOptions, Loaded, load_str};
 
 /// Loads `text` as `c.yaml` in `/work`, with every component name registered.
-pub(crate) fn load(text: &str) -> Result<Loaded, ConfigError> {
+pub(crate) fn load(text: &str) -> Result<Loaded, ConfigErrors> {
     let env = |_: &str| None;
     let options = LoadOptions { overrides: &[], env: &env, catalog: &AnyName, cwd: Path::new("/work") };
     load_str(text, Path::new("c.yaml"), options)
@@ -18,10 +18,10 @@ pub(crate) fn loaded(text: &str) -> Loaded {
     load(text).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The error of loading `text`, or of its `check_runnable`, for configs that must fail.
+/// The first error of loading `text`, or that of its `check_runnable`, for configs that must fail.
 pub(crate) fn refusal(text: &str) -> ConfigError {
     match load(text) {
-        Err(error) => error,
+        Err(errors) => errors.into_vec().remove(0),
         Ok(loaded) => match loaded.check_runnable() {
             Err(error) => error,
             Ok(()) => panic!("accepted:\n{text}"),

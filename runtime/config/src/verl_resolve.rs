@@ -28,10 +28,13 @@ impl Resolver<'_> {
 
         if let Some(mode) = &actor.loss_agg_mode {
             let key = format!("{AT}.actor_rollout_ref.actor.loss_agg_mode");
-            let parsed: LossAggMode = serde_json::from_value(Value::from(mode.as_str())).map_err(|_| {
-                self.invalid(&key, format!("`{mode}` is not a loss aggregation mode (token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm)"))
-            })?;
-            self.fill_option(&mut algorithm.loss_agg_mode, parsed, &key, "algorithm.loss_agg_mode");
+            match serde_json::from_value::<LossAggMode>(Value::from(mode.as_str())) {
+                Ok(parsed) => self.fill_option(&mut algorithm.loss_agg_mode, parsed, &key, "algorithm.loss_agg_mode"),
+                Err(_) => {
+                    let error = self.invalid(&key, format!("`{mode}` is not a loss aggregation mode (token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm)"));
+                    self.record(Err(error));
+                }
+            }
         }
 
         let policy_loss = algorithm.policy_loss_fn.clone().or(preset.policy_loss_fn.clone()).unwrap_or("ppo".into());
@@ -66,19 +69,23 @@ impl Resolver<'_> {
         if let Some(kind) = &actor.kl_loss_type {
             let key = format!("{AT}.actor_rollout_ref.actor.kl_loss_type");
             let name = match kind.as_str() {
-                "kl" | "k1" => "k1",
-                "abs" => "abs",
-                "mse" | "k2" => "k2",
-                "low_var_kl" => "low_var_kl",
-                "k3" => "k3",
+                "kl" | "k1" => Some("k1"),
+                "abs" => Some("abs"),
+                "mse" | "k2" => Some("k2"),
+                "low_var_kl" => Some("low_var_kl"),
+                "k3" => Some("k3"),
                 other => {
-                    return Err(self.invalid(
+                    let error = self.invalid(
                         &key,
                         format!("veRL KL estimator `{other}` has no trinity equivalent; use kl, abs, mse, low_var_kl or set algorithm.kl_loss_fn"),
-                    ));
+                    );
+                    self.record(Err(error));
+                    None
                 }
             };
-            if actor.use_kl_loss != Some(false) {
+            if let Some(name) = name
+                && actor.use_kl_loss != Some(false)
+            {
                 self.fill_option(&mut algorithm.kl_loss_fn, name.to_owned(), &key, "algorithm.kl_loss_fn");
             }
         }
@@ -148,7 +155,7 @@ impl Resolver<'_> {
     /// Resolves what the trainer reads from the veRL tree once the buffer and the algorithm are resolved:
     /// veRL values that win over `trainer.*`, mini-batches, epochs, the critic's optimizer and the old-logprob
     /// mode.
-    pub(crate) fn resolve_trainer_config(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+    pub(crate) fn resolve_trainer_config(&mut self, config: &mut Config) {
         let train_batch_size = config.buffer.train_batch_size;
         let grad_clip_default = config.trainer.grad_clip.unwrap_or(config.algorithm.optimizer.clip_grad);
         let verl = &mut config.trainer.trainer_config;
@@ -157,7 +164,7 @@ impl Resolver<'_> {
 
         // Trinity-RFT: set_if_none(actor.X, trainer.X), so a veRL value wins over the trainer key.
         if let Some(clip) = actor.grad_clip {
-            self.check(clip > 0.0, &format!("{at}.grad_clip"), "must be positive")?;
+            self.check(clip > 0.0, &format!("{at}.grad_clip"), "must be positive");
             config.trainer.grad_clip = Some(clip);
             config.algorithm.optimizer.clip_grad = clip;
             self.notes.push(format!("`{at}.grad_clip` ({clip}) wins over trainer.grad_clip, as in Trinity-RFT"));
@@ -170,24 +177,25 @@ impl Resolver<'_> {
             self.notes.push(format!("`{at}.ppo_max_token_len_per_gpu` ({budget}) is the micro-batch token budget"));
         }
 
-        self.check(actor.ppo_epochs >= 1, &format!("{at}.ppo_epochs"), "must be at least 1")?;
+        self.check(actor.ppo_epochs >= 1, &format!("{at}.ppo_epochs"), "must be at least 1");
         if let Some(epochs) = verl.critic.ppo_epochs {
-            self.check(epochs >= 1, &format!("{AT}.critic.ppo_epochs"), "must be at least 1")?;
+            self.check(epochs >= 1, &format!("{AT}.critic.ppo_epochs"), "must be at least 1");
         }
         // A value resolution filled in earlier (a stage re-resolves the resolved global config) follows this
         // train_batch_size; only a value the user wrote is kept.
         let written = self.user_set(&format!("{at}.ppo_mini_batch_size"))
             || self.source.positions.contains_key(&format!("{at}.ppo_mini_batch_size"));
         let mini = actor.ppo_mini_batch_size.filter(|_| written).unwrap_or(train_batch_size);
-        self.check(mini >= 1, &format!("{at}.ppo_mini_batch_size"), "must be at least 1")?;
-        self.check(
-            mini <= train_batch_size && train_batch_size.is_multiple_of(mini),
-            &format!("{at}.ppo_mini_batch_size"),
-            format!(
-                "{mini} must divide buffer.train_batch_size ({train_batch_size}): each train step is split into \
-                 equal mini-batches, one optimizer step each"
-            ),
-        )?;
+        if self.check(mini >= 1, &format!("{at}.ppo_mini_batch_size"), "must be at least 1") {
+            self.check(
+                mini <= train_batch_size && train_batch_size.is_multiple_of(mini),
+                &format!("{at}.ppo_mini_batch_size"),
+                format!(
+                    "{mini} must divide buffer.train_batch_size ({train_batch_size}): each train step is split into \
+                     equal mini-batches, one optimizer step each"
+                ),
+            );
+        }
         actor.ppo_mini_batch_size = Some(mini);
 
         let trainer_keep = config.trainer.max_checkpoints_to_keep;
@@ -196,7 +204,7 @@ impl Resolver<'_> {
             match trainer_keep {
                 Some(_) => self.notes.push(format!("`{key}` is overridden by trainer.max_checkpoints_to_keep")),
                 None => {
-                    self.check(keep >= 1, &key, "must be at least 1")?;
+                    self.check(keep >= 1, &key, "must be at least 1");
                     config.trainer.max_checkpoints_to_keep = Some(keep);
                     self.notes.push(format!("`{key}` ({keep}) is used as trainer.max_checkpoints_to_keep"));
                 }
@@ -212,12 +220,14 @@ impl Resolver<'_> {
 
         let critic = &mut verl.critic;
         let key = format!("{AT}.critic");
-        self.check(critic.cliprange_value >= 0.0, &format!("{key}.cliprange_value"), "must not be negative")?;
-        critic.optim_resolved = Some(
-            critic_optimizer(&critic.optim, grad_clip_default)
-                .map_err(|message| self.invalid(&format!("{key}.optim"), message))?,
-        );
-        Ok(())
+        self.check(critic.cliprange_value >= 0.0, &format!("{key}.cliprange_value"), "must not be negative");
+        match critic_optimizer(&critic.optim, grad_clip_default) {
+            Ok(optim) => critic.optim_resolved = Some(optim),
+            Err(message) => {
+                let error = self.invalid(&format!("{key}.optim"), message);
+                self.record(Err(error));
+            }
+        }
     }
 
     /// Sets an unset top-level option from a veRL value, with a note; a set one wins, also with a note.

@@ -68,6 +68,49 @@ pub fn join_key(parent: &str, key: &str) -> String {
     if parent.is_empty() { key.to_owned() } else { format!("{parent}.{key}") }
 }
 
+/// Removes the value at a key path (as [`join_key`] and [`join_index`] write them) from `tree`; whether there
+/// was one. Loading drops a refused value this way so that the rest of the config can still be checked. Only a
+/// mapping's key is removed: a list item is not, because the items after it would move to other indexes than
+/// the ones their errors name.
+pub fn remove(tree: &mut Value, key: &str) -> bool {
+    enum Step<'k> {
+        Key(&'k str),
+        Index(usize),
+    }
+    let mut steps = Vec::new();
+    for part in key.split('.') {
+        let (name, indexes) = part.split_at(part.find('[').unwrap_or(part.len()));
+        if !name.is_empty() {
+            steps.push(Step::Key(name));
+        }
+        for index in indexes.split_terminator(']') {
+            match index.strip_prefix('[').and_then(|i| i.parse::<usize>().ok()) {
+                Some(i) => steps.push(Step::Index(i)),
+                None => return false,
+            }
+        }
+    }
+    let Some((last, parents)) = steps.split_last() else {
+        return false;
+    };
+    let mut node = tree;
+    for step in parents {
+        let child = match (step, node) {
+            (Step::Key(name), Value::Object(map)) => map.get_mut(*name),
+            (Step::Index(index), Value::Array(items)) => items.get_mut(*index),
+            _ => None,
+        };
+        match child {
+            Some(child) => node = child,
+            None => return false,
+        }
+    }
+    match (last, node) {
+        (Step::Key(name), Value::Object(map)) => map.shift_remove(*name).is_some(),
+        _ => false,
+    }
+}
+
 /// Appends a sequence index to a key path.
 pub fn join_index(parent: &str, index: usize) -> String {
     format!("{parent}[{index}]")
@@ -256,6 +299,19 @@ fn format_float(f: f64) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn removes_mapping_keys_by_path_but_never_list_items() {
+        let mut tree = json!({"a": {"b": [{"c": 1, "d": 2}], "e": 3}});
+        assert!(remove(&mut tree, "a.b[0].c"));
+        assert!(remove(&mut tree, "a.e"));
+        assert_eq!(tree, json!({"a": {"b": [{"d": 2}]}}));
+        assert!(!remove(&mut tree, "a.b[0]"), "later items would change index");
+        assert!(!remove(&mut tree, "a.x.y"));
+        assert!(!remove(&mut tree, "a.b[9].d"));
+        assert!(!remove(&mut tree, "."));
+        assert_eq!(tree, json!({"a": {"b": [{"d": 2}]}}));
+    }
 
     #[test]
     fn types_plain_scalars_and_keeps_quoted_strings() {

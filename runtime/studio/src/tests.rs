@@ -42,9 +42,11 @@ impl Host for TestHost {
                 notes: loaded.notes.iter().map(ToString::to_string).collect(),
                 resolved: Some(loaded.dry_run_yaml()),
             },
-            Err(error) => {
-                Validation { problems: vec![Problem::from_config_error(&error)], notes: vec![], resolved: None }
-            }
+            Err(errors) => Validation {
+                problems: errors.iter().map(Problem::from_config_error).collect(),
+                notes: vec![],
+                resolved: None,
+            },
         }
     }
 
