@@ -2,20 +2,15 @@
 //! per task that failed for good, with its step, phase, task, workflow, attempts, error and row), paged like the
 //! experiences: the index keeps each line's offset, step and phase, and a page reads its lines back.
 
-use std::collections::BTreeMap;
-use std::fs::File;
-use std::path::Path;
-
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::tail::{Tail, read_object_at};
+use crate::tail::{IndexEntry, LineIndex, read_object_at};
 
+/// What the index keeps of one failure.
 #[derive(Debug, Clone, PartialEq)]
-struct Entry {
-    offset: u64,
-    len: usize,
+pub struct Failure {
     step: u64,
     phase: Box<str>,
 }
@@ -29,6 +24,24 @@ struct Light {
     /// Required, so that a line of some other file is not taken for a failure.
     #[serde(rename = "error")]
     _error: IgnoredAny,
+}
+
+impl IndexEntry for Failure {
+    type Filter = FailedFilter;
+
+    fn parse(text: &[u8]) -> Option<Failure> {
+        let light: Light = serde_json::from_slice(text).ok()?;
+        Some(Failure { step: light.step, phase: light.phase.unwrap_or_else(|| "explore".into()).into_boxed_str() })
+    }
+
+    fn step(&self) -> u64 {
+        self.step
+    }
+
+    fn kept_by(&self, filter: &FailedFilter) -> bool {
+        filter.step.is_none_or(|step| self.step == step)
+            && filter.phase.as_deref().is_none_or(|phase| &*self.phase == phase)
+    }
 }
 
 /// Which failures a page shows.
@@ -47,85 +60,20 @@ pub struct FailedStep {
 }
 
 /// The index of one failed-task file.
-#[derive(Debug)]
-pub struct FailedTaskIndex {
-    tail: Tail,
-    entries: Vec<Entry>,
-    skipped: usize,
-}
+pub type FailedTaskIndex = LineIndex<Failure>;
 
-impl FailedTaskIndex {
-    pub fn new(path: &Path) -> FailedTaskIndex {
-        FailedTaskIndex { tail: Tail::new(path), entries: Vec::new(), skipped: 0 }
-    }
-
-    /// Indexes the lines appended since the last refresh.
-    pub fn refresh(&mut self) -> std::io::Result<()> {
-        let FailedTaskIndex { tail, entries, skipped } = self;
-        let (mut fresh, mut fresh_skipped, mut restarted) = (Vec::new(), 0, false);
-        tail.read_new(
-            || restarted = true,
-            |offset, text| {
-                if text.iter().all(u8::is_ascii_whitespace) {
-                    return;
-                }
-                match serde_json::from_slice::<Light>(text) {
-                    Ok(light) => fresh.push(Entry {
-                        offset,
-                        len: text.len(),
-                        step: light.step,
-                        phase: light.phase.unwrap_or_else(|| "explore".into()).into_boxed_str(),
-                    }),
-                    Err(_) => fresh_skipped += 1,
-                }
-            },
-        )?;
-        if restarted {
-            entries.clear();
-            *skipped = 0;
-        }
-        entries.append(&mut fresh);
-        *skipped += fresh_skipped;
-        Ok(())
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Lines that are not failure records.
-    pub fn skipped(&self) -> usize {
-        self.skipped
-    }
-
+impl LineIndex<Failure> {
     /// Every step with failures and how many, in step order.
     pub fn steps(&self) -> Vec<FailedStep> {
-        let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
-        for entry in &self.entries {
-            *counts.entry(entry.step).or_default() += 1;
-        }
-        counts.into_iter().map(|(step, failed)| FailedStep { step, failed }).collect()
+        self.step_counts().into_iter().map(|(step, failed)| FailedStep { step, failed }).collect()
     }
 
     /// The failures `filter` keeps: how many, and the records of `limit` of them from the `offset`-th on, read
     /// from the file.
     pub fn page(&self, filter: &FailedFilter, offset: usize, limit: usize) -> std::io::Result<(usize, Vec<Value>)> {
-        let kept: Vec<&Entry> = self
-            .entries
-            .iter()
-            .filter(|e| filter.step.is_none_or(|step| e.step == step))
-            .filter(|e| filter.phase.as_deref().is_none_or(|phase| &*e.phase == phase))
-            .collect();
-        let mut file = File::open(self.tail.path())?;
-        let mut rows = Vec::with_capacity(limit.min(kept.len()));
-        for entry in kept.iter().skip(offset).take(limit) {
-            rows.push(Value::Object(read_object_at(&mut file, entry.offset, entry.len)?));
-        }
-        Ok((kept.len(), rows))
+        self.read_page(filter, offset, limit, |file, line| {
+            read_object_at(file, line.offset, line.len).map(Value::Object)
+        })
     }
 }
 

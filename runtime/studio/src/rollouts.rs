@@ -9,19 +9,16 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::path::Path;
 
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use crate::tail::{Tail, read_object_at};
+use crate::tail::{IndexEntry, Indexed, LineIndex, read_object_at};
 
 /// What the index keeps of one experience.
 #[derive(Debug, Clone, PartialEq)]
-struct Entry {
-    offset: u64,
-    len: usize,
+pub struct Experience {
     step: u64,
     task: u64,
     run: u64,
@@ -92,13 +89,32 @@ pub struct Filter {
     pub truncated: Option<bool>,
 }
 
-impl Filter {
-    fn keeps(&self, entry: &Entry) -> bool {
-        self.step.is_none_or(|step| entry.step == step)
-            && self.group.as_deref().is_none_or(|group| &*entry.group == group)
-            && self.reward_min.is_none_or(|min| entry.reward >= min)
-            && self.reward_max.is_none_or(|max| entry.reward <= max)
-            && self.truncated.is_none_or(|truncated| entry.truncated == truncated)
+impl IndexEntry for Experience {
+    type Filter = Filter;
+
+    fn parse(text: &[u8]) -> Option<Experience> {
+        let light: Light = serde_json::from_slice(text).ok()?;
+        Some(Experience {
+            step: light.eid.batch,
+            task: light.eid.task,
+            run: light.eid.run,
+            group: light.group_id.unwrap_or_else(|| format!("{}/{}", light.eid.batch, light.eid.task)).into_boxed_str(),
+            reward: light.reward,
+            truncated: light.truncate_status.is_some(),
+            response_tokens: light.tokens.0.saturating_sub(light.prompt_length),
+        })
+    }
+
+    fn step(&self) -> u64 {
+        self.step
+    }
+
+    fn kept_by(&self, filter: &Filter) -> bool {
+        filter.step.is_none_or(|step| self.step == step)
+            && filter.group.as_deref().is_none_or(|group| &*self.group == group)
+            && filter.reward_min.is_none_or(|min| self.reward >= min)
+            && filter.reward_max.is_none_or(|max| self.reward <= max)
+            && filter.truncated.is_none_or(|truncated| self.truncated == truncated)
     }
 }
 
@@ -122,98 +138,24 @@ pub struct GroupSummary {
 }
 
 /// The index of one experiences file.
-#[derive(Debug)]
-pub struct ExperienceIndex {
-    tail: Tail,
-    entries: Vec<Entry>,
-    skipped: usize,
-}
+pub type ExperienceIndex = LineIndex<Experience>;
 
-impl ExperienceIndex {
-    pub fn new(path: &Path) -> ExperienceIndex {
-        ExperienceIndex { tail: Tail::new(path), entries: Vec::new(), skipped: 0 }
-    }
-
-    /// Indexes the lines appended since the last refresh (all of them the first time, or after the file was
-    /// replaced).
-    pub fn refresh(&mut self) -> std::io::Result<()> {
-        let ExperienceIndex { tail, entries, skipped } = self;
-        // New entries are collected apart and added once the tail says whether the file started over.
-        let mut fresh = Vec::new();
-        let mut fresh_skipped = 0;
-        let mut restarted = false;
-        tail.read_new(
-            || restarted = true,
-            |offset, text| {
-                if text.iter().all(u8::is_ascii_whitespace) {
-                    return;
-                }
-                match serde_json::from_slice::<Light>(text) {
-                    Ok(light) => fresh.push(Entry {
-                        offset,
-                        len: text.len(),
-                        step: light.eid.batch,
-                        task: light.eid.task,
-                        run: light.eid.run,
-                        group: light
-                            .group_id
-                            .unwrap_or_else(|| format!("{}/{}", light.eid.batch, light.eid.task))
-                            .into_boxed_str(),
-                        reward: light.reward,
-                        truncated: light.truncate_status.is_some(),
-                        response_tokens: light.tokens.0.saturating_sub(light.prompt_length),
-                    }),
-                    Err(_) => fresh_skipped += 1,
-                }
-            },
-        )?;
-        if restarted {
-            entries.clear();
-            *skipped = 0;
-        }
-        entries.append(&mut fresh);
-        *skipped += fresh_skipped;
-        Ok(())
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Lines that are not experiences.
-    pub fn skipped(&self) -> usize {
-        self.skipped
-    }
-
+impl LineIndex<Experience> {
     /// Every step in the file with its number of experiences, in step order.
     pub fn steps(&self) -> Vec<StepCount> {
-        let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
-        for entry in &self.entries {
-            *counts.entry(entry.step).or_default() += 1;
-        }
-        counts.into_iter().map(|(step, experiences)| StepCount { step, experiences }).collect()
+        self.step_counts().into_iter().map(|(step, experiences)| StepCount { step, experiences }).collect()
     }
 
-    /// The experiences `filter` keeps: how many, and the lines of `limit` of them from the `offset`-th on, read
+    /// The experiences `filter` keeps: how many, and the rows of `limit` of them from the `offset`-th on, read
     /// from the file.
     pub fn page(&self, filter: &Filter, offset: usize, limit: usize) -> std::io::Result<(usize, Vec<Value>)> {
-        let kept: Vec<&Entry> = self.entries.iter().filter(|entry| filter.keeps(entry)).collect();
-        let mut file = File::open(self.tail.path())?;
-        let mut rows = Vec::with_capacity(limit.min(kept.len()));
-        for entry in kept.iter().skip(offset).take(limit) {
-            rows.push(read_row(&mut file, entry)?);
-        }
-        Ok((kept.len(), rows))
+        self.read_page(filter, offset, limit, read_row)
     }
 
     /// The groups of `step`, best mean reward first.
     pub fn groups(&self, step: u64) -> Vec<GroupSummary> {
         let mut groups: BTreeMap<&str, GroupSummary> = BTreeMap::new();
-        for entry in self.entries.iter().filter(|entry| entry.step == step) {
+        for entry in self.entries().filter(|entry| entry.step == step) {
             let group = groups.entry(&*entry.group).or_insert_with(|| GroupSummary {
                 group: entry.group.to_string(),
                 task: entry.task,
@@ -240,8 +182,9 @@ impl ExperienceIndex {
 
 /// One experience line read again from its offset, shaped for the page: the response's tokens beside their
 /// logprobs and advantages, the run coordinates, and the reward with its components.
-fn read_row(file: &mut File, entry: &Entry) -> std::io::Result<Value> {
-    let mut full = read_object_at(file, entry.offset, entry.len)?;
+fn read_row(file: &mut File, line: &Indexed<Experience>) -> std::io::Result<Value> {
+    let mut full = read_object_at(file, line.offset, line.len)?;
+    let entry = &line.entry;
     let tokens: Vec<Value> = match full.remove("tokens") {
         Some(Value::Array(tokens)) => tokens,
         _ => Vec::new(),
@@ -277,6 +220,7 @@ fn read_row(file: &mut File, entry: &Entry) -> std::io::Result<Value> {
 #[cfg(test)]
 pub(crate) mod tests {
     use std::io::Write;
+    use std::path::Path;
 
     use super::*;
 

@@ -25,6 +25,7 @@ use crate::query::Query;
 use crate::rollouts::{ExperienceIndex, Filter};
 use crate::run_record::RunRecord;
 use crate::runs::{self, RunSummary};
+use crate::tail::{IndexEntry, LineIndex};
 
 /// Rows a rollouts page may ask for at once.
 const MAX_PAGE: usize = 200;
@@ -221,32 +222,42 @@ async fn metric_series(
     .await
 }
 
+/// The file of `files` (a run's experiences or failed-task files) a request names (`file=`), or the first; `None`
+/// when the run has none. A name the run does not have is refused, so a request never reads outside the run.
+fn pick_file(query: &Query, id: &str, files: &[String], what: &str) -> Result<Option<String>, StudioError> {
+    match query.get("file") {
+        Some(file) if files.iter().any(|f| f == file) => Ok(Some(file.to_owned())),
+        Some(file) => Err(StudioError::query("file", format!("run `{id}` has no {what} file `{file}`"))),
+        None => Ok(files.first().cloned()),
+    }
+}
+
+/// A page's `offset` and `limit` (at most [`MAX_PAGE`]).
+fn page_bounds(query: &Query) -> Result<(usize, usize), StudioError> {
+    let offset = query.parsed::<usize>("offset")?.unwrap_or(0);
+    let limit = query.parsed::<usize>("limit")?.unwrap_or(20).min(MAX_PAGE);
+    Ok((offset, limit))
+}
+
 /// The experiences file a request names (`file=`), or the run's first; only files the run has are accepted.
 fn experiences_file(state: &AppState, query: &Query) -> Result<(PathBuf, Vec<String>, String), StudioError> {
     let id = query.require("run")?;
     let dir = runs::run_dir(&state.root, id)?;
     let files = runs::experience_files(&dir);
-    let chosen = match query.get("file") {
-        Some(file) if files.iter().any(|f| f == file) => file.to_owned(),
-        Some(file) => {
-            return Err(StudioError::query("file", format!("run `{id}` has no experiences file `{file}`")));
-        }
-        None => files.first().cloned().ok_or_else(|| StudioError::Missing {
-            id: id.to_owned(),
-            what: "experiences (experiences.jsonl)".into(),
-        })?,
-    };
+    let chosen = pick_file(query, id, &files, "experiences")?
+        .ok_or_else(|| StudioError::Missing { id: id.to_owned(), what: "experiences (experiences.jsonl)".into() })?;
     Ok((dir.join(&chosen), files, chosen))
 }
 
-/// Runs `read` over the refreshed index of `path`.
-fn with_index<T>(
-    state: &AppState,
+/// Runs `read` over the refreshed index of `path`, kept in `cache`; an index whose file cannot be read (the run
+/// was deleted) is dropped from it.
+fn with_index<E: IndexEntry, T>(
+    cache: &Mutex<HashMap<PathBuf, LineIndex<E>>>,
     path: &Path,
-    read: impl FnOnce(&ExperienceIndex) -> Result<T, StudioError>,
+    read: impl FnOnce(&LineIndex<E>) -> Result<T, StudioError>,
 ) -> Result<T, StudioError> {
-    let mut cache = lock(&state.experiences);
-    let index = cache.entry(path.to_owned()).or_insert_with(|| ExperienceIndex::new(path));
+    let mut cache = lock(cache);
+    let index = cache.entry(path.to_owned()).or_insert_with(|| LineIndex::new(path));
     if let Err(source) = index.refresh() {
         cache.remove(path);
         return Err(StudioError::Io { path: path.to_owned(), source });
@@ -268,9 +279,8 @@ async fn rollouts(
             reward_max: query.parsed("reward_max")?,
             truncated: query.flag("truncated")?,
         };
-        let offset = query.parsed::<usize>("offset")?.unwrap_or(0);
-        let limit = query.parsed::<usize>("limit")?.unwrap_or(20).min(MAX_PAGE);
-        let (steps, total, mut rows, skipped) = with_index(&state, &path, |index| {
+        let (offset, limit) = page_bounds(&query)?;
+        let (steps, total, mut rows, skipped) = with_index(&state.experiences, &path, |index| {
             let (total, rows) = index.page(&filter, offset, limit).map_err(StudioError::io(&path))?;
             Ok((index.steps(), total, rows, index.skipped()))
         })?;
@@ -317,7 +327,7 @@ async fn groups(State(state): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> 
         let (path, _, file) = experiences_file(&state, &query)?;
         let step: u64 = query.parsed("step")?.ok_or_else(|| StudioError::query("step", "missing"))?;
         let k = query.parsed::<usize>("k")?.unwrap_or(3);
-        let groups = with_index(&state, &path, |index| Ok(index.groups(step)))?;
+        let groups = with_index(&state.experiences, &path, |index| Ok(index.groups(step)))?;
         // With fewer than 2k groups, the best take the upper half and the worst the rest: no group is both.
         let best: Vec<_> = groups.iter().take(k.min(groups.len().div_ceil(2))).collect();
         let worst: Vec<_> = groups.iter().rev().take(k.min(groups.len() - best.len())).collect();
@@ -337,35 +347,22 @@ async fn failed_tasks(
         let id = query.require("run")?;
         let dir = runs::run_dir(&state.root, id)?;
         let files = runs::failed_task_files(&dir);
-        let offset = query.parsed::<usize>("offset")?.unwrap_or(0);
-        let limit = query.parsed::<usize>("limit")?.unwrap_or(20).min(MAX_PAGE);
-        let file = match query.get("file") {
-            Some(file) if files.iter().any(|f| f == file) => file.to_owned(),
-            Some(file) => {
-                return Err(StudioError::query("file", format!("run `{id}` has no failed-task file `{file}`")));
-            }
-            None => match files.first() {
-                Some(file) => file.clone(),
-                None => {
-                    return Ok(axum::Json(json!({
-                        "run": id, "files": files, "file": null, "steps": [], "total": 0, "offset": offset,
-                        "limit": limit, "rows": [], "skipped_lines": 0,
-                    })));
-                }
-            },
+        let (offset, limit) = page_bounds(&query)?;
+        let Some(file) = pick_file(&query, id, &files, "failed-task")? else {
+            return Ok(axum::Json(json!({
+                "run": id, "files": files, "file": null, "steps": [], "total": 0, "offset": offset,
+                "limit": limit, "rows": [], "skipped_lines": 0,
+            })));
         };
         let filter = FailedFilter { step: query.parsed("step")?, phase: query.get("phase").map(str::to_owned) };
         let path = dir.join(&file);
-        let mut cache = lock(&state.failed);
-        let index = cache.entry(path.clone()).or_insert_with(|| FailedTaskIndex::new(&path));
-        if let Err(source) = index.refresh() {
-            cache.remove(&path);
-            return Err(StudioError::Io { path, source });
-        }
-        let (total, rows) = index.page(&filter, offset, limit).map_err(StudioError::io(&path))?;
+        let (steps, total, rows, skipped) = with_index(&state.failed, &path, |index| {
+            let (total, rows) = index.page(&filter, offset, limit).map_err(StudioError::io(&path))?;
+            Ok((index.steps(), total, rows, index.skipped()))
+        })?;
         Ok(axum::Json(json!({
-            "run": id, "files": files, "file": file, "steps": index.steps(), "total": total, "offset": offset,
-            "limit": limit, "rows": rows, "skipped_lines": index.skipped(),
+            "run": id, "files": files, "file": file, "steps": steps, "total": total, "offset": offset,
+            "limit": limit, "rows": rows, "skipped_lines": skipped,
         })))
     })
     .await
