@@ -49,9 +49,15 @@ const EXPECTED: &[(&str, Outcome)] = &[
     ("examples/RAFT_alfworld/RAFT_alfworld_7B.yaml", Fails(MissingComponent, "RAFT_alfworld_workflow")),
     ("examples/RAFT_alfworld/RAFT_reflect_alfworld_7B.yaml", Fails(MissingComponent, "RAFT_reflect_alfworld_workflow")),
     ("examples/agentscope_frozenlake/frozenlake_agent.yaml", Fails(MissingComponent, "FrozenLakeWorkflow")),
-    ("examples/agentscope_react/gsm8k.yaml", Fails(Refused, "reasoning_parser")),
-    ("examples/agentscope_tool_react/agentscopev0_tool_react_dapo.yaml", Fails(Refused, "reasoning_parser")),
-    ("examples/agentscope_tool_react/agentscopev0_tool_react_gsm8k.yaml", Fails(Refused, "reasoning_parser")),
+    ("examples/agentscope_react/gsm8k.yaml", Fails(MissingComponent, "agentscope_react_workflow")),
+    (
+        "examples/agentscope_tool_react/agentscopev0_tool_react_dapo.yaml",
+        Fails(MissingComponent, "agentscopev0_react_math_workflow"),
+    ),
+    (
+        "examples/agentscope_tool_react/agentscopev0_tool_react_gsm8k.yaml",
+        Fails(MissingComponent, "agentscopev0_react_math_workflow"),
+    ),
     (
         "examples/agentscope_tool_react/agentscopev1_tool_react_dapo.yaml",
         Fails(MissingComponent, "agentscope_react_math_workflow"),

@@ -392,12 +392,7 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("RolloutModelConfig", "bundle_indices", P, RAY),
     ("RolloutModelConfig", "enable_auto_tool_choice", H, ""),
     ("RolloutModelConfig", "tool_call_parser", H, ""),
-    (
-        "RolloutModelConfig",
-        "reasoning_parser",
-        R,
-        "trinity's OpenAI-compatible API has no reasoning parser (it would move the model's thinking text into `reasoning_content`, changing what an agent sees); remove it",
-    ),
+    ("RolloutModelConfig", "reasoning_parser", H, ""),
     ("RolloutModelConfig", "data_parallel_size", P, ONE_ENGINE),
     (
         "RolloutModelConfig",

@@ -193,7 +193,8 @@ pub struct RolloutModelConfig {
     /// Parser of tool calls in the OpenAI-compatible API's responses: `hermes` (`<tool_call>{json}</tool_call>`,
     /// Qwen's format) is the one trinity has.
     pub tool_call_parser: Option<String>,
-    /// Parser of reasoning text in the OpenAI-compatible API's responses.
+    /// Splits `<think>...</think>` text of the OpenAI-compatible API's chat replies into `reasoning_content`,
+    /// as vLLM's `deepseek_r1` or `qwen3` parser does (serve mode and `enable_openai_api` workflows).
     pub reasoning_parser: Option<String>,
     /// Data-parallel replicas inside one engine (newer Trinity-RFT).
     pub data_parallel_size: u32,

@@ -440,10 +440,6 @@ mod tests {
         assert!(notes.iter().all(|n| n.category == Category::Placement), "{notes:?}");
         for (tree, key) in [
             (
-                json!({"explorer": {"rollout_model": {"reasoning_parser": "deepseek_r1"}}}),
-                "explorer.rollout_model.reasoning_parser",
-            ),
-            (
                 json!({"buffer": {"explorer_input": {"taskset": {"format": {"enable_concatenated_multi_turn": true}}}}}),
                 "buffer.explorer_input.taskset.format.enable_concatenated_multi_turn",
             ),

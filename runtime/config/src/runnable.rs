@@ -13,6 +13,9 @@ use crate::error::ConfigError;
 use crate::source::Source;
 use crate::stages::Scope;
 
+/// The reasoning parsers trinity's OpenAI-compatible API has (trinity-serve's `ReasoningParser`), under vLLM's names.
+pub const REASONING_PARSERS: [&str; 2] = ["deepseek_r1", "qwen3"];
+
 impl Loaded {
     /// Refuses what the run cannot do, naming the key, why, and what to do instead.
     pub fn check_runnable(&self) -> Result<(), ConfigError> {
@@ -62,6 +65,17 @@ impl Check<'_> {
                     ),
                 ));
             }
+        }
+        if let Some(parser) = rollout.reasoning_parser.as_deref()
+            && !REASONING_PARSERS.contains(&parser)
+        {
+            return Err(self.refuse(
+                "explorer.rollout_model.reasoning_parser",
+                format!(
+                    "trinity splits reasoning text the way vLLM's `deepseek_r1` and `qwen3` parsers do, not `{parser}`; \
+                     use one of those for a model that writes `<think>...</think>`, or remove the key"
+                ),
+            ));
         }
         if rollout.enable_auto_tool_choice && rollout.tool_call_parser.is_none() {
             return Err(self.refuse(
@@ -275,6 +289,22 @@ mod tests {
         let mut loaded = loaded;
         loaded.config.buffer.train_batch_size = size;
         loaded
+    }
+
+    #[test]
+    fn reasoning_parsers_are_the_ones_the_api_has() {
+        let parser = |name: &str| {
+            let mut loaded = load("");
+            loaded.config.explorer.rollout_model.reasoning_parser = Some(name.to_owned());
+            loaded.check_runnable()
+        };
+        assert!(parser("deepseek_r1").is_ok() && parser("qwen3").is_ok());
+        let error = parser("granite").unwrap_err();
+        assert!(
+            matches!(&error, ConfigError::NotRunnable { key, message, .. }
+                if key == "explorer.rollout_model.reasoning_parser" && message.contains("`granite`")),
+            "{error}"
+        );
     }
 
     #[test]

@@ -250,12 +250,19 @@ fn start_openai_view(
 ) -> Result<Option<trinity_serve::ServerHandle>, RftError> {
     let settings = &config.explorer.rollout_model;
     if !settings.enable_openai_api {
+        if settings.reasoning_parser.is_some() {
+            tracing::info!(
+                "explorer.rollout_model.reasoning_parser shapes replies of the OpenAI-compatible API, which this run \
+                 does not serve (enable_openai_api is off): it changes nothing here"
+            );
+        }
         return Ok(None);
     }
     let options = trinity_serve::ServeOptions {
         model_name: config.model.model_path.clone(),
         temperature: Some(config.model.temperature as f32),
         auto_tool_choice: auto_tool_choice(config),
+        reasoning_parser: reasoning_parser(config),
         ..trinity_serve::ServeOptions::default()
     };
     let server = trinity_serve::serve_workflows(options, Arc::clone(rollout), settings.enable_history)
@@ -266,6 +273,11 @@ fn start_openai_view(
         if settings.enable_history { "recorded" } else { "not recorded" }
     );
     Ok(Some(server))
+}
+
+/// `explorer.rollout_model.reasoning_parser` as the API's parser (names checked at resolve time).
+pub(crate) fn reasoning_parser(config: &Config) -> Option<trinity_serve::ReasoningParser> {
+    config.explorer.rollout_model.reasoning_parser.as_deref().and_then(trinity_serve::ReasoningParser::from_name)
 }
 
 /// `enable_auto_tool_choice` with `tool_call_parser: hermes` (the only parser, checked at resolve time): whether

@@ -17,6 +17,7 @@ use crate::error::ApiError;
 use crate::generation::{Job, Run, finish_reason_name};
 use crate::logprobs::chat_logprobs;
 use crate::params::{self, CommonParams};
+use crate::reasoning::ReasoningParser;
 use crate::server::{AppState, read_body};
 use crate::sse::{self, Shape, StreamSpec};
 use crate::target;
@@ -67,6 +68,7 @@ pub(crate) struct ChatOutput {
     pub(crate) top_logprobs: bool,
     pub(crate) return_token_ids: bool,
     pub(crate) parse_tools: bool,
+    pub(crate) reasoning: Option<ReasoningParser>,
     pub(crate) model: String,
 }
 
@@ -141,6 +143,7 @@ fn prepare(
         return_token_ids,
         include_usage: common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
         parse_tools,
+        reasoning: state.options.reasoning_parser,
         stop: params.stop.clone(),
     });
     let output = ChatOutput {
@@ -149,6 +152,7 @@ fn prepare(
         top_logprobs: top > 0,
         return_token_ids,
         parse_tools,
+        reasoning: state.options.reasoning_parser,
         model: target.name.clone(),
     };
     let job = Job { endpoint: ENDPOINT, target, prompts: vec![Arc::new(prompt)], params, started };
@@ -329,22 +333,41 @@ fn continued(text: &str, messages: &[Value]) -> Result<String, ApiError> {
     }
 }
 
-/// The message and finish reason of a finished choice: tool calls parsed out of the text when asked.
+/// A finished reply's reasoning and answer: with a reasoning parser the thinking is split off (both `None`
+/// when empty, as vLLM returns them); without one the whole text is the answer.
+pub(crate) fn split_reasoning(text: &str, parser: Option<ReasoningParser>) -> (Option<String>, Option<String>) {
+    match parser {
+        Some(parser) => parser.split(text),
+        None => (None, Some(text.to_owned())),
+    }
+}
+
+/// The message and finish reason of a finished choice: reasoning split off and tool calls parsed out of the
+/// answer when asked (vLLM parses tools in the answer only, so a call the model only thought about is none).
 pub(crate) fn chat_message(
     text: &str,
     reason: &'static str,
     parse_tools: bool,
+    reasoning: Option<ReasoningParser>,
     id_of: &dyn Fn() -> String,
 ) -> (Value, &'static str) {
-    if parse_tools && let Some(reply) = parse_hermes(text) {
-        let calls: Vec<Value> = reply
-            .calls
-            .iter()
-            .map(|c| json!({"id": id_of(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-            .collect();
-        return (json!({"role": "assistant", "content": reply.content, "tool_calls": calls}), "tool_calls");
+    let (thinking, answer) = split_reasoning(text, reasoning);
+    let calls = if parse_tools { parse_hermes(answer.as_deref().unwrap_or_default()) } else { None };
+    let (mut message, reason) = match calls {
+        Some(reply) => {
+            let calls: Vec<Value> = reply
+                .calls
+                .iter()
+                .map(|c| json!({"id": id_of(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                .collect();
+            (json!({"role": "assistant", "content": reply.content, "tool_calls": calls}), "tool_calls")
+        }
+        None => (json!({"role": "assistant", "content": answer}), reason),
+    };
+    if reasoning.is_some() {
+        message["reasoning_content"] = json!(thinking);
     }
-    (json!({"role": "assistant", "content": text}), reason)
+    (message, reason)
 }
 
 /// Runs the request to the end and answers with one `chat.completion` object.
@@ -363,7 +386,9 @@ async fn respond_whole(mut run: Run, output: &ChatOutput) -> Response {
         let (text, reason) =
             choice.finished.as_ref().map_or(("", trinity_engine::FinishReason::Stop), |(t, r)| (t.as_str(), *r));
         let (message, reason) =
-            chat_message(text, finish_reason_name(reason), output.parse_tools, &|| state.ids.next("call_"));
+            chat_message(text, finish_reason_name(reason), output.parse_tools, output.reasoning, &|| {
+                state.ids.next("call_")
+            });
         reasons.push(reason);
         let logprobs = output
             .logprobs

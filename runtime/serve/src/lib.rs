@@ -21,7 +21,9 @@
 //!   become `tool_calls` with `finish_reason: tool_calls`, when `ServeOptions::auto_tool_choice` allows it; else
 //!   `auto` is a 400 as in vLLM without `--enable-auto-tool-choice`), and vLLM's `return_token_ids` (`prompt_token_ids`,
 //!   `choices[].token_ids`), `top_k`, `min_p`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
-//!   `add_generation_prompt`, `continue_final_message`.
+//!   `add_generation_prompt`, `continue_final_message`. With `ServeOptions::reasoning_parser` (Trinity's
+//!   `reasoning_parser`: `deepseek_r1`, `qwen3`) the model's `<think>...</think>` text is returned as the
+//!   message's `reasoning_content` (streamed as `delta.reasoning_content`) and `content` is the answer alone.
 //! - `POST /v1/completions`: `prompt` as text, token ids or a batch of either; `logprobs` as a count.
 //! - `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text).
 //! - `POST /feedback {"msg_ids": [...], "reward": r, "task_id"?, "run_id"?}`: a msg id is a response `id`
@@ -50,6 +52,7 @@ mod ids;
 mod logprobs;
 mod metrics;
 mod params;
+mod reasoning;
 mod recorder;
 mod server;
 mod sse;
@@ -57,5 +60,6 @@ mod target;
 mod tool_calls;
 
 pub use error::ServeError;
+pub use reasoning::ReasoningParser;
 pub use recorder::{CommitReport, ExperienceSink, SinkError, SinkFuture};
 pub use server::{ServeOptions, ServerHandle, serve, serve_workflows};

@@ -22,6 +22,7 @@ use trinity_explorer::{OpenAiView, RolloutModel};
 use crate::error::{ApiError, ServeError};
 use crate::ids::IdGenerator;
 use crate::metrics::{Metrics, Snapshot};
+use crate::reasoning::ReasoningParser;
 use crate::recorder::{ExperienceSink, Feedback, Recorder};
 use crate::target::Recording;
 use crate::{chat, completions, params};
@@ -48,6 +49,9 @@ pub struct ServeOptions {
     /// into `tool_calls`; without it such a request is refused, as vLLM refuses it without
     /// `--enable-auto-tool-choice` (Trinity's `enable_auto_tool_choice` with `tool_call_parser: hermes`).
     pub auto_tool_choice: bool,
+    /// Splits `<think>` text from chat replies into `reasoning_content` (vLLM's `--reasoning-parser`, Trinity's
+    /// `reasoning_parser`); `None` returns the whole text as content.
+    pub reasoning_parser: Option<ReasoningParser>,
 }
 
 impl Default for ServeOptions {
@@ -59,6 +63,7 @@ impl Default for ServeOptions {
             max_pending_experiences: 100_000,
             max_request_bytes: 16 << 20,
             auto_tool_choice: true,
+            reasoning_parser: None,
         }
     }
 }

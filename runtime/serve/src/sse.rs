@@ -22,9 +22,10 @@ use futures_util::stream;
 use serde_json::{Value, json};
 use trinity_engine::{FinishReason, IncrementalText};
 
-use crate::chat::chat_message;
+use crate::chat::{chat_message, split_reasoning};
 use crate::generation::{Run, Update, finish_reason_name};
 use crate::logprobs::{chat_entry, completion_logprobs};
+use crate::reasoning::{self, Phase, ReasoningParser};
 use crate::tool_calls::{TOOL_CALL_START, partial_start_len};
 
 /// Which API's chunks to produce.
@@ -47,6 +48,8 @@ pub(crate) struct StreamSpec {
     pub(crate) return_token_ids: bool,
     pub(crate) include_usage: bool,
     pub(crate) parse_tools: bool,
+    /// Splits `<think>` text into `delta.reasoning_content` (chat streams only; `None` for completions).
+    pub(crate) reasoning: Option<ReasoningParser>,
     /// The request's stop strings: text is never released past the start of one, and the last
     /// `longest - 1` bytes wait for the next token.
     pub(crate) stop: Vec<String>,
@@ -61,6 +64,10 @@ struct ChoiceText {
     in_tool_call: bool,
     /// Text offset of the next token (completions' `text_offset`).
     offset: usize,
+    /// With a reasoning parser: where the reply is, the reasoning sent so far, and where the answer starts.
+    phase: Phase,
+    reasoning_sent: String,
+    content_from: Option<usize>,
 }
 
 struct StreamState {
@@ -169,14 +176,22 @@ impl StreamState {
         if let Err(error) = text.text.push(tokenizer, &choice.tokens) {
             tracing::debug!(%error, "detokenizing a streamed token failed");
         }
-        let delta = release(text, spec).to_owned();
+        let thinking = release_reasoning(text, spec);
+        let delta = if text.phase == Phase::Content { release(text, spec).to_owned() } else { String::new() };
         let mut entry = match spec.shape {
             Shape::Chat => {
                 let logprobs = spec.logprobs.then(|| json!({"content": [chat_entry(tokenizer, token, logprob, top)]}));
-                if delta.is_empty() && logprobs.is_none() && !spec.return_token_ids {
+                if delta.is_empty() && thinking.is_empty() && logprobs.is_none() && !spec.return_token_ids {
                     return;
                 }
-                json!({"index": index, "delta": {"content": delta}, "logprobs": logprobs, "finish_reason": null})
+                let mut message = serde_json::Map::new();
+                if !thinking.is_empty() {
+                    message.insert("reasoning_content".into(), json!(thinking));
+                }
+                if !delta.is_empty() || thinking.is_empty() {
+                    message.insert("content".into(), json!(delta));
+                }
+                json!({"index": index, "delta": message, "logprobs": logprobs, "finish_reason": null})
             }
             Shape::Completion => {
                 let top = top.map(|t| vec![t.to_vec()]).unwrap_or_default();
@@ -206,25 +221,33 @@ impl StreamState {
             None => (String::new(), FinishReason::Stop),
         };
         let reason = finish_reason_name(reason);
-        let sent = self.texts[index].text.text()[..self.texts[index].sent].to_owned();
+        let reasoning = self.spec.reasoning;
+        let choice = &self.texts[index];
+        let sent = match (reasoning, choice.content_from) {
+            (None, _) => choice.text.text()[..choice.sent].to_owned(),
+            (Some(_), Some(from)) => choice.text.text()[from..choice.sent].to_owned(),
+            (Some(_), None) => String::new(),
+        };
         let (message, reason) = match self.spec.shape {
-            Shape::Chat => chat_message(&final_text, reason, self.spec.parse_tools, &|| state.ids.next("call_")),
+            Shape::Chat => {
+                chat_message(&final_text, reason, self.spec.parse_tools, reasoning, &|| state.ids.next("call_"))
+            }
             Shape::Completion => (json!({"content": final_text}), reason),
         };
         self.reasons[index] = Some(reason);
-        // Visible text: the final text, or with tool calls the text before the first call.
+        let (thinking, answer) = split_reasoning(&final_text, reasoning);
+        let answer = answer.unwrap_or_default();
+        // Visible text: the answer, or with tool calls the answer before the first call.
         let visible = match message.get("tool_calls") {
-            Some(_) => final_text.find(TOOL_CALL_START).map_or("", |at| final_text[..at].trim_end()),
-            None => final_text.as_str(),
+            Some(_) => answer.find(TOOL_CALL_START).map_or("", |at| answer[..at].trim_end()),
+            None => answer.as_str(),
         };
-        let rest = match visible.strip_prefix(sent.as_str()) {
-            Some(rest) => rest,
-            None => {
-                tracing::debug!(sent = %sent, visible = %visible, "streamed text differs from the final text");
-                ""
-            }
-        };
+        let rest = unsent(visible, &sent, "text");
+        let thinking_rest = unsent(thinking.as_deref().unwrap_or_default(), &choice.reasoning_sent, "reasoning");
         let mut delta = serde_json::Map::new();
+        if !thinking_rest.is_empty() {
+            delta.insert("reasoning_content".into(), json!(thinking_rest));
+        }
         if !rest.is_empty() {
             delta.insert("content".into(), json!(rest));
         }
@@ -261,24 +284,60 @@ impl StreamState {
     }
 }
 
+/// What of `whole` was not streamed yet, given that `sent` was; empty (with a debug line) when the final text
+/// does not continue what went out (the engine cut it before a stop string the stream could not foresee).
+fn unsent<'a>(whole: &'a str, sent: &str, what: &str) -> &'a str {
+    whole.strip_prefix(sent).unwrap_or_else(|| {
+        tracing::debug!(sent = %sent, whole = %whole, "streamed {what} differs from the final {what}");
+        ""
+    })
+}
+
+/// The reasoning of `choice` that can go out now; moves the choice to [`Phase::Content`] once its answer starts
+/// (at once without a parser).
+fn release_reasoning(choice: &mut ChoiceText, spec: &StreamSpec) -> String {
+    let parser = match spec.reasoning {
+        Some(parser) if choice.phase != Phase::Content => parser,
+        _ => {
+            choice.phase = Phase::Content;
+            return String::new();
+        }
+    };
+    let text = choice.text.text();
+    let limit = stop_limit(text, choice.sent, &spec.stop);
+    let released = reasoning::advance(parser, &mut choice.phase, &text[..limit], &mut choice.sent);
+    choice.content_from = choice.content_from.or(released.content_from);
+    choice.reasoning_sent.push_str(&released.reasoning);
+    released.reasoning
+}
+
+/// How far text can go out: short of the last `longest stop string - 1` bytes, and never past the start of a
+/// stop string (the token that completes one is streamed before the sample's end).
+fn stop_limit(text: &str, sent: usize, stop: &[String]) -> usize {
+    let longest = stop.iter().map(String::len).max().unwrap_or(0);
+    let mut end = text.len().saturating_sub(longest.saturating_sub(1));
+    if longest > 0 {
+        let mut from = sent.saturating_sub(longest - 1);
+        while !text.is_char_boundary(from) {
+            from -= 1;
+        }
+        if let Some(at) = stop.iter().filter_map(|s| text[from..].find(s.as_str())).min() {
+            end = end.min(from + at);
+        }
+    }
+    while end > sent && !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    end.max(sent.min(text.len()))
+}
+
 /// The text of `choice` that can go out now (and marks it sent).
 fn release<'a>(choice: &'a mut ChoiceText, spec: &StreamSpec) -> &'a str {
     let text = choice.text.text();
     if choice.in_tool_call {
         return "";
     }
-    let longest = spec.stop.iter().map(String::len).max().unwrap_or(0);
-    let mut end = text.len().saturating_sub(longest.saturating_sub(1));
-    if longest > 0 {
-        // The token that completes a stop string is streamed before the sample's end: stop at its start.
-        let mut from = choice.sent.saturating_sub(longest - 1);
-        while !text.is_char_boundary(from) {
-            from -= 1;
-        }
-        if let Some(at) = spec.stop.iter().filter_map(|s| text[from..].find(s.as_str())).min() {
-            end = end.min(from + at);
-        }
-    }
+    let mut end = stop_limit(text, choice.sent, &spec.stop);
     if spec.parse_tools {
         match text[choice.sent..].find(TOOL_CALL_START) {
             Some(at) => {

@@ -61,13 +61,14 @@ fn parse_call(body: &str) -> Option<ToolCall> {
 
 /// How many bytes at the end of `text` could be the start of [`TOOL_CALL_START`] (held back while streaming).
 pub(crate) fn partial_start_len(text: &str) -> usize {
-    (1..TOOL_CALL_START.len())
+    partial_tag_len(text, TOOL_CALL_START)
+}
+
+/// How many bytes at the end of `text` could be the start of `tag` (a tag split across tokens).
+pub(crate) fn partial_tag_len(text: &str, tag: &str) -> usize {
+    (1..tag.len())
         .rev()
-        .find(|&n| {
-            text.len() >= n
-                && text.is_char_boundary(text.len() - n)
-                && TOOL_CALL_START.starts_with(&text[text.len() - n..])
-        })
+        .find(|&n| text.len() >= n && text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))
         .unwrap_or(0)
 }
 

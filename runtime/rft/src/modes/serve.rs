@@ -55,6 +55,7 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
         model_name: config.model.model_path.clone(),
         temperature: Some(config.model.temperature as f32),
         auto_tool_choice: crate::explorer::auto_tool_choice(config),
+        reasoning_parser: crate::explorer::reasoning_parser(config),
         ..ServeOptions::default()
     };
     let server = trinity_serve::serve(options, Arc::clone(&rollout), sink)

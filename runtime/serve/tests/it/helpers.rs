@@ -69,7 +69,13 @@ pub const IM_END: i64 = 257;
 const CALL_OPEN: i64 = 258;
 const CALL_JSON: i64 = 259;
 const CALL_CLOSE: i64 = 260;
+const THINK_OPEN: i64 = 261;
+const THINK_TEXT_ID: i64 = 262;
+const THINK_CLOSE: i64 = 263;
 const TOOL_VOCAB: i64 = 264;
+
+/// What the thinking tool model thinks before its call (one token).
+pub const THINK_TEXT: &str = "need:get_weather(Paris)";
 
 fn tool_tokenizer(dir: &Path) -> Tokenizer {
     let mut vocab = serde_json::Map::new();
@@ -82,6 +88,9 @@ fn tool_tokenizer(dir: &Path) -> Tokenizer {
         (CALL_OPEN, "<tool_call>"),
         (CALL_JSON, TOOL_CALL_JSON),
         (CALL_CLOSE, "</tool_call>"),
+        (THINK_OPEN, "<think>"),
+        (THINK_TEXT_ID, THINK_TEXT),
+        (THINK_CLOSE, "</think>"),
     ] {
         vocab.insert(token.to_owned(), json!(id));
     }
@@ -101,15 +110,14 @@ fn tool_tokenizer(dir: &Path) -> Tokenizer {
     Tokenizer::from_files(&path, Some(&config)).unwrap()
 }
 
-/// Zero layers; embeddings and output head that chain `\n → <tool_call> → JSON → </tool_call> → <|im_end|>`.
-struct ChainWeights;
+/// Zero layers; embeddings and output head that chain each `(from, to)` link: the token after `from` is `to`.
+struct ChainWeights(Vec<(i64, i64)>);
 
 const HIDDEN: i64 = 16;
 
 impl WeightSource for ChainWeights {
     fn load(&mut self, name: &str, shape: &[i64]) -> trinity_model::Result<Tensor> {
-        let newline = i64::from(b'\n');
-        let chain = [(newline, CALL_OPEN), (CALL_OPEN, CALL_JSON), (CALL_JSON, CALL_CLOSE), (CALL_CLOSE, IM_END)];
+        let chain = &self.0;
         let zeros = || Tensor::zeros(shape, (Kind::Float, Device::Cpu));
         Ok(if name.ends_with("norm.weight") {
             Tensor::ones(shape, (Kind::Float, Device::Cpu))
@@ -132,8 +140,25 @@ impl WeightSource for ChainWeights {
     }
 }
 
-/// The tool model as a rollout model.
+/// The tool model as a rollout model: `\n → <tool_call> → JSON → </tool_call> → <|im_end|>`.
 pub fn tool_rollout() -> Arc<RolloutModel> {
+    chain_rollout(&[])
+}
+
+/// The tool model thinking first: `\n → <think> → THINK_TEXT → </think> → <tool_call> → ...`.
+pub fn thinking_tool_rollout() -> Arc<RolloutModel> {
+    chain_rollout(&[THINK_OPEN, THINK_TEXT_ID, THINK_CLOSE])
+}
+
+/// The tool model with `before_call` said between the prompt's last newline and the call.
+fn chain_rollout(before_call: &[i64]) -> Arc<RolloutModel> {
+    let newline = i64::from(b'\n');
+    let path: Vec<i64> = [newline]
+        .into_iter()
+        .chain(before_call.iter().copied())
+        .chain([CALL_OPEN, CALL_JSON, CALL_CLOSE, IM_END])
+        .collect();
+    let chain: Vec<(i64, i64)> = path.windows(2).map(|w| (w[0], w[1])).collect();
     let dir = tempfile::tempdir().unwrap();
     let tokenizer = tool_tokenizer(dir.path());
     let config = ModelConfig {
@@ -158,7 +183,7 @@ pub fn tool_rollout() -> Arc<RolloutModel> {
         eos_token_ids: vec![IM_END],
         torch_dtype: None,
     };
-    let decoder = Decoder::load(config, &mut ChainWeights, Kind::Float, Device::Cpu).unwrap();
+    let decoder = Decoder::load(config, &mut ChainWeights(chain), Kind::Float, Device::Cpu).unwrap();
     let template = ChatTemplate::new(TOOL_TEMPLATE, Some("<|im_start|>"), Some("<|im_end|>")).unwrap();
     let model = EngineModel { decoder, tokenizer: Some(tokenizer.clone()), eos_token_ids: vec![IM_END] };
     let engine =

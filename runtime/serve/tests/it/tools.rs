@@ -3,6 +3,7 @@
 //! (see `helpers.rs`) emits a fixed call by construction; that is what makes the test deterministic.
 
 use serde_json::{Value, json};
+use trinity_serve::ServeOptions;
 
 use crate::helpers::*;
 
@@ -106,4 +107,49 @@ async fn a_streamed_tool_call_arrives_as_one_delta() {
     assert_eq!(calls[0][0]["function"]["arguments"], r#"{"city":"Paris"}"#);
     assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
     server.shutdown().await.unwrap();
+}
+
+/// With a reasoning parser, `<think>` text is `reasoning_content`, whole and streamed, and the tool call is parsed
+/// from the answer after it; the recorded experience still holds every sampled token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinking_is_reasoning_content_and_the_call_follows_it() {
+    let rollout = thinking_tool_rollout();
+    let parser = trinity_serve::ReasoningParser::from_name("deepseek_r1");
+    let (server, sink) = start(rollout, ServeOptions { reasoning_parser: parser, ..options("tools") }).await;
+    let addr = server.local_addr();
+    let body = json!({"messages": [{"role": "user", "content": "Weather?"}], "tools": weather_tools()});
+    let (status, response) = post(addr, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{response}");
+    let message = &response["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], THINK_TEXT);
+    assert_eq!(message["content"], Value::Null);
+    assert_eq!(message["tool_calls"][0]["function"]["name"], "get_weather");
+    assert_eq!(response["choices"][0]["finish_reason"], "tool_calls");
+    post(addr, "/feedback", &json!({"msg_ids": [response["id"]], "reward": 1.0})).await;
+    post(addr, "/commit", &json!({})).await;
+    let e = &sink.all()[0][0];
+    let expected = format!("<think>{THINK_TEXT}</think><tool_call>{TOOL_CALL_JSON}</tool_call>");
+    assert_eq!(e.response_text.as_deref(), Some(expected.as_str()));
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (status, data) = post_stream(addr, "/v1/chat/completions", &streamed).await;
+    assert_eq!(status, 200);
+    let chunks = chunks(&data);
+    let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+    let thinking: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
+    let content: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+    assert_eq!((thinking.as_str(), content.as_str()), (THINK_TEXT, ""), "{data:?}");
+    let calls: Vec<&Value> = deltas.iter().filter_map(|d| d.get("tool_calls")).collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0][0]["function"]["arguments"], r#"{"city":"Paris"}"#);
+
+    // Without a parser the thinking is part of the content before the call.
+    let (plain, _) = start(thinking_tool_rollout(), options("tools")).await;
+    let (_, response) = post(plain.local_addr(), "/v1/chat/completions", &body).await;
+    let message = &response["choices"][0]["message"];
+    assert_eq!(message["content"], format!("<think>{THINK_TEXT}</think>"));
+    assert!(message.get("reasoning_content").is_none(), "{message}");
+    server.shutdown().await.unwrap();
+    plain.shutdown().await.unwrap();
 }
