@@ -12,6 +12,7 @@ mod config;
 mod config_rules;
 mod data_parallel;
 mod digit_model;
+mod external_model;
 mod model_commands;
 mod plugins;
 mod rft;

@@ -20,7 +20,13 @@ fn config(mode: &str) -> String {
 /// A serve (or train) config for `model`: train steps of `train_batch_size` experiences from the shared buffer.
 /// Engine and trainer both hold fp32 weights, so the trainer's logprobs of the recorded tokens can be compared
 /// tightly with the ones the server returned.
-fn config_for(mode: &str, model: &Path, max_model_len: u32, max_response_tokens: u32, train_batch_size: u32) -> String {
+pub(crate) fn config_for(
+    mode: &str,
+    model: &Path,
+    max_model_len: u32,
+    max_response_tokens: u32,
+    train_batch_size: u32,
+) -> String {
     format!(
         "project: p
 name: served
@@ -76,7 +82,7 @@ fn post(address: &str, path: &str, body: &Value) -> (u16, Value) {
     (status, serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}")))
 }
 
-fn server_address(job: &Path) -> String {
+pub(crate) fn server_address(job: &Path) -> String {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if let Ok(url) = std::fs::read_to_string(job.join("explorer_server_url.txt")) {

@@ -38,6 +38,7 @@ pub mod monitor;
 pub mod overrides;
 pub mod resolve;
 mod resolve_buffer;
+mod resolve_external;
 mod runnable;
 pub mod schema;
 pub mod source;
@@ -183,7 +184,13 @@ pub fn load_str(text: &str, path: &Path, options: LoadOptions<'_>) -> Result<Loa
     if let Some(errors) = ConfigErrors::new(errors) {
         return Err(errors);
     }
+    Resolver::new(&source, options.catalog, options.cwd, stages::Scope::top())
+        .check_external_env(&config, options.env)?;
     let stages = stages::resolve_stages(&raw, &source, options.catalog, options.cwd)?;
+    for stage in &stages {
+        let resolver = Resolver::new(&source, options.catalog, options.cwd, stage.scope.clone());
+        resolver.check_external_env(&stage.config, options.env)?;
+    }
     Ok(Loaded { config, notes, source, stages, raw, cwd: options.cwd.to_owned() })
 }
 

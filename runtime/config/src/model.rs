@@ -45,6 +45,37 @@ pub struct ModelConfig {
     /// Trinity-RFT lets transformers run model code shipped with a checkpoint; trinity never runs Python,
     /// so only `false` is accepted.
     pub trust_remote_code: bool,
+    /// A hosted model behind an OpenAI-compatible endpoint, evaluated in mode `bench` instead of a local one;
+    /// `model_path` is then only the run's name for it.
+    pub external_model: ExternalModelConfig,
+}
+
+/// `model.external_model`: Trinity-RFT's `ExternalModelConfig`. The endpoint's address and key come from the
+/// environment, by variable name, so that neither is written into a config, a log or a resolved dump.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExternalModelConfig {
+    /// Evaluate the endpoint instead of `model.model_path` (mode `bench` only, as in Trinity-RFT).
+    pub enable: bool,
+    /// The `model` every request names (required when enabled).
+    pub model_name: Option<String>,
+    /// The environment variable holding the endpoint's base URL, as the `openai` client takes it
+    /// (`https://api.openai.com/v1`): requests go to `<base URL>/chat/completions`.
+    pub base_url_env: String,
+    /// The environment variable holding the API key, sent as `Authorization: Bearer <key>` and never logged or
+    /// written.
+    pub api_key_env: String,
+}
+
+impl Default for ExternalModelConfig {
+    fn default() -> Self {
+        ExternalModelConfig {
+            enable: false,
+            model_name: None,
+            base_url_env: "OPENAI_BASE_URL".to_owned(),
+            api_key_env: "OPENAI_API_KEY".to_owned(),
+        }
+    }
 }
 
 impl Default for ModelConfig {
@@ -68,6 +99,7 @@ impl Default for ModelConfig {
             rope_scaling: None,
             rope_theta: None,
             trust_remote_code: false,
+            external_model: ExternalModelConfig::default(),
         }
     }
 }

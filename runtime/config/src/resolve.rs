@@ -142,6 +142,7 @@ impl<'a> Resolver<'a> {
 
     fn resolve_sections(&mut self, config: &mut Config) -> Result<(), ConfigError> {
         self.resolve_global(config);
+        self.check_external_model(config)?;
         self.map_trainer_config(config)?;
         let schema = self.resolve_algorithm(config)?;
         self.resolve_model(config)?;
@@ -150,6 +151,7 @@ impl<'a> Resolver<'a> {
         self.resolve_trainer(config);
         self.resolve_synchronizer(config, schema)?;
         self.resolve_monitor(config);
+        self.resolve_external_model(config)?;
         Ok(())
     }
 

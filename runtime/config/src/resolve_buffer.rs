@@ -80,9 +80,8 @@ impl Resolver<'_> {
         self.check(
             !(config.mode == Mode::Bench && input.eval_tasksets.is_empty()),
             "buffer.explorer_input.eval_tasksets",
-            "mode `bench` evaluates the base model and every checkpoint on the eval tasksets, and none are \
-             configured; add at least one under buffer.explorer_input.eval_tasksets (benchmarking a hosted model \
-             through model.external_model comes with issue 16)",
+            "mode `bench` evaluates the model (the base model and every checkpoint, or model.external_model) on the \
+             eval tasksets, and none are configured; add at least one under buffer.explorer_input.eval_tasksets",
         );
         let train_steps_only = config.mode == Mode::Train && schema == ExperienceSchema::Experience;
         if train_steps_only && !input.tasksets.is_empty() {

@@ -13,6 +13,12 @@ pub(crate) fn load(text: &str) -> Result<Loaded, ConfigErrors> {
     load_str(text, Path::new("c.yaml"), options)
 }
 
+/// As [`loaded`], with `env` as the environment.
+pub(crate) fn loaded_with_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Loaded {
+    let options = LoadOptions { overrides: &[], env, catalog: &AnyName, cwd: Path::new("/work") };
+    load_str(text, Path::new("c.yaml"), options).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// As [`load`], for configs that must load.
 pub(crate) fn loaded(text: &str) -> Loaded {
     load(text).unwrap_or_else(|e| panic!("{e}"))

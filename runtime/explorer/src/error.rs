@@ -19,6 +19,8 @@ pub enum ExplorerError {
     Timeout { task: String, seconds: u64 },
     #[error("task {task}: {message}")]
     Plugin { task: String, message: String },
+    #[error("task {task}: external model: {source}")]
+    External { task: String, source: crate::external_model::ExternalModelError },
 }
 
 impl ExplorerError {
@@ -28,6 +30,8 @@ impl ExplorerError {
     pub fn is_retryable(&self) -> bool {
         match self {
             ExplorerError::Timeout { .. } => true,
+            // A connection that failed, a rate limit or a server error may pass; a refused request will not.
+            ExplorerError::External { source, .. } => source.is_retryable(),
             ExplorerError::Engine { source, .. } => !matches!(
                 source,
                 trinity_engine::EngineError::PromptTooLong { .. }

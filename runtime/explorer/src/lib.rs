@@ -18,6 +18,9 @@
 //! * [`ExperienceOperator`]s transform one explore step's experiences before they enter the buffer: Trinity-RFT's
 //!   pure ones are built in ([`OperatorEntry`]), plugins register by name ([`register_operator`]), and
 //!   [`apply_pipeline`] runs a configured pipeline, collecting the selectors' feedback.
+//! * [`ExternalModel`] is an OpenAI-compatible endpoint that stands in for the rollout model in mode `bench`
+//!   (`model.external_model`): the workflows that only send messages and read text run on it unchanged
+//!   ([`runs_on_external_model`]); the runner refuses the others.
 //! * [`run_tasks`] runs a batch of tasks with `runner_per_model` workflows in flight, a per-task timeout and
 //!   retries; a task that fails for good is logged and counted, never fatal to the run.
 
@@ -27,6 +30,7 @@ mod conversation;
 mod countdown_workflow;
 mod distill_workflow;
 mod error;
+mod external_model;
 mod frozen_lake_workflow;
 mod judge_workflow;
 mod math_boxed_workflow;
@@ -46,6 +50,10 @@ mod workflow;
 pub use agent_process_workflow::set_agent_environment;
 pub use auxiliary::{AuxiliaryError, AuxiliaryModel};
 pub use error::ExplorerError;
+pub use external_model::{
+    ExternalChoice, ExternalModel, ExternalModelError, ExternalReply, external_model_workflows, response_tokens,
+    runs_on_external_model,
+};
 pub use math_workflow::mix as seed_mix;
 pub use openai_view::{OpenAiSession, OpenAiView, RunClosed};
 pub use operator::{
@@ -56,5 +64,5 @@ pub use rollout_model::RolloutModel;
 pub use runner::{RunReport, RunnerOptions, TaskFailure, run_tasks};
 pub use workflow::{
     NameTaken, Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture, build_workflow, builtin_workflows,
-    lookup_workflow, register_workflow, workflow_names,
+    is_plugin_workflow, lookup_workflow, register_workflow, workflow_names,
 };

@@ -71,6 +71,13 @@ impl Workflow for MathBoxed {
             let system = task.system_prompt().unwrap_or_else(|| default.to_owned());
             let params = sampling_params(task, ctx);
             let mut experiences = if args.use_base {
+                if ctx.model.external_model().is_some() {
+                    return Err(fail(
+                        "workflow_args.use_base sends a raw-text prompt through the model's tokenizer, and the \
+                         external model's chat endpoint takes messages only; remove it"
+                            .into(),
+                    ));
+                }
                 let text = base_prompt(Some(&system), &question);
                 let tokens = ctx
                     .model

@@ -4,12 +4,15 @@
 //! as the start of the assistant turn), the group's `repeat_times` samples come from one request (one prefill),
 //! each answer is scored by the task's reward function, and the reward components become experience metrics.
 
+use std::sync::Arc;
+
 use trinity_buffer::{Eid, Experience, Task, TruncateStatus};
 use trinity_engine::{FinishReason, SamplingParams};
 use trinity_model::ChatMessage;
 use trinity_reward::RewardInput;
 
 use crate::error::ExplorerError;
+use crate::external_model::{ExternalModel, ExternalModelError, response_tokens};
 use crate::workflow::{Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture};
 
 /// Trinity-RFT's `math_workflow` system prompt (DeepSeek-R1 style), used when the taskset gives none.
@@ -92,11 +95,15 @@ pub(crate) async fn score(
     Ok(())
 }
 
-/// Each experience's response text and length, as a reward sees them.
+/// Each experience's response text and length, as a reward sees them (an external model's counts come from its
+/// reply's usage).
 fn responses(experiences: &[Experience]) -> Vec<(String, usize)> {
     experiences
         .iter()
-        .map(|experience| (experience.response_text.clone().unwrap_or_default(), experience.response_length()))
+        .map(|experience| {
+            let tokens = response_tokens(experience).round() as usize;
+            (experience.response_text.clone().unwrap_or_default(), tokens)
+        })
         .collect()
 }
 
@@ -130,6 +137,9 @@ pub(crate) async fn sample_group(
     messages: &[ChatMessage],
     params: SamplingParams,
 ) -> Result<Vec<Experience>, ExplorerError> {
+    if let Some(endpoint) = ctx.model.external_model() {
+        return sample_external(task, ctx, endpoint, messages, params).await;
+    }
     let prompt_tokens = ctx
         .model
         .chat_prompt(messages, task.reply_prefix())
@@ -169,6 +179,59 @@ pub(crate) async fn sample_prompt(
         }
         experience.info.insert("finish_reason".to_owned(), format!("{:?}", completion.finish_reason).into());
         experience.info.insert("taskset".to_owned(), task.taskset.clone().into());
+        experiences.push(experience);
+    }
+    Ok(experiences)
+}
+
+/// [`sample_group`] on an external model: one chat completion request for the group. The experiences hold the
+/// messages (as JSON, in `prompt_text`) and the reply texts, no tokens; the reply's token counts go into `info`
+/// (see `external_model`).
+async fn sample_external(
+    task: &Task,
+    ctx: &WorkflowContext,
+    endpoint: &Arc<ExternalModel>,
+    messages: &[ChatMessage],
+    params: SamplingParams,
+) -> Result<Vec<Experience>, ExplorerError> {
+    if task.reply_prefix().is_some() {
+        return Err(ExplorerError::Task {
+            task: describe(task),
+            message: "a reply prefix pre-fills the start of the assistant's turn, which the external model's chat \
+                      endpoint cannot continue; remove format.reply_prefix"
+                .into(),
+        });
+    }
+    let n = params.n;
+    let external = |source| ExplorerError::External { task: describe(task), source };
+    let reply = endpoint.chat(messages, &params).await.map_err(external)?;
+    if reply.choices.len() != n {
+        let message = format!("{} choices for n = {n}", reply.choices.len());
+        return Err(external(ExternalModelError::Reply { url: endpoint.url().to_owned(), message }));
+    }
+    let prompt: Vec<serde_json::Value> =
+        messages.iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
+    let prompt_text = serde_json::Value::from(prompt).to_string();
+    let version = ctx.model.model_version();
+    let mut experiences = Vec::with_capacity(n);
+    for (run, choice) in reply.choices.into_iter().enumerate() {
+        let eid = Eid { batch: task.batch_id, task: task.index as u64, run: run as u64, step: 0 };
+        let mut experience = Experience::single_turn(eid, Vec::new(), 0, Vec::new());
+        experience.model_version = version;
+        experience.prompt_text = Some(prompt_text.clone());
+        experience.response_text = Some(choice.text);
+        if choice.finish_reason.as_deref() == Some("length") {
+            experience.truncate_status = Some(TruncateStatus::ResponseTruncated);
+        }
+        let finish_reason = choice.finish_reason.unwrap_or_else(|| "unknown".to_owned());
+        experience.info.insert("finish_reason".to_owned(), finish_reason.into());
+        experience.info.insert("taskset".to_owned(), task.taskset.clone().into());
+        if let Some(tokens) = reply.prompt_tokens {
+            experience.info.insert("prompt_tokens".to_owned(), tokens.into());
+        }
+        if let Some(tokens) = reply.completion_tokens {
+            experience.info.insert("response_tokens".to_owned(), (tokens as f64 / n.max(1) as f64).into());
+        }
         experiences.push(experience);
     }
     Ok(experiences)

@@ -14,9 +14,10 @@ use tokio::task::JoinSet;
 use trinity_buffer::{Experience, Task};
 
 use crate::error::ExplorerError;
+use crate::external_model::{external_model_workflows, runs_on_external_model};
 use crate::math_workflow::describe;
 use crate::rollout_model::RolloutModel;
-use crate::workflow::{WorkflowContext, build_workflow, workflow_names};
+use crate::workflow::{WorkflowContext, build_workflow, is_plugin_workflow, workflow_names};
 
 /// Concurrency and failure handling of one batch.
 #[derive(Debug, Clone)]
@@ -135,6 +136,18 @@ async fn run_with_retries(
     options: &RunnerOptions,
 ) -> (Result<Vec<Experience>, ExplorerError>, u32) {
     let name = workflow_name(task, options);
+    if let Some(endpoint) = model.external_model()
+        && (!runs_on_external_model(name) || is_plugin_workflow(name))
+    {
+        let message = format!(
+            "workflow `{name}` cannot run on the external model at {}: it reads the model's tokens (token ids, \
+             logprobs, a tokenizer or a chat template), calls another model, or is plugin code that may, and the \
+             endpoint returns text only; the built-in workflows that run on it: {}",
+            endpoint.url(),
+            external_model_workflows().join(", ")
+        );
+        return (Err(ExplorerError::Task { task: describe(task), message }), 0);
+    }
     let Some(workflow) = build_workflow(name) else {
         let error = ExplorerError::UnknownWorkflow {
             task: describe(task),

@@ -95,6 +95,11 @@ pub fn build_workflow(name: &str) -> Option<Arc<dyn Workflow>> {
     lookup_workflow(name).map(|entry| Arc::from((entry.build)()))
 }
 
+/// Whether a plugin registered the workflow `name` (replacing a built-in of that name, if any).
+pub fn is_plugin_workflow(name: &str) -> bool {
+    DYNAMIC.read().unwrap_or_else(|poisoned| poisoned.into_inner()).contains_key(name)
+}
+
 /// Every workflow name, built-in or plugin, sorted.
 pub fn workflow_names() -> Vec<String> {
     let mut names: Vec<String> = inventory::iter::<WorkflowEntry>().map(|entry| entry.name.to_owned()).collect();

@@ -9,7 +9,8 @@ use trinity_buffer::{Task, Taskset};
 use trinity_config::buffer::{RolloutArgs, TasksetConfig};
 use trinity_engine::{Engine, EngineConfig, EngineModel};
 use trinity_explorer::{
-    ExplorerError, RolloutModel, RunnerOptions, Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture, run_tasks,
+    ExplorerError, ExternalModel, RolloutModel, RunnerOptions, Workflow, WorkflowContext, WorkflowEntry,
+    WorkflowFuture, run_tasks,
 };
 
 /// A workflow that never finishes, registered in this test binary like any built-in: the timeout test must not
@@ -261,4 +262,25 @@ async fn math_boxed_base_prompts_and_truncated_answers_train_nothing() {
         }
     }
     assert!(report.groups[0].iter().any(|e| e.truncate_status.is_some()), "four tokens cut some answer short");
+}
+
+/// On an external model the runner refuses, before they run, workflows that need the model's tokens; a chat
+/// workflow's request to an endpoint that is down is retried and fails naming the URL.
+#[tokio::test]
+async fn an_external_model_runs_chat_workflows_only() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let endpoint = ExternalModel::new(&base, "gpt-x", "sk-unit", None, Duration::from_secs(5));
+    let model = Arc::new(RolloutModel::external(endpoint));
+    let rows = vec![json!({"prompt": "ab", "response": "1"})];
+    let report = run_tasks(Arc::clone(&model), tasks(rows.clone(), "frozen_lake_workflow"), &options("x")).await;
+    let refused = &report.failures[0];
+    assert_eq!(refused.attempts, 0, "refused before it runs");
+    let message = refused.error.to_string();
+    assert!(message.contains("`frozen_lake_workflow` cannot run on the external model") && message.contains(&base));
+    let report = run_tasks(model, tasks(rows, "math_workflow"), &options("x")).await;
+    let down = &report.failures[0];
+    assert_eq!(down.attempts, 2, "a connection that failed is worth another attempt");
+    assert!(matches!(down.error, ExplorerError::External { .. }), "{}", down.error);
+    assert!(down.error.to_string().contains(&format!("{base}/chat/completions")), "{}", down.error);
 }

@@ -22,6 +22,10 @@ pub enum RftError {
     Pipeline(String),
     #[error("explore step {step}: every task failed; first failure: {first}")]
     AllTasksFailed { step: u64, first: String },
+    #[error(
+        "bench: every task of eval taskset `{taskset}` failed, so nothing is recorded for it; first failure: {first}"
+    )]
+    EvalFailed { taskset: String, first: String },
     #[error("{path}: {source}")]
     Io { path: std::path::PathBuf, source: std::io::Error },
     #[error("{0}")]

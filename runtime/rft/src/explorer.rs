@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use trinity_buffer::{Experience, JsonlWriter, TaskScheduler, Taskset};
 use trinity_config::Config;
 use trinity_engine::{Engine, EngineConfig, EngineModel};
-use trinity_explorer::{RolloutModel, RunnerOptions, run_tasks};
+use trinity_explorer::{ExternalModel, RolloutModel, RunReport, RunnerOptions, run_tasks};
 use trinity_model::ChatTemplate;
 use trinity_monitor::Metrics;
 
@@ -118,6 +118,43 @@ impl Explorer {
                 .with_auxiliary_models(crate::auxiliary::load_all(config, device, threads)?),
         );
         let openai = start_openai_view(config, &rollout)?;
+        Self::around(config, rollout, role, logs, openai)
+    }
+
+    /// An evaluate-only explorer whose model is the OpenAI-compatible endpoint of `model.external_model` (mode
+    /// `bench`): its base URL and API key are read from the environment variables the config names. Requests
+    /// run `explorer.runner_per_model` at a time, each within `explorer.max_timeout`, retried as tasks are
+    /// (`explorer.max_retry_times`).
+    pub(crate) fn start_external(config: &Config) -> Result<Explorer, RftError> {
+        let external = &config.model.external_model;
+        let read = |key: &'static str, var: &str| {
+            std::env::var(var).map_err(|_| RftError::Setting {
+                key,
+                message: format!("environment variable `{var}` is not set (or not valid UTF-8)"),
+            })
+        };
+        let base_url = read("model.external_model.base_url_env", &external.base_url_env)?;
+        let api_key = read("model.external_model.api_key_env", &external.api_key_env)?;
+        let endpoint = ExternalModel::new(
+            &base_url,
+            external.model_name.clone().unwrap_or_default(),
+            api_key,
+            config.model.max_response_tokens.map(|t| t as usize),
+            Duration::from_secs(config.explorer.max_timeout),
+        );
+        tracing::info!("the evaluated model is `{}` at {}", endpoint.model_name(), endpoint.url());
+        let rollout = Arc::new(RolloutModel::external(endpoint));
+        Self::around(config, rollout, ExplorerRole::EvaluateOnly, None, None)
+    }
+
+    /// The explorer of `role` around a rollout model.
+    fn around(
+        config: &Config,
+        rollout: Arc<RolloutModel>,
+        role: ExplorerRole,
+        logs: Option<ExplorerLogs>,
+        openai: Option<trinity_serve::ServerHandle>,
+    ) -> Result<Explorer, RftError> {
         let scheduler = match role {
             ExplorerRole::Explore => Some(TaskScheduler::from_config(&config.buffer)?),
             ExplorerRole::EvaluateOnly => None,
@@ -198,12 +235,32 @@ impl Explorer {
     /// Evaluates the current weights on every eval taskset: `<prefix>/<taskset>/accuracy` and the rollout statistics,
     /// plus `time/eval_<taskset>_s`. Failed tasks are recorded under `step`, the step the evaluation follows.
     pub(crate) async fn evaluate(&mut self, prefix: &str, step: u64) -> Result<Metrics, RftError> {
+        self.evaluate_tasksets(prefix, step, false).await
+    }
+
+    /// [`Explorer::evaluate`] for mode `bench`, where the figures are the whole result: a taskset whose every task
+    /// failed (an endpoint that is down, a model that cannot load its prompts) stops the bench with the first
+    /// task's error instead of reporting an accuracy of 0.
+    pub(crate) async fn benchmark(&mut self, prefix: &str, step: u64) -> Result<Metrics, RftError> {
+        self.evaluate_tasksets(prefix, step, true).await
+    }
+
+    async fn evaluate_tasksets(
+        &mut self,
+        prefix: &str,
+        step: u64,
+        stop_when_all_fail: bool,
+    ) -> Result<Metrics, RftError> {
         let mut metrics = Metrics::new();
         for taskset in &self.eval_tasksets {
             let started = Instant::now();
             let report = run_tasks(Arc::clone(&self.rollout), taskset.all_tasks()?, &self.options).await;
             if let Some(log) = &mut self.failed_log {
                 log.record(step, FailurePhase::Eval, self.rollout.model_version(), &report.failures)?;
+            }
+            if stop_when_all_fail && every_task_failed(&report) {
+                let first = report.failures.first().map(|f| f.error.to_string()).unwrap_or_default();
+                return Err(RftError::EvalFailed { taskset: taskset.config.name.clone(), first });
             }
             let name = format!("{prefix}/{}", taskset.config.name);
             let mut taskset_metrics = rollout_metrics(&name, &report);
@@ -238,6 +295,11 @@ impl Explorer {
             .collect::<Result<Vec<_>, RftError>>()?;
         self.load_weights(weights, version).await
     }
+}
+
+/// Whether a batch had tasks and none of them succeeded.
+fn every_task_failed(report: &RunReport) -> bool {
+    report.groups.is_empty() && !report.failures.is_empty()
 }
 
 /// `explorer.rollout_model.enable_openai_api`: serves the rollout model (and the auxiliary models, by name) to

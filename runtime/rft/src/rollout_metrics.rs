@@ -7,7 +7,8 @@ use trinity_monitor::Metrics;
 /// Reward and length statistics of a batch, under `prefix/`.
 pub(crate) fn rollout_metrics(prefix: &str, report: &RunReport) -> Metrics {
     let rewards: Vec<f64> = report.experiences().map(|e| e.reward).collect();
-    let lengths: Vec<f64> = report.experiences().map(|e| e.response_length() as f64).collect();
+    // An external model's experiences hold no tokens; their lengths come from the reply's usage.
+    let lengths: Vec<f64> = report.experiences().map(trinity_explorer::response_tokens).collect();
     let mut metrics = Metrics::new();
     let n = rewards.len().max(1) as f64;
     let mean = rewards.iter().sum::<f64>() / n;

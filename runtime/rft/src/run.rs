@@ -44,12 +44,43 @@ pub fn job_dir(config: &Config) -> PathBuf {
 }
 
 /// Checks what only the run's own components can check, so that `--dry-run` refuses it as the run would: the
-/// replay buffer's priority function and its arguments.
+/// replay buffer's priority function and its arguments, and the eval workflows an external model can run.
 pub fn check_components(config: &Config) -> Result<(), RftError> {
     if let Some(buffer) = &config.buffer.trainer_input.experience_buffer
         && buffer.replay_buffer.enable
     {
         ReplayBuffer::from_config(&buffer.replay_buffer, buffer.capacity, config.explorer.rollout_model.seed)?;
+    }
+    if config.model.external_model.enable {
+        check_external_workflows(config)?;
+    }
+    Ok(())
+}
+
+/// With `model.external_model`, every eval taskset's workflow must be a built-in that only sends messages and
+/// reads text (the explorer's runner refuses the others task by task; this says so before the run starts).
+fn check_external_workflows(config: &Config) -> Result<(), RftError> {
+    for (i, taskset) in config.buffer.explorer_input.eval_tasksets.iter().enumerate() {
+        // The runner's default for a taskset that names none.
+        let workflow = taskset.default_workflow_type.as_deref().unwrap_or("simple_workflow");
+        if trinity_explorer::runs_on_external_model(workflow) && !trinity_explorer::is_plugin_workflow(workflow) {
+            continue;
+        }
+        let what = if trinity_explorer::is_plugin_workflow(workflow) {
+            "is a plugin, whose calls into the model may need its tokens"
+        } else {
+            "reads the model's tokens (token ids, logprobs, a tokenizer or a chat template) or calls another model"
+        };
+        return Err(RftError::Setting {
+            key: "buffer.explorer_input.eval_tasksets",
+            message: format!(
+                "eval taskset `{}` (eval_tasksets[{i}]) runs `{workflow}`, which {what}, and model.external_model \
+                 returns text only; use one of {} (default_eval_workflow_type or the taskset's \
+                 default_workflow_type), or evaluate a local model",
+                taskset.name,
+                trinity_explorer::external_model_workflows().join(", ")
+            ),
+        });
     }
     Ok(())
 }

@@ -5,6 +5,13 @@
 //! the checkpoint's step (0 for the base model). What was evaluated is recorded in `bench_meta.json` after each
 //! evaluation (written atomically), so running the same command again evaluates only what is new: checkpoints a trainer wrote since,
 //! or those a killed bench did not reach.
+//!
+//! With `model.external_model` the evaluated model is an OpenAI-compatible endpoint instead: it has no weights
+//! here and no checkpoints to walk, so it is evaluated once, as step 0, with the same workflows, rewards and
+//! metrics (config resolution refuses the keys that would ask for more).
+//!
+//! A step is recorded only when it was evaluated: an eval taskset whose every task failed stops the bench with
+//! the first failure, and neither its metrics nor `bench_meta.json` change.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -36,10 +43,20 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
     if config.explorer.eval_on_startup {
         todo.push((0, None));
     }
+    let external = config.model.external_model.enable;
     let chosen = match config.explorer.bench_on_latest_checkpoint {
+        // An external model's weights are behind its endpoint: this job's checkpoints are not its own.
+        _ if external => Vec::new(),
         true => checkpoints.last().into_iter().collect::<Vec<_>>(),
         false => checkpoints.iter().collect(),
     };
+    if external && !checkpoints.is_empty() {
+        tracing::warn!(
+            "bench {}: the {} checkpoints here are not evaluated: the evaluated model is model.external_model",
+            job_dir.display(),
+            checkpoints.len()
+        );
+    }
     todo.extend(chosen.into_iter().map(|c| (c.step, Some(c.path.join("hf")))));
     todo.retain(|(step, _)| !meta.evaluated.contains(step));
     if todo.is_empty() {
@@ -59,16 +76,21 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let base = PathBuf::from(&config.model.model_path);
-    let device = models::device(&base)?;
-    let mut explorer = Explorer::start(config, &base, device, threads, ExplorerRole::EvaluateOnly, None)?;
+    let mut explorer = if external {
+        // `todo` is the endpoint at step 0 alone: no weights are ever loaded into it.
+        Explorer::start_external(config)?
+    } else {
+        let base = PathBuf::from(&config.model.model_path);
+        let device = models::device(&base)?;
+        Explorer::start(config, &base, device, threads, ExplorerRole::EvaluateOnly, None)?
+    };
     let mut monitor = Monitor::open(&job_dir.join("monitor").join("bench"), &config.monitor.monitor_type)?;
     for (step, weights) in todo {
         let started = Instant::now();
         if let Some(dir) = &weights {
             explorer.load_weights_from_dir(dir, step).await?;
         }
-        let mut metrics = explorer.evaluate("bench", step).await?;
+        let mut metrics = explorer.benchmark("bench", step).await?;
         metrics.insert("time/bench_s".into(), started.elapsed().as_secs_f64());
         monitor.record(step, &metrics)?;
         let accuracies: Vec<String> = metrics
