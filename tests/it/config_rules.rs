@@ -63,8 +63,8 @@ fn placement_keys_are_accepted_with_one_note_each() {
 fn refused_keys_name_the_key_and_the_reason_only_when_not_default() {
     let cases = [
         (
-            format!("{BASE}explorer:\n  rollout_model:\n    reasoning_parser: deepseek_r1\n"),
-            vec!["`explorer.rollout_model.reasoning_parser`"],
+            format!("{BASE}explorer:\n  rollout_model:\n    reasoning_parser: granite\n"),
+            vec!["`explorer.rollout_model.reasoning_parser`", "`granite`", "`deepseek_r1` and `qwen3`"],
         ),
         (
             BASE.replace(

@@ -499,8 +499,11 @@ async function showConfig(main, params) {
   text.addEventListener("input", () => { errorLines = new Set(); renderGutter(); showSuggestions(); });
   text.addEventListener("scroll", () => { gutter.scrollTop = text.scrollTop; });
   text.addEventListener("click", showSuggestions);
-  // Hidden a moment after the editor loses focus, so that a click on a suggestion still lands.
-  text.addEventListener("blur", () => setTimeout(() => { suggest.hidden = true; }, 200));
+  // Hidden a moment after the editor loses focus, so that a click on a suggestion still lands; not when the
+  // editor has the focus again by then (a click on Validate, then typing at once, must keep the new suggestions).
+  text.addEventListener("blur", () => setTimeout(() => {
+    if (document.activeElement !== text) suggest.hidden = true;
+  }, 200));
   text.addEventListener("keyup", (e) => { if (e.key.startsWith("Arrow")) showSuggestions(); });
   text.addEventListener("keydown", (e) => {
     if (e.key === "Tab" && !suggest.hidden) {
