@@ -67,6 +67,9 @@ fn score_and_convert_round_trip_through_the_cli() {
         &["score", "--model", &model, "--input", "pairs.jsonl", "--device", "cpu", "--dtype", "bfloat16"],
     );
     assert!(bf16.status.success(), "{}", stderr(&bf16));
+    // Emulated bf16 is honoured, with a warning that says why it is slow, only where the CPU lacks native bf16.
+    let warned = stderr(&bf16).contains("this CPU has no native bf16");
+    assert_eq!(warned, !trinity_model::fast_bf16(tch::Device::Cpu), "{}", stderr(&bf16));
 
     let missing = trinity(dir.path(), &["score", "--model", "nowhere", "--input", "pairs.jsonl"]);
     assert_clean_failure(&missing, &["nowhere"]);

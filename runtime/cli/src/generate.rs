@@ -101,6 +101,18 @@ pub(crate) struct GenerateArgs {
     pub(crate) dtype: String,
 }
 
+/// `--dtype bf16` is honoured as asked, but on a CPU without AVX512-BF16 or AMX libtorch emulates bf16 matmuls,
+/// several times slower than f32 (where `trinity run` falls back to fp32 rollouts on its own, because
+/// `bfloat16` is Trinity-RFT's default rather than a choice); the user should know why the run is slow.
+pub(crate) fn warn_on_emulated_bf16(dtype: &str, native_bf16: bool) {
+    if matches!(dtype, "bf16" | "bfloat16") && !native_bf16 {
+        tracing::warn!(
+            "--dtype {dtype}: this CPU has no native bf16 (AVX512-BF16 or AMX), so libtorch emulates bf16, several \
+             times slower than f32; --dtype f32 is faster here"
+        );
+    }
+}
+
 pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     // The engine thread does the work with a thread pool of its own; this one must not start a second pool.
@@ -109,6 +121,7 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let inputs = read_inputs(&args)?;
     let kind = parse_kind(&args.dtype)?;
     let device = select_device(DeviceRequest::parse(&args.device)?)?;
+    warn_on_emulated_bf16(&args.dtype, trinity_model::fast_bf16(device));
     let model = load_model(&args.model, kind, device).with_context(|| format!("loading {}", args.model.display()))?;
     let loaded = started.elapsed();
 

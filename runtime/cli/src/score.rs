@@ -58,6 +58,7 @@ pub(crate) fn run(args: ScoreArgs) -> anyhow::Result<()> {
     }
     let device = select_device(DeviceRequest::parse(&args.device)?)?;
     tracing::info!("scoring on {device:?}");
+    crate::generate::warn_on_emulated_bf16(&args.dtype, trinity_model::fast_bf16(device));
     let model = load_model(&args.model, kind, device).with_context(|| format!("loading {}", args.model.display()))?;
     // Scored a slice at a time, so the progress display moves; each slice is still sorted by length and batched
     // by `score` itself, and a slice of a twentieth of the file (at least 64 rows) keeps those batches full.
