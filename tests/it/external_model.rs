@@ -74,7 +74,7 @@ fn run_bench(dir: &Path, base_url: &str) -> Output {
 }
 
 /// A loopback proxy to `target` that keeps a copy of every byte clients send.
-fn recording_proxy(target: String) -> (String, Arc<Mutex<Vec<u8>>>) {
+fn recording_proxy(target: String) -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -83,11 +83,18 @@ fn recording_proxy(target: String) -> (String, Arc<Mutex<Vec<u8>>>) {
         for client in listener.incoming() {
             let (Ok(client), Ok(server)) = (client, TcpStream::connect(&target)) else { continue };
             let (mut from_client, mut to_server) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            // Each connection's bytes are kept apart: concurrent requests would otherwise interleave their
+            // headers and bodies in one buffer.
             let log = Arc::clone(&log);
+            let slot = {
+                let mut connections = log.lock().unwrap();
+                connections.push(Vec::new());
+                connections.len() - 1
+            };
             std::thread::spawn(move || {
                 let mut buf = [0u8; 16 << 10];
                 while let Ok(n @ 1..) = from_client.read(&mut buf) {
-                    log.lock().unwrap().extend_from_slice(&buf[..n]);
+                    log.lock().unwrap()[slot].extend_from_slice(&buf[..n]);
                     if to_server.write_all(&buf[..n]).is_err() {
                         break;
                     }
@@ -175,7 +182,7 @@ fn bench_evaluates_an_openai_compatible_endpoint_over_http() {
     assert_eq!(meta["evaluated"], serde_json::json!([0]));
 
     // One request per task went over HTTP, each with the Bearer key and the taskset's rollout arguments.
-    let wire = String::from_utf8_lossy(&wire.lock().unwrap()).into_owned();
+    let wire = String::from_utf8_lossy(&wire.lock().unwrap().concat()).into_owned();
     let requests: Vec<&str> = wire.split("POST /v1/chat/completions ").skip(1).collect();
     assert_eq!(requests.len(), 3, "{wire}");
     for request in &requests {
