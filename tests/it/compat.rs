@@ -89,7 +89,7 @@ const EXPECTED: &[(&str, Outcome)] = &[
     ("examples/grpo_gsm8k_ruler/gsm8k_ruler.yaml", Pass),
     ("examples/grpo_gsm8k_task_pipeline/gsm8k.yaml", Fails(Refused, "`service`")),
     ("examples/grpo_gsm8k_trainable_ruler/gsm8k_ruler.yaml", Fails(MissingComponent, "math_trainable_ruler_workflow")),
-    ("examples/grpo_lora_gsm8k/gsm8k.yaml", Fails(Refused, "model.lora_configs")),
+    ("examples/grpo_lora_gsm8k/gsm8k.yaml", Pass),
     ("examples/grpo_math/math.yaml", Fails(MissingComponent, "math_rm_workflow")),
     ("examples/grpo_rubric_as_reward/rubric.yaml", Pass),
     ("examples/grpo_sciworld/sciworld.yaml", Fails(MissingComponent, "sciworld_workflow")),

@@ -142,8 +142,24 @@ fn malformed_configs_fail_with_named_errors() {
         ("not a mapping", "- a\n- b\n".to_owned(), vec!["must be a mapping", "a list"]),
         (
             "unsupported Trinity key",
-            BASE.replace("  model_path: /models/tiny", "  model_path: /models/tiny\n  lora_configs: []"),
-            vec!["`model.lora_configs`", "LoRA"],
+            BASE.replace("  model_path: /models/tiny", "  model_path: /models/tiny\n  tinker:\n    enable: true"),
+            vec!["`model.tinker`", "Tinker"],
+        ),
+        (
+            "two LoRA adapters",
+            BASE.replace(
+                "  model_path: /models/tiny",
+                "  model_path: /models/tiny\n  lora_configs:\n  - lora_rank: 8\n  - lora_rank: 16",
+            ),
+            vec!["`model.lora_configs`", "exactly one LoRA adapter"],
+        ),
+        (
+            "LoRA target that is no pattern",
+            BASE.replace(
+                "  model_path: /models/tiny",
+                "  model_path: /models/tiny\n  lora_configs:\n  - target_modules: \"(q_proj\"",
+            ),
+            vec!["`model.lora_configs[0].target_modules`", "regular expression"],
         ),
         (
             "unknown enum value",

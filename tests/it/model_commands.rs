@@ -107,3 +107,48 @@ fn score_and_convert_round_trip_through_the_cli() {
     assert!(from_gguf.status.success() && from_hf.status.success(), "{}{}", stderr(&from_gguf), stderr(&from_hf));
     assert_eq!(stdout(&from_gguf), stdout(&from_hf));
 }
+
+#[test]
+fn convert_merges_a_lora_adapter_into_its_base_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model();
+    let load =
+        |path: &std::path::Path| trinity_model::load_model(path, tch::Kind::Float, tch::Device::Cpu).unwrap().decoder;
+    // An adapter with non-zero B, as training leaves it, saved the way a LoRA run saves its checkpoints.
+    let mut adapted = load(std::path::Path::new(&model));
+    let spec = trinity_model::LoraSpec {
+        rank: 2,
+        alpha: 4.0,
+        target_modules: trinity_model::ModuleSelector::AllLinear,
+        exclude_modules: None,
+        dropout: 0.0,
+        use_rslora: false,
+    };
+    adapted.add_lora(&spec, 1).unwrap();
+    tch::no_grad(|| {
+        for (name, t) in adapted.lora_parameters() {
+            if name.contains("lora_B") {
+                t.shallow_clone().copy_(&(tch::Tensor::randn(t.size(), (tch::Kind::Float, tch::Device::Cpu)) * 0.1));
+            }
+        }
+    });
+    adapted.save_lora(&dir.path().join("adapter"), &spec, &model).unwrap();
+
+    let converted = trinity(dir.path(), &["convert", "--adapter", "adapter", "--output", "merged"]);
+    assert!(converted.status.success(), "{}", stderr(&converted));
+    assert_eq!(stdout(&converted).trim(), "wrote merged");
+    let merged = load(&dir.path().join("merged"));
+    let ids = tch::Tensor::from_slice(&[1i64, 2, 3, 4, 5]).view([1, 5]);
+    let want = adapted.forward(&ids, None).unwrap();
+    let got = merged.forward(&ids, None).unwrap();
+    let base = load(std::path::Path::new(&model)).forward(&ids, None).unwrap();
+    assert!((&want - &got).abs().max().double_value(&[]) < 1e-4, "merged model differs from base + adapter");
+    assert!((&want - &base).abs().max().double_value(&[]) > 1e-3, "the adapter changed nothing");
+
+    // An adapter that names no base model needs --base; giving it works.
+    adapted.save_lora(&dir.path().join("anonymous"), &spec, "").unwrap();
+    let refused = trinity(dir.path(), &["convert", "--adapter", "anonymous", "--output", "x"]);
+    assert_clean_failure(&refused, &["anonymous", "--base"]);
+    let with_base = trinity(dir.path(), &["convert", "--adapter", "anonymous", "--base", &model, "--output", "y"]);
+    assert!(with_base.status.success(), "{}", stderr(&with_base));
+}

@@ -63,7 +63,8 @@ pub(crate) const LOGGING: &str = "logging only; trinity logs its fixed set of me
 pub(crate) const VERL_SET: &str = "Trinity-RFT sets it itself from the top-level config; the value here is replaced";
 pub(crate) const MEGATRON_OPT: &str =
     "a Megatron optimizer setting; trinity's AdamW has no such knob, so it has no effect here";
-pub(crate) const LORA: &str = "LoRA trains adapters instead of the full weights, which changes the result; trinity trains full weights only — remove it";
+pub(crate) const LORA: &str = "Trinity-RFT sets veRL's LoRA keys from model.lora_configs; set LoRA there (lora_rank, lora_alpha, target_modules, exclude_modules, path) and remove it";
+pub(crate) const LORA_MERGED: &str = "a vLLM setting for serving LoRA adapters; trinity's rollout engine generates with the adapter merged into its weights, so no effect here";
 pub(crate) const PYTHON_LIB: &str = "it imports Python code, and trinity runs no Python; remove it";
 pub(crate) const OVERRIDE_MODEL: &str = "it changes the model's architecture config, which trinity reads only from the checkpoint's config.json; edit that file instead";
 pub(crate) const LOAD_WEIGHT: &str =
@@ -170,6 +171,32 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("ModelConfig", "rope_theta", H, ""),
     ("ModelConfig", "trust_remote_code", H, ""),
     ("ModelConfig", "external_model", H, ""),
+    ("ModelConfig", "lora_configs", H, ""),
+    ("ModelConfig", "fully_sharded_loras", P, LORA_MERGED),
+    ("ModelConfig", "max_cpu_loras", P, LORA_MERGED),
+    (
+        "LoraConfig",
+        "name",
+        P,
+        "names the adapter in vLLM's model list; trinity's rollout model generates with the adapter merged into its weights and answers under model.model_path, so no effect here",
+    ),
+    ("LoraConfig", "path", H, ""),
+    (
+        "LoraConfig",
+        "base_model_name",
+        P,
+        "names the base model in vLLM's model list; trinity reads the base model from model.model_path, so no effect here",
+    ),
+    ("LoraConfig", "lora_rank", H, ""),
+    ("LoraConfig", "lora_alpha", H, ""),
+    (
+        "LoraConfig",
+        "lora_dtype",
+        P,
+        "vLLM's dtype for adapter weights in the rollout engine; trinity merges the adapter into the engine's weights, which keep explorer.rollout_model.dtype, so no effect here",
+    ),
+    ("LoraConfig", "target_modules", H, ""),
+    ("LoraConfig", "exclude_modules", H, ""),
     ("ExternalModelConfig", "enable", H, ""),
     ("ExternalModelConfig", "model_name", H, ""),
     ("ExternalModelConfig", "base_url_env", H, ""),

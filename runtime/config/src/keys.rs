@@ -44,21 +44,6 @@ pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
     ),
     (
         "ModelConfig",
-        "lora_configs",
-        "LoRA trains adapters instead of the full weights, which changes the result; trinity trains full weights only — remove it to train every weight",
-    ),
-    (
-        "ModelConfig",
-        "fully_sharded_loras",
-        "LoRA trains adapters instead of the full weights, which changes the result; trinity trains full weights only — remove it to train every weight",
-    ),
-    (
-        "ModelConfig",
-        "max_cpu_loras",
-        "LoRA trains adapters instead of the full weights, which changes the result; trinity trains full weights only — remove it to train every weight",
-    ),
-    (
-        "ModelConfig",
         "tinker",
         "Tinker is a hosted training service that cannot be reached from here; remove `model.tinker` to train locally",
     ),
@@ -174,14 +159,15 @@ pub const UNSUPPORTED: &[(&str, &str, &str)] = &[
         "it is derived from checkpoint_root_dir/project/group/name; remove it",
     ),
     ("RolloutModelConfig", "cuda_visible_devices", "it is set automatically; remove it"),
-    ("RolloutModelConfig", "enable_lora", "it is set from model.lora_configs, which trinity refuses (LoRA); remove it"),
-    ("RolloutModelConfig", "enable_runtime_lora_updating", "LoRA is not supported (full weights only); remove it"),
+    ("RolloutModelConfig", "enable_lora", "it is set from model.lora_configs; set LoRA there and remove it"),
     (
         "RolloutModelConfig",
-        "lora_modules",
-        "it is set from model.lora_configs, which trinity refuses (LoRA); remove it",
+        "enable_runtime_lora_updating",
+        "vLLM loads adapters at run time; trinity's rollout engine takes the trained adapter merged into its weights at every sync (model.lora_configs); remove it",
     ),
-    ("RolloutModelConfig", "lora_kwargs", "it is set from model.lora_configs, which trinity refuses (LoRA); remove it"),
+    ("RolloutModelConfig", "lora_modules", "it is set from model.lora_configs; set LoRA there and remove it"),
+    ("RolloutModelConfig", "lora_kwargs", "it is set from model.lora_configs; set LoRA there and remove it"),
+    ("LoraConfig", "is_dummy", "it is set automatically; remove it"),
     ("TrainerConfig", "trust_remote_code", "it is copied from model.trust_remote_code; set that instead"),
 ];
 
@@ -361,7 +347,7 @@ mod tests {
         let schema = json_schema();
         let tree = json!({
             "algoritm": {},
-            "model": {"lora_configs": [{"lora_rank": 8}], "model_pth": "/m"},
+            "model": {"tinker": {"enable": true}, "model_pth": "/m"},
             "buffer": {"explorer_input": {"eval_tasksets": [{"pth": "x"}, {"nme": "y"}]}},
         });
         let keys: Vec<String> = check(&schema, &tree)
@@ -375,7 +361,7 @@ mod tests {
             keys,
             [
                 "algoritm",
-                "model.lora_configs",
+                "model.tinker",
                 "model.model_pth",
                 "buffer.explorer_input.eval_tasksets[0].pth",
                 "buffer.explorer_input.eval_tasksets[1].nme",
@@ -386,10 +372,16 @@ mod tests {
     #[test]
     fn knows_trinity_keys_it_does_not_support() {
         let schema = json_schema();
-        let tree = json!({"model": {"lora_configs": [{"lora_rank": 8}]}});
+        let tree = json!({"model": {"tinker": {"enable": true}}});
         assert!(matches!(
             check(&schema, &tree).as_ref().map_err(Vec::as_slice),
-            Err([KeyProblem::Unsupported { key, .. }]) if key == "model.lora_configs"
+            Err([KeyProblem::Unsupported { key, .. }]) if key == "model.tinker"
+        ));
+        // LoRA is accepted, but not the key Trinity-RFT sets itself.
+        let tree = json!({"model": {"lora_configs": [{"lora_rank": 8, "is_dummy": true}]}});
+        assert!(matches!(
+            check(&schema, &tree).as_ref().map_err(Vec::as_slice),
+            Err([KeyProblem::Unsupported { key, .. }]) if key == "model.lora_configs[0].is_dummy"
         ));
     }
 

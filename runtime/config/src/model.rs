@@ -48,6 +48,61 @@ pub struct ModelConfig {
     /// A hosted model behind an OpenAI-compatible endpoint, evaluated in mode `bench` instead of a local one;
     /// `model_path` is then only the run's name for it.
     pub external_model: ExternalModelConfig,
+    /// LoRA: train adapters on the projections instead of every weight (one entry, as in Trinity-RFT).
+    pub lora_configs: Option<Vec<LoraConfig>>,
+    /// vLLM shards LoRA computation over tensor-parallel ranks; trinity merges the adapter into the rollout
+    /// model's weights instead.
+    pub fully_sharded_loras: bool,
+    /// vLLM's cache of adapters in host memory; trinity serves one adapter, merged.
+    pub max_cpu_loras: Option<u32>,
+}
+
+/// `model.lora_configs[i]`: Trinity-RFT's `LoRAConfig`. The trainer trains adapters `A` `[r, in]` and `B`
+/// `[out, r]` on the selected projections (base weights frozen); the rollout engine generates with the adapters
+/// merged into its weights; checkpoints hold the adapter as a PEFT directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraConfig {
+    /// The adapter's name in vLLM's model list.
+    pub name: Option<String>,
+    /// A PEFT adapter directory to start from (its own rank, alpha and modules apply); unset: fresh adapters
+    /// (`A` Kaiming-uniform, `B` zero).
+    pub path: Option<String>,
+    /// The base model's name in vLLM's model list.
+    pub base_model_name: Option<String>,
+    /// The adapters' rank `r`.
+    pub lora_rank: u32,
+    /// The adapters' `alpha`: their update is scaled by `alpha / r`.
+    pub lora_alpha: u32,
+    /// vLLM's dtype for LoRA weights in the rollout engine.
+    pub lora_dtype: String,
+    /// Projections to adapt: `all-linear` (q/k/v/o, gate/up/down), a list of module names (`[q_proj, v_proj]`,
+    /// matched as a name or a dotted suffix) or a regular expression the whole module name must match.
+    pub target_modules: Value,
+    /// Projections to leave alone, spelled like `target_modules`.
+    pub exclude_modules: Option<Value>,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            name: None,
+            path: None,
+            base_model_name: None,
+            lora_rank: 32,
+            lora_alpha: 32,
+            lora_dtype: "auto".to_owned(),
+            target_modules: Value::String("all-linear".to_owned()),
+            exclude_modules: None,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The LoRA adapter the run trains (the first and only entry of `lora_configs`), if any.
+    pub fn lora(&self) -> Option<&LoraConfig> {
+        self.lora_configs.as_ref().and_then(|l| l.first())
+    }
 }
 
 /// `model.external_model`: Trinity-RFT's `ExternalModelConfig`. The endpoint's address and key come from the
@@ -100,6 +155,9 @@ impl Default for ModelConfig {
             rope_theta: None,
             trust_remote_code: false,
             external_model: ExternalModelConfig::default(),
+            lora_configs: None,
+            fully_sharded_loras: false,
+            max_cpu_loras: None,
         }
     }
 }

@@ -146,6 +146,7 @@ impl<'a> Resolver<'a> {
         self.map_trainer_config(config)?;
         let schema = self.resolve_algorithm(config)?;
         self.resolve_model(config)?;
+        self.resolve_lora(config);
         self.resolve_buffer(config, schema)?;
         self.resolve_explorer(config);
         self.resolve_trainer(config);

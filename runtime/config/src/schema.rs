@@ -133,6 +133,15 @@ fn describe_type(root: &Value, property: &Value) -> (String, Option<(String, boo
         }
         Some(Value::String(t)) => (t.clone(), None),
         Some(Value::Array(types)) => {
+            // `Option<Vec<T>>`: a list that may be null; its items keep their section.
+            if types.iter().any(|t| t == "array")
+                && let Some(items) = property.get("items")
+            {
+                let (item, reference) = describe_type(root, items);
+                let others: Vec<&str> = types.iter().filter_map(Value::as_str).filter(|t| *t != "array").collect();
+                let name = std::iter::once(format!("list of {item}")).chain(others.iter().map(|t| (*t).to_owned()));
+                return (name.collect::<Vec<_>>().join(" or "), reference.map(|(r, _)| (r, true)));
+            }
             let names: Vec<&str> = types.iter().filter_map(Value::as_str).collect();
             (names.join(" or "), None)
         }
@@ -177,7 +186,7 @@ mod tests {
         assert!(text.contains("## OptimizerConfig (`algorithm.optimizer`)"), "{text}");
         assert!(text.contains("| `lr` | honoured | number | `1e-6` |"), "{text}");
         assert!(text.contains("| `engine_num` | placement |"), "{text}");
-        assert!(text.contains("| ModelConfig | `lora_configs` |"), "{text}");
+        assert!(text.contains("| ModelConfig | `tinker` |"), "{text}");
         assert!(text.contains("## TasksetConfig (`buffer.explorer_input.taskset`)"), "{text}");
     }
 }

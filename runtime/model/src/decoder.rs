@@ -17,6 +17,8 @@
 //! `scaled_dot_product_attention` (GQA handled by the kernel, no repeated k/v).
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -25,24 +27,31 @@ use crate::config::ModelConfig;
 use crate::decode_step::{self, DecodeLayer, DecodeShape};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
+use crate::lora::LoraBranch;
 use crate::packed::{self, PackedLinear};
 use crate::rope;
 use crate::weights::{ParamSpec, WeightSource, param_specs};
 
 #[derive(Debug)]
-struct Linear {
-    weight: Tensor,
-    bias: Option<Tensor>,
+pub(crate) struct Linear {
+    pub(crate) weight: Tensor,
+    pub(crate) bias: Option<Tensor>,
+    /// A LoRA adapter on this projection ([`crate::lora`]), when one is attached.
+    pub(crate) lora: Option<LoraBranch>,
 }
 
 impl Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.f_linear(&self.weight, self.bias.as_ref())?)
+        let y = x.f_linear(&self.weight, self.bias.as_ref())?;
+        match &self.lora {
+            Some(lora) => lora.add_to(y, x),
+            None => Ok(y),
+        }
     }
 }
 
 #[derive(Debug)]
-struct Layer {
+pub(crate) struct Layer {
     input_norm: Tensor,
     q: Linear,
     k: Linear,
@@ -56,19 +65,50 @@ struct Layer {
     down: Linear,
 }
 
+impl Layer {
+    /// The projections LoRA can adapt, by their module name inside the layer (PEFT's names).
+    pub(crate) fn linears(&self) -> [(&'static str, &Linear); 7] {
+        [
+            ("self_attn.q_proj", &self.q),
+            ("self_attn.k_proj", &self.k),
+            ("self_attn.v_proj", &self.v),
+            ("self_attn.o_proj", &self.o),
+            ("mlp.gate_proj", &self.gate),
+            ("mlp.up_proj", &self.up),
+            ("mlp.down_proj", &self.down),
+        ]
+    }
+
+    /// [`Layer::linears`], mutable.
+    pub(crate) fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 7] {
+        [
+            ("self_attn.q_proj", &mut self.q),
+            ("self_attn.k_proj", &mut self.k),
+            ("self_attn.v_proj", &mut self.v),
+            ("self_attn.o_proj", &mut self.o),
+            ("mlp.gate_proj", &mut self.gate),
+            ("mlp.up_proj", &mut self.up),
+            ("mlp.down_proj", &mut self.down),
+        ]
+    }
+}
+
 /// A decoder-only language model with trainable parameters.
 #[derive(Debug)]
 pub struct Decoder {
     config: ModelConfig,
-    vs: VarStore,
-    kind: Kind,
+    pub(crate) vs: VarStore,
+    pub(crate) kind: Kind,
     embed: Tensor,
-    layers: Vec<Layer>,
+    pub(crate) layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Tensor,
     inv_freq: Tensor,
     /// Packed copies for the decode step ([`Decoder::prepare_decode`]); `None` until asked for.
     fast: Option<FastDecode>,
+    /// Whether attached LoRA adapters take part in forward passes (off while scoring with the base weights);
+    /// shared with every [`LoraBranch`].
+    pub(crate) lora_on: Arc<AtomicBool>,
 }
 
 /// The generation engine's packed weights (see [`crate::packed`]). A packed model computes in fp32 whatever its
@@ -156,6 +196,7 @@ fn linear(vars: &mut HashMap<String, Tensor>, prefix: &str, bias: bool) -> Resul
     Ok(Linear {
         weight: take(vars, &format!("{prefix}.weight"))?,
         bias: if bias { Some(take(vars, &format!("{prefix}.bias"))?) } else { None },
+        lora: None,
     })
 }
 
@@ -216,7 +257,8 @@ impl Decoder {
         let lm_head =
             if config.tie_word_embeddings { embed.shallow_clone() } else { take(&mut vars, "lm_head.weight")? };
         let inv_freq = rope::inv_freq(&config, device)?;
-        Ok(Self { config, vs, kind, embed, layers, norm, lm_head, inv_freq, fast: None })
+        let lora_on = Arc::new(AtomicBool::new(true));
+        Ok(Self { config, vs, kind, embed, layers, norm, lm_head, inv_freq, fast: None, lora_on })
     }
 
     /// Packs the weights for fast small-batch decoding where the kernel applies (fp32 on an AVX-512 CPU, bf16 on
@@ -226,7 +268,8 @@ impl Decoder {
     /// cache: create the cache after this call. Returns whether packed decoding is now active.
     pub fn prepare_decode(&mut self) -> Result<bool> {
         self.fast = None;
-        if self.device() != Device::Cpu || !packed::packs(self.kind) {
+        // The packed kernels know nothing of adapters; a model carrying them keeps the libtorch path.
+        if self.device() != Device::Cpu || !packed::packs(self.kind) || self.has_lora() {
             return Ok(false);
         }
         let mut layers = Vec::with_capacity(self.layers.len());
@@ -307,7 +350,9 @@ impl Decoder {
         &mut self.vs
     }
 
-    /// Parameters by HF name in [`param_specs`] order (tied `lm_head` not repeated).
+    /// Parameters by HF name in [`param_specs`] order (tied `lm_head` not repeated). With LoRA adapters attached
+    /// these are the frozen base weights; [`Decoder::merged_parameters`] gives what the adapted model computes
+    /// with and [`Decoder::trainable_parameters`] what an optimizer updates.
     pub fn named_parameters(&self) -> Result<Vec<(String, Tensor)>> {
         let vars = self.vs.variables();
         param_specs(&self.config)
@@ -321,14 +366,15 @@ impl Decoder {
 
     /// Copies every parameter of `other` (same config, any dtype/device) into this model's tensors in place,
     /// under `no_grad`. This is the colocated weight sync: the generation copy keeps its storage (and any
-    /// CUDA graphs or caches referring to it), only values change.
+    /// CUDA graphs or caches referring to it), only values change. When `other` carries LoRA adapters, this model
+    /// receives its merged weights ([`Decoder::merged_parameters`]).
     pub fn copy_weights_from(&mut self, other: &Decoder) -> Result<()> {
         if other.config.num_hidden_layers != self.config.num_hidden_layers
             || other.config.hidden_size != self.config.hidden_size
         {
             return Err(ModelError::InvalidInput("copy_weights_from: the two models have different shapes".into()));
         }
-        let src = other.vs.variables();
+        let src: HashMap<String, Tensor> = other.merged_parameters()?.into_iter().collect();
         let mut dst = self.vs.variables();
         tch::no_grad(|| -> Result<()> {
             for spec in param_specs(&self.config) {

@@ -190,7 +190,7 @@ pub fn save_hf_parts(
         }
     }
     write_json(&dir.join("generation_config.json"), &generation)?;
-    write_safetensors(&dir.join("model.safetensors"), &decoder.named_parameters()?)?;
+    write_safetensors(&dir.join("model.safetensors"), &decoder.merged_parameters()?)?;
     tokenizer.save(dir, chat_template.map(ChatTemplate::source))
 }
 
@@ -205,4 +205,23 @@ pub fn convert_gguf_to_hf(gguf: &Path, out_dir: &Path) -> Result<PathBuf> {
     let model = load_gguf(gguf, Kind::Float, Device::Cpu)?;
     save_hf_dir(&model, out_dir)?;
     Ok(out_dir.to_path_buf())
+}
+
+/// Merges the PEFT LoRA adapter in `adapter` into `base` (an HF directory or GGUF file) and writes the merged
+/// model as an f32 HF directory `out_dir`: `W + (alpha/r)·B A` for every adapted projection, as PEFT's
+/// `merge_and_unload` computes it.
+pub fn merge_adapter_to_hf(base: &Path, adapter: &Path, out_dir: &Path) -> Result<PathBuf> {
+    let mut model = load_model(base, Kind::Float, Device::Cpu)?;
+    model.decoder.load_lora(adapter)?;
+    model.decoder.merge_lora()?;
+    save_hf_dir(&model, out_dir)?;
+    Ok(out_dir.to_path_buf())
+}
+
+/// The base model a PEFT adapter directory names (`base_model_name_or_path` of its `adapter_config.json`).
+pub fn adapter_base_model(adapter: &Path) -> Result<Option<PathBuf>> {
+    let path = adapter.join(crate::lora::ADAPTER_CONFIG);
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+    let v: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json { path, source })?;
+    Ok(v.get("base_model_name_or_path").and_then(Value::as_str).filter(|s| !s.is_empty()).map(PathBuf::from))
 }

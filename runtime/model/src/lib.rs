@@ -7,6 +7,8 @@
 //!   generation uses [`Decoder::forward_with_cache`] with a [`KvCache`].
 //! - [`score`]: per-token logprobs of responses given prompts.
 //! - [`save_hf_dir`] and [`convert_gguf_to_hf`]: write a directory that transformers loads.
+//! - LoRA ([`LoraSpec`], `lora` module): adapters on the projections, trained while the base stays frozen,
+//!   merged for generation, saved and loaded as PEFT adapter directories.
 //!
 //! Training (gradients flow into the `VarStore` variables):
 //! ```text
@@ -39,6 +41,7 @@ mod gguf;
 mod gguf_weights;
 mod hf;
 mod kv_cache;
+mod lora;
 mod packed;
 mod rope;
 mod safetensors_io;
@@ -55,8 +58,11 @@ pub use device::{DeviceRequest, cuda_devices, fast_bf16, hand_over_threads, sele
 pub use error::{ModelError, Result};
 pub use gguf::{GgufFile, GgufTensorInfo, GgufValue};
 pub use gguf_weights::GgufWeights;
-pub use hf::{LoadedModel, convert_gguf_to_hf, load_model, save_hf_dir, save_hf_parts};
+pub use hf::{
+    LoadedModel, adapter_base_model, convert_gguf_to_hf, load_model, merge_adapter_to_hf, save_hf_dir, save_hf_parts,
+};
 pub use kv_cache::KvCache;
+pub use lora::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraSpec, ModuleSelector};
 pub use safetensors_io::{SafetensorsWeights, write_safetensors};
 pub use score::{ScoreRequest, ScoredSequence, score};
 pub use tokenizer::Tokenizer;

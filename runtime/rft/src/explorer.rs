@@ -93,6 +93,7 @@ impl Explorer {
     ) -> Result<Explorer, RftError> {
         let kind = models::engine_kind(&config.explorer.rollout_model.dtype, device);
         let mut generation = models::load(model_path, kind, device, threads)?;
+        models::on_pool(threads, || crate::lora::merge_start_adapter(config, model_path, &mut generation.decoder))?;
         let template = models::chat_template(config, &mut generation)?;
         let tokenizer = generation.tokenizer.clone();
         let model = &config.model;

@@ -20,6 +20,7 @@ pub mod error;
 pub(crate) mod explorer;
 pub(crate) mod failed_tasks;
 pub(crate) mod json_file;
+pub(crate) mod lora;
 pub mod mix_strategy;
 pub(crate) mod models;
 pub(crate) mod modes;

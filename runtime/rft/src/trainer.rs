@@ -8,7 +8,9 @@
 //! than `max_staleness` versions, prioritised replay mixes earlier steps back in, and `mix` adds expert rows.
 //!
 //! Checkpoints (`global_step_N/`) hold the policy as a Hugging Face directory (`hf/`), the optimizer state
-//! (`trainer/`) and `meta.json` ([`Meta`]); a resumed trainer reloads all three. KL terms are measured against the
+//! (`trainer/`) and `meta.json` ([`Meta`]); a resumed trainer reloads all three. A LoRA run (`model.lora_configs`)
+//! also writes its adapter as a PEFT directory (`lora_adapter/`, [`crate::lora`]) and resumes from that on top of
+//! the base model, while `hf/` holds the merged weights. KL terms are measured against the
 //! base model (`model.model_path`) for the whole run, never the checkpoint.
 
 use std::borrow::Cow;
@@ -22,12 +24,13 @@ use trinity_buffer::difficulty_estimator::DifficultyEstimator;
 use trinity_buffer::{Experience, ReplayBuffer, ReplayTake, SchedulerState};
 use trinity_checkpoint::{Checkpoint, CheckpointDir};
 use trinity_config::Config;
-use trinity_model::{ChatTemplate, Tokenizer, save_hf_parts};
+use trinity_model::{ChatTemplate, LoraSpec, Tokenizer, save_hf_parts};
 use trinity_monitor::Metrics;
 use trinity_trainer::{Components, StartingModels, TrainRow, Trainer as TrainEngine, TrainerOptions};
 
 use crate::data_parallel::{Header, Leader};
 use crate::error::RftError;
+use crate::lora::{self, LORA_ADAPTER_DIR};
 use crate::mix_strategy::ExpertData;
 use crate::models::{self, model_error, on_pool};
 
@@ -63,6 +66,10 @@ pub(crate) struct Trainer {
     threads: usize,
     /// Rank 0 of a data-parallel run: announces each step to the other ranks and shares its rows.
     leader: Option<Arc<Leader>>,
+    /// The adapters' settings when the run trains LoRA adapters (saved beside each checkpoint).
+    lora: Option<LoraSpec>,
+    /// `model.model_path`, named in a saved adapter's config as its base model.
+    base_model: String,
 }
 
 /// Rank 0's part in a data-parallel run ([`crate::data_parallel`]): the channel to the other ranks and the
@@ -111,9 +118,11 @@ impl Trainer {
             }
             None => None,
         };
-        let model_path = match &resumed {
-            Some((checkpoint, _)) => checkpoint.path.join("hf"),
-            None => PathBuf::from(&config.model.model_path),
+        // A LoRA run trains adapters on the base model, so it always loads the base and takes a checkpoint's
+        // adapter from `lora_adapter/`; a full fine-tune resumes from the checkpoint's weights.
+        let model_path = match (&resumed, config.model.lora()) {
+            (Some((checkpoint, _)), None) => checkpoint.path.join("hf"),
+            _ => PathBuf::from(&config.model.model_path),
         };
         let kind = models::trainer_kind(&config.trainer.dtype, device);
         tracing::info!(
@@ -121,6 +130,8 @@ impl Trainer {
             if kind == Kind::Float { "fp32" } else { "bf16 compute, fp32 master weights" }
         );
         let mut policy = models::load(&model_path, kind, device, threads)?;
+        let resumed_adapter = resumed.as_ref().map(|(checkpoint, _)| checkpoint.path.join(LORA_ADAPTER_DIR));
+        let lora = on_pool(threads, || lora::attach(config, &mut policy.decoder, resumed_adapter.as_deref()))?;
         let chat_template = models::chat_template(config, &mut policy)?;
         let tokenizer = policy.tokenizer.clone();
         let eos_token_ids = policy.eos_token_ids.clone();
@@ -175,6 +186,8 @@ impl Trainer {
             total_steps,
             threads,
             leader,
+            lora,
+            base_model: config.model.model_path.clone(),
         };
         Ok(Started { trainer, resumed })
     }
@@ -259,17 +272,25 @@ impl Trainer {
         Ok(tokens)
     }
 
-    /// The policy's parameters by HF name (shallow handles: valid until the next train step changes them).
+    /// The policy's parameters by HF name (shallow handles: valid until the next train step changes them). With
+    /// LoRA these are the base weights with the adapters merged in (new tensors), which the rollout engine then
+    /// generates with: one path for every `sync_method`, and an engine that needs no adapter support.
     pub(crate) fn weights(&self) -> Result<Vec<(String, tch::Tensor)>, RftError> {
-        self.engine.policy().named_parameters().map_err(|e| model_error(Path::new("policy"), e))
+        self.engine.policy().merged_parameters().map_err(|e| model_error(Path::new("policy"), e))
     }
 
     /// Writes checkpoint `global_step_<step>` with `meta`, then prunes to `max_checkpoints_to_keep`.
     pub(crate) fn save(&mut self, meta: &Meta) -> Result<(), RftError> {
         let (engine, tokenizer, template, eos) =
             (&self.engine, &self.tokenizer, self.chat_template.as_ref(), &self.eos_token_ids);
+        let (lora, base_model) = (self.lora.as_ref(), self.base_model.as_str());
         self.checkpoints.save(meta.train_step, meta, |dir| {
+            // `hf/` holds the adapted model (adapters merged) so that evaluation, later stages and conversion
+            // read a checkpoint the same way with or without LoRA; `lora_adapter/` is what training resumes from.
             save_hf_parts(engine.policy(), tokenizer, template, eos, &dir.join("hf")).map_err(|e| e.to_string())?;
+            if let Some(spec) = lora {
+                engine.policy().save_lora(&dir.join(LORA_ADAPTER_DIR), spec, base_model).map_err(|e| e.to_string())?;
+            }
             let state = dir.join("trainer");
             std::fs::create_dir_all(&state).map_err(|e| e.to_string())?;
             engine.save_state(&state).map_err(|e| e.to_string())
@@ -292,7 +313,9 @@ pub(crate) fn follower_engine(
     group: trinity_collective::ProcessGroup,
 ) -> Result<TrainEngine, RftError> {
     let kind = models::trainer_kind(&config.trainer.dtype, device);
-    let policy = models::load(Path::new(&config.model.model_path), kind, device, threads)?;
+    let mut policy = models::load(Path::new(&config.model.model_path), kind, device, threads)?;
+    // The adapters' shapes must match rank 0's, whose values then arrive by broadcast.
+    on_pool(threads, || lora::attach(config, &mut policy.decoder, None))?;
     let components = Components::from_config(&config.algorithm)?;
     let options = TrainerOptions { total_steps: Some(total_steps), ..TrainerOptions::from_config(config) };
     let vocab = policy.decoder.config().vocab_size;
@@ -381,7 +404,8 @@ fn starting_models(
 ) -> Result<StartingModels, RftError> {
     let load = |path: &Path, kind: Kind| models::load(path, kind, device, threads).map(|m| m.decoder);
     let base = Path::new(&config.model.model_path);
-    let reference = if components.use_reference && resuming {
+    // A LoRA policy's base weights are never trained: they are the reference (scored with the adapters off).
+    let reference = if components.use_reference && resuming && config.model.lora().is_none() {
         tracing::info!("reference model: {} (the base model, not the checkpoint)", base.display());
         Some(load(base, kind)?)
     } else {

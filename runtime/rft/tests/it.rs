@@ -297,3 +297,92 @@ fn staleness_control_drops_experiences_older_than_max_staleness() {
     let trained: Vec<bool> = lines.iter().map(|l| l.get("train/loss").is_some()).collect();
     assert_eq!(trained, vec![true, true, false, true, false]);
 }
+
+/// Logprobs of an experience's response tokens under `model` (temperature 1, the rollouts' default).
+fn response_logprobs(model: &trinity_model::Decoder, row: &serde_json::Value) -> Vec<f32> {
+    let tokens: Vec<i64> = row["tokens"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap()).collect();
+    let prompt = row["prompt_length"].as_u64().unwrap() as i64;
+    let n = tokens.len() as i64;
+    let ids = tch::Tensor::from_slice(&tokens).view([1, n]);
+    let lp = tch::no_grad(|| {
+        let h = model.forward_hidden(&ids, None).unwrap();
+        model.token_logprobs(&h.narrow(1, 0, n - 1), &ids.narrow(1, 1, n - 1), 1.0, 256).unwrap()
+    });
+    Vec::<f32>::try_from(lp.view([-1]).narrow(0, prompt - 1, n - prompt)).unwrap()
+}
+
+#[test]
+fn lora_trains_adapters_the_engine_generates_with_them_merged_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let lora = |steps: u32| {
+        config(
+            dir.path(),
+            &[
+                format!("buffer.total_steps={steps}"),
+                "trainer.save_interval=1".to_owned(),
+                "model.lora_configs=[{lora_rank: 4, lora_alpha: 8, target_modules: all-linear}]".to_owned(),
+            ],
+        )
+    };
+    let first = lora(3);
+    let summary = trinity_rft::run(&first, &trinity_rft::job_dir(&first)).unwrap();
+    assert_eq!(summary.train_steps, 3);
+    let job = summary.job_dir;
+    let adapter = |step: u32| job.join(format!("global_step_{step}/lora_adapter"));
+    for step in [1, 2, 3] {
+        assert!(adapter(step).join("adapter_config.json").exists());
+        assert!(adapter(step).join("adapter_model.safetensors").exists());
+    }
+    // The optimizer holds state for the adapters alone: the base weights were frozen.
+    let state =
+        trinity_model::SafetensorsWeights::open_files(&[job.join("global_step_3/trainer/optimizer.safetensors")])
+            .unwrap();
+    let names = state.names();
+    assert!(names.iter().any(|n| n.contains("lora_A")), "{names:?}");
+    assert!(names.iter().all(|n| n.contains(".lora_") || n == "step"), "{names:?}");
+
+    let load = |path: &Path| trinity_model::load_model(path, tch::Kind::Float, tch::Device::Cpu).unwrap().decoder;
+    let base = load(&tiny_model_dir());
+    let mut adapted = load(&tiny_model_dir());
+    adapted.load_lora(&adapter(2)).unwrap();
+    let b_moved: f64 = adapted
+        .lora_parameters()
+        .iter()
+        .filter(|(n, _)| n.contains("lora_B"))
+        .map(|(_, t)| t.abs().sum(tch::Kind::Double).double_value(&[]))
+        .sum();
+    assert!(b_moved > 0.0, "training left every lora_B at zero");
+    // `hf/` is the base with the adapter merged in: the base itself did not move.
+    let merged = load(&job.join("global_step_2/hf"));
+    let (want, got) = (adapted.merged_parameters().unwrap(), merged.named_parameters().unwrap());
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        let diff = (w - g).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "{name}: hf/ differs from base + adapter by {diff}");
+    }
+
+    // Step 3 explored with the weights train step 2 published (memory sync): its logprobs are the base + step-2
+    // adapter's, not the base model's.
+    let text = std::fs::read_to_string(job.join("experiences.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let step_three: Vec<&serde_json::Value> = rows.iter().filter(|r| r["model_version"] == 2).collect();
+    assert!(!step_three.is_empty());
+    let (mut with_adapter, mut without) = (0f64, 0f64);
+    for row in step_three {
+        let recorded: Vec<f32> =
+            row["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        let diff = |model: &trinity_model::Decoder| {
+            let lp = response_logprobs(model, row);
+            lp.iter().zip(&recorded).map(|(a, b)| f64::from((a - b).abs())).fold(0.0, f64::max)
+        };
+        with_adapter = with_adapter.max(diff(&adapted));
+        without = without.max(diff(&base));
+    }
+    assert!(with_adapter < 1e-3, "the engine did not sample with the merged weights (max diff {with_adapter})");
+    assert!(without > 10.0 * with_adapter.max(1e-5), "the adapter did not change the sampling model ({without})");
+
+    // Resuming continues from the checkpoint's adapter.
+    let second = lora(4);
+    let summary = trinity_rft::run(&second, &trinity_rft::job_dir(&second)).unwrap();
+    assert_eq!(summary.resumed_from, Some(3));
+    assert!(adapter(4).join("adapter_model.safetensors").exists());
+}

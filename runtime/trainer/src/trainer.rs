@@ -184,6 +184,8 @@ pub struct Trainer {
     schedule: LrSchedule,
     components: Components,
     reference: Option<ReferenceModel>,
+    /// The reference is the LoRA policy with its adapters switched off.
+    reference_is_base: bool,
     critic: Option<Critic>,
     options: TrainerOptions,
     global_step: u64,
@@ -273,10 +275,15 @@ impl Trainer {
             }
         }
         let schedule = LrSchedule::new(optimizer, options.total_steps)?;
-        let adamw = AdamW::new(policy.named_parameters()?, AdamWSettings::from(optimizer))?;
+        // With LoRA adapters only they are trained: the frozen base weights get no gradient and no optimizer state.
+        let adamw = AdamW::new(policy.trainable_parameters()?, AdamWSettings::from(optimizer))?;
+        // A LoRA policy's base weights are the reference: scored with the adapters off (as veRL does with a LoRA
+        // actor), no second copy of the model.
+        let reference_is_base = components.use_reference && models.reference.is_none() && policy.has_lora();
         let reference = match (components.use_reference, models.reference) {
             (false, _) => None,
             (true, Some(decoder)) => Some(ReferenceModel::new(decoder)),
+            (true, None) if reference_is_base => None,
             (true, None) => {
                 Some(ReferenceModel::from_policy(&policy, options.reference_kind.unwrap_or(policy.kind()))?)
             }
@@ -300,6 +307,7 @@ impl Trainer {
             schedule,
             components,
             reference,
+            reference_is_base,
             critic,
             options,
             global_step: 0,
@@ -341,6 +349,7 @@ impl Trainer {
     fn broadcast_state(&mut self) -> Result<()> {
         let Some(dp) = &self.dp else { return Ok(()) };
         let mut tensors = self.policy.named_parameters()?;
+        tensors.extend(self.policy.lora_parameters().into_iter().map(|(n, t)| (format!("lora/{n}"), t)));
         tensors.extend(self.optimizer.state_tensors().into_iter().map(|(n, t)| (format!("optimizer/{n}"), t)));
         if let Some(reference) = &self.reference {
             let params = reference.decoder().named_parameters()?;
@@ -511,6 +520,8 @@ impl Trainer {
         }
         if let Some(reference) = &self.reference {
             batch.ref_logprob = Some(score_all(reference.decoder())?);
+        } else if self.reference_is_base {
+            batch.ref_logprob = Some(self.policy.without_lora(|| score_all(&self.policy))?);
         }
         if let Some(critic) = &self.critic {
             let mut out = Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu))?;
