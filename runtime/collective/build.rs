@@ -7,9 +7,18 @@
 //! wheel: Debian's `libgloo-dev` puts them in /usr/include (`cargo xtask setup` installs it); `GLOO_INCLUDE_DIR`
 //! points elsewhere.
 //!
-//! Feature `nccl` adds `TRINITY_NCCL`, `USE_C10D_NCCL` and `USE_CUDA`, links `torch_cuda c10_cuda`, and needs the
-//! CUDA runtime and NCCL headers in `CUDA_INCLUDE_DIRS` (colon-separated; `cargo xtask setup --cuda` prints it).
-use std::path::PathBuf;
+//! Feature `nccl` adds `TRINITY_NCCL`, `USE_C10D_NCCL` and `USE_CUDA`, links `torch_cuda c10_cuda`, and compiles
+//! against the CUDA runtime, cuBLAS/cuSPARSE/cuSOLVER (`ATen/cuda/CUDAContext.h`) and NCCL headers. Those are in
+//! the `include/` folders of the CUDA wheels `cargo xtask setup --cuda` installs next to `torch/`
+//! (`<libtorch>/../nvidia/*/include`), where this script finds them, so that step is the only one;
+//! `CUDA_INCLUDE_DIRS` (colon-separated) replaces that search for a system CUDA toolkit. The same wheels'
+//! `lib/` folders are passed to the linker as `-rpath-link` so it can check `libtorch_cuda.so`'s own dependencies;
+//! at run time `libtorch_cuda.so` finds them through its RPATH (`$ORIGIN/../../nvidia/<package>/lib`).
+use std::path::{Path, PathBuf};
+
+/// The headers `ProcessGroupNCCL.hpp` reaches: a folder list without one of them cannot build the shim.
+const CUDA_HEADERS: [&str; 7] =
+    ["cuda_runtime_api.h", "crt/host_config.h", "nv/target", "cublas_v2.h", "cusparse.h", "cusolverDn.h", "nccl.h"];
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/collective.cpp");
@@ -45,19 +54,55 @@ fn main() {
         .warnings(false);
     if std::env::var_os("CARGO_FEATURE_NCCL").is_some() {
         build.define("TRINITY_NCCL", None).define("USE_C10D_NCCL", None).define("USE_CUDA", None);
-        let dirs = std::env::var("CUDA_INCLUDE_DIRS")
-            .expect("feature `nccl` needs CUDA_INCLUDE_DIRS (CUDA runtime and NCCL headers); see build.rs");
-        for dir in std::env::split_paths(&dirs) {
+        for dir in cuda_include_dirs(&lib) {
             build.include(dir);
         }
     }
     build.compile("trinity_collective_shim");
     println!("cargo:rustc-link-search=native={}", lib.display());
     if std::env::var_os("CARGO_FEATURE_NCCL").is_some() {
+        for dir in wheel_dirs(&lib, "lib") {
+            println!("cargo:rustc-link-arg=-Wl,-rpath-link,{}", dir.display());
+        }
         println!("cargo:rustc-link-lib=dylib=torch_cuda");
         println!("cargo:rustc-link-lib=dylib=c10_cuda");
     }
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+}
+
+/// `<libtorch>/../nvidia/*/<sub>`: the folders of the CUDA wheels installed next to `torch/` (`cu13` for the
+/// toolkit, `nccl`, `cudnn`, ...), sorted so the build does not depend on directory order.
+fn wheel_dirs(lib: &Path, sub: &str) -> Vec<PathBuf> {
+    let nvidia = lib.join("..").join("..").join("nvidia");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&nvidia)
+        .map(|entries| entries.flatten().map(|e| e.path().join(sub)).filter(|p| p.is_dir()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    dirs
+}
+
+/// `CUDA_INCLUDE_DIRS` when set, else the CUDA wheels' include folders; either way every header of
+/// [`CUDA_HEADERS`] must be in one of them, or the build stops saying which is missing and how to install it.
+fn cuda_include_dirs(lib: &Path) -> Vec<PathBuf> {
+    let (dirs, origin) = match std::env::var_os("CUDA_INCLUDE_DIRS") {
+        Some(dirs) => (std::env::split_paths(&dirs).collect::<Vec<_>>(), "CUDA_INCLUDE_DIRS".to_owned()),
+        None => {
+            let nvidia = lib.join("..").join("..").join("nvidia");
+            println!("cargo:rerun-if-changed={}", nvidia.display());
+            (wheel_dirs(lib, "include"), format!("{}/*/include", nvidia.display()))
+        }
+    };
+    let missing: Vec<&str> =
+        CUDA_HEADERS.iter().copied().filter(|h| !dirs.iter().any(|d| d.join(h).is_file())).collect();
+    if !missing.is_empty() {
+        panic!(
+            "feature `nccl` needs the CUDA and NCCL headers, and {origin} lacks {}; run `cargo xtask setup --cuda` \
+             (it installs the CUDA wheels libtorch_cuda was built against next to libtorch) or point \
+             CUDA_INCLUDE_DIRS at a CUDA toolkit's and NCCL's include folders",
+            missing.join(", ")
+        );
+    }
+    dirs
 }

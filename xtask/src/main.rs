@@ -10,6 +10,7 @@ mod fuzz;
 mod new_algorithm;
 mod plugins;
 mod setup;
+mod setup_cuda;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,9 +31,17 @@ struct Cli {
 enum Task {
     /// Install libtorch, the wasm32-wasip2 target and the SmolLM2 model into `.deps/`, and Debian's postgresql
     /// package where initdb is missing (idempotent).
-    Setup,
+    Setup {
+        /// Also install the CUDA libraries and headers libtorch_cuda.so was built against (cuBLAS, cuDNN, NCCL,
+        /// ...; about 2 GB to download, 3.5 GB on disk), which the `nccl` feature of trinity-collective builds on.
+        #[arg(long)]
+        cuda: bool,
+    },
     /// Setup, then `cargo fmt --check`, clippy with `-D warnings`, and every test of the workspace.
     Test,
+    /// `setup --cuda`, then clippy with `-D warnings` and the tests of trinity-collective with its `nccl` feature
+    /// (not part of `test`: CI does not install the CUDA libraries).
+    TestCuda,
     /// Setup, release build, then run the quickstart job, print its learning curve and the studio command that
     /// shows the run.
     Quickstart,
@@ -129,10 +138,15 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let root = workspace_root()?;
     match cli.command {
-        Task::Setup => {
-            Deps::locate(&root).install_all()?;
+        Task::Setup { cuda } => {
+            let deps = Deps::locate(&root);
+            deps.install_all()?;
+            if cuda {
+                deps.install_cuda()?;
+            }
         }
         Task::Test => test(&root)?,
+        Task::TestCuda => test_cuda(&root)?,
         Task::Quickstart => quickstart(&root)?,
         Task::NewPlugin { kind, name } => plugins::new_plugin(&root, kind, &name)?,
         Task::BuildPlugins => {
@@ -172,6 +186,22 @@ fn test(root: &Path) -> Result<()> {
     cargo(root, &deps, "format check", &["fmt", "--all", "--check"])?;
     cargo(root, &deps, "clippy", &["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"])?;
     cargo(root, &deps, "tests", &["test", "--workspace", "--locked"])?;
+    Ok(())
+}
+
+/// The builds CI leaves out because they need `setup --cuda`: the collectives crate with NCCL. With no GPU its
+/// tests check that the CUDA libraries link and load, that Gloo works unchanged, and that asking for NCCL fails
+/// with a named error; with one, they also run NCCL.
+fn test_cuda(root: &Path) -> Result<()> {
+    let deps = Deps::locate(root);
+    deps.install_all()?;
+    deps.install_cuda()?;
+    let feature = ["-p", "trinity-collective", "--features", "nccl", "--locked"];
+    let clippy: Vec<&str> =
+        ["clippy"].into_iter().chain(feature).chain(["--all-targets", "--", "-D", "warnings"]).collect();
+    cargo(root, &deps, "clippy (feature nccl)", &clippy)?;
+    let tests: Vec<&str> = ["test"].into_iter().chain(feature).collect();
+    cargo(root, &deps, "tests (feature nccl)", &tests)?;
     Ok(())
 }
 

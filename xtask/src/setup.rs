@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use crate::{run, step};
 
 /// The libtorch release tch 0.24 is written against.
-const TORCH_VERSION: &str = "2.11.0";
+pub(crate) const TORCH_VERSION: &str = "2.11.0";
 /// PyPI's torch wheel for Linux is the CUDA 13.0 build; `libtorch_cpu.so` links the CUDA runtime and CUPTI even
 /// when only the CPU is used, so those two (about 50 MB) come along, and not the 4 GB of other CUDA libraries.
 const CUDA_RUNTIME_PACKAGE: &str = "cuda-toolkit[cudart,cupti]==13.0.2";
@@ -48,6 +48,11 @@ impl Deps {
     pub(crate) fn locate(root: &Path) -> Self {
         let dir = std::env::var_os("TRINITY_DEPS_DIR").map(PathBuf::from).unwrap_or_else(|| root.join(".deps"));
         Deps { dir }
+    }
+
+    /// The folder everything is installed into.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The directory torch-sys expects in `LIBTORCH` (it holds `include/` and `lib/`).
@@ -372,7 +377,7 @@ fn pip_install(target: &Path, args: &[&str]) -> Result<()> {
         .args(args))
 }
 
-fn python_command() -> Command {
+pub(crate) fn python_command() -> Command {
     let mut command = Command::new(std::env::var_os("PYTHON").unwrap_or_else(|| "python3".into()));
     command.env("PIP_ROOT_USER_ACTION", "ignore");
     command

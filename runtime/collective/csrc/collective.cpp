@@ -28,6 +28,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #ifdef TRINITY_NCCL
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -83,6 +84,10 @@ struct TrinityStore {
   uint16_t port = 0;
 };
 
+// One group, one backend per device type: what c10d::ProcessGroup does with setBackend(CPU, gloo) and
+// setBackend(CUDA, nccl), without going through the dispatcher's c10d ops. Both backends meet on the same store
+// (under "gloo/" and "nccl/") with the same ranks, and each keeps its own order of collectives, which every rank
+// issues in the same order.
 struct TrinityGroup {
   c10::intrusive_ptr<c10d::Backend> gloo;
   // CUDA tensors go to NCCL when the group has it (feature `nccl`); CPU tensors always to Gloo.
@@ -262,6 +267,13 @@ char* trinity_group_new(TrinityStore* store, int rank, int size, int64_t timeout
     handle->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(gloo_store, rank, size, options);
     if (nccl) {
 #ifdef TRINITY_NCCL
+      // Checked here rather than left to ProcessGroupNCCL, so that a machine without a GPU (or without the driver)
+      // gets one clear message on every rank.
+      if (c10::cuda::device_count() == 0) {
+        throw std::runtime_error(
+            "NCCL needs a CUDA device and this process sees none (no GPU, no NVIDIA driver, or CUDA_VISIBLE_DEVICES "
+            "hides them); leave NCCL off to use Gloo, which serves CUDA tensors through host memory");
+      }
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
       nccl_options->timeout = millis(timeout_ms);
       auto nccl_store = c10::make_intrusive<c10d::PrefixStore>("nccl/", store->store);

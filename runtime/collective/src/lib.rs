@@ -13,8 +13,10 @@
 //!
 //! CPU tensors always go through Gloo. With the `nccl` feature and `GroupOptions::nccl`, one group also holds an
 //! NCCL backend and sends CUDA tensors through it; without it a CUDA tensor is copied to host memory, reduced or
-//! broadcast by Gloo and copied back. Only the CPU paths have run: this machine has no GPU, and the NCCL code in the
-//! shim is compiled only with the feature (which needs the CUDA, cuBLAS, cuSPARSE, cuSOLVER and NCCL headers).
+//! broadcast by Gloo and copied back. The feature needs `cargo xtask setup --cuda` (the CUDA wheels whose headers
+//! the shim compiles against and whose libraries `libtorch_cuda.so` loads; docs/cuda.md) and is tested by
+//! `cargo xtask test-cuda`, not by CI. It has been compiled, linked and its no-device error tested on a machine
+//! without a GPU; no NCCL collective has run.
 
 pub mod bucket;
 pub mod env;

@@ -4,6 +4,8 @@
 mod collectives;
 mod failures;
 mod launched;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod weight_sync;
 
 use std::time::Duration;
