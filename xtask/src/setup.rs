@@ -370,7 +370,7 @@ fn install_wasm_target() -> Result<()> {
     run(Command::new("rustup").args(["target", "add", WASM_TARGET]))
 }
 
-fn pip_install(target: &Path, args: &[&str]) -> Result<()> {
+pub(crate) fn pip_install(target: &Path, args: &[&str]) -> Result<()> {
     run(python_command()
         .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
         .arg(target)
