@@ -68,7 +68,7 @@ fn trl_python(reference_python: &Path) -> Result<PathBuf> {
 }
 
 /// The site-packages folder of an interpreter, as it reports it.
-fn purelib(python: &Path) -> Result<PathBuf> {
+pub(crate) fn purelib(python: &Path) -> Result<PathBuf> {
     let output = Command::new(python)
         .args(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
         .output()

@@ -5,6 +5,7 @@
 
 mod bench_async;
 mod bench_grpo;
+mod bench_lora;
 mod compat_runs;
 mod fuzz;
 mod llama_cpp;
@@ -139,6 +140,17 @@ enum Bench {
         /// Training steps of each run.
         #[arg(long, default_value_t = 6)]
         steps: usize,
+    },
+    /// LoRA: peak memory and step time of GRPO train steps at Qwen2.5-0.5B and -1.5B shapes (random weights),
+    /// LoRA against full fine-tuning; then Python's peft loads a trinity adapter and matches `trinity convert
+    /// --adapter` (installs peft over the reference environment on first use).
+    Lora {
+        /// CPU threads.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// A PEFT adapter directory trinity saved; default: the one a two-step LoRA quickstart run writes.
+        #[arg(long)]
+        adapter: Option<PathBuf>,
     },
     /// Asynchronous RL against one process on the same work (examples/async/, SmolLM2): `trinity run` in mode
     /// both, then the explorer/trainer pair; wall time, tokens explored and trained per second, last eval accuracy.
@@ -340,6 +352,7 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
             Ok(())
         }
         Bench::Grpo { threads, steps } => bench_grpo::bench(root, &deps, &python, threads, steps),
+        Bench::Lora { threads, adapter } => bench_lora::bench(root, &deps, &python, threads, adapter),
         Bench::Async { .. } => unreachable!("handled above: it needs no Python reference"),
     }
 }

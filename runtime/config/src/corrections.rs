@@ -26,14 +26,7 @@ impl Resolver<'_> {
         // path: a process group the trainer hosts (Gloo on CPU). Bench and serve only read published weights.
         let pair = matches!(config.mode, Mode::Explore | Mode::Train) && !dataset;
         if config.synchronizer.sync_method == SyncMethod::Nccl {
-            if config.model.lora().is_some() && config.mode != Mode::Colocate {
-                config.synchronizer.sync_method = SyncMethod::Checkpoint;
-                self.notes.push(
-                    "synchronizer.sync_method `nccl` is set to `checkpoint` with model.lora_configs (as Trinity-RFT \
-                     does): the adapted weights are published as files"
-                        .into(),
-                );
-            } else if pair {
+            if pair {
                 self.notes.push(format!(
                     "synchronizer.sync_method `nccl` in mode `{}`: weights go from the trainer to the explorer over a \
                      process group the trainer hosts (Gloo on CPU; its address is in <job>/sync/nccl.json), and \
