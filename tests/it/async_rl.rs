@@ -3,10 +3,10 @@
 //! killed with SIGKILL and started again; and two explorers feeding one trainer through PostgreSQL.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use crate::support::{stderr, tiny_model_dir};
+use crate::support::{spawn_run, stderr, tiny_model_dir};
 
 /// Explore steps of 2 tasks × 4 rollouts: 8 experiences each, one train step each.
 const TASKS_PER_STEP: usize = 2;
@@ -69,17 +69,6 @@ monitor:
     dir
 }
 
-fn start(dir: &Path, config: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_trinity"))
-        .current_dir(dir)
-        .args(["run", "--config", config])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
 fn finish(child: Child, what: &str) {
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "{what} failed:\n{}", stderr(&output));
@@ -122,9 +111,9 @@ fn assert_each_experience_trained_once(db: &Path, explore_steps: i64, train_step
 fn an_async_pair_runs_whichever_process_starts_first() {
     // Trainer first, fixed sync every 2 steps with the explorer one step ahead.
     let dir = pair_dir(6, "sqlite:///exp.db", "  sync_interval: 2\n  sync_offset: 1\n", "", "");
-    let trainer = start(dir.path(), "trainer.yaml");
+    let trainer = spawn_run(dir.path(), "trainer.yaml");
     std::thread::sleep(Duration::from_millis(500));
-    let explorer = start(dir.path(), "explorer.yaml");
+    let explorer = spawn_run(dir.path(), "explorer.yaml");
     finish(explorer, "explorer");
     finish(trainer, "trainer");
     let job = job(dir.path());
@@ -136,10 +125,10 @@ fn an_async_pair_runs_whichever_process_starts_first() {
 
     // Explorer first, explorer-driven sync: it asks the trainer for weights, which answers once it runs.
     let dir = pair_dir(4, "sqlite:///exp.db", "  sync_interval: 2\n  sync_style: explorer_driven\n", "", "");
-    let explorer = start(dir.path(), "explorer.yaml");
+    let explorer = spawn_run(dir.path(), "explorer.yaml");
     let job = self::job(dir.path());
     wait_for("the explorer's sync request", || job.join("sync/request_explorer.json").exists());
-    let trainer = start(dir.path(), "trainer.yaml");
+    let trainer = spawn_run(dir.path(), "trainer.yaml");
     finish(explorer, "explorer");
     finish(trainer, "trainer");
     assert_each_experience_trained_once(&job.join("buffer/exp.db"), 4, 4);
@@ -167,20 +156,20 @@ fn kill_9_of_either_process_then_the_same_command_loses_and_repeats_nothing() {
             })
             .unwrap_or(0)
     };
-    let mut trainer = start(dir.path(), "trainer.yaml");
-    let mut explorer = start(dir.path(), "explorer.yaml");
+    let mut trainer = spawn_run(dir.path(), "trainer.yaml");
+    let mut explorer = spawn_run(dir.path(), "explorer.yaml");
     // Kill the trainer past its first checkpoint, with trained steps after it that must be trained again.
     wait_for("the trainer past a checkpoint", || checkpoints() >= 1 && steps_in(&trainer_metrics).len() >= 4);
     trainer.kill().unwrap();
     trainer.wait().unwrap();
     let trained_before = steps_in(&trainer_metrics).len();
-    trainer = start(dir.path(), "trainer.yaml");
+    trainer = spawn_run(dir.path(), "trainer.yaml");
     // Kill the explorer a few steps later, then start it again.
     let explored = steps_in(&explorer_metrics).len();
     wait_for("the explorer to go on", || steps_in(&explorer_metrics).len() >= explored + 2);
     explorer.kill().unwrap();
     explorer.wait().unwrap();
-    explorer = start(dir.path(), "explorer.yaml");
+    explorer = spawn_run(dir.path(), "explorer.yaml");
     finish(explorer, "explorer");
     finish(trainer, "trainer");
 
@@ -208,9 +197,9 @@ fn two_explorers_feed_one_trainer_through_postgresql() {
     let explorer_b = explorer.replacen("explorer:\n", "explorer:\n  name: explorer_b\n", 1);
     assert_ne!(explorer, explorer_b);
     std::fs::write(dir.path().join("explorer_b.yaml"), explorer_b).unwrap();
-    let trainer = start(dir.path(), "trainer.yaml");
-    let a = start(dir.path(), "explorer.yaml");
-    let b = start(dir.path(), "explorer_b.yaml");
+    let trainer = spawn_run(dir.path(), "trainer.yaml");
+    let a = spawn_run(dir.path(), "explorer.yaml");
+    let b = spawn_run(dir.path(), "explorer_b.yaml");
     finish(a, "explorer");
     finish(b, "explorer_b");
     finish(trainer, "trainer");

@@ -5,13 +5,13 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
 use crate::serve::{config_for, server_address};
-use crate::support::{assert_clean_failure, stderr, tiny_model_dir};
+use crate::support::{assert_clean_failure, spawn_run, stderr, tiny_model_dir};
 
 const API_KEY: &str = "sk-trinity-test-4f1c9a";
 
@@ -148,14 +148,7 @@ fn bench_evaluates_an_openai_compatible_endpoint_over_http() {
     let dir = tempfile::tempdir().unwrap();
     let tiny = tiny_model_dir();
     std::fs::write(dir.path().join("serve.yaml"), config_for("serve", &tiny, 64, 6, 2)).unwrap();
-    let server = Command::new(env!("CARGO_BIN_EXE_trinity"))
-        .current_dir(dir.path())
-        .args(["run", "--config", "serve.yaml"])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let server = spawn_run(dir.path(), "serve.yaml");
     let address = server_address(&dir.path().join("ckpt/p/served"));
     let (proxy, wire) = recording_proxy(address.clone());
     // The name the server answers to (its model_path, as in Trinity-RFT's serve mode).

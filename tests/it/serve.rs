@@ -5,12 +5,12 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{openai_python, stderr, tiny_model_dir, trinity, workspace_root};
+use crate::support::{openai_python, spawn_run, stderr, tiny_model_dir, trinity, workspace_root};
 use crate::tool_model::write_tool_model;
 
 fn config(mode: &str) -> String {
@@ -99,14 +99,7 @@ fn an_agent_chats_rewards_and_commits_and_a_trainer_trains_on_exactly_those_toke
     std::fs::write(dir.path().join("serve.yaml"), config("serve")).unwrap();
     std::fs::write(dir.path().join("train.yaml"), config("train")).unwrap();
     let job = dir.path().join("ckpt/p/served");
-    let server = Command::new(env!("CARGO_BIN_EXE_trinity"))
-        .current_dir(dir.path())
-        .args(["run", "--config", "serve.yaml"])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let server = spawn_run(dir.path(), "serve.yaml");
     let address = server_address(&job);
 
     let (status, reply) = post(
@@ -191,14 +184,7 @@ fn the_openai_client_drives_mode_serve_and_a_trainer_trains_on_what_it_received(
     std::fs::write(dir.path().join("serve.yaml"), config_for("serve", &model, 512, 12, 4)).unwrap();
     std::fs::write(dir.path().join("train.yaml"), config_for("train", &model, 512, 12, 4)).unwrap();
     let job = dir.path().join("ckpt/p/served");
-    let server = Command::new(env!("CARGO_BIN_EXE_trinity"))
-        .current_dir(dir.path())
-        .args(["run", "--config", "serve.yaml"])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let server = spawn_run(dir.path(), "serve.yaml");
     let address = server_address(&job);
     let script = workspace_root().join("runtime/serve/tests/openai_client.py");
     let client =

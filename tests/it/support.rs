@@ -1,7 +1,7 @@
 //! Small helpers shared by the integration tests.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 /// The workspace root, for fixtures.
 pub fn workspace_root() -> PathBuf {
@@ -62,6 +62,19 @@ pub fn trinity(dir: &Path, args: &[&str]) -> Output {
         .env_remove("TRINITY_TASKSET_PATH")
         .output()
         .expect("the trinity binary runs")
+}
+
+/// Starts `trinity run --config CONFIG` in `dir` as a long-lived child (a server, a trainer), stdout discarded
+/// and stderr piped so that a failing test can print what the process said.
+pub fn spawn_run(dir: &Path, config: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_trinity"))
+        .current_dir(dir)
+        .args(["run", "--config", config])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the trinity binary starts")
 }
 
 pub fn stdout(output: &Output) -> String {

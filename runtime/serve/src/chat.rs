@@ -342,17 +342,19 @@ pub(crate) fn split_reasoning(text: &str, parser: Option<ReasoningParser>) -> (O
     }
 }
 
-/// The message and finish reason of a finished choice: reasoning split off and tool calls parsed out of the
-/// answer when asked (vLLM parses tools in the answer only, so a call the model only thought about is none).
+/// The message and finish reason of a finished choice, from its reasoning and answer as `split_reasoning` made
+/// them (`with_reasoning`: a parser is on, so the message carries `reasoning_content` even when empty); tool
+/// calls are parsed out of the answer when asked (vLLM parses tools in the answer only, so a call the model only
+/// thought about is none). The caller splits, so a streamed reply that also needs the split does it once.
 pub(crate) fn chat_message(
-    text: &str,
+    thinking: Option<&str>,
+    answer: Option<&str>,
+    with_reasoning: bool,
     reason: &'static str,
     parse_tools: bool,
-    reasoning: Option<ReasoningParser>,
     id_of: &dyn Fn() -> String,
 ) -> (Value, &'static str) {
-    let (thinking, answer) = split_reasoning(text, reasoning);
-    let calls = if parse_tools { parse_hermes(answer.as_deref().unwrap_or_default()) } else { None };
+    let calls = if parse_tools { parse_hermes(answer.unwrap_or_default()) } else { None };
     let (mut message, reason) = match calls {
         Some(reply) => {
             let calls: Vec<Value> = reply
@@ -364,7 +366,7 @@ pub(crate) fn chat_message(
         }
         None => (json!({"role": "assistant", "content": answer}), reason),
     };
-    if reasoning.is_some() {
+    if with_reasoning {
         message["reasoning_content"] = json!(thinking);
     }
     (message, reason)
@@ -385,10 +387,16 @@ async fn respond_whole(mut run: Run, output: &ChatOutput) -> Response {
     for (index, choice) in run.choices.iter().enumerate() {
         let (text, reason) =
             choice.finished.as_ref().map_or(("", trinity_engine::FinishReason::Stop), |(t, r)| (t.as_str(), *r));
-        let (message, reason) =
-            chat_message(text, finish_reason_name(reason), output.parse_tools, output.reasoning, &|| {
-                state.ids.next("call_")
-            });
+        let (thinking, answer) = split_reasoning(text, output.reasoning);
+        let id_of = || state.ids.next("call_");
+        let (message, reason) = chat_message(
+            thinking.as_deref(),
+            answer.as_deref(),
+            output.reasoning.is_some(),
+            finish_reason_name(reason),
+            output.parse_tools,
+            &id_of,
+        );
         reasons.push(reason);
         let logprobs = output
             .logprobs

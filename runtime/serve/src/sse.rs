@@ -228,14 +228,17 @@ impl StreamState {
             (Some(_), Some(from)) => choice.text.text()[from..choice.sent].to_owned(),
             (Some(_), None) => String::new(),
         };
+        let (thinking, answer) = split_reasoning(&final_text, reasoning);
         let (message, reason) = match self.spec.shape {
             Shape::Chat => {
-                chat_message(&final_text, reason, self.spec.parse_tools, reasoning, &|| state.ids.next("call_"))
+                let id_of = || state.ids.next("call_");
+                let with_reasoning = reasoning.is_some();
+                let parse_tools = self.spec.parse_tools;
+                chat_message(thinking.as_deref(), answer.as_deref(), with_reasoning, reason, parse_tools, &id_of)
             }
             Shape::Completion => (json!({"content": final_text}), reason),
         };
         self.reasons[index] = Some(reason);
-        let (thinking, answer) = split_reasoning(&final_text, reasoning);
         let answer = answer.unwrap_or_default();
         // Visible text: the answer, or with tool calls the answer before the first call.
         let visible = match message.get("tool_calls") {
