@@ -21,7 +21,7 @@ const TRL_PACKAGES: [&str; 2] = ["trl==1.16.0", "datasets==5.2.0"];
 /// Makes sure the TRL environment exists, builds trinity, and runs the side-by-side script (setup first, like
 /// every other xtask command, so a broken build does not hide a broken environment).
 pub(crate) fn bench(root: &Path, deps: &Deps, reference_python: &Path, threads: usize, steps: usize) -> Result<()> {
-    let python = trl_python(reference_python)?;
+    let python = layered_venv(reference_python, "trl-venv", &TRL_PACKAGES, "TRL")?;
     cargo(root, deps, "release build", &["build", "--release", "--locked", "--bin", "trinity"])?;
     let trinity = target_dir(root).join("release").join("trinity");
     step("bench grpo: TRL GRPOTrainer vs trinity run", || {
@@ -35,19 +35,22 @@ pub(crate) fn bench(root: &Path, deps: &Deps, reference_python: &Path, threads: 
     })
 }
 
-/// The TRL environment's interpreter, created on first use beside the reference environment it layers over.
-fn trl_python(reference_python: &Path) -> Result<PathBuf> {
+/// A virtual environment named `name`, created on first use beside the reference environment and layered over
+/// it (a `.pth` file puts the reference's packages on its path), with `packages` installed on top: benchmarks that
+/// need one more package than torch and transformers (TRL, peft) get it without a second 4.6 GB torch install.
+/// Returns its interpreter.
+pub(crate) fn layered_venv(reference_python: &Path, name: &str, packages: &[&str], what: &str) -> Result<PathBuf> {
     let reference_venv = reference_python
         .parent()
         .and_then(Path::parent)
         .context("the reference interpreter is not inside a venv's bin/ folder")?;
-    let venv = reference_venv.with_file_name("trl-venv");
+    let venv = reference_venv.with_file_name(name);
     let python = venv.join("bin").join("python");
-    let marker = venv.join(format!(".installed-{}", TRL_PACKAGES.join("-")));
+    let marker = venv.join(format!(".installed-{}", packages.join("-")));
     if marker.exists() {
         return Ok(python);
     }
-    step("setup: TRL environment over the reference environment", || {
+    step(&format!("setup: {what} environment over the reference environment"), || {
         if venv.exists() {
             std::fs::remove_dir_all(&venv)
                 .with_context(|| format!("cannot clear the partial install at {}", venv.display()))?;
@@ -55,13 +58,12 @@ fn trl_python(reference_python: &Path) -> Result<PathBuf> {
         // The reference interpreter creates the venv so both share one Python version, which the `.pth` needs.
         run(Command::new(reference_python).args(["-m", "venv"]).arg(&venv))?;
         let reference_packages = purelib(reference_python)?;
-        let packages = purelib(&python)?;
-        std::fs::write(packages.join("reference-venv.pth"), format!("{}\n", reference_packages.display()))?;
+        std::fs::write(purelib(&python)?.join("reference-venv.pth"), format!("{}\n", reference_packages.display()))?;
         run(Command::new(&python)
             .env("PIP_ROOT_USER_ACTION", "ignore")
             .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-            .args(TRL_PACKAGES))?;
-        std::fs::write(&marker, TRL_PACKAGES.join("\n"))?;
+            .args(packages))?;
+        std::fs::write(&marker, packages.join("\n"))?;
         Ok(())
     })?;
     Ok(python)

@@ -29,7 +29,7 @@ pub(crate) fn bench(
     threads: usize,
     adapter: Option<PathBuf>,
 ) -> Result<()> {
-    let python = peft_python(reference_python)?;
+    let python = crate::bench_grpo::layered_venv(reference_python, "peft-venv", &[PEFT_PACKAGE], "peft")?;
     cargo(
         root,
         deps,
@@ -107,39 +107,4 @@ pub(crate) fn bench(
             .arg(&merged)
             .args(["--threads", &threads.to_string()]))
     })
-}
-
-/// The peft environment's interpreter, created on first use beside the reference environment it layers over.
-fn peft_python(reference_python: &Path) -> Result<PathBuf> {
-    let reference_venv = reference_python
-        .parent()
-        .and_then(Path::parent)
-        .context("the reference interpreter is not inside a venv's bin/ folder")?;
-    let venv = reference_venv.with_file_name("peft-venv");
-    let python = venv.join("bin").join("python");
-    let marker = venv.join(format!(".installed-{PEFT_PACKAGE}"));
-    if marker.exists() {
-        return Ok(python);
-    }
-    step("setup: peft environment over the reference environment", || {
-        if venv.exists() {
-            std::fs::remove_dir_all(&venv)
-                .with_context(|| format!("cannot clear the partial install at {}", venv.display()))?;
-        }
-        run(Command::new(reference_python).args(["-m", "venv"]).arg(&venv))?;
-        let reference_packages = crate::bench_grpo::purelib(reference_python)?;
-        let packages = crate::bench_grpo::purelib(&python)?;
-        std::fs::write(packages.join("reference-venv.pth"), format!("{}\n", reference_packages.display()))?;
-        run(Command::new(&python).env("PIP_ROOT_USER_ACTION", "ignore").args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            PEFT_PACKAGE,
-        ]))?;
-        std::fs::write(&marker, PEFT_PACKAGE)?;
-        Ok(())
-    })?;
-    Ok(python)
 }
