@@ -10,6 +10,9 @@
 //! step is 96 tasks × 8 rollouts × up to 1024 tokens, hours of CPU time a step on two cores; the groups
 //! (`repeat_times`), algorithms, losses, rewards, workflows and every other key stay as shipped. Configs whose
 //! `train_batch_size` is tied to the batch (`mix_math`, `rubric`) get the value that keeps the shipped ratio.
+//! `--max-response-tokens` caps the judges' replies too (RULER ships 12288, the rubric judge 1024): a 135M judge
+//! rarely writes the score list it is asked for and then generates to its cap, so an uncapped judge turns one step
+//! into hours on two cores. It is the same CPU concession as the policy's cap; the judge's prompt limits stay.
 //!
 //! The integration tests (`tests/it/compat_runs.rs`) run most of these on a tiny random model in seconds; this
 //! command is the same with a real model, to see the configs learn, fail or slow down on real text.
@@ -36,7 +39,8 @@ enum Data {
 struct Example {
     path: &'static str,
     data: Data,
-    /// Extra `--set` overrides; `BATCH` stands for the batch size, `MODEL` for the SmolLM2 file.
+    /// Extra `--set` overrides; `MODEL` stands for the SmolLM2 file, `TOKENS` for `--max-response-tokens`, `MIX`
+    /// and `GROUPED` for train batch sizes derived from `--batch`.
     extra: &'static [&'static str],
 }
 
@@ -59,12 +63,19 @@ const EXAMPLES: &[Example] = &[
     Example {
         path: "grpo_gsm8k_ruler/gsm8k_ruler.yaml",
         data: Data::Gsm8k,
-        extra: &["explorer.auxiliary_models[0].model_path=MODEL"],
+        extra: &[
+            "explorer.auxiliary_models[0].model_path=MODEL",
+            "explorer.auxiliary_models[0].max_response_tokens=TOKENS",
+        ],
     },
     Example {
         path: "grpo_rubric_as_reward/rubric.yaml",
         data: Data::Gsm8k,
-        extra: &["explorer.auxiliary_models[0].model_path=MODEL", "buffer.train_batch_size=GROUPED"],
+        extra: &[
+            "explorer.auxiliary_models[0].model_path=MODEL",
+            "explorer.auxiliary_models[0].max_response_tokens=TOKENS",
+            "buffer.train_batch_size=GROUPED",
+        ],
     },
 ];
 
@@ -228,6 +239,7 @@ fn run_one(
         sets.push(
             extra
                 .replace("MODEL", &model.display().to_string())
+                .replace("TOKENS", &options.max_response_tokens.to_string())
                 // mix: the usual rows plus expert rows at the shipped ratio, 64 / 320 = 0.2 of the train batch.
                 .replace("MIX", &((batch * repeat) as f64 / 0.8).ceil().to_string())
                 .replace("GROUPED", &(batch * repeat).to_string()),

@@ -75,7 +75,7 @@ enum Task {
         /// Tasks a step (`buffer.batch_size`; the configs ship 32-96).
         #[arg(long, default_value_t = 2)]
         batch: usize,
-        /// `model.max_response_tokens` (the configs ship 1024-10240).
+        /// `model.max_response_tokens`, and the judges' `max_response_tokens` (the configs ship 1024-12288).
         #[arg(long, default_value_t = 256)]
         max_response_tokens: usize,
         /// Run only configs whose path contains one of these (repeatable).
