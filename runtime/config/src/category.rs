@@ -523,7 +523,12 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     // monitor, synchronizer, log, stages, plugins
     ("MonitorConfig", "monitor_type", H, ""),
     ("MonitorConfig", "monitor_args", P, "arguments of hosted monitors, which cannot be reached from here; no effect"),
-    ("MonitorConfig", "detailed_stats", P, LOGGING),
+    (
+        "MonitorConfig",
+        "detailed_stats",
+        H,
+        "evaluations also report std, max and min of the workflows' per-experience metrics",
+    ),
     ("MonitorConfig", "enable_ray_timeline", P, RAY),
     ("SynchronizerConfig", "sync_method", H, ""),
     ("SynchronizerConfig", "sync_style", H, ""),

@@ -22,7 +22,7 @@ use crate::error::RftError;
 use crate::failed_tasks::{FailedTaskLog, FailurePhase};
 use crate::models::{self, model_error};
 use crate::pipeline::ExperiencePipeline;
-use crate::rollout_metrics::{is_accurate, rollout_metrics};
+use crate::rollout_metrics::{Stats, is_accurate, rollout_metrics};
 
 /// What the explorer is started for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +69,8 @@ pub(crate) struct Explorer {
     options: RunnerOptions,
     experiences_log: Option<JsonlWriter>,
     failed_log: Option<FailedTaskLog>,
+    /// `monitor.detailed_stats`: evaluations also report std, max and min of the workflows' metrics.
+    detailed_stats: bool,
     /// `enable_openai_api`: the rollout model's OpenAI-compatible server for workflows; dropping it stops it.
     _openai: Option<trinity_serve::ServerHandle>,
 }
@@ -174,6 +176,7 @@ impl Explorer {
             },
             experiences_log: logs.as_ref().map(|logs| JsonlWriter::open(&logs.experiences)).transpose()?,
             failed_log: logs.as_ref().map(|logs| FailedTaskLog::open(&logs.failed_tasks)).transpose()?,
+            detailed_stats: config.monitor.detailed_stats,
             _openai: openai,
         })
     }
@@ -215,7 +218,7 @@ impl Explorer {
             let first = report.failures.first().map(|f| f.error.to_string()).unwrap_or_default();
             return Err(RftError::AllTasksFailed { step, first });
         }
-        let mut metrics = rollout_metrics("rollout", &report);
+        let mut metrics = rollout_metrics("rollout", &report, Stats::Rollout);
         let output = self.pipeline.process(report.groups.into_iter().flatten().collect()).await?;
         metrics.extend(output.metrics);
         // Pass rates an operator measured (`pass_rate_calculator`) feed the task selectors before the next step
@@ -264,7 +267,7 @@ impl Explorer {
                 return Err(RftError::EvalFailed { taskset: taskset.config.name.clone(), first });
             }
             let name = format!("{prefix}/{}", taskset.config.name);
-            let mut taskset_metrics = rollout_metrics(&name, &report);
+            let mut taskset_metrics = rollout_metrics(&name, &report, Stats::Eval { detailed: self.detailed_stats });
             let experiences: Vec<&Experience> = report.experiences().collect();
             let accurate = experiences.iter().filter(|e| is_accurate(e)).count();
             taskset_metrics.insert(format!("{name}/accuracy"), accurate as f64 / experiences.len().max(1) as f64);
