@@ -2,6 +2,11 @@
 //! the packed small-batch matmul (csrc/packed_gemm.cpp) and the fused decode step built on it
 //! (csrc/decode_step.cpp) against libtorch's headers on x86-64.
 //!
+//! No `-m`/`-march` flag: the AVX-512 and AVX2 kernels carry their instruction sets in per-function target
+//! attributes and `#pragma GCC target` regions, so the rest of the object (and every inline function it shares
+//! with other objects, such as std::vector's) stays baseline x86-64 and one binary runs on any CPU; the Rust side
+//! picks the set at runtime (`packed::Isa`).
+//!
 //! `at::parallel_for` is an inline template whose OpenMP build is a bare `#pragma omp parallel`: compiled
 //! without `-fopenmp` the pragma is dropped and the kernel silently runs on one thread (measured: the engine's
 //! OpenMP worker got 21% of the decode samples). With it, the outlined region calls `GOMP_parallel`, which must
@@ -10,7 +15,7 @@
 //! libtorch's copy and the process keeps a single thread pool.
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
-    for file in ["csrc/packed_gemm.cpp", "csrc/packed_gemm.h", "csrc/decode_step.cpp"] {
+    for file in ["csrc/packed_gemm.cpp", "csrc/packed_gemm.h", "csrc/decode_step.cpp", "csrc/decode_kernels.inc"] {
         println!("cargo:rerun-if-changed={file}");
     }
     let Ok(libtorch) = std::env::var("LIBTORCH") else {

@@ -13,6 +13,14 @@
 // to bf16 once per call (the precision a bf16 matmul computes at); outputs and accumulation stay fp32. Half the
 // bytes per weight makes the memory-bound decode matmul about twice as fast as fp32.
 //
+// On CPUs without AVX-512 (AVX2 + FMA, e.g. AMD Zen 1-3, Intel before Ice Lake) the same layouts are read with
+// 256-bit registers: a 16-column panel is two ymm, the register tile is 4 rows x 1 panel = 8 accumulators (16
+// ymm registers in all, and 8 independent FMA chains cover Zen 3's 2 ports x 4 cycles of latency), and one to
+// three rows take the whole 3-panel group at once so a batch-1 step still has 6 independent chains. There is no
+// bf16 dot product there: a pair word [k + 1 | k] of a bf16 panel becomes two fp32 vectors by a 16-bit left
+// shift (k) and a mask of the high half (k + 1), so bf16 weights still stream half the bytes of fp32. The input
+// rows are rounded to bf16 as on AVX-512, so both paths compute the same products.
+//
 // Threads come from libtorch's own pool (at::parallel_for) so the kernel never competes with libtorch's
 // OpenMP workers for the cores.
 
@@ -23,23 +31,27 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kPanel = 16;   // output columns per packed panel (one zmm register)
-constexpr int64_t kGroup = 3;    // panels per work unit: 8 rows x 3 panels = 24 accumulators
-constexpr int64_t kRows = 8;     // rows per register tile
+using trinity::Isa;
+
+constexpr int64_t kPanel = 16;  // output columns per packed panel (one zmm register, two ymm)
+constexpr int64_t kGroup = 3;   // panels per work unit: on AVX-512, 8 rows x 3 panels = 24 accumulators
 
 // fp32: y[i][j-th panel] = sum_k x[i][k] * panel[k][:].
 struct Fp32 {
   using X = float;
   using W = float;
-  static constexpr int64_t kStep = 1;  // k per inner iteration
+  static constexpr int64_t kStep = 1;   // weights per panel column per inner iteration
+  static constexpr int64_t kXStep = 1;  // X elements per inner iteration of a row
+  static constexpr int kRows = 8;       // rows per register tile
 
   template <int MR, int NP>
-  __attribute__((target("avx512f,fma"))) static inline void tile(const X* x, int64_t ldx, const W* panels,
+  __attribute__((target("avx512f,fma"))) static void tile(const X* x, int64_t ldx, const W* panels,
                                                                  int64_t steps, float* y, int64_t ldy) {
     __m512 acc[MR][NP];
     for (int i = 0; i < MR; ++i)
@@ -64,9 +76,11 @@ struct Bf16 {
   using X = uint32_t;
   using W = uint16_t;
   static constexpr int64_t kStep = 2;
+  static constexpr int64_t kXStep = 1;
+  static constexpr int kRows = 8;
 
   template <int MR, int NP>
-  __attribute__((target("avx512f,avx512bf16"))) static inline void tile(const X* x, int64_t ldx, const W* panels,
+  __attribute__((target("avx512f,avx512bf16"))) static void tile(const X* x, int64_t ldx, const W* panels,
                                                                         int64_t steps, float* y, int64_t ldy) {
     __m512 acc[MR][NP];
     for (int i = 0; i < MR; ++i)
@@ -86,25 +100,116 @@ struct Bf16 {
   }
 };
 
-// Every row of x against NP panels: full 8-row tiles, then one tile for the remaining rows.
+// fp32 on AVX2: each panel step is two ymm of 8 columns. Up to 2 rows take all NP panels of a group at once
+// (up to 12 accumulators); 3 or 4 rows take one panel at a time (up to 8), so no tile needs more than the 16
+// ymm registers.
+struct Fp32Avx2 {
+  using X = float;
+  using W = float;
+  static constexpr int64_t kStep = 1;
+  static constexpr int64_t kXStep = 1;
+  static constexpr int kRows = 4;
+
+  template <int MR, int NP>
+  __attribute__((target("avx2,fma"))) static void tile(const X* x, int64_t ldx, const W* panels, int64_t steps,
+                                                        float* y, int64_t ldy) {
+    if constexpr (MR > 2 && NP > 1) {
+      for (int j = 0; j < NP; ++j) tile<MR, 1>(x, ldx, panels + j * steps * kPanel, steps, y + j * kPanel, ldy);
+    } else {
+      __m256 acc[MR][NP][2];
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NP; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+      const W* p[NP];
+      for (int j = 0; j < NP; ++j) p[j] = panels + j * steps * kPanel;
+      for (int64_t k = 0; k < steps; ++k) {
+        for (int j = 0; j < NP; ++j) {
+          const __m256 w0 = _mm256_loadu_ps(p[j] + k * kPanel);
+          const __m256 w1 = _mm256_loadu_ps(p[j] + k * kPanel + 8);
+          for (int i = 0; i < MR; ++i) {
+            const __m256 b = _mm256_broadcast_ss(x + i * ldx + k);
+            acc[i][j][0] = _mm256_fmadd_ps(b, w0, acc[i][j][0]);
+            acc[i][j][1] = _mm256_fmadd_ps(b, w1, acc[i][j][1]);
+          }
+        }
+      }
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NP; ++j) {
+          _mm256_storeu_ps(y + i * ldy + j * kPanel, acc[i][j][0]);
+          _mm256_storeu_ps(y + i * ldy + j * kPanel + 8, acc[i][j][1]);
+        }
+    }
+  }
+};
+
+// bf16 weights on AVX2: x is already rounded to bf16 and held as fp32 ([rows][2 * steps], k padded to even with a
+// zero); a panel step is 16 pair words [k + 1 | k], two ymm, each widened to an even-k and an odd-k fp32 vector.
+struct Bf16Avx2 {
+  using X = float;
+  using W = uint16_t;
+  static constexpr int64_t kStep = 2;
+  static constexpr int64_t kXStep = 2;
+  static constexpr int kRows = 4;
+
+  template <int MR, int NP>
+  __attribute__((target("avx2,fma"))) static void tile(const X* x, int64_t ldx, const W* panels, int64_t steps,
+                                                        float* y, int64_t ldy) {
+    if constexpr (MR > 2 && NP > 1) {
+      for (int j = 0; j < NP; ++j)
+        tile<MR, 1>(x, ldx, panels + j * steps * 2 * kPanel, steps, y + j * kPanel, ldy);
+    } else {
+      __m256 acc[MR][NP][2];
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NP; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+      const W* p[NP];
+      for (int j = 0; j < NP; ++j) p[j] = panels + j * steps * 2 * kPanel;
+      const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+      for (int64_t k = 0; k < steps; ++k) {
+        for (int j = 0; j < NP; ++j) {
+          __m256 even[2], odd[2];
+          for (int h = 0; h < 2; ++h) {
+            const __m256i pairs =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[j] + (k * kPanel + 8 * h) * 2));
+            even[h] = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+            odd[h] = _mm256_castsi256_ps(_mm256_and_si256(pairs, high));
+          }
+          for (int i = 0; i < MR; ++i) {
+            const __m256 b0 = _mm256_broadcast_ss(x + i * ldx + 2 * k);
+            const __m256 b1 = _mm256_broadcast_ss(x + i * ldx + 2 * k + 1);
+            for (int h = 0; h < 2; ++h)
+              acc[i][j][h] = _mm256_fmadd_ps(b1, odd[h], _mm256_fmadd_ps(b0, even[h], acc[i][j][h]));
+          }
+        }
+      }
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NP; ++j) {
+          _mm256_storeu_ps(y + i * ldy + j * kPanel, acc[i][j][0]);
+          _mm256_storeu_ps(y + i * ldy + j * kPanel + 8, acc[i][j][1]);
+        }
+    }
+  }
+};
+
+// The last rows < K::kRows of x, as one tile of that many rows.
+template <typename K, int NP, int MR = K::kRows - 1>
+void tail_rows(int64_t rows, const typename K::X* x, int64_t ldx, const typename K::W* panels, int64_t steps,
+               float* y, int64_t ldy) {
+  if constexpr (MR >= 1) {
+    if (rows == MR)
+      K::template tile<MR, NP>(x, ldx, panels, steps, y, ldy);
+    else
+      tail_rows<K, NP, MR - 1>(rows, x, ldx, panels, steps, y, ldy);
+  }
+}
+
+// Every row of x against NP panels: full K::kRows-row tiles, then one tile for the remaining rows.
 template <typename K, int NP>
 void all_rows(const typename K::X* x, int64_t m, int64_t steps, const typename K::W* panels, float* y,
               int64_t ldy) {
+  const int64_t ldx = steps * K::kXStep;
   int64_t i = 0;
-  for (; i + kRows <= m; i += kRows)
-    K::template tile<kRows, NP>(x + i * steps, steps, panels, steps, y + i * ldy, ldy);
-  const typename K::X* xr = x + i * steps;
-  float* yr = y + i * ldy;
-  switch (m - i) {
-    case 7: K::template tile<7, NP>(xr, steps, panels, steps, yr, ldy); break;
-    case 6: K::template tile<6, NP>(xr, steps, panels, steps, yr, ldy); break;
-    case 5: K::template tile<5, NP>(xr, steps, panels, steps, yr, ldy); break;
-    case 4: K::template tile<4, NP>(xr, steps, panels, steps, yr, ldy); break;
-    case 3: K::template tile<3, NP>(xr, steps, panels, steps, yr, ldy); break;
-    case 2: K::template tile<2, NP>(xr, steps, panels, steps, yr, ldy); break;
-    case 1: K::template tile<1, NP>(xr, steps, panels, steps, yr, ldy); break;
-    default: break;
-  }
+  for (; i + K::kRows <= m; i += K::kRows)
+    K::template tile<K::kRows, NP>(x + i * ldx, ldx, panels, steps, y + i * ldy, ldy);
+  tail_rows<K, NP>(m - i, x + i * ldx, ldx, panels, steps, y + i * ldy, ldy);
 }
 
 // x [m][steps] (in K's units) times the packed panels, spread over libtorch's pool by groups of kGroup panels.
@@ -142,21 +247,50 @@ __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) void to_bf16_pai
   }
 }
 
+// Rounds rows of x [m][k] to bf16 (nearest even, NaN kept NaN) but keeps them as fp32, [m][2 * pairs] with a zero
+// in the padding of an odd k: the AVX2 kernel's input, the same values to_bf16_pairs gives the AVX-512 one.
+void to_bf16_floats(const float* x, int64_t m, int64_t k, float* out) {
+  const int64_t ld = (k + 1) / 2 * 2;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < k; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, x + r * k + i, 4);
+      if ((bits & 0x7FFFFFFFu) > 0x7F800000u)
+        bits |= 0x00400000u;  // a quiet NaN stays NaN once truncated
+      else
+        bits += 0x7FFFu + ((bits >> 16) & 1u);
+      bits &= 0xFFFF0000u;
+      std::memcpy(out + r * ld + i, &bits, 4);
+    }
+    if (k % 2 != 0) out[r * ld + k] = 0.0f;
+  }
+}
+
 }  // namespace
 
 namespace trinity {
 
-void packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n, float* y) {
+void packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n, float* y, Isa isa) {
   if (m <= 0) return;
-  gemm<Fp32>(x, m, k_len, packed, n, y);
+  if (isa == Isa::kAvx512)
+    gemm<Fp32>(x, m, k_len, packed, n, y);
+  else
+    gemm<Fp32Avx2>(x, m, k_len, packed, n, y);
 }
 
-void packed_gemm_bf16(const float* x, int64_t m, int64_t k_len, const uint16_t* packed, int64_t n, float* y) {
+void packed_gemm_bf16(const float* x, int64_t m, int64_t k_len, const uint16_t* packed, int64_t n, float* y,
+                      Isa isa) {
   if (m <= 0) return;
   const int64_t pairs = (k_len + 1) / 2;
-  std::vector<uint32_t> xb(m * pairs);
-  to_bf16_pairs(x, m, k_len, xb.data());
-  gemm<Bf16>(xb.data(), m, pairs, packed, n, y);
+  if (isa == Isa::kAvx512) {
+    std::vector<uint32_t> xb(m * pairs);
+    to_bf16_pairs(x, m, k_len, xb.data());
+    gemm<Bf16>(xb.data(), m, pairs, packed, n, y);
+  } else {
+    std::vector<float> xb(m * 2 * pairs);
+    to_bf16_floats(x, m, k_len, xb.data());
+    gemm<Bf16Avx2>(xb.data(), m, pairs, packed, n, y);
+  }
 }
 
 }  // namespace trinity
@@ -177,7 +311,7 @@ int guarded(F f) {
 
 // Packs `count` row-major weight matrices stacked along n (sources[i] has rows[i] rows of k_len) into panels of
 // 16 output columns holding k in groups of S: [n / 16][ceil(k / S)][16][S], the last group zero-padded. S is 1
-// for fp32 and 2 for bf16 (packed_gemm.cpp's two layouts).
+// for fp32 and 2 for bf16 (packed_gemm.cpp's two layouts, read by both instruction sets).
 template <typename T, int64_t S>
 void pack_panels(const T* const* sources, const int64_t* rows, int64_t count, int64_t k_len, T* packed) {
   int64_t n = 0;
@@ -205,17 +339,18 @@ void pack_panels(const T* const* sources, const int64_t* rows, int64_t count, in
 
 }  // namespace
 
-// Returns 0, or -1 when libtorch's thread pool reported an error.
+// isa: trinity::Isa's value, which the caller checked this CPU has. Returns 0, or -1 when libtorch's thread pool
+// reported an error.
 extern "C" int trinity_packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n,
-                                   float* y) {
-  return guarded([&] { trinity::packed_gemm(x, m, k_len, packed, n, y); });
+                                   float* y, int64_t isa) {
+  return guarded([&] { trinity::packed_gemm(x, m, k_len, packed, n, y, static_cast<Isa>(isa)); });
 }
 
 // y = x W^T with bf16 weights packed by trinity_pack_panels_bf16; x and y fp32. Returns 0, or -1 on a thread-pool
 // or allocation error.
 extern "C" int trinity_packed_gemm_bf16(const float* x, int64_t m, int64_t k_len, const uint16_t* packed, int64_t n,
-                                        float* y) {
-  return guarded([&] { trinity::packed_gemm_bf16(x, m, k_len, packed, n, y); });
+                                        float* y, int64_t isa) {
+  return guarded([&] { trinity::packed_gemm_bf16(x, m, k_len, packed, n, y, static_cast<Isa>(isa)); });
 }
 
 // Packs fp32 weights into the layout [n / 16][k][16] that trinity_packed_gemm reads, in one pass and without an

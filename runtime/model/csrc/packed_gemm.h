@@ -5,11 +5,19 @@
 
 namespace trinity {
 
+// The instruction set a kernel runs on, chosen by the caller (Rust's `packed::Isa`, from runtime CPU detection):
+// one binary carries both and runs on any x86-64 CPU that has at least AVX2 + FMA. The values are the FFI's.
+enum class Isa : int64_t {
+  kAvx512 = 1,  // AVX-512F (+ AVX512-BF16 for bf16 weights): a 16-column panel is one zmm
+  kAvx2 = 2,    // AVX2 + FMA: a 16-column panel is two ymm; bf16 weights are widened to fp32 in registers
+};
+
 // y[m][n] = sum_k x[m][k] * w[n][k] with w packed as [n / 16][k][16]; x and y row-major, n a multiple of 16.
 // Runs on libtorch's intra-op thread pool; may throw what at::parallel_for rethrows.
-void packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n, float* y);
+void packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n, float* y, Isa isa);
 
 // The same with bf16 weights packed as [n / 16][(k + 1) / 2][16][2]; x is rounded to bf16, y accumulates in fp32.
-void packed_gemm_bf16(const float* x, int64_t m, int64_t k_len, const uint16_t* packed, int64_t n, float* y);
+void packed_gemm_bf16(const float* x, int64_t m, int64_t k_len, const uint16_t* packed, int64_t n, float* y,
+                      Isa isa);
 
 }  // namespace trinity

@@ -28,6 +28,8 @@ pub(crate) struct DecodeShape {
     pub eps: f64,
     /// 1 when the packed projections are bf16, 0 when fp32.
     pub bf16_weights: i64,
+    /// The instruction set to run on ([`crate::packed::Isa`] as i64): the one the projections were packed for.
+    pub isa: i64,
 }
 
 /// One layer's weights (packed projections in the shape's weight type, fp32 norms and biases) and fp32 cache
@@ -73,7 +75,8 @@ unsafe extern "C" {
 /// # Safety
 /// Every pointer in `layers` must point at a live, contiguous CPU tensor of the size its field documents for
 /// `shape` (fp32, except the packed projections, which are bf16 when `shape.bf16_weights` is 1; the caches
-/// `[slots, kv_heads, cache_cols, head_dim]`), nothing else may access the caches during the call, each
+/// `[slots, kv_heads, cache_cols, head_dim]`), the CPU must have `shape.isa` (the packed copies' set, checked when
+/// they were packed), nothing else may access the caches during the call, each
 /// `slots[r]` must be below the caches' slot count, each `positions[r]` below `cache_cols - 1`, and no slot may
 /// repeat.
 pub(crate) unsafe fn run(

@@ -120,6 +120,8 @@ struct FastDecode {
     lm_head: Option<PackedLinear>,
     norm: Tensor,
     bf16: bool,
+    /// The instruction set every packed copy runs on (the fused step runs on it too).
+    isa: packed::Isa,
 }
 
 #[derive(Debug)]
@@ -171,10 +173,10 @@ fn fp32(t: &Tensor) -> Result<Tensor> {
     Ok(if t.kind() == Kind::Float { t.shallow_clone() } else { t.f_to_kind(Kind::Float)? })
 }
 
-fn pack(linears: &[&Linear]) -> Result<Option<PackedLinear>> {
+fn pack(isa: packed::Isa, linears: &[&Linear]) -> Result<Option<PackedLinear>> {
     let weights: Vec<&Tensor> = linears.iter().map(|l| &l.weight).collect();
     let biases: Vec<Option<&Tensor>> = linears.iter().map(|l| l.bias.as_ref()).collect();
-    PackedLinear::pack(&weights, &biases)
+    PackedLinear::pack_for(isa, &weights, &biases)
 }
 
 /// Adds `tensor` to the var store under a dotted HF name (tch paths cannot contain dots in one component).
@@ -261,38 +263,49 @@ impl Decoder {
         Ok(Self { config, vs, kind, embed, layers, norm, lm_head, inv_freq, fast: None, lora_on })
     }
 
-    /// Packs the weights for fast small-batch decoding where the kernel applies (fp32 on an AVX-512 CPU, bf16 on
-    /// one with AVX512-BF16; a no-op elsewhere). Costs a second copy of the projection weights; meant for a
+    /// Packs the weights for fast small-batch decoding where the kernel applies (fp32 or bf16 weights on an x86-64
+    /// CPU with AVX-512 or AVX2 + FMA, the fastest set it has; a no-op elsewhere). Costs a second copy of the projection weights; meant for a
     /// generation engine's model, never a model being trained (the packed path has no autograd and is skipped
     /// whenever the input needs gradients). A packed bf16 model then generates with fp32 activations and KV
     /// cache: create the cache after this call. Returns whether packed decoding is now active.
     pub fn prepare_decode(&mut self) -> Result<bool> {
+        match packed::Isa::best(self.kind) {
+            Some(isa) => self.prepare_decode_for(isa),
+            None => {
+                self.fast = None;
+                Ok(false)
+            }
+        }
+    }
+
+    /// [`Decoder::prepare_decode`] on a given instruction set (the tests run every set the CPU has).
+    fn prepare_decode_for(&mut self, isa: packed::Isa) -> Result<bool> {
         self.fast = None;
         // The packed kernels know nothing of adapters; a model carrying them keeps the libtorch path.
-        if self.device() != Device::Cpu || !packed::packs(self.kind) || self.has_lora() {
+        if self.device() != Device::Cpu || !isa.runs(self.kind) || self.has_lora() {
             return Ok(false);
         }
         let mut layers = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
             layers.push(FastLayer {
-                qkv: pack(&[&layer.q, &layer.k, &layer.v])?,
-                o: pack(&[&layer.o])?,
-                gate_up: pack(&[&layer.gate, &layer.up])?,
-                down: pack(&[&layer.down])?,
+                qkv: pack(isa, &[&layer.q, &layer.k, &layer.v])?,
+                o: pack(isa, &[&layer.o])?,
+                gate_up: pack(isa, &[&layer.gate, &layer.up])?,
+                down: pack(isa, &[&layer.down])?,
                 input_norm: fp32(&layer.input_norm)?,
                 post_norm: fp32(&layer.post_norm)?,
                 q_norm: layer.q_norm.as_ref().map(fp32).transpose()?,
                 k_norm: layer.k_norm.as_ref().map(fp32).transpose()?,
             });
         }
-        let lm_head = PackedLinear::pack(&[&self.lm_head], &[None])?;
+        let lm_head = PackedLinear::pack_for(isa, &[&self.lm_head], &[None])?;
         let bf16 = self.kind == Kind::BFloat16;
         // An fp32 model falls back to its own weights for a projection the kernel cannot take; a bf16 model
         // computing in fp32 cannot, so it is packed completely or not at all.
         if bf16 && (lm_head.is_none() || !layers.iter().all(FastLayer::fully_packed)) {
             return Ok(false);
         }
-        self.fast = Some(FastDecode { layers, lm_head, norm: fp32(&self.norm)?, bf16 });
+        self.fast = Some(FastDecode { layers, lm_head, norm: fp32(&self.norm)?, bf16, isa });
         Ok(true)
     }
 
@@ -310,8 +323,8 @@ impl Decoder {
     /// Call after changing weights through shared handles ([`Decoder::var_store`] variables): refreshes the
     /// packed decode copies, if any, so generation sees the new values.
     pub fn weights_changed(&mut self) -> Result<()> {
-        if self.fast.is_some() {
-            self.prepare_decode()?;
+        if let Some(isa) = self.fast.as_ref().map(|f| f.isa) {
+            self.prepare_decode_for(isa)?;
         }
         Ok(())
     }
@@ -828,6 +841,7 @@ impl Decoder {
             cache_cols: cache.capacity() as i64 + 1,
             eps: c.rms_norm_eps,
             bf16_weights: i64::from(fast.bf16),
+            isa: fast.isa as i64,
         };
         let slot_ids: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
         let positions: Vec<i64> = starts.iter().map(|&s| s as i64).collect();
@@ -942,10 +956,31 @@ mod tests {
 
     #[test]
     fn packed_decode_matches_libtorch_and_follows_weight_changes() {
-        if !packed::supported() {
-            eprintln!("skipped: no AVX-512 on this CPU");
-            return;
+        for isa in sets_to_test(Kind::Float) {
+            packed_decode_matches_libtorch(isa);
         }
+    }
+
+    /// The instruction sets the packed-decode tests must cover for `kind`: every one this CPU has. An AVX2 + FMA
+    /// CPU has at least the AVX2 set, so there the tests cannot pass on the libtorch fallback; where it has
+    /// none, `prepare_decode` must decline.
+    fn sets_to_test(kind: Kind) -> Vec<packed::Isa> {
+        let sets = packed::Isa::available(kind);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            assert!(sets.contains(&packed::Isa::Avx2), "{kind:?}: no AVX2 kernel on an AVX2 + FMA CPU");
+        }
+        let mut m =
+            model_with(ModelConfig { head_dim: 16, hidden_size: 64, intermediate_size: 64, ..tiny(Family::Llama) });
+        if kind == Kind::BFloat16 {
+            m = Decoder::load(m.config().clone(), &mut RandomWeights, kind, Device::Cpu).unwrap();
+        }
+        assert_eq!(m.prepare_decode().unwrap(), !sets.is_empty(), "{kind:?}");
+        assert_eq!(m.fast.as_ref().map(|f| f.isa), sets.first().copied(), "{kind:?}: the fastest set is used");
+        sets
+    }
+
+    fn packed_decode_matches_libtorch(isa: packed::Isa) {
         // Head size 8 takes the fused step's generic attention; 16 its register-resident variant.
         let configs = [Family::Llama, Family::Qwen2, Family::Qwen3].into_iter().flat_map(|family| {
             let wide = ModelConfig { head_dim: 16, hidden_size: 64, intermediate_size: 64, ..tiny(family) };
@@ -957,8 +992,9 @@ mod tests {
             // Same weights by copy: tests share the global RNG, so two seeded loads may differ.
             let mut fast = model_with(config);
             fast.copy_weights_from(&plain).unwrap();
-            assert!(fast.prepare_decode().unwrap());
+            assert!(fast.prepare_decode_for(isa).unwrap());
             let f = fast.fast.as_ref().unwrap();
+            assert_eq!(f.isa, isa);
             let packed = f.layers.iter().flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down]).filter(|p| p.is_some());
             assert_eq!(packed.count() + usize::from(f.lm_head.is_some()), 9, "every projection packed");
             let run = |m: &Decoder| {
@@ -974,14 +1010,15 @@ mod tests {
                 }
                 Tensor::stack(&out, 0)
             };
-            assert!(max_diff(&run(&plain), &run(&fast)) < 1e-4, "{family:?}");
+            assert!(max_diff(&run(&plain), &run(&fast)) < 1e-4, "{isa:?} {family:?}");
             // New weights reach the packed copies.
             let other = {
                 tch::manual_seed(7);
                 Decoder::load(plain.config().clone(), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap()
             };
             fast.copy_weights_from(&other).unwrap();
-            assert!(max_diff(&run(&other), &run(&fast)) < 1e-4, "{family:?} after sync");
+            assert_eq!(fast.fast.as_ref().map(|f| f.isa), Some(isa), "repacked on the same set");
+            assert!(max_diff(&run(&other), &run(&fast)) < 1e-4, "{isa:?} {family:?} after sync");
         }
     }
 
@@ -1001,10 +1038,12 @@ mod tests {
 
     #[test]
     fn packed_bf16_decode_computes_in_fp32_with_bf16_weights() {
-        if !packed::bf16_supported() {
-            eprintln!("skipped: no AVX512-BF16 on this CPU");
-            return;
+        for isa in sets_to_test(Kind::BFloat16) {
+            packed_bf16_decode_computes_in_fp32(isa);
         }
+    }
+
+    fn packed_bf16_decode_computes_in_fp32(isa: packed::Isa) {
         for family in [Family::Llama, Family::Qwen2, Family::Qwen3] {
             let config = ModelConfig { head_dim: 16, hidden_size: 64, intermediate_size: 64, ..tiny(family) };
             let load = |kind| Decoder::load(config.clone(), &mut RandomWeights, kind, Device::Cpu).unwrap();
@@ -1014,7 +1053,8 @@ mod tests {
             reference.copy_weights_from(&weights).unwrap();
             let mut fast = load(Kind::BFloat16);
             fast.copy_weights_from(&weights).unwrap();
-            assert!(fast.prepare_decode().unwrap(), "{family:?}: a bf16 model packs on this CPU");
+            assert!(fast.prepare_decode_for(isa).unwrap(), "{isa:?} {family:?}: a bf16 model packs on this CPU");
+            assert_eq!(fast.fast.as_ref().map(|f| f.isa), Some(isa));
             assert_eq!(fast.new_cache(1, 4).unwrap().keys[0].kind(), Kind::Float, "fp32 cache");
             let want = generate_logits(&reference);
             let scale = want.abs().max().double_value(&[]);

@@ -1,5 +1,5 @@
-//! Packed weights for the decode step's small matrix multiplies (x86-64 with AVX-512; fp32 weights, or bf16
-//! weights where the CPU has AVX512-BF16).
+//! Packed weights for the decode step's small matrix multiplies (x86-64 with AVX-512 or AVX2 + FMA; fp32 or
+//! bf16 weights).
 //!
 //! A decode step runs every weight of the model against a few rows, one per running sequence. libtorch's sgemm
 //! is tuned for many rows and runs these shapes at a fraction of the CPU's fp32 throughput, so the generation
@@ -15,6 +15,13 @@
 //! bf16 weights are packed with k in pairs, the operand layout of AVX512-BF16's dot product. Inputs and outputs
 //! stay fp32 either way: a bf16 model on the packed path computes with fp32 activations and bf16 weights (the
 //! inputs of each matmul are rounded to bf16, as in a bf16 matmul; sums accumulate in fp32).
+//!
+//! One binary runs on every x86-64 CPU: the kernels are compiled for both instruction sets ([`Isa`]) and the one
+//! to run is chosen at runtime from the CPU's features, per weight dtype. AVX-512 reads a 16-column panel as one
+//! zmm and bf16 pairs with `vdpbf16ps` (AVX512-BF16); AVX2 + FMA (AMD Zen 1-3, Intel before Ice Lake, and
+//! AVX-512 CPUs without BF16 for bf16 weights) reads the same panels as two ymm and widens bf16 pairs to fp32
+//! in registers (a 16-bit shift and a mask), so bf16 still streams half the bytes of fp32 per token. The layout
+//! is the same for both; a [`PackedLinear`] records which set it runs on. Older CPUs keep libtorch's kernels.
 
 use tch::{Device, Kind, Tensor};
 
@@ -24,9 +31,17 @@ const PANEL: i64 = 16;
 
 #[cfg(packed_gemm)]
 unsafe extern "C" {
-    fn trinity_packed_gemm(x: *const f32, m: i64, k: i64, packed: *const f32, n: i64, y: *mut f32) -> i32;
+    fn trinity_packed_gemm(x: *const f32, m: i64, k: i64, packed: *const f32, n: i64, y: *mut f32, isa: i64) -> i32;
     fn trinity_pack_panels(sources: *const *const f32, rows: *const i64, count: i64, k: i64, packed: *mut f32) -> i32;
-    fn trinity_packed_gemm_bf16(x: *const f32, m: i64, k: i64, packed: *const u16, n: i64, y: *mut f32) -> i32;
+    fn trinity_packed_gemm_bf16(
+        x: *const f32,
+        m: i64,
+        k: i64,
+        packed: *const u16,
+        n: i64,
+        y: *mut f32,
+        isa: i64,
+    ) -> i32;
     fn trinity_pack_panels_bf16(
         sources: *const *const u16,
         rows: *const i64,
@@ -36,40 +51,51 @@ unsafe extern "C" {
     ) -> i32;
 }
 
-/// Whether this build and CPU can run the packed kernel.
-pub fn supported() -> bool {
-    #[cfg(packed_gemm)]
-    {
-        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(packed_gemm))]
-    {
-        false
-    }
+/// The instruction set a packed kernel runs on; the discriminants are `trinity::Isa`'s in `csrc/packed_gemm.h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F + FMA for fp32 weights; AVX512-BF16 (+ BW, VL) for bf16 weights.
+    Avx512 = 1,
+    /// AVX2 + FMA, for either dtype.
+    Avx2 = 2,
 }
 
-/// Whether this build and CPU can run the packed kernel on bf16 weights.
-pub fn bf16_supported() -> bool {
-    #[cfg(packed_gemm)]
-    {
-        supported()
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
+impl Isa {
+    /// Whether this build and CPU can run this set's kernels on `kind` weights.
+    pub fn runs(self, kind: Kind) -> bool {
+        #[cfg(packed_gemm)]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            match (self, kind) {
+                (Isa::Avx512, Kind::Float) => has!("avx512f") && has!("fma"),
+                (Isa::Avx512, Kind::BFloat16) => {
+                    has!("avx512f") && has!("fma") && has!("avx512bf16") && has!("avx512bw") && has!("avx512vl")
+                }
+                (Isa::Avx2, Kind::Float | Kind::BFloat16) => has!("avx2") && has!("fma"),
+                _ => false,
+            }
+        }
+        #[cfg(not(packed_gemm))]
+        {
+            let _ = (self, kind);
+            false
+        }
     }
-    #[cfg(not(packed_gemm))]
-    {
-        false
+
+    /// Every set this build and CPU can run on `kind` weights, fastest first (the tests run them all).
+    pub fn available(kind: Kind) -> Vec<Isa> {
+        [Isa::Avx512, Isa::Avx2].into_iter().filter(|isa| isa.runs(kind)).collect()
+    }
+
+    /// The fastest set for `kind` weights here, or `None` where only libtorch's kernels apply.
+    pub fn best(kind: Kind) -> Option<Isa> {
+        Isa::available(kind).first().copied()
     }
 }
 
 /// Whether `kind` weights can be packed on this build and CPU.
 pub fn packs(kind: Kind) -> bool {
-    match kind {
-        Kind::Float => supported(),
-        Kind::BFloat16 => bf16_supported(),
-        _ => false,
-    }
+    Isa::best(kind).is_some()
 }
 
 /// One or more `[n_i, k]` weight matrices (stacked along n) in panel layout, with their stacked bias.
@@ -80,15 +106,17 @@ pub struct PackedLinear {
     bias: Option<Tensor>,
     n: i64,
     k: i64,
+    isa: Isa,
 }
 
 impl PackedLinear {
-    /// Packs `weights` (each `[n_i, k]`, all fp32 or all bf16, CPU) stacked along the output dimension.
-    /// `biases` are all present or all absent. Returns `None` when the kernel cannot serve these weights
-    /// (another dtype or device, no AVX-512 or AVX512-BF16, or a total output size that is not a multiple of 16).
-    pub fn pack(weights: &[&Tensor], biases: &[Option<&Tensor>]) -> Result<Option<Self>> {
+    /// Packs `weights` (each `[n_i, k]`, all fp32 or all bf16, CPU) stacked along the output dimension, for
+    /// `isa` (the decoder passes [`Isa::best`] for the weights' dtype). `biases` are all present or all absent.
+    /// Returns `None` when the kernel cannot serve these weights (another dtype or device, a CPU without `isa`
+    /// for this dtype, or a total output size that is not a multiple of 16).
+    pub fn pack_for(isa: Isa, weights: &[&Tensor], biases: &[Option<&Tensor>]) -> Result<Option<Self>> {
         let Some(kind) = weights.first().map(|w| w.kind()) else { return Ok(None) };
-        if !packs(kind) {
+        if !isa.runs(kind) {
             return Ok(None);
         }
         let k = weights[0].size().get(1).copied().unwrap_or(0);
@@ -106,7 +134,7 @@ impl PackedLinear {
             Some(b) if !b.is_empty() => Some(tch::no_grad(|| Tensor::f_cat(&b, 0))?.f_to_kind(Kind::Float)?),
             _ => None,
         };
-        Ok(Some(PackedLinear { packed, bias, n, k }))
+        Ok(Some(PackedLinear { packed, bias, n, k, isa }))
     }
 
     /// The panel-layout weights, for the fused decode step (valid while `self` lives).
@@ -122,6 +150,12 @@ impl PackedLinear {
     /// The stacked fp32 bias, or null.
     pub(crate) fn bias_ptr(&self) -> *const f32 {
         self.bias.as_ref().map_or(std::ptr::null(), |b| b.data_ptr() as *const f32)
+    }
+
+    /// The instruction set this copy's matmuls run on (the tests assert it).
+    #[cfg(test)]
+    pub(crate) fn isa(&self) -> Isa {
+        self.isa
     }
 
     /// Output features.
@@ -158,16 +192,18 @@ impl PackedLinear {
     #[cfg(packed_gemm)]
     fn run(&self, x: &Tensor, m: i64, y: &Tensor) -> Result<()> {
         let (xp, yp) = (x.data_ptr() as *const f32, y.data_ptr() as *mut f32);
+        // `pack_for` checked that this CPU has the set for the weights' dtype.
+        let isa = self.isa as i64;
         let status = if self.is_bf16() {
             // SAFETY: `x` is a contiguous fp32 CPU tensor of m·k elements, `self.packed` a contiguous bf16 CPU
             // tensor of n·2·⌈k/2⌉ elements in the paired panel layout (n a multiple of 16, checked at packing),
             // and `y` a freshly allocated contiguous fp32 CPU tensor of m·n elements that nothing else
             // references; all three outlive the call, which only reads x and packed and writes y within those
             // bounds.
-            unsafe { trinity_packed_gemm_bf16(xp, m, self.k, self.packed.data_ptr() as *const u16, self.n, yp) }
+            unsafe { trinity_packed_gemm_bf16(xp, m, self.k, self.packed.data_ptr() as *const u16, self.n, yp, isa) }
         } else {
             // SAFETY: as above, with `self.packed` a contiguous fp32 CPU tensor of n·k elements in panel layout.
-            unsafe { trinity_packed_gemm(xp, m, self.k, self.packed.data_ptr() as *const f32, self.n, yp) }
+            unsafe { trinity_packed_gemm(xp, m, self.k, self.packed.data_ptr() as *const f32, self.n, yp, isa) }
         };
         if status != 0 {
             return Err(ModelError::InvalidInput("packed matmul failed in libtorch's thread pool".into()));
@@ -217,59 +253,104 @@ mod tests {
         (a - b).abs().max().double_value(&[])
     }
 
-    /// Random `[n, k]` weights of `kind` for each n in `ns` and fp32 biases, packed together; returns the
-    /// stacked weights (as fp32) and biases the packed copy must reproduce.
-    fn random_packed(k: i64, ns: &[i64], kind: Kind) -> (Tensor, Tensor, PackedLinear) {
+    /// Random `[n, k]` weights of `kind` for each n in `ns` and, with `bias`, fp32 biases, packed together for
+    /// `isa`; returns the stacked weights (as fp32) and bias the packed copy must reproduce.
+    fn random_packed(isa: Isa, k: i64, ns: &[i64], kind: Kind, bias: bool) -> (Tensor, Option<Tensor>, PackedLinear) {
         let ws: Vec<Tensor> = ns.iter().map(|&n| Tensor::randn([n, k], (kind, Device::Cpu))).collect();
-        let bs: Vec<Tensor> = ns.iter().map(|&n| Tensor::randn([n], (Kind::Float, Device::Cpu))).collect();
-        let packed = PackedLinear::pack(&ws.iter().collect::<Vec<_>>(), &bs.iter().map(Some).collect::<Vec<_>>())
-            .unwrap()
-            .expect("eligible");
-        (Tensor::cat(&ws, 0).to_kind(Kind::Float), Tensor::cat(&bs, 0), packed)
+        let bs: Vec<Option<Tensor>> =
+            ns.iter().map(|&n| bias.then(|| Tensor::randn([n], (Kind::Float, Device::Cpu)))).collect();
+        let packed = PackedLinear::pack_for(
+            isa,
+            &ws.iter().collect::<Vec<_>>(),
+            &bs.iter().map(Option::as_ref).collect::<Vec<_>>(),
+        )
+        .unwrap()
+        .expect("eligible");
+        assert_eq!(packed.isa(), isa, "the copy runs on the set it was packed for");
+        let b = bias.then(|| Tensor::cat(&bs.iter().flatten().collect::<Vec<_>>(), 0));
+        (Tensor::cat(&ws, 0).to_kind(Kind::Float), b, packed)
+    }
+
+    /// The instruction sets to test for `kind`: all this CPU has. Where it has none, packing must decline (the
+    /// libtorch fallback) and the list is empty; an AVX2 + FMA CPU (every supported CI machine) always has one,
+    /// so these tests cannot pass on the fallback there.
+    fn sets_to_test(kind: Kind) -> Vec<Isa> {
+        let isas = Isa::available(kind);
+        assert_eq!(Isa::best(kind), isas.first().copied(), "the fastest set is the first");
+        #[cfg(packed_gemm)]
+        {
+            let avx2 = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+            assert_eq!(isas.contains(&Isa::Avx2), avx2, "{kind:?}: AVX2 kernel where the CPU has AVX2 + FMA");
+        }
+        isas
     }
 
     #[test]
     fn matches_libtorch_for_every_row_count_and_tail() {
-        if !supported() {
-            eprintln!("skipped: no AVX-512 on this CPU");
-            return;
-        }
         tch::manual_seed(0);
-        // 16 + 32 + 48 + 16 outputs: panel groups of 3, 2 and 1 all occur.
-        let k = 40;
-        let (w, b, packed) = random_packed(k, &[16, 32, 64], Kind::Float);
-        assert_eq!(packed.out_features(), 112);
-        for m in [1_i64, 3, 7, 8, 9, 16, 23, 64] {
-            let x = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
-            let want = x.linear(&w, Some(&b));
-            let got = packed.forward(&x).unwrap();
-            assert_eq!(got.size(), [m, 112]);
-            assert!(max_diff(&got, &want) < 1e-4, "m = {m}: {}", max_diff(&got, &want));
+        for isa in sets_to_test(Kind::Float) {
+            // 16 + 32 + 64 outputs: panel groups of 3, 2 and 1 all occur; k = 41 is odd.
+            for (k, bias) in [(40_i64, true), (41, false)] {
+                let (w, b, packed) = random_packed(isa, k, &[16, 32, 64], Kind::Float, bias);
+                assert_eq!(packed.out_features(), 112);
+                for m in (1_i64..=16).chain([23, 64]) {
+                    let x = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
+                    let want = x.linear(&w, b.as_ref());
+                    let got = packed.forward(&x).unwrap();
+                    assert_eq!(got.size(), [m, 112]);
+                    assert!(max_diff(&got, &want) < 1e-4, "{isa:?} k = {k} m = {m}: {}", max_diff(&got, &want));
+                }
+                // Leading dimensions are flattened into rows.
+                let x = Tensor::randn([2, 3, k], (Kind::Float, Device::Cpu));
+                assert!(max_diff(&packed.forward(&x).unwrap(), &x.linear(&w, b.as_ref())) < 1e-4, "{isa:?}");
+            }
         }
-        // Leading dimensions are flattened into rows.
-        let x = Tensor::randn([2, 3, k], (Kind::Float, Device::Cpu));
-        assert!(max_diff(&packed.forward(&x).unwrap(), &x.linear(&w, Some(&b))) < 1e-4);
     }
 
     #[test]
     fn bf16_weights_match_the_bf16_rounded_product() {
-        if !bf16_supported() {
-            eprintln!("skipped: no AVX512-BF16 on this CPU");
-            return;
-        }
         tch::manual_seed(0);
-        // An odd k exercises the zero padding of the last pair; 48 outputs make one group of 3 panels, 64 a group
-        // of 3 and one of 1.
-        for (k, ns) in [(41_i64, [16_i64, 32]), (64, [48, 16])] {
-            let (w, b, packed) = random_packed(k, &ns, Kind::BFloat16);
-            assert!(packed.is_bf16());
-            for m in [1_i64, 5, 8, 13, 64] {
-                let x = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
-                // What the kernel computes: inputs rounded to bf16, products and sums in fp32.
-                let want = x.to_kind(Kind::BFloat16).to_kind(Kind::Float).linear(&w, Some(&b));
-                let got = packed.forward(&x).unwrap();
-                assert_eq!(got.kind(), Kind::Float);
-                assert!(max_diff(&got, &want) < 1e-3, "k = {k}, m = {m}: {}", max_diff(&got, &want));
+        for isa in sets_to_test(Kind::BFloat16) {
+            // An odd k exercises the zero padding of the last pair; 48 outputs make one group of 3 panels, 64 a
+            // group of 3 and one of 1, 32 one group of 2.
+            for (k, ns, bias) in [(41_i64, [16_i64, 32], true), (64, [48, 16], false), (7, [16, 16], true)] {
+                let (w, b, packed) = random_packed(isa, k, &ns, Kind::BFloat16, bias);
+                assert!(packed.is_bf16());
+                for m in (1_i64..=16).chain([23, 64]) {
+                    let x = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
+                    // What the kernel computes: inputs rounded to bf16, products and sums in fp32.
+                    let want = x.to_kind(Kind::BFloat16).to_kind(Kind::Float).linear(&w, b.as_ref());
+                    let got = packed.forward(&x).unwrap();
+                    assert_eq!(got.kind(), Kind::Float);
+                    assert!(max_diff(&got, &want) < 1e-3, "{isa:?} k = {k}, m = {m}: {}", max_diff(&got, &want));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_rounding_of_the_input_is_round_to_nearest_even() {
+        // Ties: the kernel's input rounding must agree with libtorch's bf16 conversion, which a wrong rounding rule
+        // (truncation, ties away from zero) would not.
+        let values: Vec<f32> = vec![
+            1.0 + 2f32.powi(-8),                  // tie, even below: rounds down
+            1.0 + 3.0 * 2f32.powi(-8),            // tie, odd below: rounds up
+            1.0 + 2f32.powi(-8) + 2f32.powi(-20), // above the tie: up
+            -(1.0 + 3.0 * 2f32.powi(-8)),
+            3.0e38,
+        ];
+        let k = values.len() as i64;
+        let x = Tensor::from_slice(&values).view([1, k]);
+        for isa in sets_to_test(Kind::BFloat16) {
+            // Identity weights (padded to 16 outputs) read back the rounded input.
+            let w = Tensor::eye_m(16, k, (Kind::BFloat16, Device::Cpu));
+            let packed = PackedLinear::pack_for(isa, &[&w], &[None]).unwrap().expect("eligible");
+            let got = packed.forward(&x).unwrap().narrow(1, 0, k);
+            let want = x.to_kind(Kind::BFloat16).to_kind(Kind::Float);
+            let (got, want) =
+                (Vec::<f32>::try_from(got.flatten(0, -1)).unwrap(), Vec::<f32>::try_from(want.flatten(0, -1)).unwrap());
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g, w, "{isa:?}: {got:?} vs {want:?}");
             }
         }
     }
@@ -277,12 +358,17 @@ mod tests {
     #[test]
     fn ineligible_weights_and_inputs_are_refused() {
         let odd = Tensor::randn([24, 8], (Kind::Float, Device::Cpu));
-        assert!(PackedLinear::pack(&[&odd], &[None]).unwrap().is_none(), "24 outputs is not a multiple of 16");
+        assert!(
+            PackedLinear::pack_for(Isa::Avx2, &[&odd], &[None]).unwrap().is_none(),
+            "24 outputs is not a multiple of 16"
+        );
         let half = Tensor::randn([16, 8], (Kind::Half, Device::Cpu));
-        assert!(PackedLinear::pack(&[&half], &[None]).unwrap().is_none());
+        assert!(PackedLinear::pack_for(Isa::Avx2, &[&half], &[None]).unwrap().is_none());
         let (f, b) = (Tensor::randn([16, 8], (Kind::Float, Device::Cpu)), half.to_kind(Kind::BFloat16));
-        assert!(PackedLinear::pack(&[&f, &b], &[None, None]).unwrap().is_none(), "mixed dtypes");
-        if let Some(p) = PackedLinear::pack(&[&Tensor::randn([16, 8], (Kind::Float, Device::Cpu))], &[None]).unwrap() {
+        assert!(PackedLinear::pack_for(Isa::Avx2, &[&f, &b], &[None, None]).unwrap().is_none(), "mixed dtypes");
+        if let Some(p) =
+            PackedLinear::pack_for(Isa::Avx2, &[&Tensor::randn([16, 8], (Kind::Float, Device::Cpu))], &[None]).unwrap()
+        {
             let err = p.forward(&Tensor::randn([2, 9], (Kind::Float, Device::Cpu))).unwrap_err();
             assert!(err.to_string().contains("[..., 8]"), "{err}");
         }
