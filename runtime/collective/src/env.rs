@@ -11,9 +11,12 @@
 
 use std::time::Duration;
 
+use tch::Device;
+
 use crate::error::{CollectiveError, Result};
 use crate::group::{GlooDevice, GroupOptions, ProcessGroup};
 use crate::store::Store;
+use crate::transport;
 
 /// The variables [`DistEnv::from_env`] reads.
 pub const VARIABLES: [&str; 5] = ["WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"];
@@ -150,11 +153,41 @@ impl DistEnv {
 
     /// The job's store and the process group of all its ranks, formed under the store prefix `name` (a second
     /// group on the same store needs another name). Gloo binds to the device [`GlooDevice::for_master`] picks.
+    /// For ranks whose tensors are on the CPU; see [`DistEnv::process_group_on`].
     pub fn process_group(&self, name: &str, timeout: Duration) -> Result<(Store, ProcessGroup)> {
+        self.process_group_on(name, timeout, Device::Cpu)
+    }
+
+    /// [`DistEnv::process_group`] for ranks whose tensors are on `device`: with CUDA the group also gets its NCCL
+    /// backend, so those tensors never pass through host memory ([`transport::for_ranks`]; a build without NCCL
+    /// is refused before anything connects, so every rank fails the same way at once instead of waiting).
+    pub fn process_group_on(&self, name: &str, timeout: Duration, device: Device) -> Result<(Store, ProcessGroup)> {
+        let nccl = transport::for_ranks(device, "data-parallel training")?.needs_nccl();
         let store = self.store(timeout)?;
-        let options = GroupOptions { timeout, device: GlooDevice::for_master(&self.master_addr), ..Default::default() };
+        let options =
+            GroupOptions { timeout, device: GlooDevice::for_master(&self.master_addr), nccl, ..Default::default() };
         let group = ProcessGroup::new(&store.with_prefix(name)?, self.rank, self.world_size, &options)?;
         Ok((store, group))
+    }
+
+    /// The device of this rank's model, given the device a single process would use (`auto`): its own GPU,
+    /// `cuda:LOCAL_RANK`, as torchrun pins ranks, or the CPU. `cuda_devices` is how many this process sees. A local
+    /// rank past them is an error, not a shared GPU: NCCL refuses two ranks on one device.
+    pub fn rank_device(&self, auto: Device, cuda_devices: usize) -> Result<Device> {
+        if !auto.is_cuda() {
+            return Ok(auto);
+        }
+        if self.local_rank >= cuda_devices {
+            return Err(CollectiveError::Environment {
+                variable: "LOCAL_RANK",
+                problem: format!(
+                    "is {} but this process sees {cuda_devices} CUDA device(s); start at most {cuda_devices} \
+                     processes per machine (--nproc-per-node) or make one GPU visible per rank",
+                    self.local_rank
+                ),
+            });
+        }
+        Ok(Device::Cuda(self.local_rank))
     }
 }
 
@@ -225,5 +258,44 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("not a TCP port"), "{err}");
+    }
+
+    #[test]
+    fn each_rank_takes_the_gpu_of_its_local_rank() {
+        let vars = |local: &str| {
+            read(&[
+                ("WORLD_SIZE", "4"),
+                ("RANK", "3"),
+                ("LOCAL_RANK", local),
+                ("MASTER_ADDR", "10.0.0.1"),
+                ("MASTER_PORT", "29500"),
+            ])
+            .unwrap()
+            .unwrap()
+        };
+        assert_eq!(vars("1").rank_device(Device::Cuda(0), 2).unwrap(), Device::Cuda(1));
+        assert_eq!(vars("1").rank_device(Device::Cpu, 0).unwrap(), Device::Cpu);
+        let err = vars("2").rank_device(Device::Cuda(0), 2).unwrap_err().to_string();
+        assert!(err.contains("LOCAL_RANK") && err.contains("sees 2 CUDA device(s)"), "{err}");
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    #[test]
+    fn a_cuda_group_in_a_build_without_nccl_is_refused_before_connecting() {
+        // Port 1 on a documentation address: the refusal must come before any connection is tried.
+        let env = read(&[
+            ("WORLD_SIZE", "2"),
+            ("RANK", "1"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "192.0.2.1"),
+            ("MASTER_PORT", "1"),
+        ])
+        .unwrap()
+        .unwrap();
+        let started = std::time::Instant::now();
+        let err = env.process_group_on("trainer", Duration::from_secs(60), Device::Cuda(1)).unwrap_err();
+        assert!(matches!(err, CollectiveError::NeedsCudaBuild { .. }), "{err:?}");
+        assert!(err.to_string().contains("--features cuda"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 }

@@ -33,6 +33,14 @@ pub enum CollectiveError {
     #[error("launch: {0}")]
     Launch(String),
 
+    /// Tensors on a CUDA device need NCCL, and this build has none (see `transport`).
+    #[error(
+        "{what} holds CUDA tensors, and this trinity was built without NCCL: run `cargo xtask setup --cuda`, then \
+         rebuild with `--features cuda` (`cargo build --release -p trinity --features cuda`; docs/cuda.md). CUDA \
+         tensors are not sent through host memory instead, which would copy every bucket twice"
+    )]
+    NeedsCudaBuild { what: String },
+
     /// A weight transfer's peers disagree on what is sent.
     #[error("weight sync: {0}")]
     WeightSync(String),

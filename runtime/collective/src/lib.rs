@@ -13,7 +13,9 @@
 //!
 //! CPU tensors always go through Gloo. With the `nccl` feature and `GroupOptions::nccl`, one group also holds an
 //! NCCL backend and sends CUDA tensors through it; without it a CUDA tensor is copied to host memory, reduced or
-//! broadcast by Gloo and copied back. The feature needs `cargo xtask setup --cuda` (the CUDA wheels whose headers
+//! broadcast by Gloo and copied back. [`transport`] decides which for a data-parallel group
+//! ([`DistEnv::process_group_on`]) and the weight sync: NCCL wherever every side holds CUDA tensors, and a named
+//! error in a build without NCCL. The feature needs `cargo xtask setup --cuda` (the CUDA wheels whose headers
 //! the shim compiles against and whose libraries `libtorch_cuda.so` loads; docs/cuda.md) and is tested by
 //! `cargo xtask test-cuda`, not by CI. It has been compiled, linked and its no-device error tested on a machine
 //! without a GPU; no NCCL collective has run.
@@ -26,6 +28,7 @@ pub mod group;
 pub mod launch;
 mod rendezvous;
 pub mod store;
+pub mod transport;
 pub mod weight_layout;
 pub mod weight_sync;
 
@@ -35,6 +38,7 @@ pub use error::{CollectiveError, Result};
 pub use group::{GlooDevice, GroupOptions, ProcessGroup, ReduceOp, Work};
 pub use launch::{LaunchOptions, launch};
 pub use store::Store;
+pub use transport::{Placement, Transport};
 pub use weight_sync::{SyncReport, WeightReceiver, WeightSender, WeightSyncOptions};
 
 #[cfg(feature = "test-support")]

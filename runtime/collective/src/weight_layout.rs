@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use crate::error::{CollectiveError, Result};
 
@@ -152,7 +152,7 @@ pub fn byte_view(t: &Tensor) -> Result<Tensor> {
     Ok(if t.kind() == Kind::Uint8 { flat } else { flat.f_view_dtype(Kind::Uint8)? })
 }
 
-/// Copies the part of `tensors` (laid out by `layout`) that falls in bucket `k` into `bucket` (a CPU `u8` tensor of
+/// Copies the part of `tensors` (laid out by `layout`) that falls in bucket `k` into `bucket` (a `u8` tensor of
 /// at least the bucket's length), converting to the layout's dtype where it differs. Tensors on another device
 /// are copied over; padding bytes are left as they are.
 pub fn pack(layout: &Layout, k: usize, tensors: &[Tensor], bucket: &Tensor) -> Result<()> {
@@ -179,7 +179,7 @@ pub fn pack(layout: &Layout, k: usize, tensors: &[Tensor], bucket: &Tensor) -> R
     Ok(())
 }
 
-/// Unpacks bucket `k` (a CPU `u8` tensor holding its bytes): every tensor that ends in this bucket is handed to
+/// Unpacks bucket `k` (a `u8` tensor holding its bytes, on the CPU or a CUDA device): every tensor that ends in this bucket is handed to
 /// `done` (name and tensor; a view into `bucket` when the tensor lies wholly inside it, valid only for the call);
 /// parts of tensors that continue into the next bucket are kept in `partial`.
 pub fn unpack(
@@ -202,7 +202,7 @@ pub fn unpack(
             continue;
         }
         if start == e.offset {
-            *partial = Some((i, Tensor::f_empty(e.shape.as_slice(), (e.kind, Device::Cpu))?));
+            *partial = Some((i, Tensor::f_empty(e.shape.as_slice(), (e.kind, bucket.device()))?));
         }
         let Some((index, staged)) = partial.as_ref() else {
             return Err(CollectiveError::WeightSync(format!("bucket {k} continues `{}` that never started", e.name)));
@@ -222,6 +222,8 @@ pub fn unpack(
 
 #[cfg(test)]
 mod tests {
+    use tch::Device;
+
     use super::*;
 
     fn tensors() -> Vec<(String, Tensor)> {

@@ -1,13 +1,17 @@
 //! Weights from the trainer to explorers in other processes (Trinity's `sync_method: nccl` when explorer and
 //! trainer do not share a process): trainer rank 0 is the [`WeightSender`], every explorer a [`WeightReceiver`],
-//! and they form one process group (Gloo; the sender is rank 0).
+//! and they form one process group (the sender is rank 0): NCCL when the sender and every receiver hold their
+//! weights on CUDA, else Gloo, with CUDA weights staged through host memory on the side that holds them
+//! ([`crate::transport`]).
 //!
 //! Protocol, on a store the sender hosts (keys under `weight_sync/`):
 //! - `receivers`: how many explorers the sender expects; `offered`: the newest version the sender wants to send
 //!   (set before it waits for anyone, so an explorer can see a sync is due: [`WeightReceiver::offered_version`]).
 //! - A group lives for one *generation* `g` (`generation` counter). Receivers join it with a ticket
-//!   (`gen<g>/tickets`, ranks 1..=n); the sender writes the [`Layout`] (names, dtypes, shapes, bucket size) to
-//!   `gen<g>/layout` once, so a sync sends only bytes.
+//!   (`gen<g>/tickets`, ranks 1..=n) and say where their weights live (`gen<g>/placement/<rank>`: `cpu` or
+//!   `cuda`); the sender decides the transport from those and its own (`gen<g>/transport`) before anyone builds
+//!   the group, so every rank builds the same backends. The sender writes the [`Layout`] (names, dtypes, shapes,
+//!   bucket size) to `gen<g>/layout` once, so a sync sends only bytes.
 //! - Sync number `s` of a generation: the sender announces the version (`gen<g>/sync/<s>`), broadcasts the byte
 //!   stream bucket by bucket, and waits until every receiver counted itself in `gen<g>/ack/<s>` after applying
 //!   it: the version handshake. Then it sets `latest`.
@@ -25,7 +29,11 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{CollectiveError, Result};
 use crate::group::{GlooDevice, GroupOptions, ProcessGroup, Work};
 use crate::store::Store;
+use crate::transport::{self, Placement, Transport};
 use crate::weight_layout::{Layout, pack, unpack};
+
+/// What [`transport::check_build`] names when a process with CUDA weights lacks NCCL.
+const WHAT: &str = "weight sync (synchronizer.sync_method: nccl)";
 
 /// How a transfer runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +47,9 @@ pub struct WeightSyncOptions {
     /// Send floating-point tensors in this dtype (the rollout model's, e.g. bf16 from an fp32 trainer), converted
     /// while packing each bucket instead of in a separate pass; `None` sends them as they are. Sender only.
     pub dtype: Option<Kind>,
+    /// Where this side's weights live (the trainer's, or the explorer engine's): with CUDA on every side the
+    /// buckets stay on the GPUs and go over NCCL.
+    pub tensors: Device,
 }
 
 impl Default for WeightSyncOptions {
@@ -48,6 +59,7 @@ impl Default for WeightSyncOptions {
             bucket_bytes: 256 << 20,
             device: GlooDevice::Hostname("127.0.0.1".into()),
             dtype: None,
+            tensors: Device::Cpu,
         }
     }
 }
@@ -78,9 +90,31 @@ fn parse_u64(store: &Store, key: &str) -> Result<u64> {
 
 /// The two bucket buffers of a layout, allocated once per sender or joined receiver: a fresh pair per sync would
 /// page-fault hundreds of MiB each time.
-fn bucket_buffers(layout: &Layout) -> Result<[Tensor; 2]> {
+fn bucket_buffers(layout: &Layout, device: Device) -> Result<[Tensor; 2]> {
     let len = layout.bucket_bytes.min(layout.total.max(1)) as i64;
-    Ok([Tensor::f_empty([len], (Kind::Uint8, Device::Cpu))?, Tensor::f_empty([len], (Kind::Uint8, Device::Cpu))?])
+    Ok([Tensor::f_empty([len], (Kind::Uint8, device))?, Tensor::f_empty([len], (Kind::Uint8, device))?])
+}
+
+/// Says once per process that its CUDA weights go through host memory, because a peer holds its weights on the
+/// CPU (a defined, slower path, not an error). Nothing to say for a side on the CPU.
+fn note_staged(own: Device) {
+    static NOTED: std::sync::Once = std::sync::Once::new();
+    if !own.is_cuda() {
+        return;
+    }
+    NOTED.call_once(|| {
+        tracing::info!(
+            "weight sync: this side's weights are on {own:?} and a peer's are on the CPU, so the buckets go over \
+             Gloo through host memory (NCCL needs CUDA tensors on every side)"
+        );
+    });
+}
+
+/// Waits until every CUDA operation on the weights' device finished, so that an acknowledgement means applied.
+fn synchronize(device: Device) {
+    if let Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
+    }
 }
 
 /// The trainer's side: hosts the store and sends each new version to every receiver.
@@ -91,8 +125,11 @@ pub struct WeightSender {
     options: WeightSyncOptions,
     generation: u64,
     group: Option<ProcessGroup>,
+    /// The current generation's transport (set with `group`).
+    transport: Transport,
     layout: Option<Layout>,
-    buffers: Option<[Tensor; 2]>,
+    /// The bucket buffers and the device they are on (the transport may differ between generations).
+    buffers: Option<(Device, [Tensor; 2])>,
     seq: u64,
 }
 
@@ -103,10 +140,21 @@ impl WeightSender {
         if receivers == 0 {
             return Err(CollectiveError::InvalidArgument("a weight sender needs at least one receiver".into()));
         }
+        transport::check_build(options.tensors, WHAT)?;
         let store = Store::server(host, port, options.timeout)?.with_prefix("weight_sync")?;
         store.set("receivers", receivers.to_string().as_bytes())?;
         let generation = u64::try_from(store.add("generation", 0)?).unwrap_or(0);
-        Ok(WeightSender { store, receivers, options, generation, group: None, layout: None, buffers: None, seq: 0 })
+        Ok(WeightSender {
+            store,
+            receivers,
+            options,
+            generation,
+            group: None,
+            transport: Transport::Gloo,
+            layout: None,
+            buffers: None,
+            seq: 0,
+        })
     }
 
     /// The store's port, for the explorers' configuration.
@@ -150,20 +198,29 @@ impl WeightSender {
         let layout = self.layout.clone().ok_or_else(|| CollectiveError::WeightSync("no layout".into()))?;
         if self.group.is_none() {
             self.store.set(&format!("gen{g}/layout"), layout.encode()?.as_bytes())?;
+            let transport = self.choose_transport(g)?;
             let prefix = self.store.with_prefix(&format!("gen{g}/group"))?;
-            self.group = Some(ProcessGroup::new(&prefix, 0, self.receivers + 1, &group_options(&self.options))?);
+            let options = GroupOptions { nccl: transport.needs_nccl(), ..group_options(&self.options) };
+            self.group = Some(ProcessGroup::new(&prefix, 0, self.receivers + 1, &options)?);
+            self.transport = transport;
             self.seq = 0;
-            tracing::info!("weight sync: generation {g} formed with {} receivers", self.receivers);
+            tracing::info!(
+                "weight sync: generation {g} formed with {} receivers over {}",
+                self.receivers,
+                transport.name()
+            );
         }
         let start = Instant::now();
         let s = self.seq;
         self.store.set(&format!("gen{g}/sync/{s}"), version.to_string().as_bytes())?;
         let tensors: Vec<Tensor> = weights.iter().map(|(_, t)| t.shallow_clone()).collect();
-        if self.buffers.is_none() {
-            self.buffers = Some(bucket_buffers(&layout)?);
+        let on = self.transport.buffer_device(self.options.tensors);
+        if self.buffers.as_ref().map(|(device, _)| *device) != Some(on) {
+            self.buffers = None;
+            self.buffers = Some((on, bucket_buffers(&layout, on)?));
         }
         let group = self.group.as_ref().ok_or_else(|| CollectiveError::WeightSync("no group".into()))?;
-        let buffers = self.buffers.as_ref().ok_or_else(|| CollectiveError::WeightSync("no buffers".into()))?;
+        let (_, buffers) = self.buffers.as_ref().ok_or_else(|| CollectiveError::WeightSync("no buffers".into()))?;
         send_buckets(group, &layout, &tensors, buffers)?;
         let deadline = start + self.options.timeout;
         let ack = format!("gen{g}/ack/{s}");
@@ -189,6 +246,33 @@ impl WeightSender {
             buckets: layout.buckets(),
             seconds: start.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Waits (up to the timeout) until every receiver of generation `g` said where its weights live, then decides
+    /// the generation's transport and posts it for them.
+    fn choose_transport(&self, g: u64) -> Result<Transport> {
+        let deadline = Instant::now() + self.options.timeout;
+        let key = |rank: usize| format!("gen{g}/placement/{rank}");
+        let mut placements = Vec::with_capacity(self.receivers);
+        for rank in 1..=self.receivers {
+            while !self.store.check(&[&key(rank)])? {
+                if Instant::now() >= deadline {
+                    return Err(CollectiveError::Timeout {
+                        op: "weight sync join",
+                        timeout: self.options.timeout,
+                        detail: Some(format!("{} of {} receivers joined generation {g}", rank - 1, self.receivers)),
+                    });
+                }
+                std::thread::sleep(POLL);
+            }
+            placements.push(Placement::parse(&String::from_utf8_lossy(&self.store.get(&key(rank))?))?);
+        }
+        let transport = transport::for_weight_sync(Placement::of(self.options.tensors), &placements);
+        if transport == Transport::GlooStaged {
+            note_staged(self.options.tensors);
+        }
+        self.store.set(&format!("gen{g}/transport"), transport.name().as_bytes())?;
+        Ok(transport)
     }
 
     /// Marks the generation failed and moves on to the next one.
@@ -237,6 +321,7 @@ pub struct WeightReceiver {
 #[derive(Debug)]
 struct Joined {
     generation: u64,
+    transport: Transport,
     group: ProcessGroup,
     layout: Layout,
     buffers: [Tensor; 2],
@@ -246,6 +331,7 @@ struct Joined {
 impl WeightReceiver {
     /// Connects to the sender's store (retrying until the timeout while it is not up yet).
     pub fn connect(host: &str, port: u16, options: WeightSyncOptions) -> Result<Self> {
+        transport::check_build(options.tensors, WHAT)?;
         let store = Store::client(host, port, options.timeout)?.with_prefix("weight_sync")?;
         let receivers = parse_u64(&store, "receivers")? as usize;
         Ok(WeightReceiver { store, options, receivers, joined: None, last_version: None })
@@ -264,7 +350,8 @@ impl WeightReceiver {
         self.last_version
     }
 
-    /// Waits for the next version and returns it with freshly allocated CPU tensors (the sender's dtypes).
+    /// Waits for the next version and returns it with freshly allocated tensors (the sender's dtypes), on this
+    /// side's CUDA device when the transport is NCCL, else on the CPU.
     pub fn receive(&mut self) -> Result<(u64, Vec<(String, Tensor)>)> {
         let mut out = Vec::new();
         let report = self.receive_with(|name, t| {
@@ -314,6 +401,9 @@ impl WeightReceiver {
         let start = Instant::now();
         let version = parse_u64(&self.store, &announce)?;
         receive_buckets(&joined.group, &joined.layout, &joined.buffers, apply)?;
+        if joined.transport == Transport::Nccl {
+            synchronize(self.options.tensors);
+        }
         self.store.add(&format!("gen{g}/ack/{}", joined.seq), 1)?;
         joined.seq += 1;
         self.last_version = Some(version);
@@ -334,14 +424,24 @@ impl WeightReceiver {
             if usable {
                 let ticket = self.store.add(&format!("gen{g}/tickets"), 1)?;
                 if ticket as usize <= self.receivers {
-                    let prefix = self.store.with_prefix(&format!("gen{g}/group"))?;
-                    let mut options = group_options(&self.options);
-                    options.timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-                    let group = ProcessGroup::new(&prefix, ticket as usize, self.receivers + 1, &options)?;
-                    let layout = Layout::decode(&String::from_utf8_lossy(&self.store.get(&format!("gen{g}/layout"))?))?;
-                    tracing::info!("weight sync: joined generation {g} as rank {ticket}");
-                    let buffers = bucket_buffers(&layout)?;
-                    return Ok(Joined { generation: g, group, layout, buffers, seq: 0 });
+                    let placement = Placement::of(self.options.tensors);
+                    self.store.set(&format!("gen{g}/placement/{ticket}"), placement.name().as_bytes())?;
+                    if let Some(transport) = self.wait_for_transport(g, deadline)? {
+                        let prefix = self.store.with_prefix(&format!("gen{g}/group"))?;
+                        let mut options = group_options(&self.options);
+                        options.timeout =
+                            deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                        options.nccl = transport.needs_nccl();
+                        let group = ProcessGroup::new(&prefix, ticket as usize, self.receivers + 1, &options)?;
+                        let layout =
+                            Layout::decode(&String::from_utf8_lossy(&self.store.get(&format!("gen{g}/layout"))?))?;
+                        tracing::info!("weight sync: joined generation {g} as rank {ticket} over {}", transport.name());
+                        if transport == Transport::GlooStaged {
+                            note_staged(self.options.tensors);
+                        }
+                        let buffers = bucket_buffers(&layout, transport.buffer_device(self.options.tensors))?;
+                        return Ok(Joined { generation: g, transport, group, layout, buffers, seq: 0 });
+                    }
                 }
             }
             // Failed or full: the sender will open the next generation.
@@ -355,6 +455,29 @@ impl WeightReceiver {
                 }
                 std::thread::sleep(POLL);
             }
+        }
+    }
+}
+
+impl WeightReceiver {
+    /// The transport the sender chose for generation `g`; `None` when it abandoned the generation first.
+    fn wait_for_transport(&self, g: u64, deadline: Instant) -> Result<Option<Transport>> {
+        let key = format!("gen{g}/transport");
+        loop {
+            if self.store.check(&[&key])? {
+                return Transport::parse(&String::from_utf8_lossy(&self.store.get(&key)?)).map(Some);
+            }
+            if self.store.check(&[&format!("gen{g}/failed")])? {
+                return Ok(None);
+            }
+            if Instant::now() >= deadline {
+                return Err(CollectiveError::Timeout {
+                    op: "weight sync join",
+                    timeout: self.options.timeout,
+                    detail: Some(format!("the sender did not choose a transport for generation {g}")),
+                });
+            }
+            std::thread::sleep(POLL);
         }
     }
 }

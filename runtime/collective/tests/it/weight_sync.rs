@@ -112,3 +112,21 @@ fn a_receiver_without_a_sync_times_out() {
     assert!(err.is_timeout(), "{err}");
     assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
 }
+
+/// A side whose weights are on CUDA needs NCCL compiled in: without it both ends refuse at once, naming the
+/// rebuild, before connecting to anything (the receiver's address is never contacted).
+#[cfg(not(feature = "nccl"))]
+#[test]
+fn a_cuda_side_in_a_build_without_nccl_is_refused_at_start() {
+    let on_cuda = WeightSyncOptions { tensors: Device::Cuda(0), ..options(Duration::from_secs(30)) };
+    let started = Instant::now();
+    let sender = WeightSender::host("127.0.0.1", 0, 1, on_cuda.clone()).unwrap_err();
+    let receiver = WeightReceiver::connect("192.0.2.1", 1, on_cuda).unwrap_err();
+    for err in [sender, receiver] {
+        assert!(matches!(err, trinity_collective::CollectiveError::NeedsCudaBuild { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(message.starts_with("weight sync (synchronizer.sync_method: nccl) holds CUDA tensors"), "{message}");
+        assert!(message.contains("--features cuda"), "{message}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
