@@ -41,8 +41,9 @@ enum Task {
     },
     /// Setup, then `cargo fmt --check`, clippy with `-D warnings`, and every test of the workspace.
     Test,
-    /// `setup --cuda`, then clippy with `-D warnings` and the tests of trinity-collective with its `nccl` feature
-    /// (not part of `test`: CI does not install the CUDA libraries).
+    /// `setup --cuda`, then clippy with `-D warnings` of trinity-collective (feature `nccl`) and the `trinity`
+    /// binary (feature `cuda`), that binary's build, the collectives' tests and the trainer's data-parallel tests
+    /// with NCCL compiled in (not part of `test`: CI does not install the CUDA libraries).
     TestCuda,
     /// Setup, release build, then run the quickstart job, print its learning curve and the studio command that
     /// shows the run.
@@ -219,19 +220,38 @@ fn test(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The builds CI leaves out because they need `setup --cuda`: the collectives crate with NCCL. With no GPU its
-/// tests check that the CUDA libraries link and load, that Gloo works unchanged, and that asking for NCCL fails
-/// with a named error; with one, they also run NCCL.
+/// The builds CI leaves out because they need `setup --cuda`: the collectives crate with NCCL and the `trinity`
+/// binary with its `cuda` feature. With no GPU the tests check that the CUDA libraries link and load, that Gloo
+/// works unchanged, that the groups the data-parallel trainer and the weight sync build for CUDA tensors fail with
+/// a named error, and that data-parallel training (on the CPU) is unchanged in a build with NCCL; with a GPU they
+/// also run NCCL.
 fn test_cuda(root: &Path) -> Result<()> {
     let deps = Deps::locate(root);
     deps.install_all()?;
     deps.install_cuda()?;
-    let feature = ["-p", "trinity-collective", "--features", "nccl", "--locked"];
-    let clippy: Vec<&str> =
-        ["clippy"].into_iter().chain(feature).chain(["--all-targets", "--", "-D", "warnings"]).collect();
-    cargo(root, &deps, "clippy (feature nccl)", &clippy)?;
-    let tests: Vec<&str> = ["test"].into_iter().chain(feature).collect();
-    cargo(root, &deps, "tests (feature nccl)", &tests)?;
+    let collective = ["-p", "trinity-collective", "--features", "nccl", "--locked"];
+    let cli = ["-p", "trinity", "--features", "cuda", "--locked"];
+    let lint = ["--all-targets", "--", "-D", "warnings"];
+    let clippy: Vec<&str> = ["clippy"].into_iter().chain(collective).chain(lint).collect();
+    cargo(root, &deps, "clippy (trinity-collective, feature nccl)", &clippy)?;
+    let clippy: Vec<&str> = ["clippy"].into_iter().chain(cli).chain(lint).collect();
+    cargo(root, &deps, "clippy (trinity, feature cuda)", &clippy)?;
+    let build: Vec<&str> = ["build"].into_iter().chain(cli).collect();
+    cargo(root, &deps, "build (trinity, feature cuda)", &build)?;
+    let tests: Vec<&str> = ["test"].into_iter().chain(collective).collect();
+    cargo(root, &deps, "tests (trinity-collective, feature nccl)", &tests)?;
+    let data_parallel = [
+        "test",
+        "-p",
+        "trinity-trainer",
+        "--features",
+        "trinity-collective/nccl",
+        "--locked",
+        "--test",
+        "it",
+        "data_parallel",
+    ];
+    cargo(root, &deps, "data-parallel tests (trinity-trainer, feature nccl)", &data_parallel)?;
     Ok(())
 }
 

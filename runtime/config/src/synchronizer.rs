@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 #[serde(default, deny_unknown_fields)]
 pub struct SynchronizerConfig {
     /// `memory` (in-place copy, one process), `checkpoint` (safetensors on disk), or `nccl` (Trinity-RFT's
-    /// default; on one device it means `memory`).
+    /// default; in one process it means `memory`; between an explorer and a trainer process, a process group:
+    /// NCCL when both hold their weights on CUDA, else Gloo).
     pub sync_method: SyncMethod,
     /// `fixed`: every `sync_interval` steps.
     pub sync_style: SyncStyle,
@@ -16,7 +17,8 @@ pub struct SynchronizerConfig {
     pub sync_interval: u32,
     /// Explore steps the explorer may run ahead of the trainer (one-step-off-policy with 1).
     pub sync_offset: u32,
-    /// Seconds to wait for new weights, or for room in a full experience buffer, before failing.
+    /// Seconds to wait for new weights, or for room in a full experience buffer, before failing; also the
+    /// timeout of every collective between processes (on NCCL, c10d's watchdog ends the process when it passes).
     pub sync_timeout: u64,
     /// Unused by Trinity-RFT itself; kept for its configs.
     pub wait_for_checkpoint: bool,

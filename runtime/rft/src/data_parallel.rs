@@ -4,6 +4,9 @@
 //! Rank 0 runs the mode as one process would: the explorer in mode `both`, the shared buffer or the dataset in mode
 //! `train`, weight syncs, evaluation, checkpoints, metrics and the run log. The other ranks ("followers") hold only
 //! the training engine and read nothing from the run directory, so they may run on machines that do not share it.
+//! Each rank trains on `cuda:LOCAL_RANK` when CUDA is there (else the CPU), and the trainers' group sends CUDA
+//! parameters and gradients over NCCL, the rest over Gloo (`trinity_collective::transport`; a build without the
+//! `cuda` feature refuses a CUDA run by name rather than copying every gradient bucket through host memory).
 //! Every rank meets on the job's store (`MASTER_ADDR:MASTER_PORT`, hosted by rank 0), under `dp/`:
 //! - `header`: the run's length and the checkpoint step rank 0 resumed from, so that every rank builds the same
 //!   learning-rate schedule. The engine's state is then broadcast from rank 0 (at start, and again after rank 0
@@ -22,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use tch::Device;
 use trinity_collective::{DistEnv, ProcessGroup, Store};
 use trinity_config::{Config, Mode};
 
@@ -59,11 +63,13 @@ pub(crate) fn check_mode(config: &Config, env: &DistEnv) -> Result<(), RftError>
     }
 }
 
-/// The job's store and the trainers' process group (Gloo; collectives end within `sync_timeout`).
-pub(crate) fn join(config: &Config, env: &DistEnv) -> Result<(Store, ProcessGroup), RftError> {
+/// The job's store, the trainers' process group (Gloo, plus NCCL when the ranks train on CUDA; collectives end
+/// within `sync_timeout`) and this rank's device.
+pub(crate) fn join(config: &Config, env: &DistEnv) -> Result<(Store, ProcessGroup, Device), RftError> {
     let timeout = Duration::from_secs(config.synchronizer.sync_timeout);
+    let device = crate::models::device_for_rank(std::path::Path::new(&config.model.model_path), env)?;
     tracing::info!(
-        "data parallel: rank {} of {} (local rank {}), store at {}:{}",
+        "data parallel: rank {} of {} (local rank {}) on {device:?}, store at {}:{}",
         env.rank,
         env.world_size,
         env.local_rank,
@@ -71,9 +77,9 @@ pub(crate) fn join(config: &Config, env: &DistEnv) -> Result<(Store, ProcessGrou
         env.master_port
     );
     let (store, group) =
-        env.process_group("trainer", timeout).map_err(|e| collective("form the trainers' group", e))?;
+        env.process_group_on("trainer", timeout, device).map_err(|e| collective("form the trainers' group", e))?;
     let store = store.with_prefix("dp").map_err(|e| collective("open the job's store", e))?;
-    Ok((store, group))
+    Ok((store, group, device))
 }
 
 pub(crate) fn collective(what: &str, e: trinity_collective::CollectiveError) -> RftError {
@@ -155,9 +161,10 @@ pub(crate) fn follow(
     env: &DistEnv,
     store: Store,
     group: ProcessGroup,
+    device: Device,
     threads: usize,
 ) -> Result<RunSummary, RftError> {
-    let result = follow_steps(config, env, &store, group, threads);
+    let result = follow_steps(config, env, &store, group, device, threads);
     match &result {
         Ok(_) => {
             let _ = store.add("stopped", 1);
@@ -174,10 +181,10 @@ fn follow_steps(
     env: &DistEnv,
     store: &Store,
     group: ProcessGroup,
+    device: Device,
     threads: usize,
 ) -> Result<RunSummary, RftError> {
     let header: Header = wait_for(store, "header")?;
-    let device = crate::models::device_for_rank(std::path::Path::new(&config.model.model_path), env.local_rank)?;
     let mut engine = crate::trainer::follower_engine(config, device, threads, header.total_steps, group)?;
     if header.resumed_step.is_some() {
         on_pool(threads, || engine.receive_state())?;

@@ -94,13 +94,12 @@ pub(crate) fn device(model_path: &Path) -> Result<tch::Device, RftError> {
     Ok(device)
 }
 
-/// The device of data-parallel rank `local_rank` on its machine: its own GPU (`LOCAL_RANK` picks it, as under
-/// torchrun), or the CPU.
-pub(crate) fn device_for_rank(model_path: &Path, local_rank: usize) -> Result<tch::Device, RftError> {
-    Ok(match device(model_path)? {
-        tch::Device::Cuda(_) => tch::Device::Cuda(local_rank),
-        other => other,
-    })
+/// The device of a data-parallel rank: its own GPU, `cuda:LOCAL_RANK` (as under torchrun), or the CPU; a local rank
+/// past the GPUs this process sees is an error naming `LOCAL_RANK`.
+pub(crate) fn device_for_rank(model_path: &Path, env: &trinity_collective::DistEnv) -> Result<tch::Device, RftError> {
+    let auto = device(model_path)?;
+    let visible = if auto.is_cuda() { usize::try_from(tch::Cuda::device_count()).unwrap_or(0) } else { 0 };
+    Ok(env.rank_device(auto, visible)?)
 }
 
 pub(crate) fn model_error(path: &Path, source: trinity_model::ModelError) -> RftError {

@@ -100,12 +100,12 @@ pub fn run(config: &Config, job_dir: &Path) -> Result<RunSummary, RftError> {
         return run_mode(config, job_dir, threads, None);
     };
     data_parallel::check_mode(config, &env)?;
-    let (store, group) = data_parallel::join(config, &env)?;
+    let (store, group, device) = data_parallel::join(config, &env)?;
     if env.rank != 0 {
-        return data_parallel::follow(config, &env, store, group, threads);
+        return data_parallel::follow(config, &env, store, group, device, threads);
     }
     let leader = Arc::new(Leader::new(store, env.world_size));
-    let result = run_mode(config, job_dir, threads, Some(Rank0 { leader: leader.clone(), group }));
+    let result = run_mode(config, job_dir, threads, Some(Rank0 { leader: leader.clone(), group, device }));
     leader.finish(result.as_ref().map(|_| ()).map_err(ToString::to_string));
     result
 }

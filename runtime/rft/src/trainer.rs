@@ -78,6 +78,8 @@ pub(crate) struct Trainer {
 pub(crate) struct Rank0 {
     pub leader: Arc<Leader>,
     pub group: trinity_collective::ProcessGroup,
+    /// This rank's device (`cuda:LOCAL_RANK` or the CPU), which the mode's models go on.
+    pub device: tch::Device,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -154,7 +156,7 @@ impl Trainer {
         let mut engine =
             on_pool(threads, move || TrainEngine::with_models(decoder, models, components, optimizer, options))?;
         let leader = match dp {
-            Some(Rank0 { leader, group }) => {
+            Some(Rank0 { leader, group, .. }) => {
                 leader.header(Header { total_steps, resumed_step: resumed.as_ref().map(|(_, m)| m.train_step) })?;
                 engine = on_pool(threads, move || engine.with_process_group(group))?;
                 Some(leader)

@@ -1,7 +1,13 @@
 //! `synchronizer.sync_method: nccl` between an explorer and a trainer in processes of their own (modes `explore`
-//! and `train`): the trainer's weights go over a c10d process group (Gloo on CPU, `trinity_collective`'s
-//! `WeightSender` / `WeightReceiver`: layout sent once, bucketed double-buffered broadcast, a version handshake),
-//! instead of through safetensors files.
+//! and `train`): the trainer's weights go over a c10d process group (`trinity_collective`'s `WeightSender` /
+//! `WeightReceiver`: layout sent once, bucketed double-buffered broadcast, a version handshake), instead of through
+//! safetensors files.
+//!
+//! - **Devices.** NCCL when the trainer's weights and the explorer's engine are both on CUDA, device to device;
+//!   Gloo when both are on the CPU; when one side is on CUDA and the other on the CPU, Gloo with the CUDA side
+//!   copying each bucket to or from host memory, said once in the log (`trinity_collective::transport`). A
+//!   process whose weights are on CUDA in a build without the `cuda` feature refuses `sync_method: nccl` at start,
+//!   naming the rebuild.
 //!
 //! - **Rendezvous.** Trainer rank 0 hosts the group's store and writes where it listens to `<job>/sync/nccl.json`
 //!   (the directory the pair shares anyway: buffer, checkpoints, the fallback files). It listens on
@@ -41,11 +47,12 @@ struct Address {
     port: u16,
 }
 
-fn options(config: &Config, host: &str, dtype: Option<tch::Kind>) -> WeightSyncOptions {
+fn options(config: &Config, host: &str, dtype: Option<tch::Kind>, tensors: tch::Device) -> WeightSyncOptions {
     WeightSyncOptions {
         timeout: Duration::from_secs(config.synchronizer.sync_timeout),
         device: GlooDevice::for_master(host),
         dtype,
+        tensors,
         ..WeightSyncOptions::default()
     }
 }
@@ -59,8 +66,13 @@ pub(crate) struct GroupSender {
 
 impl GroupSender {
     /// Hosts the group's store and writes `<sync_dir>/nccl.json`. `dtype` is the explorer engine's (weights are
-    /// converted while they are packed).
-    pub(crate) fn host(config: &Config, sync_dir: &Path, dtype: tch::Kind) -> Result<GroupSender, RftError> {
+    /// converted while they are packed); `device` is where the trainer's weights are.
+    pub(crate) fn host(
+        config: &Config,
+        sync_dir: &Path,
+        dtype: tch::Kind,
+        device: tch::Device,
+    ) -> Result<GroupSender, RftError> {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let host = env("TRINITY_SYNC_ADDR").or_else(|| env("MASTER_ADDR")).unwrap_or_else(|| "127.0.0.1".into());
         let port = match env("TRINITY_SYNC_PORT") {
@@ -70,7 +82,7 @@ impl GroupSender {
                 message: format!("TRINITY_SYNC_PORT {p:?} is not a TCP port"),
             })?,
         };
-        let sender = WeightSender::host(&host, port, 1, options(config, &host, Some(dtype)))?;
+        let sender = WeightSender::host(&host, port, 1, options(config, &host, Some(dtype), device))?;
         let address_file = sync_dir.join(ADDRESS_FILE);
         json_file::write(&address_file, &Address { host: host.clone(), port: sender.port() })?;
         tracing::info!("weight sync (nccl): the explorer's group meets at {host}:{}", sender.port());
@@ -129,19 +141,21 @@ pub(crate) struct GroupReceiver {
 const NOTHING: u64 = 0;
 
 impl GroupReceiver {
-    /// Starts the receiving thread for the trainer that publishes into `sync_dir`.
-    pub(crate) fn start(config: &Config, sync_dir: &Path) -> GroupReceiver {
+    /// Starts the receiving thread for the trainer that publishes into `sync_dir`, for an engine on `device`.
+    /// Fails at once when the engine is on CUDA and this build has no NCCL.
+    pub(crate) fn start(config: &Config, sync_dir: &Path, device: tch::Device) -> Result<GroupReceiver, RftError> {
+        trinity_collective::transport::check_build(device, "weight sync (synchronizer.sync_method: nccl)")?;
         let receiver = GroupReceiver { slot: Arc::default(), received: Arc::new(AtomicU64::new(NOTHING)) };
         let (this, config, dir) = (receiver.clone(), config.clone(), sync_dir.to_owned());
         let spawned = std::thread::Builder::new().name("weight-receiver".into()).spawn(move || {
             // Receiving only copies bytes: one libtorch thread, so no second OpenMP pool competes with the engine's.
             tch::set_num_threads(1);
-            this.receive_forever(&config, &dir)
+            this.receive_forever(&config, &dir, device)
         });
         if let Err(e) = spawned {
             tracing::warn!("weight sync (nccl): cannot start the receiving thread ({e}); using checkpoint files");
         }
-        receiver
+        Ok(receiver)
     }
 
     /// The newest version received over the group.
@@ -168,7 +182,7 @@ impl GroupReceiver {
         Ok(Some((version, weights)))
     }
 
-    fn receive_forever(&self, config: &Config, dir: &Path) {
+    fn receive_forever(&self, config: &Config, dir: &Path, device: tch::Device) {
         let path = dir.join(ADDRESS_FILE);
         let mut last: Option<Address> = None;
         loop {
@@ -181,7 +195,7 @@ impl GroupReceiver {
                 }
             };
             last = Some(address.clone());
-            if let Err(e) = self.receive_from(config, &address) {
+            if let Err(e) = self.receive_from(config, &address, device) {
                 tracing::warn!(
                     "weight sync over the process group at {}:{} failed ({e}); the explorer takes checkpoint files \
                      from {} until the trainer hosts a new group",
@@ -194,8 +208,9 @@ impl GroupReceiver {
     }
 
     /// Receives every version the trainer at `address` offers, until the group fails.
-    fn receive_from(&self, config: &Config, address: &Address) -> Result<(), RftError> {
-        let mut receiver = WeightReceiver::connect(&address.host, address.port, options(config, &address.host, None))?;
+    fn receive_from(&self, config: &Config, address: &Address, device: tch::Device) -> Result<(), RftError> {
+        let options = options(config, &address.host, None, device);
+        let mut receiver = WeightReceiver::connect(&address.host, address.port, options)?;
         tracing::info!("weight sync (nccl): connected to the trainer's group at {}:{}", address.host, address.port);
         loop {
             let offered = receiver.offered_version()?;

@@ -1,5 +1,9 @@
 //! Data-parallel training: several trainer processes (ranks) share each train step's rows and keep identical
-//! parameters, over a [`ProcessGroup`] (Gloo on CPU; see `trinity-collective`).
+//! parameters, over a [`ProcessGroup`]: Gloo when the ranks train on the CPU, NCCL when each trains on its own GPU
+//! (`cuda:LOCAL_RANK`; the group is built by `DistEnv::process_group_on`, see `trinity_collective::transport`).
+//! Parameters and gradients are handed to the group on the device they live on, so on CUDA they never pass
+//! through host memory; the small control tensors (layout checks, gradient presence, metrics, shared rows) are CPU
+//! tensors and go over Gloo in the same group.
 //!
 //! Contract: every rank calls [`crate::Trainer::train_step`] with the **same** rows (the whole step; rank 0 may read
 //! them and hand them to the others with [`share_rows`]). Everything that depends on the whole batch (advantages,
@@ -30,7 +34,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 use trinity_collective::{ProcessGroup, ReduceOp};
 
 use crate::error::{Result, TrainerError};
@@ -99,13 +103,10 @@ impl DataParallel {
                 "the ranks hold different {what} (names, shapes or dtypes); every rank must build the same model"
             )));
         }
+        // On their own device: NCCL broadcasts CUDA parameters in place, Gloo CPU ones.
         let mut flat: Vec<Tensor> = Vec::with_capacity(tensors.len());
         for (_, t) in tensors.iter() {
-            flat.push(if t.device() == Device::Cpu && t.is_contiguous() {
-                t.f_detach()?
-            } else {
-                t.f_to_device(Device::Cpu)?.f_contiguous()?
-            });
+            flat.push(if t.is_contiguous() { t.f_detach()? } else { t.f_contiguous()? });
         }
         self.group.broadcast_buckets(&mut flat, 0, self.bucket_bytes.max(1 << 20) * 8)?;
         tch::no_grad(|| -> Result<()> {
@@ -136,10 +137,11 @@ impl DataParallel {
                 (p.f_sum(p.kind())? * 0.0).f_backward()?;
                 g = p.grad();
             }
-            let wide = if g.kind() == Kind::Float && g.device() == Device::Cpu && g.is_contiguous() {
+            // Widened on the gradient's own device (a CUDA gradient stays on its GPU for NCCL).
+            let wide = if g.kind() == Kind::Float && g.is_contiguous() {
                 g.shallow_clone()
             } else {
-                g.f_to_device(Device::Cpu)?.f_to_kind(Kind::Float)?.f_contiguous()?
+                g.f_to_kind(Kind::Float)?.f_contiguous()?
             };
             grads.push(wide);
             targets.push(g);

@@ -23,7 +23,7 @@
 //!
 //! Data parallel (a launcher's `WORLD_SIZE` ranks, see `trinity_collective::DistEnv`):
 //! ```text
-//! let (_store, group) = env.process_group("trainer", timeout)?;                 // every rank
+//! let (_store, group) = env.process_group_on("trainer", timeout, device)?;      // every rank (NCCL on CUDA)
 //! let mut trainer = Trainer::new(...)?;  trainer.load_state(...)?;              // as above, every rank
 //! let mut trainer = trainer.with_process_group(group)?;                         // rank 0's state everywhere
 //! let rows = share_rows(trainer.process_group().unwrap(), 0, (rank == 0).then_some(&rows[..]))?;

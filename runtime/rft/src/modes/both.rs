@@ -83,7 +83,10 @@ impl<'a> Both<'a> {
         threads: usize,
         dp: Option<Rank0>,
     ) -> Result<Both<'a>, RftError> {
-        let device = models::device(Path::new(&config.model.model_path))?;
+        let device = match &dp {
+            Some(rank0) => rank0.device,
+            None => models::device(Path::new(&config.model.model_path))?,
+        };
         // The tasksets' length bounds the run; the trainer's own limit may shorten it. (Read after the model loads,
         // so that a missing model is the error a run with two missing inputs reports.)
         let planned = |_: &_, _: Option<&_>, _| {

@@ -50,8 +50,10 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
         tracing::info!("explorer `{name}`: steps 1..={explored} are in the buffer already: continuing after them");
     }
     let store = WeightStore::open(job_dir)?;
-    let group =
-        (config.synchronizer.sync_method == SyncMethod::Nccl).then(|| GroupReceiver::start(config, store.dir()));
+    let group = match config.synchronizer.sync_method {
+        SyncMethod::Nccl => Some(GroupReceiver::start(config, store.dir(), device)?),
+        _ => None,
+    };
     let mut run = ExploreRun {
         group,
         config,

@@ -54,7 +54,10 @@ pub(crate) async fn run(
     dp: Option<Rank0>,
 ) -> Result<RunSummary, RftError> {
     let schema = Components::from_config(&config.algorithm)?.schema;
-    let device = models::device(Path::new(&config.model.model_path))?;
+    let device = match &dp {
+        Some(rank0) => rank0.device,
+        None => models::device(Path::new(&config.model.model_path))?,
+    };
     let batch_size = config.buffer.train_batch_size as usize;
     let mut dataset = None;
     let mut source_buffer = None;
@@ -220,7 +223,7 @@ impl<'a> TrainRun<'a> {
         let group = match (&source, config.synchronizer.sync_method) {
             (Source::Buffer(_), SyncMethod::Nccl) => {
                 let dtype = models::engine_kind(&config.explorer.rollout_model.dtype, device);
-                Some(GroupSender::host(config, store.dir(), dtype)?)
+                Some(GroupSender::host(config, store.dir(), dtype, device)?)
             }
             _ => None,
         };
