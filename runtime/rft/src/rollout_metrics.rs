@@ -22,11 +22,50 @@ pub(crate) enum Stats {
 }
 
 impl Stats {
-    fn names(self) -> &'static [&'static str] {
+    fn kept(self) -> &'static [Stat] {
         match self {
-            Stats::Rollout => &["mean", "max", "min"],
-            Stats::Eval { detailed: false } => &["mean"],
-            Stats::Eval { detailed: true } => &["mean", "std", "max", "min"],
+            Stats::Rollout => &[Stat::Mean, Stat::Max, Stat::Min],
+            Stats::Eval { detailed: false } => &[Stat::Mean],
+            Stats::Eval { detailed: true } => &[Stat::Mean, Stat::Std, Stat::Max, Stat::Min],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Stat {
+    Mean,
+    Std,
+    Max,
+    Min,
+}
+
+/// Mean, population std, max and min of a list; the mean and std of an empty list are 0.
+#[derive(Debug, Clone, Copy)]
+struct Summary {
+    mean: f64,
+    std: f64,
+    max: f64,
+    min: f64,
+}
+
+impl Summary {
+    fn of(values: &[f64]) -> Summary {
+        let n = values.len().max(1) as f64;
+        let mean = values.iter().sum::<f64>() / n;
+        Summary {
+            mean,
+            std: (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt(),
+            max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            min: values.iter().copied().fold(f64::INFINITY, f64::min),
+        }
+    }
+
+    fn get(&self, stat: Stat) -> (&'static str, f64) {
+        match stat {
+            Stat::Mean => ("mean", self.mean),
+            Stat::Std => ("std", self.std),
+            Stat::Max => ("max", self.max),
+            Stat::Min => ("min", self.min),
         }
     }
 }
@@ -37,14 +76,12 @@ pub(crate) fn rollout_metrics(prefix: &str, report: &RunReport, stats: Stats) ->
     // An external model's experiences hold no tokens; their lengths come from the reply's usage.
     let lengths: Vec<f64> = report.experiences().map(trinity_explorer::response_tokens).collect();
     let mut metrics = Metrics::new();
-    let n = rewards.len().max(1) as f64;
-    let mean = rewards.iter().sum::<f64>() / n;
-    let variance = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
-    metrics.insert(format!("{prefix}/reward_mean"), mean);
-    metrics.insert(format!("{prefix}/reward_std"), variance.sqrt());
-    metrics.insert(format!("{prefix}/reward_max"), rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max));
-    metrics.insert(format!("{prefix}/reward_min"), rewards.iter().copied().fold(f64::INFINITY, f64::min));
-    metrics.insert(format!("{prefix}/response_length_mean"), lengths.iter().sum::<f64>() / n);
+    let reward = Summary::of(&rewards);
+    metrics.insert(format!("{prefix}/reward_mean"), reward.mean);
+    metrics.insert(format!("{prefix}/reward_std"), reward.std);
+    metrics.insert(format!("{prefix}/reward_max"), reward.max);
+    metrics.insert(format!("{prefix}/reward_min"), reward.min);
+    metrics.insert(format!("{prefix}/response_length_mean"), Summary::of(&lengths).mean);
     metrics.insert(format!("{prefix}/failed_tasks"), report.failures.len() as f64);
     metrics.insert(format!("{prefix}/retries"), f64::from(report.retries));
     metrics.extend(workflow_metrics(prefix, &report.groups, stats));
@@ -68,16 +105,10 @@ fn workflow_metrics(prefix: &str, groups: &[Vec<Experience>], stats: Stats) -> M
     }
     let mut metrics = Metrics::new();
     for (key, values) in per_task {
-        let n = values.len() as f64;
-        let mean = values.iter().sum::<f64>() / n;
-        for stat in stats.names() {
-            let value = match *stat {
-                "mean" => mean,
-                "std" => (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt(),
-                "max" => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                _ => values.iter().copied().fold(f64::INFINITY, f64::min),
-            };
-            metrics.insert(format!("{prefix}/{key}/{stat}"), value);
+        let summary = Summary::of(&values);
+        for &stat in stats.kept() {
+            let (name, value) = summary.get(stat);
+            metrics.insert(format!("{prefix}/{key}/{name}"), value);
         }
     }
     metrics
