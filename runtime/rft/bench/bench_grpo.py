@@ -3,7 +3,7 @@ work, at bf16 mixed precision (both sides' default) and in fp32.
 
     .deps/trl-venv/bin/python runtime/rft/bench/bench_grpo.py --trinity target/release/trinity \
         [--gguf .deps/models/SmolLM2-135M-Instruct.Q4_1.gguf] [--work-dir .deps/bench-grpo] [--steps 6] \
-        [--threads 2] [--precision bf16 fp32]
+        [--threads 2] [--precision fp32 bf16]
 
 `cargo xtask bench grpo` builds trinity, installs the TRL environment and runs this.
 
@@ -76,8 +76,8 @@ PRECISIONS = {
     "bf16": ("bf16 mixed", True, "auto", "bfloat16"),
     "fp32": ("fp32", False, "float32", "float32"),
 }
-# What the issue asks of trinity: TRL wall time / trinity wall time at least this much.
-TARGETS = {"bf16": 3.0, "fp32": 1.8}
+# What issue 20 asks of trinity: TRL wall time / trinity wall time at least this much.
+TARGETS = {"bf16": 5.0, "fp32": 3.0}
 
 
 def thread_env(threads: int) -> dict:
@@ -378,7 +378,10 @@ def main() -> None:
                    help="where the converted model is kept and each run's logs, configs and metrics are written")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--precision", nargs="+", choices=sorted(PRECISIONS), default=["bf16", "fp32"])
+    p.add_argument("--precision", nargs="+", choices=sorted(PRECISIONS), default=["fp32", "bf16"],
+                   help="precisions, run in this order; fp32 comes first by default because on CPUs without "
+                        "native bf16 TRL's bf16 autocast is emulated and can take ten times as long, and a run cut "
+                        "short should still leave the fp32 figure")
     args = p.parse_args()
     if args.command == "trl-worker":
         trl_worker(args)
