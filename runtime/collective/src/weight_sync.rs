@@ -445,16 +445,11 @@ impl WeightReceiver {
                 }
             }
             // Failed or full: the sender will open the next generation.
-            while u64::try_from(self.store.add("generation", 0)?).unwrap_or(0) == g {
-                if Instant::now() >= deadline {
-                    return Err(CollectiveError::Timeout {
-                        op: "weight sync join",
-                        timeout: self.options.timeout,
-                        detail: Some(format!("generation {g} is failed or full and no new one was opened")),
-                    });
-                }
-                std::thread::sleep(POLL);
-            }
+            self.poll_until(
+                deadline,
+                || format!("generation {g} is failed or full and no new one was opened"),
+                || Ok((u64::try_from(self.store.add("generation", 0)?).unwrap_or(0) != g).then_some(())),
+            )?;
         }
     }
 }
@@ -462,19 +457,36 @@ impl WeightReceiver {
 impl WeightReceiver {
     /// The transport the sender chose for generation `g`; `None` when it abandoned the generation first.
     fn wait_for_transport(&self, g: u64, deadline: Instant) -> Result<Option<Transport>> {
-        let key = format!("gen{g}/transport");
+        let (key, failed) = (format!("gen{g}/transport"), format!("gen{g}/failed"));
+        self.poll_until(
+            deadline,
+            || format!("the sender did not choose a transport for generation {g}"),
+            || {
+                if self.store.check(&[&key])? {
+                    return Transport::parse(&String::from_utf8_lossy(&self.store.get(&key)?)).map(|t| Some(Some(t)));
+                }
+                Ok(self.store.check(&[&failed])?.then_some(None))
+            },
+        )
+    }
+
+    /// Polls the store every [`POLL`] until `ready` gives a value, or fails with a join timeout that says what
+    /// was being waited for once `deadline` passes.
+    fn poll_until<T>(
+        &self,
+        deadline: Instant,
+        waiting_for: impl Fn() -> String,
+        mut ready: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
         loop {
-            if self.store.check(&[&key])? {
-                return Transport::parse(&String::from_utf8_lossy(&self.store.get(&key)?)).map(Some);
-            }
-            if self.store.check(&[&format!("gen{g}/failed")])? {
-                return Ok(None);
+            if let Some(value) = ready()? {
+                return Ok(value);
             }
             if Instant::now() >= deadline {
                 return Err(CollectiveError::Timeout {
                     op: "weight sync join",
                     timeout: self.options.timeout,
-                    detail: Some(format!("the sender did not choose a transport for generation {g}")),
+                    detail: Some(waiting_for()),
                 });
             }
             std::thread::sleep(POLL);
