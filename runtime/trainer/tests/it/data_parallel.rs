@@ -1,7 +1,8 @@
 //! Data-parallel training across processes on loopback: ranks agree bit for bit after every step, and their step
 //! equals the one-process step on the whole batch (within 1e-5 relative) for GRPO and PPO with token-mean loss
 //! aggregation, even and uneven shares. Each test runs the ranks and a one-process reference as separate processes
-//! (this binary started again, entering `dp_child`), so every process draws the same random weights.
+//! (this binary started again, entering `dp_child`), so every process draws the same random weights. With LoRA
+//! adapters the same holds for the adapters, and the frozen base weights stay rank 0's on every rank.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use tch::{Kind, Tensor};
 use trinity_collective::testing::{assert_all_succeeded, run_ranks, var};
 use trinity_collective::{GroupOptions, ProcessGroup, Store, WeightReceiver, WeightSender, WeightSyncOptions};
 use trinity_config::algorithm::AlgorithmConfig;
+use trinity_model::{LoraSpec, ModuleSelector};
 use trinity_trainer::{MicroBatching, TrainRow, Trainer, TrainerOptions, share_rows};
 
 use crate::{algorithm, tiny_model, trainer};
@@ -61,14 +63,39 @@ fn scenario(name: &str) -> Scenario {
         }
         // 7 rows in mini-batches of 4 and 3 (shares 2/2 and 2/1), critic shares 4/3, GAE over the whole batch.
         "ppo" => Scenario { algorithm: algorithm("ppo", |_| {}), options: options(1, Some(4)), rows: rows(7, false) },
+        // The GRPO scenario with LoRA adapters on every projection: only the adapters train.
+        "grpo_lora" => {
+            Scenario { algorithm: algorithm("grpo", |_| {}), options: options(2, None), rows: rows(8, true) }
+        }
         // 3 ranks on 8 rows: shares 3/3/2.
         "grpo3" => Scenario { algorithm: algorithm("grpo", |_| {}), options: options(1, None), rows: rows(8, true) },
         other => panic!("unknown scenario {other}"),
     }
 }
 
+/// The tiny model drawn from `seed`; in the LoRA scenario with adapters whose `A` is drawn from `seed` too, so
+/// ranks other than 0 start from other adapters as well as other base weights.
+fn model(name: &str, seed: i64) -> trinity_model::Decoder {
+    let mut model = tiny_model(seed, Kind::Float);
+    if name == "grpo_lora" {
+        let spec = LoraSpec {
+            rank: 4,
+            alpha: 8.0,
+            target_modules: ModuleSelector::AllLinear,
+            exclude_modules: None,
+            dropout: 0.0,
+            use_rslora: false,
+        };
+        model.add_lora(&spec, seed as u64).unwrap();
+    }
+    model
+}
+
+/// Saves the base parameters and, under `lora/`, the adapters.
 fn save(dir: &Path, tag: &str, trainer: &Trainer, metrics: &BTreeMap<String, f64>) {
-    let params = trainer.policy().named_parameters().unwrap();
+    let policy = trainer.policy();
+    let mut params = policy.named_parameters().unwrap();
+    params.extend(policy.lora_parameters().into_iter().map(|(n, t)| (format!("lora/{n}"), t)));
     Tensor::write_safetensors(&params, dir.join(format!("{tag}.safetensors"))).unwrap();
     let kept: BTreeMap<&String, &f64> = metrics.iter().filter(|(k, _)| !k.starts_with("perf/")).collect();
     std::fs::write(dir.join(format!("{tag}.json")), serde_json::to_string(&kept).unwrap()).unwrap();
@@ -90,7 +117,7 @@ fn dp_child() {
     }
     if world == 0 {
         // The reference: one process, the whole batch.
-        let mut t = trainer(tiny_model(3, Kind::Float), &s.algorithm, LR, s.options);
+        let mut t = trainer(model(&name, 3), &s.algorithm, LR, s.options);
         save(&dir, "single_init", &t, &BTreeMap::new());
         for step in 0..STEPS {
             let m = t.train_step(&s.rows).unwrap();
@@ -107,7 +134,7 @@ fn dp_child() {
     )
     .unwrap();
     // Ranks other than 0 start from other weights: the broadcast at start must make them rank 0's.
-    let model = tiny_model(if rank == 0 { 3 } else { 100 + rank as i64 }, Kind::Float);
+    let model = model(&name, if rank == 0 { 3 } else { 100 + rank as i64 });
     let mut t = trainer(model, &s.algorithm, LR, s.options).with_process_group(group).unwrap();
     save(&dir, &format!("rank{rank}_init"), &t, &BTreeMap::new());
     // Trainer rank 0 sends every step's weights to the explorer process (scenario `explorer`).
@@ -251,6 +278,20 @@ fn two_ranks_match_one_process_for_grpo() {
 fn two_ranks_with_uneven_shares_match_one_process_for_ppo_with_a_critic() {
     let dir = run("ppo", 2);
     check(dir.path(), 2);
+}
+
+/// LoRA under data parallelism: the adapters start as rank 0's, their gradients are reduced like full
+/// parameters', and the frozen base weights never move (`check` compares both and requires the adapters to move).
+#[test]
+fn two_ranks_match_one_process_for_grpo_with_lora() {
+    let dir = run("grpo_lora", 2);
+    check(dir.path(), 2);
+    let (start, end) = (load(dir.path(), "single_init"), load(dir.path(), &format!("rank0_step{}", STEPS - 1)));
+    for (name, a) in start.iter().filter(|(name, _)| !name.starts_with("lora/")) {
+        assert!(a.equal(&end[name]), "frozen base weight `{name}` moved");
+    }
+    let adapters = start.keys().filter(|name| name.starts_with("lora/")).count();
+    assert_eq!(adapters, 2 * 7 * 2, "A and B for 7 projections in each of 2 layers");
 }
 
 #[test]
