@@ -11,6 +11,12 @@
 //! The model defaults to `$TRINITY_SMOLLM2_GGUF`. Prints one line per dtype: wall seconds per iteration (best
 //! and mean of `--iters` after one warm-up), tokens/s, and the process CPU seconds per iteration (user + system,
 //! all threads), which is less sensitive than wall time to other processes competing for the cores.
+//!
+//! A second line puts the iteration against the machine: the model's matmul FLOPs per iteration (forward and
+//! backward of every linear layer, the attention products and the head, counted once, as MFU counts them: a
+//! recomputed head is work the step chose, not work the model needs) over the best time, as a share of this CPU's
+//! matmul rate in the same dtype and thread count, measured here on a 2048³ matmul. That share is what issue 20's
+//! "a train step at ≥ 60% of the matmul rate" is read from.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -131,6 +137,8 @@ fn run(args: &Args, kind: Kind) -> Result<(), Box<dyn std::error::Error>> {
     let mean = times.iter().sum::<f64>() / times.len() as f64;
     let tokens = (args.batch * args.seq) as f64;
     let name = if kind == Kind::Float { "fp32" } else { "bf16 (bf16 params, fp32 masters)" };
+    let flops = model_flops(decoder.config(), args.batch, args.seq);
+    let rate = matmul_rate(kind)?;
     let logit_bytes = args.batch * (args.seq - 1) * vocab * 4;
     let head = match args.head {
         HeadMode::KeepUpTo(limit) if logit_bytes <= limit => "head kept",
@@ -143,7 +151,47 @@ fn run(args: &Args, kind: Kind) -> Result<(), Box<dyn std::error::Error>> {
         tokens / best,
         tokens / mean
     );
+    println!(
+        "  {:.3} TFLOP of matmuls per iteration -> {:.1} GFLOP/s (best) = {:.0}% of this CPU's {name} matmul rate, {:.1} GFLOP/s (2048^3, {} threads)",
+        flops / 1e12,
+        flops / best / 1e9,
+        100.0 * flops / best / rate,
+        rate / 1e9,
+        args.threads
+    );
     Ok(())
+}
+
+/// Matmul FLOPs of one training iteration (forward + backward) over `batch` × `seq` tokens: each linear layer
+/// costs 2 FLOPs per weight per token forward and twice that backward (input and weight gradients); the attention
+/// products QKᵀ and AV cost 2·seq²·head_dim per head and sequence forward (the full square: the causal mask does
+/// not skip work in the kernels used) and twice that backward; the head (vocab × hidden) runs over the `seq − 1`
+/// predicted positions. The input embedding is a gather, not a matmul, and norms and activations are left out.
+fn model_flops(config: &trinity_model::ModelConfig, batch: i64, seq: i64) -> f64 {
+    let (h, i, d) = (config.hidden_size as f64, config.intermediate_size as f64, config.head_dim as f64);
+    let (heads, kv) = (config.num_attention_heads as f64, config.num_key_value_heads as f64);
+    let per_layer = h * heads * d * 2.0 + h * kv * d * 2.0 + 3.0 * h * i;
+    let tokens = (batch * seq) as f64;
+    let linear = 2.0 * per_layer * config.num_hidden_layers as f64 * tokens;
+    let attention = 2.0 * 2.0 * (seq * seq) as f64 * d * heads * batch as f64 * config.num_hidden_layers as f64;
+    let head = 2.0 * config.vocab_size as f64 * h * (batch * (seq - 1)) as f64;
+    3.0 * (linear + attention + head)
+}
+
+/// This CPU's matmul rate in `kind` (FLOP/s) at the thread count already set: the best of ten 2048 × 2048 ×
+/// 2048 products after a warm-up, the shape where libtorch's GEMM is at its steady rate.
+fn matmul_rate(kind: Kind) -> Result<f64, tch::TchError> {
+    const N: i64 = 2048;
+    let a = Tensor::f_randn([N, N], (kind, Device::Cpu))?;
+    let b = Tensor::f_randn([N, N], (kind, Device::Cpu))?;
+    let _ = a.f_matmul(&b)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..10 {
+        let start = Instant::now();
+        let _ = a.f_matmul(&b)?;
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (N * N * N) as f64 / best)
 }
 
 /// User + system CPU seconds of this process (all threads), from `/proc/self/stat` (clock ticks of 1/100 s);
