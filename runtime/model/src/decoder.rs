@@ -419,6 +419,12 @@ impl Decoder {
         Ok(Tensor::f_embedding(&self.embed, input_ids, -1, false, false)?)
     }
 
+    /// The output head's weight `[vocab, hidden]` (the embedding itself when they are tied), for callers that
+    /// compute the head in pieces of the vocabulary and write its gradient themselves (the trainer's head).
+    pub fn head_weight(&self) -> &Tensor {
+        &self.lm_head
+    }
+
     /// Projects hidden states `[..., hidden]` to logits `[..., vocab]` in the model dtype.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         if let Some(head) = self.fast.as_ref().and_then(|f| f.lm_head.as_ref())
@@ -472,31 +478,41 @@ impl Decoder {
     ///
     /// - `prompts`: `[G, P]` int64, the distinct prompts, left-padded; `prompt_mask` `[G, P]`, nonzero for real
     ///   tokens.
-    /// - `groups[n]`: the prompt of response row `n`; `responses` `[N, R]` int64, right-padded with any id.
+    /// - `groups[n]`: the prompt of response row `n`; `responses` `[N, R]` int64, right-padded with any id;
+    ///   `response_lens[n]` its real tokens (1..=R).
     ///
     /// Returns the final-normed hidden states of the prompts `[G, P, hidden]` and of the responses
     /// `[N, R, hidden]`, equal (to float rounding) to `forward_hidden` of each full row `prompt ++ response`:
     /// response position `j` of row `n` is at position `len(prompt) + j`, sees its prompt's real tokens and its
-    /// own first `j + 1` tokens. Outputs at padding positions are finite but meaningless. The prompt and response
-    /// tokens run through every projection and MLP as one flat batch; only attention is split, with each
-    /// response's keys and values being its prompt's (gathered, so gradients from all of a prompt's responses add
-    /// up in it) followed by its own. Differentiable.
+    /// own first `j + 1` tokens. Outputs at padding positions are zeros. The real prompt and response tokens —
+    /// padding left out, as veRL's `use_remove_padding` does — run through every projection and MLP as one flat
+    /// batch; only attention is split, in the padded layout, with each response's keys and values being its
+    /// prompt's (gathered, so gradients from all of a prompt's responses add up in it) followed by its own.
+    /// Differentiable.
     pub fn forward_hidden_shared_prompts(
         &self,
         prompts: &Tensor,
         prompt_mask: &Tensor,
         groups: &[i64],
         responses: &Tensor,
+        response_lens: &[i64],
     ) -> Result<(Tensor, Tensor)> {
         let (ps, rs) = (prompts.size(), responses.size());
         let (&[g, p], &[n, r]) = (&ps[..], &rs[..]) else {
             return Err(ModelError::InvalidInput(format!("prompts {ps:?} and responses {rs:?} must be 2-D")));
         };
-        if prompt_mask.size() != ps || groups.len() as i64 != n || groups.iter().any(|&i| i < 0 || i >= g) {
+        if prompt_mask.size() != ps
+            || groups.len() as i64 != n
+            || groups.iter().any(|&i| i < 0 || i >= g)
+            || response_lens.len() as i64 != n
+            || response_lens.iter().any(|&l| l < 1 || l > r)
+        {
             return Err(ModelError::InvalidInput(format!(
-                "prompt mask {:?} for prompts {ps:?}; {} group ids in 0..{g} for {n} responses",
+                "prompt mask {:?} for prompts {ps:?}; {} group ids in 0..{g} and {} lengths in 1..={r} for {n} \
+                 responses",
                 prompt_mask.size(),
-                groups.len()
+                groups.len(),
+                response_lens.len()
             )));
         }
         let device = self.device();
@@ -510,6 +526,14 @@ impl Decoder {
         let response_pos = prompt_len.f_index_select(0, &group)?.f_unsqueeze(1)?
             + Tensor::f_arange(r, (Kind::Int64, device))?.f_unsqueeze(0)?;
         let positions = Tensor::f_cat(&[prompt_pos.f_reshape([tp])?, response_pos.f_reshape([tr])?], 0)?;
+        // The real tokens of the flat layout (prompts, then responses): only they run through the projections.
+        let lens = Tensor::from_slice(response_lens).f_to_device(device)?;
+        let response_valid =
+            Tensor::f_arange(r, (Kind::Int64, device))?.f_unsqueeze(0)?.f_lt_tensor(&lens.f_unsqueeze(1)?)?;
+        let real = Tensor::f_cat(&[valid.f_reshape([tp])?, response_valid.f_reshape([tr])?], 0)?
+            .f_nonzero()?
+            .f_squeeze_dim(1)?;
+        let positions = positions.f_index_select(0, &real)?;
         let (cos, sin) = rope::cos_sin(&self.inv_freq, &positions.f_unsqueeze(0)?, self.kind)?;
         // Response attention: the prompt's real keys, then its own keys causally.
         let own = causal(r, device)?.f_view([1, 1, r, r])?.f_expand([n, 1, r, r], false)?;
@@ -517,12 +541,15 @@ impl Decoder {
         let response_attn_mask = Tensor::f_cat(&[seen, own], 3)?;
 
         let ids = Tensor::f_cat(&[prompts.f_reshape([tp])?, responses.f_reshape([tr])?], 0)?.f_to_device(device)?;
-        let mut x = self.embed(&ids.f_unsqueeze(0)?)?;
-        // [1, T, heads, D] → the prompt part [G, heads, P, D] and the response part [N, heads, R, D].
+        let mut x = self.embed(&ids.f_index_select(0, &real)?.f_unsqueeze(0)?)?;
+        // Real tokens `[1, K, heads, D]` → the padded prompt part [G, heads, P, D] and response part [N, heads, R, D]
+        // (zeros at padding, which no real query attends to).
         let split = |t: &Tensor, h: i64| -> Result<(Tensor, Tensor)> {
+            let padded =
+                Tensor::f_zeros([tp + tr, h, d], (t.kind(), device))?.f_index_copy(0, &real, &t.f_squeeze_dim(0)?)?;
             Ok((
-                t.f_narrow(1, 0, tp)?.f_reshape([g, p, h, d])?.f_transpose(1, 2)?,
-                t.f_narrow(1, tp, tr)?.f_reshape([n, r, h, d])?.f_transpose(1, 2)?,
+                padded.f_narrow(0, 0, tp)?.f_reshape([g, p, h, d])?.f_transpose(1, 2)?,
+                padded.f_narrow(0, tp, tr)?.f_reshape([n, r, h, d])?.f_transpose(1, 2)?,
             ))
         };
         for layer in &self.layers {
@@ -543,11 +570,12 @@ impl Decoder {
                 ],
                 0,
             )?;
-            x = self.finish_layer(layer, None, x, &attn.f_unsqueeze(0)?)?;
+            x = self.finish_layer(layer, None, x, &attn.f_index_select(0, &real)?.f_unsqueeze(0)?)?;
         }
-        let x = self.rms_norm(&x, &self.norm)?;
+        let x = self.rms_norm(&x, &self.norm)?.f_squeeze_dim(0)?;
         let hidden = self.config.hidden_size;
-        Ok((x.f_narrow(1, 0, tp)?.f_reshape([g, p, hidden])?, x.f_narrow(1, tp, tr)?.f_reshape([n, r, hidden])?))
+        let x = Tensor::f_zeros([tp + tr, hidden], (x.kind(), device))?.f_index_copy(0, &real, &x)?;
+        Ok((x.f_narrow(0, 0, tp)?.f_reshape([g, p, hidden])?, x.f_narrow(0, tp, tr)?.f_reshape([n, r, hidden])?))
     }
 
     /// Full-sequence logits `[B, T, vocab]` (see [`Decoder::forward_hidden`]). For long sequences and big
@@ -1147,6 +1175,7 @@ mod tests {
                     &Tensor::from_slice(&pmask).view([2, p]),
                     &groups,
                     &Tensor::from_slice(&rids).view([5, r]),
+                    &responses.iter().map(|(_, resp)| resp.len() as i64).collect::<Vec<_>>(),
                 )
                 .unwrap();
             // Compare every real position, and build the same weighted sum of them on both sides.

@@ -130,7 +130,7 @@ enum Layout {
     Rows { input_ids: Tensor, attention_mask: Option<Tensor>, prompt_width: i64 },
     /// Each distinct prompt once (`[G, P]` ids and mask, left-padded), the responses `[B, R]`, and the prompt
     /// of each row.
-    SharedPrompts { prompts: Tensor, prompt_mask: Tensor, groups: Vec<i64>, responses: Tensor },
+    SharedPrompts { prompts: Tensor, prompt_mask: Tensor, groups: Vec<i64>, responses: Tensor, response_lens: Vec<i64> },
 }
 
 /// The shared layout is taken when it runs at most this share of the tokens of the full rows: below that the
@@ -178,6 +178,8 @@ impl PaddedInputs {
                 groups,
                 // The response ids right-padded with 0 are exactly the targets.
                 responses: targets.shallow_clone(),
+                // Padding is left out of the forward; an empty response still runs one (padding) position.
+                response_lens: rows.iter().map(|&i| all[i].response_length().max(1) as i64).collect(),
             }
         } else {
             let t = p + r;
@@ -212,9 +214,9 @@ impl PaddedInputs {
                 let hidden = decoder.forward_hidden(input_ids, attention_mask.as_ref())?;
                 Ok(hidden.f_narrow(1, prompt_width - 1, r)?)
             }
-            Layout::SharedPrompts { prompts, prompt_mask, groups, responses } => {
+            Layout::SharedPrompts { prompts, prompt_mask, groups, responses, response_lens } => {
                 let (prompt_hidden, response_hidden) =
-                    decoder.forward_hidden_shared_prompts(prompts, prompt_mask, groups, responses)?;
+                    decoder.forward_hidden_shared_prompts(prompts, prompt_mask, groups, responses, response_lens)?;
                 let p = prompt_hidden.size()[1];
                 let group = Tensor::from_slice(groups).f_to_device(prompt_hidden.device())?;
                 let last_prompt = prompt_hidden.f_select(1, p - 1)?.f_index_select(0, &group)?.f_unsqueeze(1)?;
@@ -289,11 +291,14 @@ mod tests {
         // Two prompts, each repeated: 2·3 + 4·2 = 14 tokens instead of 4·5 = 20.
         let rows = vec![row(&[5, 6, 7], &[8]), row(&[9], &[10, 11]), row(&[5, 6, 7], &[12, 13]), row(&[9], &[14])];
         let p = PaddedInputs::new(&rows, &[0, 1, 2, 3], Device::Cpu).unwrap();
-        let Layout::SharedPrompts { prompts, prompt_mask, groups, responses } = &p.layout else { panic!("shared") };
+        let Layout::SharedPrompts { prompts, prompt_mask, groups, responses, response_lens } = &p.layout else {
+            panic!("shared")
+        };
         assert_eq!(ints(prompts), vec![5, 6, 7, 0, 0, 9]);
         assert_eq!(ints(prompt_mask), vec![1, 1, 1, 0, 0, 1]);
         assert_eq!(groups, &[0, 1, 0, 1]);
         assert_eq!(ints(responses), vec![8, 0, 10, 11, 12, 13, 14, 0]);
+        assert_eq!(response_lens, &[1, 2, 2, 1]);
         // A repeated one-token prompt before long responses saves too little.
         let rows = vec![row(&[5], &[8, 9, 10, 11, 12]), row(&[5], &[13, 14, 15, 16, 17])];
         assert!(!PaddedInputs::new(&rows, &[0, 1], Device::Cpu).unwrap().shares_prompts());

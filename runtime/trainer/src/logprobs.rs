@@ -15,9 +15,10 @@
 //! Two ways to get through the head in step 3, chosen per call by the size of the logits ([`HeadMode`]):
 //! - *keep*: step 1 records autograd history, step 3 replays it. No extra compute; the logits of the whole
 //!   micro-batch stay alive in between (`B·R·vocab·4` bytes).
-//! - *recompute*: step 1 runs under `no_grad` and keeps only `[B, R]` results; step 3 recomputes each chunk
-//!   with autograd and backpropagates it before the next. Memory is one chunk; the price is one more head
-//!   forward.
+//! - *recompute*: step 1 runs under `no_grad` and keeps only `[B, R]` results (and each position's
+//!   logsumexp); step 3 recomputes the logits and forms their gradient in closed form. Both run over slabs of
+//!   the vocabulary that stay in cache, without autograd ([`slabs`]). Memory is one slab; the price is one more
+//!   head matmul.
 //!
 //! Both equal plain autograd through the whole head (tested).
 
@@ -25,6 +26,8 @@ use tch::{Kind, Tensor};
 use trinity_model::Decoder;
 
 use crate::error::Result;
+
+mod slabs;
 
 /// Logprobs and entropy of the response tokens, `[B, R]` f32, without autograd history.
 #[derive(Debug)]
@@ -52,6 +55,8 @@ pub struct HeadPass {
     leaf: Tensor,
     /// Kept mode: ℓ (and H when its gradient is wanted) with autograd history back to `leaf`.
     kept: Option<(Tensor, Option<Tensor>)>,
+    /// Recompute mode: each position's logsumexp `[B, R]`.
+    lse: Option<Tensor>,
     entropy_grad: bool,
 }
 
@@ -137,9 +142,65 @@ pub fn score(
     chunk_tokens: i64,
     entropy: bool,
 ) -> Result<HeadStats> {
-    let (logprob, entropy) =
-        tch::no_grad(|| all_chunks(decoder, hidden, targets, temperature, chunk_tokens, entropy, false))?;
-    Ok(HeadStats { logprob, entropy })
+    let (stats, _) = slab_stats(decoder, hidden, targets, temperature, chunk_tokens, entropy)?;
+    Ok(stats)
+}
+
+/// `[B, R, hidden]` hidden states as `[B·R, hidden]` rows (detached) and `[B, R]` targets as `[B·R]`, with the
+/// row ranges of at most `chunk_tokens` rows the head runs one at a time.
+struct FlatRows {
+    hidden: Tensor,
+    targets: Tensor,
+    chunks: Vec<(i64, i64)>,
+}
+
+impl FlatRows {
+    fn new(hidden: &Tensor, targets: &Tensor, chunk_tokens: i64) -> Result<Self> {
+        let size = hidden.size();
+        let (rows, width) = (size[0] * size[1], size[2]);
+        let chunks = (0..rows).step_by(chunk_tokens.max(1) as usize).map(|s| (s, chunk_tokens.min(rows - s))).collect();
+        Ok(FlatRows {
+            hidden: hidden.f_detach()?.f_reshape([rows, width])?,
+            targets: targets.f_reshape([rows])?,
+            chunks,
+        })
+    }
+}
+
+/// Step 1 over vocabulary slabs ([`slabs::forward`]), `chunk_tokens` positions at a time: the stats and each
+/// position's logsumexp, `[B, R]` each.
+fn slab_stats(
+    decoder: &Decoder,
+    hidden: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+    chunk_tokens: i64,
+    entropy: bool,
+) -> Result<(HeadStats, Tensor)> {
+    let size = hidden.size();
+    let (b, r) = (size[0], size[1]);
+    let FlatRows { hidden: h, targets: y, chunks } = FlatRows::new(hidden, targets, chunk_tokens)?;
+    let (mut lps, mut ents, mut lses) = (Vec::new(), Vec::new(), Vec::new());
+    for (start, len) in chunks {
+        let part = slabs::forward(
+            decoder.head_weight(),
+            &h.f_narrow(0, start, len)?,
+            &y.f_narrow(0, start, len)?,
+            temperature,
+            entropy,
+        )?;
+        lps.push(part.logprob);
+        ents.extend(part.entropy);
+        lses.push(part.lse);
+    }
+    let joined = |parts: &[Tensor]| -> Result<Tensor> {
+        if parts.is_empty() {
+            return Ok(Tensor::f_zeros([b, r], (Kind::Float, hidden.device()))?);
+        }
+        Ok(Tensor::f_cat(parts, 0)?.f_view([b, r])?)
+    };
+    let entropy = if entropy { Some(joined(&ents)?) } else { None };
+    Ok((HeadStats { logprob: joined(&lps)?, entropy }, joined(&lses)?))
 }
 
 /// Step 1 for training: as [`score`], remembering what [`backward`] needs. `entropy_grad`: the loss will
@@ -155,19 +216,19 @@ pub fn forward(
     entropy_grad: bool,
     mode: HeadMode,
 ) -> Result<HeadPass> {
-    let leaf = hidden.f_detach()?.set_requires_grad(true);
     let size = hidden.size();
     let logit_bytes =
         size.first().copied().unwrap_or(0) * size.get(1).copied().unwrap_or(0) * decoder.config().vocab_size * 4;
     let keep = matches!(mode, HeadMode::KeepUpTo(limit) if logit_bytes <= limit);
     if keep {
+        let leaf = hidden.f_detach()?.set_requires_grad(true);
         let (lp, ent) = all_chunks(decoder, &leaf, targets, temperature, chunk_tokens, entropy, entropy_grad)?;
         let stats = HeadStats { logprob: lp.f_detach()?, entropy: ent.as_ref().map(Tensor::f_detach).transpose()? };
         let kept_ent = if entropy_grad { ent } else { None };
-        Ok(HeadPass { stats, leaf, kept: Some((lp, kept_ent)), entropy_grad })
+        Ok(HeadPass { stats, leaf, kept: Some((lp, kept_ent)), lse: None, entropy_grad })
     } else {
-        let stats = score(decoder, hidden, targets, temperature, chunk_tokens, entropy)?;
-        Ok(HeadPass { stats, leaf, kept: None, entropy_grad })
+        let (stats, lse) = slab_stats(decoder, hidden, targets, temperature, chunk_tokens, entropy || entropy_grad)?;
+        Ok(HeadPass { stats, leaf: hidden.f_detach()?, kept: None, lse: Some(lse), entropy_grad })
     }
 }
 
@@ -194,30 +255,84 @@ pub fn backward(
             _ => s,
         })
     };
-    let r = hidden.size().get(1).copied().unwrap_or(0);
-    match pass.kept {
-        Some((lp, ent)) => weighted(&lp, ent, 0, r)?.f_backward()?,
-        None => {
-            let step = positions_per_chunk(hidden, chunk_tokens);
-            let mut start = 0;
-            while start < r {
-                let len = step.min(r - start);
-                let (lp, ent) = chunk(
-                    decoder,
-                    &pass.leaf.f_narrow(1, start, len)?,
-                    &targets.f_narrow(1, start, len)?,
-                    temperature,
-                    grad_entropy.is_some(),
-                    true,
-                )?;
-                weighted(&lp, ent, start, len)?.f_backward()?;
-                start += len;
-            }
+    let grad_hidden = match (pass.kept, pass.lse) {
+        (Some((lp, ent)), _) => {
+            let r = hidden.size().get(1).copied().unwrap_or(0);
+            weighted(&lp, ent, 0, r)?.f_backward()?;
+            pass.leaf.grad()
         }
-    }
-    let grad_hidden = pass.leaf.grad();
+        (None, Some(lse)) => {
+            let entropy = grad_entropy.as_ref().zip(pass.stats.entropy.as_ref());
+            let upstream = (&grad_logprob, entropy);
+            return recomputed_backward(
+                decoder,
+                &pass.leaf,
+                hidden,
+                targets,
+                temperature,
+                chunk_tokens,
+                &lse,
+                upstream,
+            );
+        }
+        (None, None) => unreachable!("a head pass keeps its graph or its logsumexp"),
+    };
     if grad_hidden.defined() && hidden.requires_grad() {
         (hidden * grad_hidden.f_to_kind(hidden.kind())?).f_sum(Kind::Float)?.f_backward()?;
+    }
+    Ok(())
+}
+
+/// The upstream gradients of [`backward`]: `∂loss/∂ℓ`, and `∂loss/∂H` with the forward's entropy `H`.
+type Upstream<'a> = (&'a Tensor, Option<(&'a Tensor, &'a Tensor)>);
+
+/// Step 3 in recompute mode: the head's gradients over vocabulary slabs ([`slabs::backward`]), then one
+/// backward call that carries the hidden states' gradient through the decoder and adds the head weight's.
+#[allow(clippy::too_many_arguments)]
+fn recomputed_backward(
+    decoder: &Decoder,
+    leaf: &Tensor,
+    hidden: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+    chunk_tokens: i64,
+    lse: &Tensor,
+    upstream: Upstream,
+) -> Result<()> {
+    let size = leaf.size();
+    let rows = size[0] * size[1];
+    let w = decoder.head_weight();
+    let FlatRows { hidden: h, targets: y, chunks } = FlatRows::new(leaf, targets, chunk_tokens)?;
+    let flat = |t: &Tensor| t.f_reshape([rows]);
+    let (grad_logprob, grad_entropy) = upstream;
+    let (lse, g_lp) = (flat(lse)?, flat(&grad_logprob.f_to_kind(Kind::Float)?)?);
+    let entropy = match grad_entropy {
+        Some((g, entropy)) => Some((&lse - flat(entropy)?, flat(g)?)),
+        None => None,
+    };
+    let mut grad_w = if w.requires_grad() { Some(Tensor::f_zeros(w.size(), (Kind::Float, w.device()))?) } else { None };
+    let mut grad_h = Vec::new();
+    for (start, len) in chunks {
+        let part = |t: &Tensor| t.f_narrow(0, start, len);
+        let entropy = match &entropy {
+            Some((mu, g)) => Some((part(mu)?, part(g)?)),
+            None => None,
+        };
+        let upstream = slabs::Upstream { logprob: &part(&g_lp)?, entropy: entropy.as_ref().map(|(mu, g)| (mu, g)) };
+        grad_h.push(slabs::backward(w, &part(&h)?, &part(&y)?, temperature, &part(&lse)?, &upstream, grad_w.as_mut())?);
+    }
+    let mut total = Vec::new();
+    if hidden.requires_grad() && !grad_h.is_empty() {
+        let grad_h = Tensor::f_cat(&grad_h, 0)?.f_view(&size[..])?.f_to_kind(hidden.kind())?;
+        total.push((hidden * grad_h).f_sum(Kind::Float)?);
+    }
+    if let Some(grad_w) = grad_w {
+        // The head weight's gradient joins the same backward call (for tied embeddings the decoder's embedding
+        // gradient adds to it there).
+        total.push(w.f_flatten(0, -1)?.f_dot(&grad_w.f_to_kind(w.kind())?.f_flatten(0, -1)?)?.f_to_kind(Kind::Float)?);
+    }
+    if !total.is_empty() {
+        Tensor::f_stack(&total, 0)?.f_sum(Kind::Float)?.f_backward()?;
     }
     Ok(())
 }

@@ -61,9 +61,9 @@ pub fn split(rows: &[TrainRow], active: &[usize], how: MicroBatching) -> Result<
 ///
 /// Trinity-RFT's token budgets (`max_token_len_per_gpu`, 16384 and more in its configs) size micro-batches for an
 /// 80 GB accelerator; on a CPU machine the same budget can ask for more memory than the machine has (SmolLM2-135M
-/// keeps about 1 MB of activations per token for the backward pass: 16384 tokens filled 24 GB). A micro-batch
-/// only places work in memory — the gradient is the same row-weighted sum — so the budget is lowered to what
-/// fits. Per token and layer the backward keeps about `8·hidden + 3·intermediate` values (norms, q/k/v,
+/// keeps about 1 MB of activations per token for the backward pass: 16384 tokens filled 24 GB), so the budget is
+/// lowered to what fits. That is not free of effect: as in Trinity-RFT, each micro-batch's token-mean loss is
+/// weighted by its rows, so a different split weights tokens slightly differently; running out of memory is worse. Per token and layer the backward keeps about `8·hidden + 3·intermediate` values (norms, q/k/v,
 /// attention and projection outputs, the MLP's gate, up and product) at 4 bytes; libtorch's autograd and allocator
 /// keep more besides (measured with SmolLM2: about 3 MB a token in all), so the estimate carries a 3.5× factor.
 pub fn memory_token_cap(layers: i64, hidden: i64, intermediate: i64, available_bytes: Option<u64>) -> Option<usize> {

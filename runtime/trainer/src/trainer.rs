@@ -268,7 +268,8 @@ impl Trainer {
             {
                 tracing::info!(
                     "micro-batch token budget {budget} lowered to {cap} so that a micro-batch's activations fit in \
-                     memory ({:.1} GiB available); the gradient is the same",
+                     memory ({:.1} GiB available); micro-batches are weighted by their rows as in Trinity-RFT, so \
+                     smaller ones shift the token-mean's weights slightly",
                     available.unwrap_or(0) as f64 / f64::from(1u32 << 30)
                 );
                 options.micro_batching = MicroBatching::TokenBudget(cap);
