@@ -1,6 +1,8 @@
 //! The `trinity` binary: a thin edge over the runtime crates. Errors become `anyhow` here and nowhere else.
 
 mod algorithm;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod allocator;
 mod cli;
 mod convert;
 mod generate;
@@ -23,7 +25,6 @@ use crate::cli::{Cli, Command, LogLevel};
 
 fn main() -> ExitCode {
     openmp::wait_passively();
-    trinity_model::keep_freed_memory();
     let cli = Cli::parse();
     let level = cli.log_level;
     let result = match cli.command {

@@ -28,7 +28,6 @@
 //! ```
 //! Weight sync into a generation copy: `gen.decoder.copy_weights_from(&trainer.decoder)` (in place, no_grad).
 
-mod allocator;
 mod chat_template;
 mod config;
 mod decode_step;
@@ -49,7 +48,6 @@ mod score;
 mod tokenizer;
 mod weights;
 
-pub use allocator::keep_freed_memory;
 pub use chat_template::{ChatMessage, ChatTemplate, civil_from_days};
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use decoder::Decoder;

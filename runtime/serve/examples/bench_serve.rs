@@ -18,6 +18,11 @@
 //!
 //! Clients, server and engine share the machine's cores, as they would with a local agent.
 
+// The trinity binary's allocator, so that the figures are the binary's.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[path = "../../cli/src/allocator.rs"]
+mod allocator;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -195,8 +200,7 @@ fn load_average() -> String {
 }
 
 fn main() {
-    // As the `trinity` binary does: keep freed memory, and leave the libtorch pool to the engine thread.
-    trinity_model::keep_freed_memory();
+    // As the `trinity` binary does: leave the libtorch pool to the engine thread.
     let threads = trinity_model::hand_over_threads();
     let args = args();
     let threads = args.threads.unwrap_or(threads);
