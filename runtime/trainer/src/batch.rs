@@ -137,6 +137,16 @@ enum Layout {
 /// saving does not pay for the second attention call and the gathers.
 const SHARED_PROMPTS_MAX_SHARE: f64 = 0.9;
 
+/// The padded tokens the decoder runs for `rows` rows with `prompts` distinct prompts, the longest prompt `p`
+/// and the longest response `r` tokens long, and whether that is the shared-prompt layout: each distinct prompt
+/// once and every response (`prompts·p + rows·r`) when that is at most [`SHARED_PROMPTS_MAX_SHARE`] of the full
+/// rows (`rows·(p + r)`), else the full rows. [`PaddedInputs::new`] picks its layout by this, and the token
+/// budget of a micro-batch ([`crate::micro_batch`]) is counted by it.
+pub(crate) fn layout_tokens(prompts: usize, rows: usize, p: usize, r: usize) -> (usize, bool) {
+    let (shared, full) = (prompts * p + rows * r, rows * (p + r));
+    if (shared as f64) <= SHARED_PROMPTS_MAX_SHARE * full as f64 { (shared, true) } else { (full, false) }
+}
+
 impl PaddedInputs {
     /// Pads `rows` (indices into `all`) onto `device`, sharing repeated prompts when that saves work.
     pub fn new(all: &[TrainRow], rows: &[usize], device: Device) -> Result<Self> {
@@ -163,8 +173,7 @@ impl PaddedInputs {
                 })
             })
             .collect();
-        let shared_tokens = distinct.len() * p + b * r;
-        let layout = if (shared_tokens as f64) <= SHARED_PROMPTS_MAX_SHARE * (b * (p + r)) as f64 {
+        let layout = if layout_tokens(distinct.len(), b, p, r).1 {
             let g = distinct.len();
             let (mut ids, mut mask) = (vec![0i64; g * p], vec![0i64; g * p]);
             for (k, prompt) in distinct.iter().enumerate() {

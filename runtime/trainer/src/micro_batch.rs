@@ -1,11 +1,16 @@
 //! Splitting a train step's rows into micro-batches for gradient accumulation.
 //!
-//! With a token budget (`trainer.use_dynamic_bsz`, budget `trainer.max_token_len_per_gpu`), rows are sorted by
-//! length (longest first) and packed greedily while the micro-batch's *padded* size — rows × (longest prompt +
-//! longest response) in it — stays within the budget, so the memory of one forward/backward is bounded and
-//! similar lengths share a micro-batch (little padding). A row longer than the budget gets a micro-batch of its
-//! own rather than an error. veRL instead balances effective (unpadded) token counts over
-//! `⌈total / budget⌉` micro-batches because it removes padding; the count comes out about the same.
+//! With a token budget (`trainer.use_dynamic_bsz`, budget `trainer.max_token_len_per_gpu`), the budget bounds the
+//! tokens one forward/backward runs, so that its memory is bounded: the padded tokens of the layout the
+//! micro-batch will run in ([`crate::batch::layout_tokens`]). Rows that share a prompt (a GRPO group) run that
+//! prompt once in the shared-prompt layout, so rows are kept together by prompt: groups longest first, each
+//! group's rows longest first, packed greedily while the micro-batch's tokens stay within the budget. A group
+//! that fits the budget then trains in one micro-batch with its prompt computed once, instead of being spread
+//! over several micro-batches that each run every row in full (the quickstart's steps: 4 micro-batches of one
+//! group of 8 rollouts each, where packing full rows by length made 8 micro-batches of 4). A row longer than the
+//! budget gets a micro-batch of its own rather than an error. veRL instead balances effective (unpadded) token counts
+//! over `⌈total / budget⌉` micro-batches because it removes padding; either partition is one of the step's rows
+//! into micro-batches within the budget.
 //!
 //! With a fixed size (`use_dynamic_bsz: false`), consecutive rows form micro-batches of that many rows.
 //!
@@ -13,7 +18,9 @@
 //! `micro_bsz / ppo_mini_batch_size`), so the accumulated gradient is the row-weighted mean of micro-batch
 //! losses — see [`crate::trainer`].
 
-use crate::batch::TrainRow;
+use std::collections::{HashMap, HashSet};
+
+use crate::batch::{TrainRow, layout_tokens};
 use crate::error::{Result, TrainerError};
 
 /// How micro-batches are formed.
@@ -33,27 +40,47 @@ pub fn split(rows: &[TrainRow], active: &[usize], how: MicroBatching) -> Result<
             Err(TrainerError::setting("trainer.max_token_len_per_gpu", "must be positive"))
         }
         MicroBatching::Rows(n) => Ok(active.chunks(n).map(<[usize]>::to_vec).collect()),
-        MicroBatching::TokenBudget(budget) => {
-            let mut order = active.to_vec();
-            order.sort_by_key(|&i| std::cmp::Reverse(rows[i].tokens.len()));
-            let mut out: Vec<Vec<usize>> = Vec::new();
-            let (mut cur, mut max_p, mut max_r) = (Vec::new(), 0usize, 0usize);
-            for i in order {
-                let (p, r) = (rows[i].prompt_length.max(max_p), rows[i].response_length().max(max_r));
-                if !cur.is_empty() && (cur.len() + 1) * (p + r) > budget {
-                    out.push(std::mem::take(&mut cur));
-                    (max_p, max_r) = (rows[i].prompt_length, rows[i].response_length());
-                } else {
-                    (max_p, max_r) = (p, r);
-                }
-                cur.push(i);
-            }
-            if !cur.is_empty() {
-                out.push(cur);
-            }
-            Ok(out)
-        }
+        MicroBatching::TokenBudget(budget) => Ok(pack_by_prompt(rows, active, budget)),
     }
+}
+
+/// The token-budget split (see the module docs): rows grouped by prompt, packed greedily in that order.
+fn pack_by_prompt(rows: &[TrainRow], active: &[usize], budget: usize) -> Vec<Vec<usize>> {
+    let prompt = |i: usize| &rows[i].tokens[..rows[i].prompt_length];
+    let length = |i: &usize| std::cmp::Reverse(rows[*i].tokens.len());
+    let mut index: HashMap<&[i64], usize> = HashMap::new();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for &i in active {
+        let g = *index.entry(prompt(i)).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[g].push(i);
+    }
+    groups.iter_mut().for_each(|g| g.sort_by_key(length));
+    groups.sort_by_key(|g| g.first().map(length));
+
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut prompts: HashSet<&[i64]> = HashSet::new();
+    let (mut max_p, mut max_r) = (0, 0);
+    for i in groups.into_iter().flatten() {
+        let (p, r) = (rows[i].prompt_length.max(max_p), rows[i].response_length().max(max_r));
+        let distinct = prompts.len() + usize::from(!prompts.contains(prompt(i)));
+        if !cur.is_empty() && layout_tokens(distinct, cur.len() + 1, p, r).0 > budget {
+            out.push(std::mem::take(&mut cur));
+            prompts.clear();
+            (max_p, max_r) = (rows[i].prompt_length, rows[i].response_length());
+        } else {
+            (max_p, max_r) = (p, r);
+        }
+        prompts.insert(prompt(i));
+        cur.push(i);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
 }
 
 /// The most padded tokens a CPU micro-batch may hold for a model of `layers` layers of width `hidden` and MLP width
@@ -88,22 +115,44 @@ mod tests {
         lens.iter().map(|&(p, r)| TrainRow::sft(&vec![1; p], &vec![2; r])).collect()
     }
 
-    #[test]
-    fn budget_bounds_padded_size() {
-        let rows = rows(&[(2, 2), (4, 4), (2, 6), (3, 1), (1, 1)]);
-        let all: Vec<usize> = (0..rows.len()).collect();
-        let micro = split(&rows, &all, MicroBatching::TokenBudget(12)).unwrap();
+    /// Every row once, and each micro-batch's tokens in its layout within the budget.
+    fn check_partition(rows: &[TrainRow], micro: &[Vec<usize>], budget: usize) {
         let mut seen: Vec<usize> = micro.iter().flatten().copied().collect();
         seen.sort();
-        assert_eq!(seen, all);
-        for m in &micro {
+        assert_eq!(seen, (0..rows.len()).collect::<Vec<_>>());
+        for m in micro.iter().filter(|m| m.len() > 1) {
             let p = m.iter().map(|&i| rows[i].prompt_length).max().unwrap();
             let r = m.iter().map(|&i| rows[i].response_length()).max().unwrap();
-            assert!(m.len() * (p + r) <= 12, "{micro:?}");
+            let prompts: HashSet<&[i64]> = m.iter().map(|&i| &rows[i].tokens[..rows[i].prompt_length]).collect();
+            assert!(layout_tokens(prompts.len(), m.len(), p, r).0 <= budget, "{micro:?}");
         }
+    }
+
+    #[test]
+    fn budget_bounds_the_tokens_of_each_micro_batch() {
+        let rows = rows(&[(2, 2), (4, 4), (2, 6), (3, 1), (1, 1)]);
+        let all: Vec<usize> = (0..rows.len()).collect();
+        check_partition(&rows, &split(&rows, &all, MicroBatching::TokenBudget(12)).unwrap(), 12);
         // A row above the budget still trains, alone.
         let micro = split(&rows, &all, MicroBatching::TokenBudget(5)).unwrap();
         assert!(micro.iter().any(|m| m == &vec![1]));
+    }
+
+    /// Two GRPO groups of 8 rollouts (prompt 60 tokens, responses up to 24), interleaved: each group trains as one
+    /// micro-batch in the shared layout (60 + 8·24 = 252 tokens), where full rows would allow 3 rows a micro-batch.
+    #[test]
+    fn a_group_that_fits_trains_in_one_micro_batch() {
+        let mut rows = Vec::new();
+        for k in 0..16usize {
+            let prompt: Vec<i64> = (0..60).map(|t| t + 1000 * (k % 2) as i64).collect();
+            rows.push(TrainRow::sft(&prompt, &vec![2; 20 + k % 5]));
+        }
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let mut micro = split(&rows, &all, MicroBatching::TokenBudget(320)).unwrap();
+        check_partition(&rows, &micro, 320);
+        micro.iter_mut().for_each(|m| m.sort());
+        micro.sort();
+        assert_eq!(micro, vec![(0..16).step_by(2).collect::<Vec<_>>(), (1..16).step_by(2).collect()]);
     }
 
     #[test]
