@@ -313,8 +313,16 @@ mod tests {
     #[test]
     fn a_child_that_ignores_sigterm_is_killed_after_the_grace_period() {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        // Rank 0 fails only once the others ignore SIGTERM: a SIGTERM that came before their `trap` would end
+        // them at once (seen on a fast machine, where rank 0 exited before the others' shells had started).
+        let script = format!(
+            "trap '' TERM; touch {d}/ready.$RANK; if [ \"$RANK\" = 0 ]; then \
+             while [ ! -e {d}/ready.1 ] || [ ! -e {d}/ready.2 ]; do sleep 0.01; done; exit 1; fi; sleep 60"
+        );
         let start = Instant::now();
-        let (program, args) = sh("trap '' TERM; if [ \"$RANK\" = 0 ]; then exit 1; fi; sleep 60");
+        let (program, args) = sh(&script);
         let err = launch(&quick(), &program, &args).unwrap_err().to_string();
         assert!(err.contains("rank 0"), "{err}");
         let took = start.elapsed();
