@@ -7,8 +7,8 @@
 //! 32 MiB back to the kernel on free, so each step pays page faults and kernel page zeroing again; kept in one
 //! arena with `mmap` and trimming off (what this binary did before), the three kinds of threads contend for that
 //! arena's lock and sleep on it. Measured on the quickstart's first 4 steps (2 cores of a Xeon with AMX, idle):
-//! 12.7–13.6 s a train step with glibc so configured, 10.6–10.9 s with jemalloc 5.3 (these options) preloaded
-//! into the same binary, 9.6–10.1 s with gperftools' tcmalloc, 11.4–14.4 s with mimalloc; explore time the same.
+//! 12.7–14.1 s a train step with glibc so configured, 10.0–11.7 s with jemalloc 5.3 (these options) preloaded
+//! into the same binary, 9.6–10.6 s with gperftools' tcmalloc, 11.4–14.4 s with mimalloc; explore time the same.
 //! `perf` had put a fifth of the trainer's samples in the kernel (page clearing, futex waits) and a tenth in
 //! glibc's `_int_malloc`. jemalloc builds from source with the crate; tcmalloc would need a system library.
 //!
