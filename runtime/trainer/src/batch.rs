@@ -67,6 +67,11 @@ impl TrainRow {
         self.tokens.len().saturating_sub(self.prompt_length)
     }
 
+    /// The prompt token ids.
+    pub fn prompt(&self) -> &[i64] {
+        &self.tokens[..self.prompt_length.min(self.tokens.len())]
+    }
+
     /// The response token ids.
     pub fn response(&self) -> &[i64] {
         &self.tokens[self.prompt_length.min(self.tokens.len())..]
@@ -166,7 +171,7 @@ impl PaddedInputs {
         let groups: Vec<i64> = rows
             .iter()
             .map(|&i| {
-                let prompt = &all[i].tokens[..all[i].prompt_length];
+                let prompt = all[i].prompt();
                 *index.entry(prompt).or_insert_with(|| {
                     distinct.push(prompt);
                     distinct.len() as i64 - 1

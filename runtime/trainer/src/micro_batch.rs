@@ -46,12 +46,11 @@ pub fn split(rows: &[TrainRow], active: &[usize], how: MicroBatching) -> Result<
 
 /// The token-budget split (see the module docs): rows grouped by prompt, packed greedily in that order.
 fn pack_by_prompt(rows: &[TrainRow], active: &[usize], budget: usize) -> Vec<Vec<usize>> {
-    let prompt = |i: usize| &rows[i].tokens[..rows[i].prompt_length];
     let length = |i: &usize| std::cmp::Reverse(rows[*i].tokens.len());
     let mut index: HashMap<&[i64], usize> = HashMap::new();
     let mut groups: Vec<Vec<usize>> = Vec::new();
     for &i in active {
-        let g = *index.entry(prompt(i)).or_insert_with(|| {
+        let g = *index.entry(rows[i].prompt()).or_insert_with(|| {
             groups.push(Vec::new());
             groups.len() - 1
         });
@@ -66,7 +65,7 @@ fn pack_by_prompt(rows: &[TrainRow], active: &[usize], budget: usize) -> Vec<Vec
     let (mut max_p, mut max_r) = (0, 0);
     for i in groups.into_iter().flatten() {
         let (p, r) = (rows[i].prompt_length.max(max_p), rows[i].response_length().max(max_r));
-        let distinct = prompts.len() + usize::from(!prompts.contains(prompt(i)));
+        let distinct = prompts.len() + usize::from(!prompts.contains(rows[i].prompt()));
         if !cur.is_empty() && layout_tokens(distinct, cur.len() + 1, p, r).0 > budget {
             out.push(std::mem::take(&mut cur));
             prompts.clear();
@@ -74,7 +73,7 @@ fn pack_by_prompt(rows: &[TrainRow], active: &[usize], budget: usize) -> Vec<Vec
         } else {
             (max_p, max_r) = (p, r);
         }
-        prompts.insert(prompt(i));
+        prompts.insert(rows[i].prompt());
         cur.push(i);
     }
     if !cur.is_empty() {
@@ -90,8 +89,9 @@ fn pack_by_prompt(rows: &[TrainRow], active: &[usize], budget: usize) -> Vec<Vec
 /// 80 GB accelerator; on a CPU machine the same budget can ask for more memory than the machine has (SmolLM2-135M
 /// keeps about 1 MB of activations per token for the backward pass: 16384 tokens filled 24 GB), so the budget is
 /// lowered to what fits. That is not free of effect: as in Trinity-RFT, each micro-batch's token-mean loss is
-/// weighted by its rows, so a different split weights tokens slightly differently; running out of memory is worse. Per token and layer the backward keeps about `8·hidden + 3·intermediate` values (norms, q/k/v,
-/// attention and projection outputs, the MLP's gate, up and product) at 4 bytes; libtorch's autograd and allocator
+/// weighted by its rows, so a different split weights tokens slightly differently; running out of memory is worse.
+/// Per token and layer the backward keeps about `8·hidden + 3·intermediate` values (norms, q/k/v, attention and
+/// projection outputs, the MLP's gate, up and product) at 4 bytes; libtorch's autograd and allocator
 /// keep more besides (measured with SmolLM2: about 3 MB a token in all), so the estimate carries a 3.5× factor.
 pub fn memory_token_cap(layers: i64, hidden: i64, intermediate: i64, available_bytes: Option<u64>) -> Option<usize> {
     let available = available_bytes?;
@@ -123,7 +123,7 @@ mod tests {
         for m in micro.iter().filter(|m| m.len() > 1) {
             let p = m.iter().map(|&i| rows[i].prompt_length).max().unwrap();
             let r = m.iter().map(|&i| rows[i].response_length()).max().unwrap();
-            let prompts: HashSet<&[i64]> = m.iter().map(|&i| &rows[i].tokens[..rows[i].prompt_length]).collect();
+            let prompts: HashSet<&[i64]> = m.iter().map(|&i| rows[i].prompt()).collect();
             assert!(layout_tokens(prompts.len(), m.len(), p, r).0 <= budget, "{micro:?}");
         }
     }
