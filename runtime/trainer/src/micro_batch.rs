@@ -17,8 +17,18 @@
 //! Either way the loss of a micro-batch is scaled by `rows_in_micro / rows_in_step` (Trinity-RFT's
 //! `micro_bsz / ppo_mini_batch_size`), so the accumulated gradient is the row-weighted mean of micro-batch
 //! losses — see [`crate::trainer`].
+//!
+//! A micro-batch is the unit of that weighting, not of the work: on the CPU, consecutive micro-batches run
+//! together in one forward/backward *pass* ([`passes`]) while the pass's layout tokens stay within
+//! [`TrainerOptions::pass_tokens`](crate::TrainerOptions::pass_tokens). Each micro-batch still gets its own loss,
+//! scaled by its own rows, on its own slice of the pass's logprobs; the pass backpropagates the sum of those
+//! gradients at once, which is what accumulating them one micro-batch at a time computes (rows never attend to
+//! each other). Trinity's budget of 2 × `max_model_len` makes GRPO groups of a few hundred tokens; every one of
+//! them would otherwise read, reorder and accumulate the model's full weights and gradients for matmuls a few
+//! hundred rows tall.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 
 use crate::batch::{TrainRow, layout_tokens};
 use crate::error::{Result, TrainerError};
@@ -78,6 +88,41 @@ fn pack_by_prompt(rows: &[TrainRow], active: &[usize], budget: usize) -> Vec<Vec
     }
     if !cur.is_empty() {
         out.push(cur);
+    }
+    out
+}
+
+/// `micro_batches` (in order) grouped into passes: runs of consecutive micro-batches whose rows together take at
+/// most `budget` tokens in their layout ([`layout_tokens`]); `None` runs each micro-batch alone. A micro-batch over
+/// the budget is a pass of its own: a micro-batch is never split, its rows share one loss.
+pub fn passes(rows: &[TrainRow], micro_batches: &[Vec<usize>], budget: Option<usize>) -> Vec<Range<usize>> {
+    let Some(budget) = budget else {
+        return (0..micro_batches.len()).map(|m| m..m + 1).collect();
+    };
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut prompts: HashSet<&[i64]> = HashSet::new();
+    let (mut n, mut max_p, mut max_r) = (0, 0, 0);
+    for (m, micro) in micro_batches.iter().enumerate() {
+        let mut with: HashSet<&[i64]> = prompts.clone();
+        with.extend(micro.iter().map(|&i| rows[i].prompt()));
+        let p = micro.iter().map(|&i| rows[i].prompt_length).fold(max_p, usize::max);
+        let r = micro.iter().map(|&i| rows[i].response_length()).fold(max_r, usize::max);
+        if m > start && layout_tokens(with.len(), n + micro.len(), p, r).0 > budget {
+            out.push(start..m);
+            start = m;
+            with = micro.iter().map(|&i| rows[i].prompt()).collect();
+            n = 0;
+            max_p = micro.iter().map(|&i| rows[i].prompt_length).max().unwrap_or(0);
+            max_r = micro.iter().map(|&i| rows[i].response_length()).max().unwrap_or(0);
+        } else {
+            (max_p, max_r) = (p, r);
+        }
+        prompts = with;
+        n += micro.len();
+    }
+    if start < micro_batches.len() {
+        out.push(start..micro_batches.len());
     }
     out
 }
@@ -161,6 +206,31 @@ mod tests {
         let micro = split(&rows, &[4, 0, 1, 2, 3], MicroBatching::Rows(2)).unwrap();
         assert_eq!(micro, vec![vec![4, 0], vec![1, 2], vec![3]]);
         assert!(split(&rows, &[0], MicroBatching::Rows(0)).is_err());
+    }
+
+    /// 4 GRPO groups of 8 rollouts (the quickstart's shape), a micro-batch each, 46 + 8 · 24 = 238 tokens: passes
+    /// take as many whole micro-batches as the budget holds, and never cut one.
+    #[test]
+    fn passes_join_consecutive_micro_batches_within_the_budget() {
+        let mut rows = Vec::new();
+        for k in 0..32usize {
+            let prompt: Vec<i64> = (0..46).map(|t| t + 1000 * (k / 8) as i64).collect();
+            rows.push(TrainRow::sft(&prompt, &[2; 24]));
+        }
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let micro = split(&rows, &all, MicroBatching::Rows(8)).unwrap();
+        assert_eq!(passes(&rows, &micro, Some(2048)), vec![0..4]);
+        assert_eq!(passes(&rows, &micro, Some(4 * 238)), vec![0..4]);
+        assert_eq!(passes(&rows, &micro, Some(4 * 238 - 1)), vec![0..3, 3..4]);
+        assert_eq!(passes(&rows, &micro, Some(500)), vec![0..2, 2..4]);
+        // Below one micro-batch's tokens each is its own pass; without a budget too.
+        assert_eq!(passes(&rows, &micro, Some(100)), vec![0..1, 1..2, 2..3, 3..4]);
+        assert_eq!(passes(&rows, &micro, None), vec![0..1, 1..2, 2..3, 3..4]);
+        assert!(passes(&rows, &[], Some(100)).is_empty());
+        // Trinity's 320-token budget packs parts of groups together; the whole step is still one pass.
+        let micro = split(&rows, &all, MicroBatching::TokenBudget(320)).unwrap();
+        assert!(micro.len() > 1);
+        assert_eq!(passes(&rows, &micro, Some(2048)), vec![0..micro.len()]);
     }
 
     #[test]

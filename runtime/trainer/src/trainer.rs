@@ -16,6 +16,8 @@
 //!    when a coefficient or the metric needs it), `loss = pg_loss − entropy_coef·H + kl_coef·KL` from
 //!    trinity-algorithm's components, scaled by `rows_in_micro / rows_in_mini_batch` (Trinity's
 //!    `micro_bsz / ppo_mini_batch_size`) and backpropagated through the chunked head ([`crate::logprobs`]);
+//!    on the CPU consecutive micro-batches share one forward/backward pass ([`TrainerOptions::pass_tokens`]),
+//!    each still with its own loss and scale, which changes the work and not the gradient;
 //!    then one optimizer step: global grad-norm clipping (a non-finite norm skips the update, as veRL does),
 //!    AdamW with the train step's scheduled learning rate. `actor/grad_norm` is the mean over these steps.
 //!
@@ -43,16 +45,24 @@ use trinity_config::ExperienceSchema;
 use trinity_config::algorithm::OptimizerConfig;
 use trinity_model::Decoder;
 
-use crate::batch::{PaddedInputs, TrainRow, mask_field, token_field, validate};
+use crate::batch::{TrainRow, mask_field, token_field, validate};
 use crate::components::Components;
 use crate::critic::Critic;
 use crate::data_parallel::DataParallel;
 use crate::error::{Result, TrainerError};
-use crate::logprobs::{self, HeadMode};
+use crate::logprobs::HeadMode;
 use crate::lr_schedule::LrSchedule;
-use crate::micro_batch::{MicroBatching, split};
+use crate::micro_batch::{MicroBatching, passes, split};
 use crate::optimizer::{AdamW, AdamWSettings};
 use crate::reference::{ReferenceModel, copy_decoder, response_logprobs};
+
+mod actor;
+
+/// The default [`TrainerOptions::pass_tokens`]. `bench_train --dtype bf16 --seq 128` (SmolLM2-135M, 2 cores of a
+/// Xeon with AMX) ran 265, 374, 434, 531 and 554 tokens/s in passes of 256, 512, 1024, 2048 and 4096 tokens: a
+/// pass has a fixed cost of about half a second (every weight read and reordered, every gradient accumulated),
+/// which 2048 tokens mostly amortise, while the activations kept for the backward keep growing with the pass.
+pub const PASS_TOKENS: usize = 2048;
 
 /// Knobs of the training engine that are not part of the algorithm.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,6 +71,11 @@ pub struct TrainerOptions {
     pub temperature: f64,
     /// How micro-batches are formed.
     pub micro_batching: MicroBatching,
+    /// The most layout tokens one forward/backward pass runs: consecutive micro-batches run together up to this
+    /// many, each keeping its own loss and weight ([`crate::micro_batch`]); `None`: one pass per micro-batch. On
+    /// the CPU the trainer lowers it to what fits in memory; on an accelerator it runs each micro-batch alone, since
+    /// there the budget is sized to its memory.
+    pub pass_tokens: Option<usize>,
     /// Rows × positions per chunk of the output head (memory of one chunk ≈ this × vocab × 4 bytes × 3).
     pub logit_chunk_tokens: i64,
     /// Keep the head's autograd history for small micro-batches or recompute it ([`crate::logprobs`]). The
@@ -97,6 +112,7 @@ impl Default for TrainerOptions {
         TrainerOptions {
             temperature: 1.0,
             micro_batching: MicroBatching::TokenBudget(16384),
+            pass_tokens: Some(PASS_TOKENS),
             logit_chunk_tokens: 1024,
             head_mode: HeadMode::Recompute,
             total_steps: None,
@@ -259,21 +275,26 @@ impl Trainer {
             return Err(TrainerError::setting("logit_chunk_tokens", "must be at least 1"));
         }
         let mut options = options;
-        if let (MicroBatching::TokenBudget(budget), Device::Cpu) = (options.micro_batching, policy.device()) {
-            let c = policy.config();
-            let available = crate::micro_batch::available_memory();
-            if let Some(cap) =
-                crate::micro_batch::memory_token_cap(c.num_hidden_layers, c.hidden_size, c.intermediate_size, available)
-                && cap < budget
-            {
-                tracing::info!(
-                    "micro-batch token budget {budget} lowered to {cap} so that a micro-batch's activations fit in \
-                     memory ({:.1} GiB available); micro-batches are weighted by their rows as in Trinity-RFT, so \
-                     smaller ones shift the token-mean's weights slightly",
-                    available.unwrap_or(0) as f64 / f64::from(1u32 << 30)
-                );
-                options.micro_batching = MicroBatching::TokenBudget(cap);
-            }
+        let c = policy.config();
+        let available = crate::micro_batch::available_memory();
+        let memory_cap =
+            crate::micro_batch::memory_token_cap(c.num_hidden_layers, c.hidden_size, c.intermediate_size, available);
+        options.pass_tokens = match (policy.device(), options.pass_tokens, memory_cap) {
+            (Device::Cpu, Some(pass), Some(cap)) => Some(pass.min(cap)),
+            (Device::Cpu, pass, _) => pass,
+            _ => None,
+        };
+        if let (MicroBatching::TokenBudget(budget), Device::Cpu) = (options.micro_batching, policy.device())
+            && let Some(cap) = memory_cap
+            && cap < budget
+        {
+            tracing::info!(
+                "micro-batch token budget {budget} lowered to {cap} so that a micro-batch's activations fit in \
+                 memory ({:.1} GiB available); micro-batches are weighted by their rows as in Trinity-RFT, so \
+                 smaller ones shift the token-mean's weights slightly",
+                available.unwrap_or(0) as f64 / f64::from(1u32 << 30)
+            );
+            options.micro_batching = MicroBatching::TokenBudget(cap);
         }
         let schedule = LrSchedule::new(optimizer, options.total_steps)?;
         // With LoRA adapters only they are trained: the frozen base weights get no gradient and no optimizer state.
@@ -501,7 +522,12 @@ impl Trainer {
         // `bypass_mode: false` the policy's own logprobs replace the rollout's as `old_logprob`. Data parallel:
         // each rank scores its share and the sum over ranks gathers the rows.
         let dp = self.dp.as_ref();
-        let forward_batches = split(rows, &share_of(dp, &all, 1), self.options.micro_batching)?;
+        // Forward only, so nothing is weighted by micro-batch: they run in passes ([`TrainerOptions::pass_tokens`]).
+        let forward_micro = split(rows, &share_of(dp, &all, 1), self.options.micro_batching)?;
+        let forward_batches: Vec<Vec<usize>> = passes(rows, &forward_micro, self.options.pass_tokens)
+            .into_iter()
+            .map(|pass| forward_micro[pass].concat())
+            .collect();
         let gather = |mut out: Tensor| -> Result<Tensor> {
             if let Some(dp) = dp {
                 dp.sum(&mut out)?;
@@ -649,97 +675,5 @@ impl Trainer {
             None => all,
         };
         Ok((active, Some(out.returns)))
-    }
-
-    /// Step 4 (actor): accumulates the gradients of one mini-batch over its micro-batches (`active` rows in all,
-    /// the loss-scale denominator) and adds their metrics to `means`.
-    fn update_actor(
-        &mut self,
-        rows: &[TrainRow],
-        batch: &Batch,
-        micro_batches: &[Vec<usize>],
-        active: usize,
-        means: &mut MetricMeans,
-    ) -> Result<()> {
-        let (temperature, chunk) = (self.options.temperature, self.options.logit_chunk_tokens);
-        let width = batch.len() as i64;
-        let c = &self.components;
-        let entropy_coef = c.entropy_coef();
-        let want_entropy = self.options.entropy_metric || entropy_coef != 0.0;
-        self.optimizer.zero_grad();
-        for micro in micro_batches {
-            let idx: Vec<i64> = micro.iter().map(|&i| i as i64).collect();
-            let mut mb = batch.select_rows(&idx);
-            let inputs = PaddedInputs::new(rows, micro, self.policy.device())?;
-            let hidden = inputs.hidden(&self.policy)?;
-            let pass = logprobs::forward(
-                &self.policy,
-                &hidden,
-                &inputs.targets,
-                temperature,
-                chunk,
-                want_entropy,
-                entropy_coef != 0.0,
-                self.options.head_mode,
-            )?;
-            let stats = &pass.stats;
-            let lp_leaf = pad_to(&stats.logprob.f_to_device(Device::Cpu)?, width)?.set_requires_grad(true);
-            mb.logprob = Some(lp_leaf.shallow_clone());
-            let ent_leaf = match &stats.entropy {
-                Some(e) => Some(pad_to(&e.f_to_device(Device::Cpu)?, width)?.set_requires_grad(entropy_coef != 0.0)),
-                None => None,
-            };
-            mb.entropy = ent_leaf.as_ref().map(Tensor::shallow_clone);
-
-            let (pg_loss, m) = c.policy_loss.f.loss(&mb)?;
-            means.add("actor/", m);
-            let entropy_term = match &c.entropy {
-                Some(e) if mb.entropy.is_some() => {
-                    let (scaled, _, m) = e.f.loss(&mb, c.loss_agg_mode, &e.name)?;
-                    means.add("actor/", m);
-                    scaled
-                }
-                _ => Tensor::from(0f32),
-            };
-            let kl_term = match &c.kl_loss {
-                Some(k) => {
-                    let (scaled, _, m) = k.f.loss(&mb, c.loss_agg_mode, &k.name)?;
-                    means.add("actor/", m);
-                    scaled
-                }
-                None => Tensor::from(0f32),
-            };
-            let loss = pg_loss - entropy_term + kl_term;
-            if let Some(e) = &mb.entropy {
-                let h = trinity_algorithm::masked::masked_mean(e, &mb.action_mask, None);
-                means.add("actor/", [("entropy".to_owned(), h.f_double_value(&[])?)]);
-            }
-            means.add("actor/", [("loss".to_owned(), loss.f_double_value(&[])?)]);
-            let scaled = loss * (micro.len() as f64 / active as f64);
-            if !scaled.requires_grad() {
-                continue;
-            }
-            let mut leaves = vec![lp_leaf.shallow_clone()];
-            if entropy_coef != 0.0
-                && let Some(e) = &ent_leaf
-            {
-                leaves.push(e.shallow_clone());
-            }
-            let grads = Tensor::f_run_backward(&[&scaled], &leaves, false, false)?;
-            let r = inputs.response_width;
-            let grad_lp = grads[0].f_narrow(1, 0, r)?;
-            let grad_ent = grads.get(1).map(|g| g.f_narrow(1, 0, r)).transpose()?;
-            logprobs::backward(
-                &self.policy,
-                pass,
-                &hidden,
-                &inputs.targets,
-                temperature,
-                chunk,
-                &grad_lp,
-                grad_ent.as_ref(),
-            )?;
-        }
-        Ok(())
     }
 }

@@ -2,9 +2,10 @@ use serde_json::json;
 use tch::{Kind, Tensor};
 use trinity_algorithm::Batch;
 use trinity_algorithm::registry::{self, Kind as Component};
-use trinity_trainer::{TrainRow, TrainerOptions};
+use trinity_config::algorithm::OptimizerConfig;
+use trinity_trainer::{Components, MicroBatching, TrainRow, Trainer, TrainerOptions};
 
-use crate::{algorithm, next_token_probs, tiny_model, trainer};
+use crate::{algorithm, max_param_diff, next_token_probs, tiny_model, trainer};
 
 const PROMPT: [i64; 2] = [1, 2];
 const TARGET: i64 = 7;
@@ -124,8 +125,8 @@ fn mini_batches_and_epochs_are_optimizer_steps_within_one_train_step() {
             stepwise.train_step(chunk).unwrap();
         }
     }
-    let diff = crate::max_param_diff(batched.policy(), stepwise.policy());
-    let moved = crate::max_param_diff(batched.policy(), &base);
+    let diff = max_param_diff(batched.policy(), stepwise.policy());
+    let moved = max_param_diff(batched.policy(), &base);
     assert!(moved > 1e-3, "the policy moved by {moved}");
     assert!(diff < 1e-5 * moved.max(1.0), "mini-batched and step-wise policies differ by {diff}");
 
@@ -135,7 +136,7 @@ fn mini_batches_and_epochs_are_optimizer_steps_within_one_train_step() {
     let mut explicit = trainer(copy(), &alg, 1e-2, options);
     whole.train_step(&rows).unwrap();
     assert_eq!(explicit.train_step(&rows).unwrap().get("actor/optimizer_steps"), Some(&1.0));
-    assert_eq!(crate::max_param_diff(whole.policy(), explicit.policy()), 0.0);
+    assert_eq!(max_param_diff(whole.policy(), explicit.policy()), 0.0);
 }
 
 /// `rollout_correction.bypass_mode: false`: the PPO ratio is taken against the policy's own logprobs before the
@@ -161,4 +162,47 @@ fn recomputed_old_logprobs_replace_the_rollout_ones() {
     let on = recompute.train_step(&rows).unwrap()["actor/ppo_kl"];
     assert!(off.abs() > 1.0, "rollout logprobs 2 nats off give ppo_kl {off}");
     assert!(on.abs() < 1e-5, "the policy against itself gives ppo_kl {on}");
+}
+
+/// Micro-batches run together in one pass ([`TrainerOptions::pass_tokens`]) train exactly as they do one at a
+/// time: each keeps its own token-mean loss and row weight, entropy and KL terms included, and the metrics are
+/// the same means over micro-batches. One micro-batch of all rows weights tokens differently, which shows the
+/// comparison can tell.
+#[test]
+fn micro_batches_in_one_pass_train_as_they_do_one_at_a_time() {
+    let alg = algorithm("grpo", |a| {
+        a.entropy_loss_fn_args = crate::args(json!({"entropy_coef": 0.01}));
+    });
+    let mut rows = Vec::new();
+    for k in 0..12usize {
+        let prompt: Vec<i64> = if k % 3 == 0 { vec![1, 2, 3] } else { vec![4, 5, 6, 7, 8] };
+        let response: Vec<i64> = (0..1 + k % 4).map(|t| ((k + 3 * t) % 15) as i64 + 1).collect();
+        let mut row = TrainRow::sft(&prompt, &response);
+        row.logprobs = vec![-1.5; response.len()];
+        row.advantages = Some(vec![if k % 2 == 0 { 1.0 } else { -0.7 }; response.len()]);
+        rows.push(row);
+    }
+    let run = |micro_batching: MicroBatching, pass_tokens: Option<usize>| {
+        let options = TrainerOptions { micro_batching, pass_tokens, ..TrainerOptions::default() };
+        // eps 1 makes AdamW's first update ≈ lr · gradient: the parameters then compare the gradients themselves,
+        // where a small eps would blow the rounding of near-zero entries up to ± lr.
+        let adam = OptimizerConfig { lr: 0.1, eps: 1.0, weight_decay: 0.0, ..OptimizerConfig::default() };
+        let components = Components::from_config(&alg).unwrap();
+        let mut t = Trainer::new(tiny_model(6, Kind::Float), components, &adam, options).unwrap();
+        let m = t.train_step(&rows).unwrap();
+        (t, m)
+    };
+    let (apart, m_apart) = run(MicroBatching::TokenBudget(16), None);
+    let (joined, m_joined) = run(MicroBatching::TokenBudget(16), Some(1 << 20));
+    assert!(m_apart["perf/micro_batches"] >= 4.0, "{m_apart:?}");
+    assert_eq!(m_apart["perf/micro_batches"], m_joined["perf/micro_batches"]);
+    for key in ["actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/loss", "actor/grad_norm"] {
+        let (a, b) = (m_apart[key], m_joined[key]);
+        assert!((a - b).abs() <= 1e-5 * a.abs().max(1e-3), "{key}: {a} apart, {b} in one pass");
+    }
+    let diff = max_param_diff(apart.policy(), joined.policy());
+    assert!(diff < 1e-7, "{diff}");
+    let (whole, _) = run(MicroBatching::TokenBudget(1 << 20), None);
+    let whole_diff = max_param_diff(apart.policy(), whole.policy());
+    assert!(whole_diff > 1e-4, "{whole_diff}");
 }

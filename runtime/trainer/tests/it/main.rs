@@ -15,8 +15,13 @@ use trinity_trainer::{Components, Trainer, TrainerOptions};
 
 pub(crate) const VOCAB: i64 = 16;
 
+/// Held while a model draws its weights from libtorch's global generator: tests on other threads seed and draw
+/// from it too, and two models of one seed must come out equal.
+static GLOBAL_GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A two-layer Llama-style model with random weights, seeded.
 pub(crate) fn tiny_model(seed: i64, kind: Kind) -> Decoder {
+    let _generator = GLOBAL_GENERATOR.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     tch::manual_seed(seed);
     let config = ModelConfig {
         family: Family::Llama,

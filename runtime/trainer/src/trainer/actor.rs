@@ -1,0 +1,138 @@
+//! The actor's update over one mini-batch (step 4 of [`crate::trainer`]'s docs): micro-batches, run in passes.
+
+use tch::{Device, Kind, Tensor};
+use trinity_algorithm::Batch;
+
+use super::{MetricMeans, Trainer, pad_to};
+use crate::batch::{PaddedInputs, TrainRow};
+use crate::error::Result;
+use crate::logprobs;
+use crate::micro_batch::passes;
+
+impl Trainer {
+    /// Step 4 (actor): accumulates the gradients of one mini-batch over its micro-batches (`active` rows in all,
+    /// the loss-scale denominator) and adds their metrics to `means`.
+    pub(super) fn update_actor(
+        &mut self,
+        rows: &[TrainRow],
+        batch: &Batch,
+        micro_batches: &[Vec<usize>],
+        active: usize,
+        means: &mut MetricMeans,
+    ) -> Result<()> {
+        self.optimizer.zero_grad();
+        for pass in passes(rows, micro_batches, self.options.pass_tokens) {
+            self.actor_pass(rows, batch, &micro_batches[pass], active, means)?;
+        }
+        Ok(())
+    }
+
+    /// One forward/backward pass over the rows of consecutive `micro_batches` ([`crate::micro_batch::passes`]):
+    /// each micro-batch's loss on its slice of the pass's logprobs, scaled by its rows, and the sum of their
+    /// gradients backpropagated once.
+    fn actor_pass(
+        &mut self,
+        rows: &[TrainRow],
+        batch: &Batch,
+        micro_batches: &[Vec<usize>],
+        active: usize,
+        means: &mut MetricMeans,
+    ) -> Result<()> {
+        let (temperature, chunk) = (self.options.temperature, self.options.logit_chunk_tokens);
+        let width = batch.len() as i64;
+        let c = &self.components;
+        let entropy_coef = c.entropy_coef();
+        let want_entropy = self.options.entropy_metric || entropy_coef != 0.0;
+        let pass_rows: Vec<usize> = micro_batches.concat();
+        let inputs = PaddedInputs::new(rows, &pass_rows, self.policy.device())?;
+        let hidden = inputs.hidden(&self.policy)?;
+        let pass = logprobs::forward(
+            &self.policy,
+            &hidden,
+            &inputs.targets,
+            temperature,
+            chunk,
+            want_entropy,
+            entropy_coef != 0.0,
+            self.options.head_mode,
+        )?;
+        let r = inputs.response_width;
+        let logprob = pass.stats.logprob.f_to_device(Device::Cpu)?;
+        let entropy = pass.stats.entropy.as_ref().map(|e| e.f_to_device(Device::Cpu)).transpose()?;
+        let shape = [pass_rows.len() as i64, r];
+        let grad_lp = Tensor::f_zeros(shape, (Kind::Float, Device::Cpu))?;
+        let grad_ent = if entropy_coef != 0.0 && entropy.is_some() {
+            Some(Tensor::f_zeros(shape, (Kind::Float, Device::Cpu))?)
+        } else {
+            None
+        };
+        let mut any_grad = false;
+        let mut offset = 0i64;
+        for micro in micro_batches {
+            let k = micro.len() as i64;
+            let idx: Vec<i64> = micro.iter().map(|&i| i as i64).collect();
+            let mut mb = batch.select_rows(&idx);
+            let lp_leaf = pad_to(&logprob.f_narrow(0, offset, k)?, width)?.set_requires_grad(true);
+            mb.logprob = Some(lp_leaf.shallow_clone());
+            let ent_leaf = match &entropy {
+                Some(e) => Some(pad_to(&e.f_narrow(0, offset, k)?, width)?.set_requires_grad(grad_ent.is_some())),
+                None => None,
+            };
+            mb.entropy = ent_leaf.as_ref().map(Tensor::shallow_clone);
+
+            let (pg_loss, m) = c.policy_loss.f.loss(&mb)?;
+            means.add("actor/", m);
+            let entropy_term = match &c.entropy {
+                Some(e) if mb.entropy.is_some() => {
+                    let (scaled, _, m) = e.f.loss(&mb, c.loss_agg_mode, &e.name)?;
+                    means.add("actor/", m);
+                    scaled
+                }
+                _ => Tensor::from(0f32),
+            };
+            let kl_term = match &c.kl_loss {
+                Some(k) => {
+                    let (scaled, _, m) = k.f.loss(&mb, c.loss_agg_mode, &k.name)?;
+                    means.add("actor/", m);
+                    scaled
+                }
+                None => Tensor::from(0f32),
+            };
+            let loss = pg_loss - entropy_term + kl_term;
+            if let Some(e) = &mb.entropy {
+                let h = trinity_algorithm::masked::masked_mean(e, &mb.action_mask, None);
+                means.add("actor/", [("entropy".to_owned(), h.f_double_value(&[])?)]);
+            }
+            means.add("actor/", [("loss".to_owned(), loss.f_double_value(&[])?)]);
+            let scaled = loss * (micro.len() as f64 / active as f64);
+            if scaled.requires_grad() {
+                any_grad = true;
+                let mut leaves = vec![lp_leaf.shallow_clone()];
+                if let (Some(_), Some(e)) = (&grad_ent, &ent_leaf) {
+                    leaves.push(e.shallow_clone());
+                }
+                let grads = Tensor::f_run_backward(&[&scaled], &leaves, false, false)?;
+                grad_lp.f_narrow(0, offset, k)?.f_copy_(&grads[0].f_narrow(1, 0, r)?)?;
+                if let (Some(g), Some(d)) = (&grad_ent, grads.get(1)) {
+                    g.f_narrow(0, offset, k)?.f_copy_(&d.f_narrow(1, 0, r)?)?;
+                }
+            }
+            offset += k;
+        }
+        if !any_grad {
+            return Ok(());
+        }
+        let device = hidden.device();
+        let grad_ent = grad_ent.map(|g| g.f_to_device(device)).transpose()?;
+        logprobs::backward(
+            &self.policy,
+            pass,
+            &hidden,
+            &inputs.targets,
+            temperature,
+            chunk,
+            &grad_lp.f_to_device(device)?,
+            grad_ent.as_ref(),
+        )
+    }
+}
