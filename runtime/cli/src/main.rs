@@ -24,7 +24,7 @@ use clap::Parser;
 use crate::cli::{Cli, Command, LogLevel};
 
 fn main() -> ExitCode {
-    openmp::wait_passively();
+    openmp::wait_briefly();
     let cli = Cli::parse();
     let level = cli.log_level;
     let result = match cli.command {
