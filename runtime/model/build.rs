@@ -1,6 +1,7 @@
 //! Embeds libtorch's library folder as a run path so test binaries start without LD_LIBRARY_PATH, and compiles
 //! the packed small-batch matmul (csrc/packed_gemm.cpp) and the fused decode step built on it
-//! (csrc/decode_step.cpp) against libtorch's headers on x86-64.
+//! (csrc/decode_step.cpp) against libtorch's headers on x86-64, and on every architecture the autograd access tch
+//! lacks (csrc/grad.cpp).
 //!
 //! No `-m`/`-march` flag: the AVX-512 and AVX2 kernels carry their instruction sets in per-function target
 //! attributes and `#pragma GCC target` regions, so the rest of the object (and every inline function it shares
@@ -15,13 +16,29 @@
 //! libtorch's copy and the process keeps a single thread pool.
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
-    for file in ["csrc/packed_gemm.cpp", "csrc/packed_gemm.h", "csrc/decode_step.cpp", "csrc/decode_kernels.inc"] {
+    for file in [
+        "csrc/packed_gemm.cpp",
+        "csrc/packed_gemm.h",
+        "csrc/decode_step.cpp",
+        "csrc/decode_kernels.inc",
+        "csrc/grad.cpp",
+    ] {
         println!("cargo:rerun-if-changed={file}");
     }
     let Ok(libtorch) = std::env::var("LIBTORCH") else {
         return;
     };
     println!("cargo:rustc-link-arg=-Wl,-rpath,{libtorch}/lib");
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/grad.cpp")
+        .include(format!("{libtorch}/include"))
+        .flag("-std=c++17")
+        .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+        .flag("-O2")
+        .warnings(false)
+        .compile("trinity_grad");
+    println!("cargo:rustc-cfg=torch_shim");
     if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
         cc::Build::new()
             .cpp(true)
@@ -39,4 +56,5 @@ fn main() {
         println!("cargo:rustc-cfg=packed_gemm");
     }
     println!("cargo::rustc-check-cfg=cfg(packed_gemm)");
+    println!("cargo::rustc-check-cfg=cfg(torch_shim)");
 }

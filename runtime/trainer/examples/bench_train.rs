@@ -123,8 +123,9 @@ fn run(args: &Args, kind: Kind) -> Result<(), Box<dyn std::error::Error>> {
                 .collect();
             eprintln!("  iteration {i}: {}", line.join(", "));
         }
+        // As the trainer's optimizer clears gradients: dropped, so the next backward writes them afresh.
         for (_, mut p) in decoder.named_parameters()? {
-            p.zero_grad();
+            trinity_model::release_grad(&mut p);
         }
         if i > 0 {
             times.push(secs);

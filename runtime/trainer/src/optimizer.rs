@@ -108,10 +108,12 @@ impl AdamW {
         self.step = step;
     }
 
-    /// Clears every gradient.
+    /// Clears every gradient: drops it (PyTorch's and veRL's `zero_grad(set_to_none=True)`), so the next backward
+    /// writes its result as the gradient instead of adding it into zeros; a parameter that then gets no gradient
+    /// is left alone by [`AdamW::step`], as in PyTorch.
     pub fn zero_grad(&mut self) {
         for p in &mut self.params {
-            p.var.zero_grad();
+            trinity_model::release_grad(&mut p.var);
         }
     }
 
