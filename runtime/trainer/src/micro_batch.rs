@@ -6,11 +6,11 @@
 //! prompt once in the shared-prompt layout, so rows are kept together by prompt: groups longest first, each
 //! group's rows longest first, packed greedily while the micro-batch's tokens stay within the budget. A group
 //! that fits the budget then trains in one micro-batch with its prompt computed once, instead of being spread
-//! over several micro-batches that each run every row in full (the quickstart's steps: 4 micro-batches of one
-//! group of 8 rollouts each, where packing full rows by length made 8 micro-batches of 4). A row longer than the
-//! budget gets a micro-batch of its own rather than an error. veRL instead balances effective (unpadded) token counts
-//! over `⌈total / budget⌉` micro-batches because it removes padding; either partition is one of the step's rows
-//! into micro-batches within the budget.
+//! over several micro-batches that each run every row in full (the quickstart's steps: micro-batches of 9, 9, 9
+//! and 5 rows spanning at most two groups each, under its budget of 320 tokens, where packing full rows by length
+//! made 8 micro-batches of 4). A row longer than the budget gets a micro-batch of its own rather than an error.
+//! veRL instead balances effective (unpadded) token counts over `⌈total / budget⌉` micro-batches because it
+//! removes padding; either partition is one of the step's rows into micro-batches within the budget.
 //!
 //! With a fixed size (`use_dynamic_bsz: false`), consecutive rows form micro-batches of that many rows.
 //!
