@@ -110,7 +110,11 @@ pub(super) fn backward(
     tch::no_grad(|| {
         let (rows, vocab) = (h.size()[0], w.size()[0]);
         let columns = slab_columns(rows, vocab);
-        let h32 = h.f_to_kind(Kind::Float)?;
+        // fp32 weights multiply in fp32. A bf16 (or f16) head multiplies in its own dtype, the logits' gradient
+        // rounded to it, as autocast runs a bf16 linear's backward; sums stay fp32. On a CPU with AMX that is
+        // several times the fp32 rate, and it spares converting every weight slab to fp32 on each pass.
+        let low = w.kind() != Kind::Float;
+        let h_w = h.f_to_kind(w.kind())?;
         let mut grad_h = Tensor::f_zeros([rows, h.size()[1]], (Kind::Float, h.device()))?;
         let lse = lse.f_unsqueeze(1)?;
         let minus_g = upstream.logprob.f_neg()?.f_unsqueeze(1)?;
@@ -132,11 +136,20 @@ pub(super) fn backward(
             if temperature != 1.0 {
                 grad_z = grad_z.f_div_scalar_(temperature)?;
             }
-            let w_slab = w.f_narrow(0, start, len)?.f_to_kind(Kind::Float)?;
-            grad_h = grad_h.f_addmm(&grad_z, &w_slab)?;
-            if let Some(grad_w) = grad_w.as_deref_mut() {
-                let mut rows_of_w = grad_w.f_narrow(0, start, len)?;
-                let _ = rows_of_w.f_addmm_(&grad_z.f_tr()?, &h32)?;
+            if low {
+                let w_slab = w.f_narrow(0, start, len)?;
+                let grad_z = grad_z.f_to_kind(w.kind())?;
+                grad_h += grad_z.f_mm(&w_slab)?.f_to_kind(Kind::Float)?;
+                if let Some(grad_w) = grad_w.as_deref_mut() {
+                    let mut rows_of_w = grad_w.f_narrow(0, start, len)?;
+                    rows_of_w += grad_z.f_tr()?.f_mm(&h_w)?.f_to_kind(Kind::Float)?;
+                }
+            } else {
+                grad_h = grad_h.f_addmm(&grad_z, &w.f_narrow(0, start, len)?)?;
+                if let Some(grad_w) = grad_w.as_deref_mut() {
+                    let mut rows_of_w = grad_w.f_narrow(0, start, len)?;
+                    let _ = rows_of_w.f_addmm_(&grad_z.f_tr()?, &h_w)?;
+                }
             }
             start += len;
         }
@@ -184,5 +197,20 @@ mod tests {
         let grad_h = backward(&w.detach(), &h.detach(), &y, t, &stats.lse, &upstream, Some(&mut grad_w)).unwrap();
         close(&grad_h, &h.grad(), "hidden gradient");
         close(&grad_w, &w.grad(), "head weight gradient");
+
+        // A bf16 head multiplies in bf16: the fp32 results to bf16's precision, for bf16 copies of the same inputs.
+        let (w16, h16) = (w.detach().to_kind(Kind::BFloat16), h.detach().to_kind(Kind::BFloat16));
+        let stats = forward(&w16, &h16, &y, t, true).unwrap();
+        let mu = &stats.lse - stats.entropy.as_ref().unwrap();
+        let upstream = Upstream { logprob: &g_lp, entropy: Some((&mu, &g_ent)) };
+        let mut grad_w16 = Tensor::zeros([vocab, hidden], (Kind::Float, Device::Cpu));
+        let grad_h16 = backward(&w16, &h16, &y, t, &stats.lse, &upstream, Some(&mut grad_w16)).unwrap();
+        assert_eq!((grad_h16.kind(), grad_w16.kind()), (Kind::Float, Kind::Float));
+        let near = |a: &Tensor, b: &Tensor, what: &str| {
+            let (diff, scale) = ((a - b).abs().max().double_value(&[]), b.abs().max().double_value(&[]));
+            assert!(diff <= 0.05 * scale, "{what}: {diff} (values up to {scale})");
+        };
+        near(&grad_h16, &h.grad(), "bf16 hidden gradient");
+        near(&grad_w16, &w.grad(), "bf16 head weight gradient");
     }
 }
