@@ -122,8 +122,7 @@ impl Trainer {
         if !any_grad {
             return Ok(());
         }
-        let device = hidden.device();
-        let grad_ent = grad_ent.map(|g| g.f_to_device(device)).transpose()?;
+        // `backward` moves the upstream gradients to the hidden states' device itself.
         logprobs::backward(
             &self.policy,
             pass,
@@ -131,7 +130,7 @@ impl Trainer {
             &inputs.targets,
             temperature,
             chunk,
-            &grad_lp.f_to_device(device)?,
+            &grad_lp,
             grad_ent.as_ref(),
         )
     }
