@@ -69,25 +69,36 @@ fn pack_by_prompt(rows: &[TrainRow], active: &[usize], budget: usize) -> Vec<Vec
     groups.iter_mut().for_each(|g| g.sort_by_key(length));
     groups.sort_by_key(|g| g.first().map(length));
 
-    let mut out: Vec<Vec<usize>> = Vec::new();
-    let mut cur: Vec<usize> = Vec::new();
+    let order: Vec<usize> = groups.into_iter().flatten().collect();
+    let singles: Vec<&[usize]> = order.iter().map(std::slice::from_ref).collect();
+    pack_greedily(rows, &singles, budget).into_iter().map(|run| order[run].to_vec()).collect()
+}
+
+/// Consecutive `units` (each some rows) cut greedily into runs whose rows together take at most `budget` tokens in
+/// their layout ([`layout_tokens`]: distinct prompts, rows, longest prompt and response); a unit over the budget
+/// is a run of its own. Returns each run as a range of `units`. Rows are the units of a micro-batch, micro-batches
+/// those of a pass.
+fn pack_greedily(rows: &[TrainRow], units: &[&[usize]], budget: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
     let mut prompts: HashSet<&[i64]> = HashSet::new();
-    let (mut max_p, mut max_r) = (0, 0);
-    for i in groups.into_iter().flatten() {
-        let (p, r) = (rows[i].prompt_length.max(max_p), rows[i].response_length().max(max_r));
-        let distinct = prompts.len() + usize::from(!prompts.contains(rows[i].prompt()));
-        if !cur.is_empty() && layout_tokens(distinct, cur.len() + 1, p, r).0 > budget {
-            out.push(std::mem::take(&mut cur));
+    let (mut n, mut max_p, mut max_r) = (0, 0, 0);
+    for (u, unit) in units.iter().enumerate() {
+        let unit_prompts: HashSet<&[i64]> = unit.iter().map(|&i| rows[i].prompt()).collect();
+        let unit_p = unit.iter().map(|&i| rows[i].prompt_length).max().unwrap_or(0);
+        let unit_r = unit.iter().map(|&i| rows[i].response_length()).max().unwrap_or(0);
+        let distinct = prompts.len() + unit_prompts.difference(&prompts).count();
+        if u > start && layout_tokens(distinct, n + unit.len(), max_p.max(unit_p), max_r.max(unit_r)).0 > budget {
+            out.push(start..u);
+            start = u;
             prompts.clear();
-            (max_p, max_r) = (rows[i].prompt_length, rows[i].response_length());
-        } else {
-            (max_p, max_r) = (p, r);
+            (n, max_p, max_r) = (0, 0, 0);
         }
-        prompts.insert(rows[i].prompt());
-        cur.push(i);
+        prompts.extend(unit_prompts);
+        (n, max_p, max_r) = (n + unit.len(), max_p.max(unit_p), max_r.max(unit_r));
     }
-    if !cur.is_empty() {
-        out.push(cur);
+    if start < units.len() {
+        out.push(start..units.len());
     }
     out
 }
@@ -96,35 +107,10 @@ fn pack_by_prompt(rows: &[TrainRow], active: &[usize], budget: usize) -> Vec<Vec
 /// most `budget` tokens in their layout ([`layout_tokens`]); `None` runs each micro-batch alone. A micro-batch over
 /// the budget is a pass of its own: a micro-batch is never split, its rows share one loss.
 pub fn passes(rows: &[TrainRow], micro_batches: &[Vec<usize>], budget: Option<usize>) -> Vec<Range<usize>> {
-    let Some(budget) = budget else {
-        return (0..micro_batches.len()).map(|m| m..m + 1).collect();
-    };
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut prompts: HashSet<&[i64]> = HashSet::new();
-    let (mut n, mut max_p, mut max_r) = (0, 0, 0);
-    for (m, micro) in micro_batches.iter().enumerate() {
-        let mut with: HashSet<&[i64]> = prompts.clone();
-        with.extend(micro.iter().map(|&i| rows[i].prompt()));
-        let p = micro.iter().map(|&i| rows[i].prompt_length).fold(max_p, usize::max);
-        let r = micro.iter().map(|&i| rows[i].response_length()).fold(max_r, usize::max);
-        if m > start && layout_tokens(with.len(), n + micro.len(), p, r).0 > budget {
-            out.push(start..m);
-            start = m;
-            with = micro.iter().map(|&i| rows[i].prompt()).collect();
-            n = 0;
-            max_p = micro.iter().map(|&i| rows[i].prompt_length).max().unwrap_or(0);
-            max_r = micro.iter().map(|&i| rows[i].response_length()).max().unwrap_or(0);
-        } else {
-            (max_p, max_r) = (p, r);
-        }
-        prompts = with;
-        n += micro.len();
+    match budget {
+        Some(budget) => pack_greedily(rows, &micro_batches.iter().map(Vec::as_slice).collect::<Vec<_>>(), budget),
+        None => (0..micro_batches.len()).map(|m| m..m + 1).collect(),
     }
-    if start < micro_batches.len() {
-        out.push(start..micro_batches.len());
-    }
-    out
 }
 
 /// The most padded tokens a CPU micro-batch may hold for a model of `layers` layers of width `hidden` and MLP width
