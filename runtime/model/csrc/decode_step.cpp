@@ -71,7 +71,6 @@ struct Simd {
   using V = __m512;
   using Mask = __mmask16;
   static constexpr int64_t kWidth = 16;
-  static constexpr trinity::Isa kIsa = trinity::Isa::kAvx512;
 
   // Lanes [0, n) of a vector, for the tail of a row whose length is not a multiple of 16.
   static Mask lanes(int64_t n) { return n >= 16 ? Mask(0xFFFF) : Mask((1u << n) - 1); }
@@ -147,7 +146,6 @@ struct Simd {
   using V = __m256;
   using Mask = __m256i;
   static constexpr int64_t kWidth = 8;
-  static constexpr trinity::Isa kIsa = trinity::Isa::kAvx2;
 
   static Mask lanes(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n, 8))),
@@ -214,7 +212,7 @@ extern "C" int trinity_decode_layers(const TrinityDecodeShape* shape, const Trin
                                      int64_t n_layers, int64_t rows, const int64_t* slots, const int64_t* positions,
                                      const float* cos, const float* sin, float* x) {
   try {
-    if (static_cast<trinity::Isa>(shape->isa) == trinity::Isa::kAvx512)
+    if (static_cast<trinity::Isa>(shape->isa) != trinity::Isa::kAvx2)
       avx512::decode(*shape, layers, n_layers, rows, slots, positions, cos, sin, x);
     else
       avx2::decode(*shape, layers, n_layers, rows, slots, positions, cos, sin, x);

@@ -10,7 +10,12 @@ namespace trinity {
 enum class Isa : int64_t {
   kAvx512 = 1,  // AVX-512F (+ AVX512-BF16 for bf16 weights): a 16-column panel is one zmm
   kAvx2 = 2,    // AVX2 + FMA: a 16-column panel is two ymm; bf16 weights are widened to fp32 in registers
+  kAmx = 3,     // bf16 weights only: AVX-512's kernels with the matmuls on AMX tiles (amx_usable())
 };
+
+// Whether this CPU has AMX-TILE + AMX-BF16 and the kernel lets this process use the tile registers (Linux hands
+// them out on request: arch_prctl ARCH_REQ_XCOMP_PERM). Asked once; later calls return the first answer.
+bool amx_usable();
 
 // y[m][n] = sum_k x[m][k] * w[n][k] with w packed as [n / 16][k][16]; x and y row-major, n a multiple of 16.
 // Runs on libtorch's intra-op thread pool; may throw what at::parallel_for rethrows.
