@@ -301,8 +301,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_tile(const uint32_t* x, in
 
 // gemm<Bf16> on the tiles: each worker takes its groups of panels through every block of up to 16 rows, so a
 // group's weights are read from memory once and from cache for the next blocks. Needs steps % kAmxPairs == 0.
-void gemm_amx(const uint32_t* x, int64_t m, int64_t steps,
-                                                  const uint16_t* packed, int64_t n, float* y) {
+void gemm_amx(const uint32_t* x, int64_t m, int64_t steps, const uint16_t* packed, int64_t n, float* y) {
   const int64_t panels = n / kPanel;
   const int64_t groups = (panels + kGroup - 1) / kGroup;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
@@ -453,11 +452,11 @@ void pack_panels(const T* const* sources, const int64_t* rows, int64_t count, in
 
 }  // namespace
 
-// isa: trinity::Isa's value, which the caller checked this CPU has. Returns 0, or -1 when libtorch's thread pool
-// reported an error.
 // 1 when the AMX kernels can run here (trinity::amx_usable), else 0.
 extern "C" int trinity_amx_usable() { return trinity::amx_usable() ? 1 : 0; }
 
+// isa: trinity::Isa's value, which the caller checked this CPU has. Returns 0, or -1 when libtorch's thread pool
+// reported an error.
 extern "C" int trinity_packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n,
                                    float* y, int64_t isa) {
   return guarded([&] { trinity::packed_gemm(x, m, k_len, packed, n, y, static_cast<Isa>(isa)); });
