@@ -7,6 +7,11 @@
 //! and stored once, on a few threads over fixed-size chunks. The arithmetic is the same sequence of fp32
 //! operations as the libtorch path in [`super::AdamW::step`] (which stays for other devices and layouts), so
 //! both agree to the rounding of a fused multiply-add.
+//!
+//! The loops are generic over the gradient's dtype and branch-free inside, so the compiler vectorizes them, and
+//! they are compiled a second time for AVX-512, taken where the CPU has it. A per-element match on the dtype had
+//! kept them scalar: clipping and the update took 0.33–0.50 s of each SmolLM2 GRPO train step (bf16 with fp32
+//! masters, 2 cores of a Xeon with AMX), a fifth of the trainer's CPU samples; vectorized, 0.13–0.21 s.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -30,31 +35,35 @@ impl Grad {
             _ => None,
         }
     }
+}
 
-    /// Element `i` as f32.
-    ///
-    /// # Safety
-    /// `i` is within the buffer.
+/// A gradient element: fp32, or bf16 as its bits. The loops below are generic over it so that each dtype gets a
+/// branch-free body the compiler vectorizes (a per-element match on the dtype kept them scalar).
+trait GradElem: Copy {
+    fn f32(self) -> f32;
+}
+
+impl GradElem for f32 {
     #[inline(always)]
-    unsafe fn get(self, i: usize) -> f32 {
-        // SAFETY: the caller keeps `i` in bounds.
-        unsafe {
-            match self {
-                Grad::F32(p) => *p.add(i),
-                Grad::Bf16(p) => f32::from_bits(u32::from(*p.add(i)) << 16),
-            }
-        }
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+impl GradElem for u16 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        f32::from_bits(u32::from(self) << 16)
     }
 }
 
 /// fp32 → bf16 with round-to-nearest-even, as libtorch converts (NaN stays a quiet NaN).
 #[inline(always)]
 fn to_bf16(x: f32) -> u16 {
-    if x.is_nan() {
-        return 0x7fc0;
-    }
     let bits = x.to_bits();
-    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+    let rounded = (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16;
+    // A select rather than an early return, so that the update loop stays vectorizable.
+    if x.is_nan() { 0x7fc0 } else { rounded }
 }
 
 /// One parameter's buffers: the fp32 value being updated (the master, or the parameter itself), the moments,
@@ -139,66 +148,222 @@ fn parallel(slots: &[Slot], threads: usize, work: impl Fn(&Slot, usize, usize) +
     });
 }
 
+/// Whether this CPU runs the loops below 16 lanes wide (AVX-512), checked once.
+fn wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *WIDE.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// One AdamW update of every slot.
 ///
 /// # Safety
 /// Every slot's pointers must be valid for `len` elements, stay alive for the call, and no two slots (nor
 /// anything else during the call) may share memory with a slot's weight, moments or bf16 parameter.
 pub(super) unsafe fn adamw(slots: &[Slot], c: Coefficients, threads: usize) {
+    let wide = wide();
     parallel(slots, threads, |s, start, end| {
-        for i in start..end {
-            // SAFETY: `i < len` and the slot's buffers are valid and exclusively ours for `len` elements (the
-            // caller's contract); threads work on disjoint ranges.
-            unsafe {
-                let g = s.grad.get(i);
-                let w = &mut *s.weight.add(i);
-                let m = &mut *s.exp_avg.add(i);
-                let v = &mut *s.exp_avg_sq.add(i);
-                if let Some(decay) = c.decay {
-                    *w *= decay;
-                }
-                *m = *m * c.beta1 + g * c.one_minus_beta1;
-                *v = *v * c.beta2 + g * (g * c.one_minus_beta2);
-                let denom = v.sqrt() / c.bias2_sqrt + c.eps;
-                *w += *m / denom * c.step;
-                if let Some(low) = s.low {
-                    *low.add(i) = to_bf16(*w);
-                }
+        let n = end - start;
+        // SAFETY: `start..end` lies within the slot's `len` elements and the buffers are exclusively ours (the
+        // caller's contract); threads work on disjoint ranges.
+        unsafe {
+            let w = std::slice::from_raw_parts_mut(s.weight.add(start), n);
+            let m = std::slice::from_raw_parts_mut(s.exp_avg.add(start), n);
+            let v = std::slice::from_raw_parts_mut(s.exp_avg_sq.add(start), n);
+            let low = s.low.map(|p| std::slice::from_raw_parts_mut(p.add(start), n));
+            match s.grad {
+                Grad::F32(p) => update(wide, w, m, v, std::slice::from_raw_parts(p.add(start), n), low, &c),
+                Grad::Bf16(p) => update(wide, w, m, v, std::slice::from_raw_parts(p.add(start), n), low, &c),
             }
         }
     });
 }
 
-/// Σ g² over every slot's gradient, in f64 (per chunk in f32 lanes of eight, then summed in f64).
+/// The AdamW update of one range, on the widest vectors the CPU has.
+fn update<G: GradElem>(
+    wide: bool,
+    w: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[G],
+    low: Option<&mut [u16]>,
+    c: &Coefficients,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if wide {
+        // SAFETY: `wide` is true only where the CPU has AVX-512F and BW.
+        return unsafe { update_avx512(w, m, v, g, low, c) };
+    }
+    let _ = wide;
+    update_body(w, m, v, g, low, c)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+fn update_avx512<G: GradElem>(
+    w: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[G],
+    low: Option<&mut [u16]>,
+    c: &Coefficients,
+) {
+    update_body(w, m, v, g, low, c)
+}
+
+/// The update itself: the same fp32 operations in the same order as the libtorch path (no contraction into
+/// fused multiply-adds: Rust does not contract). Without weight decay the factor is 1, which leaves `w` exact.
+#[inline(always)]
+fn update_body<G: GradElem>(
+    w: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[G],
+    low: Option<&mut [u16]>,
+    c: &Coefficients,
+) {
+    let decay = c.decay.unwrap_or(1.0);
+    let one = |w: &mut f32, m: &mut f32, v: &mut f32, g: G| {
+        let g = g.f32();
+        *w *= decay;
+        *m = *m * c.beta1 + g * c.one_minus_beta1;
+        *v = *v * c.beta2 + g * (g * c.one_minus_beta2);
+        let denom = v.sqrt() / c.bias2_sqrt + c.eps;
+        *w += *m / denom * c.step;
+    };
+    match low {
+        Some(low) => {
+            for ((((w, m), v), &g), low) in w.iter_mut().zip(m).zip(v).zip(g).zip(low) {
+                one(w, m, v, g);
+                *low = to_bf16(*w);
+            }
+        }
+        None => {
+            for (((w, m), v), &g) in w.iter_mut().zip(m).zip(v).zip(g) {
+                one(w, m, v, g);
+            }
+        }
+    }
+}
+
+/// Σ g² over every slot's gradient, in f64 (per chunk in f64 lanes of eight, then summed).
 ///
 /// # Safety
 /// Every slot's gradient pointer must be valid for `len` elements for the duration of the call.
 pub(super) unsafe fn sum_of_squares(slots: &[Slot], threads: usize) -> f64 {
+    let wide = wide();
     let total = std::sync::Mutex::new(0.0f64);
     parallel(slots, threads, |s, start, end| {
-        let mut lanes = [0.0f64; 8];
-        let mut i = start;
-        while i + 8 <= end {
-            for (lane, acc) in lanes.iter_mut().enumerate() {
-                // SAFETY: `i + lane < end <= len` (the caller's contract).
-                let g = f64::from(unsafe { s.grad.get(i + lane) });
-                *acc += g * g;
+        // SAFETY: `start..end` lies within the gradient's `len` elements (the caller's contract).
+        let sum = unsafe {
+            match s.grad {
+                Grad::F32(p) => squares(wide, std::slice::from_raw_parts(p.add(start), end - start)),
+                Grad::Bf16(p) => squares(wide, std::slice::from_raw_parts(p.add(start), end - start)),
             }
-            i += 8;
-        }
-        for j in i..end {
-            // SAFETY: `j < end <= len`.
-            let g = f64::from(unsafe { s.grad.get(j) });
-            lanes[0] += g * g;
-        }
-        *total.lock().unwrap_or_else(std::sync::PoisonError::into_inner) += lanes.iter().sum::<f64>();
+        };
+        *total.lock().unwrap_or_else(std::sync::PoisonError::into_inner) += sum;
     });
     total.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn squares<G: GradElem>(wide: bool, g: &[G]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if wide {
+        // SAFETY: `wide` is true only where the CPU has AVX-512F and BW.
+        return unsafe { squares_avx512(g) };
+    }
+    let _ = wide;
+    squares_body(g)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+fn squares_avx512<G: GradElem>(g: &[G]) -> f64 {
+    squares_body(g)
+}
+
+/// Σ g² in eight f64 lanes (a fixed summation order, so the result does not depend on the vector width).
+#[inline(always)]
+fn squares_body<G: GradElem>(g: &[G]) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let mut chunks = g.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (acc, &x) in lanes.iter_mut().zip(chunk) {
+            let x = f64::from(x.f32());
+            *acc += x * x;
+        }
+    }
+    for &x in chunks.remainder() {
+        let x = f64::from(x.f32());
+        lanes[0] += x * x;
+    }
+    lanes.iter().sum()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The loops, portable and (where the CPU has it) AVX-512, give the bits of the update written out one
+    /// element at a time, for both gradient dtypes, with weight decay, a bf16 copy and a NaN gradient that must
+    /// come out as bf16 NaN; and the same sum of squares.
+    #[test]
+    fn vector_loops_give_the_scalar_update_bit_for_bit() {
+        let n = 1000;
+        let values = |seed: u32| -> Vec<f32> {
+            (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0).collect()
+        };
+        let c = Coefficients {
+            decay: Some(0.999),
+            beta1: 0.9,
+            one_minus_beta1: 0.1,
+            beta2: 0.999,
+            one_minus_beta2: 0.001,
+            bias2_sqrt: 0.0316,
+            eps: 1e-8,
+            step: -1e-3,
+        };
+        let mut g32 = values(7);
+        g32[17] = f32::NAN;
+        let g16: Vec<u16> = g32.iter().map(|&x| to_bf16(x)).collect();
+        let start = || (values(1), values(2), values(3).iter().map(|x| x.abs()).collect::<Vec<_>>());
+        let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for bf16 in [false, true] {
+            let grad = |i: usize| if bf16 { g16[i].f32() } else { g32[i] };
+            let (mut w, mut m, mut v) = start();
+            let mut low = vec![0u16; n];
+            for i in 0..n {
+                let g = grad(i);
+                w[i] *= 0.999;
+                m[i] = m[i] * c.beta1 + g * c.one_minus_beta1;
+                v[i] = v[i] * c.beta2 + g * (g * c.one_minus_beta2);
+                w[i] += m[i] / (v[i].sqrt() / c.bias2_sqrt + c.eps) * c.step;
+                low[i] = to_bf16(w[i]);
+            }
+            let want = (bits(&w), bits(&m), bits(&v), low);
+            let want_squares: f64 = (0..17).map(|i| f64::from(grad(i)).powi(2)).sum();
+            assert_eq!(want.3[17], 0x7fc0, "a NaN update must give bf16 NaN");
+            for wide in [false, wide()] {
+                let (mut w, mut m, mut v) = start();
+                let mut low = vec![0u16; n];
+                let squares = if bf16 {
+                    update(wide, &mut w, &mut m, &mut v, &g16, Some(&mut low), &c);
+                    squares(wide, &g16[..17])
+                } else {
+                    update(wide, &mut w, &mut m, &mut v, &g32, Some(&mut low), &c);
+                    squares(wide, &g32[..17])
+                };
+                assert!((bits(&w), bits(&m), bits(&v), low) == want, "bf16 gradient {bf16}, wide {wide}");
+                assert!((squares - want_squares).abs() <= 1e-12 * want_squares, "{squares} vs {want_squares}");
+            }
+        }
+    }
 
     #[test]
     fn bf16_rounding_matches_libtorch() {
