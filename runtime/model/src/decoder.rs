@@ -14,7 +14,8 @@
 //!   preallocated [`KvCache`] and attending over each slot's valid prefix. Runs under `no_grad`.
 //!
 //! Numerics follow transformers: RMSNorm in f32 then cast back, RoPE tables in f32, attention through
-//! `scaled_dot_product_attention` (GQA handled by the kernel, no repeated k/v).
+//! `scaled_dot_product_attention` (GQA handled by the kernel, no repeated k/v), or for short bf16 sequences under
+//! autograd its spelled-out product ([`crate::attention`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use std::sync::atomic::AtomicBool;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
+use crate::attention;
 use crate::config::ModelConfig;
 use crate::decode_step::{self, DecodeLayer, DecodeShape};
 use crate::error::{ModelError, Result};
@@ -463,10 +465,7 @@ impl Decoder {
             let q = q.f_transpose(1, 2)?;
             let k = k.f_transpose(1, 2)?;
             let v = v.f_transpose(1, 2)?;
-            let attn = match &mask {
-                None => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k, &v, None, 0.0, true, None, true)?,
-                Some(m) => Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(m), 0.0, false, None, true)?,
-            };
+            let attn = attention::attend(&q, &k, &v, mask.as_ref())?;
             x = self.finish_layer(layer, None, x, &merge_heads(&attn)?)?;
         }
         self.rms_norm(&x, &self.norm)
@@ -556,13 +555,10 @@ impl Decoder {
             let h = self.rms_norm(&x, &layer.input_norm)?;
             let (q, k, v) = self.qkv(layer, None, &h, &cos, &sin)?;
             let ((qp, qr), (kp, kr), (vp, vr)) = (split(&q, heads)?, split(&k, kv_heads)?, split(&v, kv_heads)?);
-            let sdpa = |q: &Tensor, k: &Tensor, v: &Tensor, m: &Tensor| {
-                Tensor::f_scaled_dot_product_attention(q, k, v, Some(m), 0.0, false, None, true)
-            };
-            let attn_p = sdpa(&qp, &kp, &vp, &prompt_attn_mask)?;
+            let attn_p = attention::attend(&qp, &kp, &vp, Some(&prompt_attn_mask))?;
             let keys = Tensor::f_cat(&[kp.f_index_select(0, &group)?, kr], 2)?;
             let values = Tensor::f_cat(&[vp.f_index_select(0, &group)?, vr], 2)?;
-            let attn_r = sdpa(&qr, &keys, &values, &response_attn_mask)?;
+            let attn_r = attention::attend(&qr, &keys, &values, Some(&response_attn_mask))?;
             let attn = Tensor::f_cat(
                 &[
                     attn_p.f_transpose(1, 2)?.f_reshape([tp, heads * d])?,

@@ -28,6 +28,7 @@
 //! ```
 //! Weight sync into a generation copy: `gen.decoder.copy_weights_from(&trainer.decoder)` (in place, no_grad).
 
+mod attention;
 mod chat_template;
 mod config;
 mod decode_step;
