@@ -1,6 +1,6 @@
 //! Embeds libtorch's library folder as a run path so test binaries start without LD_LIBRARY_PATH, and compiles
-//! the packed small-batch matmul (csrc/packed_gemm.cpp) and the fused decode step built on it
-//! (csrc/decode_step.cpp) against libtorch's headers on x86-64, and on every architecture the autograd access tch
+//! the packed small-batch matmul (csrc/packed_gemm.cpp), the fused decode step built on it
+//! (csrc/decode_step.cpp) and the fused training ops (csrc/train_ops.cpp) against libtorch's headers on x86-64, and on every architecture the autograd access tch
 //! lacks (csrc/grad.cpp).
 //!
 //! No `-m`/`-march` flag: the AVX-512 and AVX2 kernels carry their instruction sets in per-function target
@@ -22,6 +22,8 @@ fn main() {
         "csrc/decode_step.cpp",
         "csrc/decode_kernels.inc",
         "csrc/grad.cpp",
+        "csrc/train_ops.cpp",
+        "csrc/simd_avx512.inc",
     ] {
         println!("cargo:rerun-if-changed={file}");
     }
@@ -52,9 +54,23 @@ fn main() {
             .flag("-fopenmp")
             .warnings(false)
             .compile("trinity_packed_gemm");
+        // The fused training ops: autograd functions, so they also need the C++ API's headers.
+        cc::Build::new()
+            .cpp(true)
+            .file("csrc/train_ops.cpp")
+            .include(format!("{libtorch}/include"))
+            .include(format!("{libtorch}/include/torch/csrc/api/include"))
+            .flag("-std=c++17")
+            .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+            .flag("-O3")
+            .flag("-fopenmp")
+            .warnings(false)
+            .compile("trinity_train_ops");
         println!("cargo:rustc-link-lib=dylib=gomp");
         println!("cargo:rustc-cfg=packed_gemm");
+        println!("cargo:rustc-cfg=train_ops");
     }
     println!("cargo::rustc-check-cfg=cfg(packed_gemm)");
     println!("cargo::rustc-check-cfg=cfg(torch_shim)");
+    println!("cargo::rustc-check-cfg=cfg(train_ops)");
 }

@@ -66,71 +66,7 @@ struct TrinityDecodeLayer {
 #pragma GCC target("avx512f")
 namespace avx512 {
 
-// 16 fp32 lanes; a tail is a lane mask.
-struct Simd {
-  using V = __m512;
-  using Mask = __mmask16;
-  static constexpr int64_t kWidth = 16;
-
-  // Lanes [0, n) of a vector, for the tail of a row whose length is not a multiple of 16.
-  static Mask lanes(int64_t n) { return n >= 16 ? Mask(0xFFFF) : Mask((1u << n) - 1); }
-  static V zero() { return _mm512_setzero_ps(); }
-  static V set1(float v) { return _mm512_set1_ps(v); }
-  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
-  static V load(Mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
-  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static void store(Mask m, float* p, V v) { _mm512_mask_storeu_ps(p, m, v); }
-  static V keep(Mask m, V v) { return _mm512_maskz_mov_ps(m, v); }
-  static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
-  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static V div(V a, V b) { return _mm512_div_ps(a, b); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static float reduce(V v) { return _mm512_reduce_add_ps(v); }
-
-  // e^x to about 2 ulp: 2^n * p(r) with n = round(x / ln 2), r = x - n ln 2 (split in two constants for
-  // accuracy) and Cephes' degree-6 polynomial for e^r on |r| <= ln 2 / 2. Inputs are clamped to where fp32 e^x
-  // is finite and normal, which is all softmax (x <= 0) and SiLU need.
-  static V exp(V x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
-    const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return _mm512_scalef_ps(exp_poly(x, n), n);
-  }
-
-  // Cephes' polynomial for e^r, r = x - n ln 2.
-  static V exp_poly(V x, V n) {
-    V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    V p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    return _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  }
-
-  // Sums each of 16 vectors across its lanes: lane j of the result is the sum of v[j]. Pairwise halving
-  // (shuffle and add) takes 15 adds for all 16 instead of a full horizontal reduction per vector.
-  static V sum_each(const V* v) {
-    V a[8], b[4], c[2];
-    for (int i = 0; i < 8; ++i)  // lanes 0-7 hold v[2i]'s 8 partial sums, lanes 8-15 v[2i+1]'s
-      a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                           _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int i = 0; i < 4; ++i)  // 128-bit quarter q holds v[4i + q]'s 4 partial sums
-      b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                           _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int i = 0; i < 2; ++i)  // quarter q: 2 partial sums of v[8i + q], then 2 of v[8i + 4 + q]
-      c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                           _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    // Lane 4q + m holds the sum of v[q + 4m]; permute into lane order.
-    const V sums = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_ps(order, sums);
-  }
-};
+#include "simd_avx512.inc"
 
 #include "decode_kernels.inc"
 

@@ -48,6 +48,7 @@ mod rope;
 mod safetensors_io;
 mod score;
 mod tokenizer;
+mod train_ops;
 mod weights;
 
 pub use chat_template::{ChatMessage, ChatTemplate, civil_from_days};
