@@ -178,56 +178,48 @@ pub(super) unsafe fn adamw(slots: &[Slot], c: Coefficients, threads: usize) {
             let v = std::slice::from_raw_parts_mut(s.exp_avg_sq.add(start), n);
             let low = s.low.map(|p| std::slice::from_raw_parts_mut(p.add(start), n));
             match s.grad {
-                Grad::F32(p) => update(wide, w, m, v, std::slice::from_raw_parts(p.add(start), n), low, &c),
-                Grad::Bf16(p) => update(wide, w, m, v, std::slice::from_raw_parts(p.add(start), n), low, &c),
+                Grad::F32(p) => {
+                    update(wide, Range { w, m, v, g: std::slice::from_raw_parts(p.add(start), n), low }, &c)
+                }
+                Grad::Bf16(p) => {
+                    update(wide, Range { w, m, v, g: std::slice::from_raw_parts(p.add(start), n), low }, &c)
+                }
             }
         }
     });
 }
 
+/// One range of a slot's buffers: weight, moments, gradient and the bf16 copy to refresh, if any.
+struct Range<'a, G> {
+    w: &'a mut [f32],
+    m: &'a mut [f32],
+    v: &'a mut [f32],
+    g: &'a [G],
+    low: Option<&'a mut [u16]>,
+}
+
 /// The AdamW update of one range, on the widest vectors the CPU has.
-fn update<G: GradElem>(
-    wide: bool,
-    w: &mut [f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    g: &[G],
-    low: Option<&mut [u16]>,
-    c: &Coefficients,
-) {
+fn update<G: GradElem>(wide: bool, range: Range<'_, G>, c: &Coefficients) {
     #[cfg(target_arch = "x86_64")]
     if wide {
         // SAFETY: `wide` is true only where the CPU has AVX-512F and BW.
-        return unsafe { update_avx512(w, m, v, g, low, c) };
+        return unsafe { update_avx512(range, c) };
     }
     let _ = wide;
-    update_body(w, m, v, g, low, c)
+    update_body(range, c)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-fn update_avx512<G: GradElem>(
-    w: &mut [f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    g: &[G],
-    low: Option<&mut [u16]>,
-    c: &Coefficients,
-) {
-    update_body(w, m, v, g, low, c)
+fn update_avx512<G: GradElem>(range: Range<'_, G>, c: &Coefficients) {
+    update_body(range, c)
 }
 
 /// The update itself: the same fp32 operations in the same order as the libtorch path (no contraction into
 /// fused multiply-adds: Rust does not contract). Without weight decay the factor is 1, which leaves `w` exact.
 #[inline(always)]
-fn update_body<G: GradElem>(
-    w: &mut [f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    g: &[G],
-    low: Option<&mut [u16]>,
-    c: &Coefficients,
-) {
+fn update_body<G: GradElem>(range: Range<'_, G>, c: &Coefficients) {
+    let Range { w, m, v, g, low } = range;
     let decay = c.decay.unwrap_or(1.0);
     let one = |w: &mut f32, m: &mut f32, v: &mut f32, g: G| {
         let g = g.f32();
@@ -353,10 +345,10 @@ mod tests {
                 let (mut w, mut m, mut v) = start();
                 let mut low = vec![0u16; n];
                 let squares = if bf16 {
-                    update(wide, &mut w, &mut m, &mut v, &g16, Some(&mut low), &c);
+                    update(wide, Range { w: &mut w, m: &mut m, v: &mut v, g: &g16, low: Some(&mut low) }, &c);
                     squares(wide, &g16[..17])
                 } else {
-                    update(wide, &mut w, &mut m, &mut v, &g32, Some(&mut low), &c);
+                    update(wide, Range { w: &mut w, m: &mut m, v: &mut v, g: &g32, low: Some(&mut low) }, &c);
                     squares(wide, &g32[..17])
                 };
                 assert!((bits(&w), bits(&m), bits(&v), low) == want, "bf16 gradient {bf16}, wide {wide}");
