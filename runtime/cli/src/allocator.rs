@@ -16,12 +16,32 @@
 //! linker binds for the shared libraries too, libtorch and libgomp included, so there is one allocator in the
 //! process. Freed pages are kept for reuse (`dirty_decay_ms:-1`, `muzzy_decay_ms:-1`): a run repeats the same
 //! steps and reaches its peak resident size anyway, so giving pages back only to fault them in again a step
-//! later is pure cost. Arenas are per CPU (`percpu_arena:percpu`), not per thread: each train step runs on a
-//! thread of its own with a fresh OpenMP team, and jemalloc's default hands new threads arenas in turn, so every
-//! step's memory came back to an arena the next step's threads did not use and, never purged, resident memory
-//! grew by ~250 MB a step (the quickstart: 2.5 GB after its first step, 12.3 GB after its 40th; a longer run would
-//! exhaust the machine). Per CPU, the first 12 steps settle at 4.8 GB (one arena for all threads: 5.4 GB) with the
-//! same step times. `MALLOC_CONF` in the environment still overrides these settings, as jemalloc documents.
+//! later is pure cost.
+//!
+//! One arena for every thread (`narenas:1`), because of how jemalloc and a train step's threads meet. Each train
+//! step runs on a thread of its own with a fresh OpenMP team (`trinity_rft`'s `on_pool`), and they all exit at the
+//! end of the step. jemalloc hands new threads arenas in turn by default, so every step's memory went back to an
+//! arena the next step's threads did not use, and resident memory grew by ~250 MB a step (the quickstart: 2.5 GB
+//! after its first step, 12.3 GB after its 40th). Per-CPU arenas (`percpu_arena:percpu`, this binary's choice
+//! until 2026-11-25) stopped the growth, but met the second trap: when a thread exits, jemalloc purges its arena
+//! completely if no other thread is bound to it, whatever the decay settings say, and the end of a step's pool
+//! often left a per-CPU arena without threads, so the next step faulted its ~1 GB of activations and gradients
+//! back in. One arena is never left without threads (the main thread is bound to it for the process's life), and
+//! its memory serves every step whichever CPU a thread runs on. Measured on `cargo xtask bench grpo`'s trinity
+//! bf16 run (6 steps, 2 cores of a Xeon with AMX, idle):
+//! - per-CPU arenas as they were: 6.7–8.4 s of system time, 1.44–1.47 M minor faults, 5.7–5.8 GB peak resident;
+//! - per-CPU arenas with a parked thread bound to each (one way out of the purge): 3.3–3.6 s, 1.19–1.31 M,
+//!   4.7–5.2 GB, 19.8–20.5 s wall;
+//! - one arena: 2.8–3.1 s, 0.98–1.08 M, 3.9–4.3 GB, 19.6–20.2 s (three runs; three more with the one arena set
+//!   through `MALLOC_CONF` on the build with parked threads, interleaved with that build's own: 2.9–3.4 s,
+//!   1.08–1.15 M, 4.3–4.5 GB, 19.8–20.2 s).
+//!
+//! The fp32 run (interleaved, two each) was within this VM's noise either way: 33.0–38.0 s with parked threads,
+//! 34.1–36.3 s with one arena.
+//!
+//! Lock contention on the one arena did not show in these runs: threads take small blocks from their own caches
+//! (tcache) without the lock. `MALLOC_CONF` in the environment still overrides these settings, as jemalloc
+//! documents.
 
 /// The allocator for Rust's own allocations; naming it also makes the linker keep jemalloc's `malloc` symbols.
 #[global_allocator]
@@ -32,52 +52,4 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// `const char *`: a thin pointer to NUL-terminated bytes, which `&u8` is (a `&CStr` would not be).
 #[unsafe(no_mangle)]
 #[allow(non_upper_case_globals)]
-static malloc_conf: &u8 = &b"dirty_decay_ms:-1,muzzy_decay_ms:-1,percpu_arena:percpu\0"[0];
-
-/// Binds one parked thread to each per-CPU arena this process can run on, for the process's life.
-///
-/// Why: when a thread exits, jemalloc (`tcache_destroy`) purges its arena down to nothing if no other thread is
-/// bound to it, whatever the decay settings say: every dirty page goes back to the kernel (`MADV_DONTNEED`). A
-/// train step runs on a thread of its own with a fresh OpenMP team ([`trinity_rft`]'s `on_pool`), and when that
-/// team exits between steps the arenas it used are often left without threads, so the next step faults its
-/// ~1 GB of activations and gradients back in, each page zeroed by the kernel. A thread that stays bound to an
-/// arena, asleep, keeps that purge from ever running. Measured on `cargo xtask bench grpo`'s trinity bf16 run
-/// (6 steps, 2 cores of a Xeon with AMX, idle): system time 6.7–8.4 s → 4.1–4.8 s, minor faults 1.44–1.47 M →
-/// 1.15–1.28 M, peak resident 5.7–5.8 GB → 4.4–5.1 GB.
-///
-/// A per-CPU arena is the one of the CPU a thread allocates on, so each keeper is pinned to its CPU for its
-/// first allocation (which binds it) and then parks. CPUs outside the process's affinity mask get none: no
-/// thread of this process allocates there.
-pub(crate) fn keep_arenas_bound() {
-    // SAFETY: `sched_getaffinity` writes at most `size_of::<cpu_set_t>()` bytes into the zeroed set.
-    let allowed = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return;
-        }
-        set
-    };
-    // SAFETY: `CPU_ISSET` reads one bit of the set, `cpu` being below `CPU_SETSIZE`.
-    let usable = |cpu: usize| unsafe { libc::CPU_ISSET(cpu, &allowed) };
-    for cpu in (0..libc::CPU_SETSIZE as usize).filter(|&cpu| usable(cpu)) {
-        let (bound, wait) = std::sync::mpsc::channel::<()>();
-        let keeper =
-            std::thread::Builder::new().name(format!("arena-keeper-{cpu}")).stack_size(64 * 1024).spawn(move || {
-                // SAFETY: the set is zeroed, then one CPU bit is set; the call only reads it.
-                unsafe {
-                    let mut one: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu, &mut one);
-                    libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one);
-                }
-                // The first allocation binds this thread to the arena of the CPU it runs on.
-                drop(std::hint::black_box(vec![0u8; 64]));
-                let _ = bound.send(());
-                loop {
-                    std::thread::park();
-                }
-            });
-        if keeper.is_ok() {
-            let _ = wait.recv();
-        }
-    }
-}
+static malloc_conf: &u8 = &b"dirty_decay_ms:-1,muzzy_decay_ms:-1,narenas:1\0"[0];

@@ -25,8 +25,6 @@ use crate::cli::{Cli, Command, LogLevel};
 
 fn main() -> ExitCode {
     openmp::wait_briefly();
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    allocator::keep_arenas_bound();
     let cli = Cli::parse();
     let level = cli.log_level;
     let result = match cli.command {

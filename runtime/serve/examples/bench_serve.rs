@@ -200,9 +200,7 @@ fn load_average() -> String {
 }
 
 fn main() {
-    // As the `trinity` binary does: keep the allocator's arenas bound, leave the libtorch pool to the engine thread.
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    allocator::keep_arenas_bound();
+    // As the `trinity` binary does: leave the libtorch pool to the engine thread.
     let threads = trinity_model::hand_over_threads();
     let args = args();
     let threads = args.threads.unwrap_or(threads);
