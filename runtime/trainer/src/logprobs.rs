@@ -262,8 +262,12 @@ pub fn backward(
             pass.leaf.grad()
         }
         (None, Some(lse)) => {
-            let entropy = grad_entropy.as_ref().zip(pass.stats.entropy.as_ref());
-            let upstream = (&grad_logprob, entropy);
+            // The entropy's gradient through the logits needs μ = lse − H per position.
+            let mu = match (&grad_entropy, &pass.stats.entropy) {
+                (Some(_), Some(h)) => Some(&lse - h),
+                _ => None,
+            };
+            let upstream = slabs::Upstream { logprob: &grad_logprob, entropy: mu.as_ref().zip(grad_entropy.as_ref()) };
             return recomputed_backward(
                 decoder,
                 &pass.leaf,
@@ -272,7 +276,7 @@ pub fn backward(
                 temperature,
                 chunk_tokens,
                 &lse,
-                upstream,
+                &upstream,
             );
         }
         (None, None) => unreachable!("a head pass keeps its graph or its logsumexp"),
@@ -282,9 +286,6 @@ pub fn backward(
     }
     Ok(())
 }
-
-/// The upstream gradients of [`backward`]: `∂loss/∂ℓ`, and `∂loss/∂H` with the forward's entropy `H`.
-type Upstream<'a> = (&'a Tensor, Option<(&'a Tensor, &'a Tensor)>);
 
 /// Step 3 in recompute mode: the head's gradients over vocabulary slabs ([`slabs::backward`]), then one
 /// backward call that carries the hidden states' gradient through the decoder and adds the head weight's.
@@ -297,17 +298,16 @@ fn recomputed_backward(
     temperature: f64,
     chunk_tokens: i64,
     lse: &Tensor,
-    upstream: Upstream,
+    upstream: &slabs::Upstream,
 ) -> Result<()> {
     let size = leaf.size();
     let rows = size[0] * size[1];
     let w = decoder.head_weight();
     let FlatRows { hidden: h, targets: y, chunks } = FlatRows::new(leaf, targets, chunk_tokens)?;
     let flat = |t: &Tensor| t.f_reshape([rows]);
-    let (grad_logprob, grad_entropy) = upstream;
-    let (lse, g_lp) = (flat(lse)?, flat(&grad_logprob.f_to_kind(Kind::Float)?)?);
-    let entropy = match grad_entropy {
-        Some((g, entropy)) => Some((&lse - flat(entropy)?, flat(g)?)),
+    let (lse, g_lp) = (flat(lse)?, flat(&upstream.logprob.f_to_kind(Kind::Float)?)?);
+    let entropy = match upstream.entropy {
+        Some((mu, g)) => Some((flat(mu)?, flat(g)?)),
         None => None,
     };
     let mut grad_w = if w.requires_grad() { Some(Tensor::f_zeros(w.size(), (Kind::Float, w.device()))?) } else { None };

@@ -88,8 +88,8 @@ pub(super) fn forward(w: &Tensor, h: &Tensor, y: &Tensor, temperature: f64, entr
     })
 }
 
-/// The upstream gradients of one backward pass: `∂loss/∂ℓ` `[rows]`, and `∂loss/∂H` with `μ = lse − H` when the
-/// loss depends on the entropy.
+/// The upstream gradients of one backward pass, per position: `∂loss/∂ℓ`, and `(μ, ∂loss/∂H)` with `μ = lse − H`
+/// when the loss depends on the entropy. `[rows]` each here; `[B, R]` where `super::backward` hands them over.
 pub(super) struct Upstream<'a> {
     pub(super) logprob: &'a Tensor,
     pub(super) entropy: Option<(&'a Tensor, &'a Tensor)>,
