@@ -599,7 +599,8 @@ impl Trainer {
             for mini in &mini_batches {
                 let micro_batches = micro_batches_of(&share_of(self.dp.as_ref(), mini, unit))?;
                 micro_count += micro_batches.len();
-                self.update_actor(rows, &batch, &micro_batches, mini.len(), &mut means)?;
+                let mini = actor::MiniBatch { rows, batch: &batch, active: mini.len() };
+                self.update_actor(&mini, &micro_batches, &mut means)?;
                 if let Some(dp) = &self.dp {
                     dp.reduce_gradients(&self.optimizer.param_vars())?;
                 }

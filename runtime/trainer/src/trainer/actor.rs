@@ -9,20 +9,27 @@ use crate::error::Result;
 use crate::logprobs;
 use crate::micro_batch::passes;
 
+/// What every pass of one mini-batch's update reads: the step's rows, their batch fields, and the mini-batch's
+/// row count (the loss-scale denominator).
+#[derive(Clone, Copy)]
+pub(super) struct MiniBatch<'a> {
+    pub(super) rows: &'a [TrainRow],
+    pub(super) batch: &'a Batch,
+    pub(super) active: usize,
+}
+
 impl Trainer {
-    /// Step 4 (actor): accumulates the gradients of one mini-batch over its micro-batches (`active` rows in all,
-    /// the loss-scale denominator) and adds their metrics to `means`.
+    /// Step 4 (actor): accumulates the gradients of one mini-batch over its micro-batches and adds their metrics
+    /// to `means`.
     pub(super) fn update_actor(
         &mut self,
-        rows: &[TrainRow],
-        batch: &Batch,
+        mini: &MiniBatch,
         micro_batches: &[Vec<usize>],
-        active: usize,
         means: &mut MetricMeans,
     ) -> Result<()> {
         self.optimizer.zero_grad();
-        for pass in passes(rows, micro_batches, self.options.pass_tokens) {
-            self.actor_pass(rows, batch, &micro_batches[pass], active, means)?;
+        for pass in passes(mini.rows, micro_batches, self.options.pass_tokens) {
+            self.actor_pass(mini, &micro_batches[pass], means)?;
         }
         Ok(())
     }
@@ -30,14 +37,8 @@ impl Trainer {
     /// One forward/backward pass over the rows of consecutive `micro_batches` ([`crate::micro_batch::passes`]):
     /// each micro-batch's loss on its slice of the pass's logprobs, scaled by its rows, and the sum of their
     /// gradients backpropagated once.
-    fn actor_pass(
-        &mut self,
-        rows: &[TrainRow],
-        batch: &Batch,
-        micro_batches: &[Vec<usize>],
-        active: usize,
-        means: &mut MetricMeans,
-    ) -> Result<()> {
+    fn actor_pass(&mut self, mini: &MiniBatch, micro_batches: &[Vec<usize>], means: &mut MetricMeans) -> Result<()> {
+        let MiniBatch { rows, batch, active } = *mini;
         let (temperature, chunk) = (self.options.temperature, self.options.logit_chunk_tokens);
         let width = batch.len() as i64;
         let c = &self.components;
