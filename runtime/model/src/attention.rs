@@ -17,7 +17,7 @@
 //! Numerics of the matmul path are transformers' eager attention in bf16: scores rounded to bf16 by the matmul,
 //! softmax in f32, probabilities rounded to bf16 for the product with V.
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
 
@@ -41,6 +41,12 @@ pub(crate) fn attend(q: &Tensor, k: &Tensor, v: &Tensor, allowed: Option<&Tensor
     })
 }
 
+/// `[T(q), T(k)]` bool, true where `k <= q`.
+pub(crate) fn causal(t: i64, device: Device) -> Result<Tensor> {
+    let ar = Tensor::f_arange(t, (Kind::Int64, device))?;
+    Ok(ar.f_unsqueeze(0)?.f_le_tensor(&ar.f_unsqueeze(1)?)?)
+}
+
 /// The matmul path. The query heads that share a kv head are stacked along the query axis (`[B, KVH, G·Tq, D]`),
 /// so each kv head's keys and values are read once, in place, by one batched matmul.
 fn spelled_out(q: &Tensor, k: &Tensor, v: &Tensor, allowed: Option<&Tensor>) -> Result<Tensor> {
@@ -50,26 +56,23 @@ fn spelled_out(q: &Tensor, k: &Tensor, v: &Tensor, allowed: Option<&Tensor>) -> 
     let scale = 1.0 / (d as f64).sqrt();
     let stacked = q.f_mul_scalar(scale)?.f_reshape([b, kv_heads, group * tq, d])?;
     let scores = stacked.f_matmul(&k.f_transpose(-1, -2)?)?;
-    // The mask per query, repeated for the group's heads: `[B or 1, 1, G·Tq, Tk]`, true where masked out.
-    let blocked = match allowed {
-        Some(m) => {
-            let m = m.f_logical_not()?;
-            let lead = m.size()[0];
-            m.f_expand([lead, 1, tq, tk], false)?.f_repeat([1, 1, group, 1])?
-        }
+    let causal_mask;
+    let allowed = match allowed {
+        Some(m) => m,
         None => {
-            let ar = Tensor::f_arange(tk, (Kind::Int64, q.device()))?;
-            ar.f_unsqueeze(0)?.f_gt_tensor(&ar.f_unsqueeze(1)?)?.f_repeat([group, 1])?.f_view([1, 1, group * tq, tk])?
+            causal_mask = causal(tk, q.device())?.f_view([1, 1, tq, tk])?;
+            &causal_mask
         }
     };
+    // The mask per query, repeated for the group's heads: `[B or 1, 1, G·Tq, Tk]`, true where masked out.
+    let lead = allowed.size()[0];
+    let blocked = allowed.f_logical_not()?.f_expand([lead, 1, tq, tk], false)?.f_repeat([1, 1, group, 1])?;
     let probs = scores.f_masked_fill(&blocked, f64::NEG_INFINITY)?.f_softmax(-1, Kind::Float)?.f_to_kind(q.kind())?;
     Ok(probs.f_matmul(v)?.f_view([b, heads, tq, d])?)
 }
 
 #[cfg(test)]
 mod tests {
-    use tch::Device;
-
     use super::*;
 
     /// Values and gradients of the matmul path against libtorch's kernel in f32 on the same bf16 inputs, for a
@@ -88,8 +91,7 @@ mod tests {
         let valid = Tensor::ones([b, t], (Kind::Bool, Device::Cpu));
         let _ = valid.get(1).narrow(0, 0, 5).fill_(0);
         let _ = valid.get(2).narrow(0, t - 9, 9).fill_(0);
-        let ar = Tensor::arange(t, (Kind::Int64, Device::Cpu));
-        let causal = ar.unsqueeze(0).le_tensor(&ar.unsqueeze(1)).view([1, 1, t, t]);
+        let causal = causal(t, Device::Cpu).unwrap().view([1, 1, t, t]);
         let padded =
             causal.logical_and(&valid.view([b, 1, 1, t])).logical_or(&Tensor::eye(t, (Kind::Bool, Device::Cpu)));
         for mask in [None, Some(&padded)] {

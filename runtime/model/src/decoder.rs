@@ -24,7 +24,7 @@ use std::sync::atomic::AtomicBool;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use crate::attention;
+use crate::attention::{self, causal};
 use crate::config::ModelConfig;
 use crate::decode_step::{self, DecodeLayer, DecodeShape};
 use crate::error::{ModelError, Result};
@@ -149,12 +149,6 @@ impl FastLayer {
 fn merge_heads(attn: &Tensor) -> Result<Tensor> {
     let size = attn.size();
     Ok(attn.f_transpose(1, 2)?.f_reshape([size[0], size[2], -1])?)
-}
-
-/// `[T(q), T(k)]` bool, true where `k <= q`.
-fn causal(t: i64, device: Device) -> Result<Tensor> {
-    let ar = Tensor::f_arange(t, (Kind::Int64, device))?;
-    Ok(ar.f_unsqueeze(0)?.f_le_tensor(&ar.f_unsqueeze(1)?)?)
 }
 
 /// For rows `valid` `[B, T]` (true at real tokens, padding anywhere): positions counting real tokens only and
