@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -213,6 +214,16 @@ using avx512::rope_apply;
 using avx512::swiglu_backward;
 using avx512::swiglu_forward;
 
+// Calls `f` with a null pointer of `t`'s element type, fp32 or bf16 (the ops check the dtype first), so that each
+// op's kernel call is written once for both.
+template <typename F>
+void by_dtype(const at::Tensor& t, F f) {
+  if (t.scalar_type() == at::kFloat)
+    f(static_cast<float*>(nullptr));
+  else
+    f(static_cast<c10::BFloat16*>(nullptr));
+}
+
 struct RmsNorm : public Function<RmsNorm> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in, double eps) {
     check_cpu(x_in, "rms_norm input");
@@ -225,12 +236,10 @@ struct RmsNorm : public Function<RmsNorm> {
     const int64_t rows = n == 0 ? 0 : x.numel() / n;
     at::Tensor y = at::empty_like(x);
     at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
-    if (x.scalar_type() == at::kFloat)
-      rms_forward(x.data_ptr<float>(), w.data_ptr<float>(), rows, n, eps, y.data_ptr<float>(),
-                  rstd.data_ptr<float>());
-    else
-      rms_forward(x.data_ptr<c10::BFloat16>(), w.data_ptr<c10::BFloat16>(), rows, n, eps,
-                  y.data_ptr<c10::BFloat16>(), rstd.data_ptr<float>());
+    by_dtype(x, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      rms_forward(x.data_ptr<T>(), w.data_ptr<T>(), rows, n, eps, y.data_ptr<T>(), rstd.data_ptr<float>());
+    });
     ctx->save_for_backward({x, w, rstd});
     return y;
   }
@@ -243,12 +252,11 @@ struct RmsNorm : public Function<RmsNorm> {
     const int64_t rows = n == 0 ? 0 : x.numel() / n;
     at::Tensor dx = at::empty_like(x);
     at::Tensor dw = at::zeros({n}, x.options().dtype(at::kFloat));
-    if (x.scalar_type() == at::kFloat)
-      rms_backward(x.data_ptr<float>(), w.data_ptr<float>(), rstd.data_ptr<float>(), dy.data_ptr<float>(), rows, n,
-                   dx.data_ptr<float>(), dw.data_ptr<float>());
-    else
-      rms_backward(x.data_ptr<c10::BFloat16>(), w.data_ptr<c10::BFloat16>(), rstd.data_ptr<float>(),
-                   dy.data_ptr<c10::BFloat16>(), rows, n, dx.data_ptr<c10::BFloat16>(), dw.data_ptr<float>());
+    by_dtype(x, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      rms_backward(x.data_ptr<T>(), w.data_ptr<T>(), rstd.data_ptr<float>(), dy.data_ptr<T>(), rows, n,
+                   dx.data_ptr<T>(), dw.data_ptr<float>());
+    });
     return {dx, dw.to(w.scalar_type()).view(w.sizes()), at::Tensor()};
   }
 };
@@ -257,12 +265,11 @@ at::Tensor rope_run(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
   const int64_t b = x.size(0), t = x.size(1), heads = x.size(2), d = x.size(3);
   at::Tensor y = at::empty_like(x);
   const bool per_row = cos.size(0) != 1;
-  if (x.scalar_type() == at::kFloat)
-    rope_apply(x.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), b, t, heads, d, per_row, inverse,
-               y.data_ptr<float>());
-  else
-    rope_apply(x.data_ptr<c10::BFloat16>(), cos.data_ptr<c10::BFloat16>(), sin.data_ptr<c10::BFloat16>(), b, t,
-               heads, d, per_row, inverse, y.data_ptr<c10::BFloat16>());
+  by_dtype(x, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rope_apply(x.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(), b, t, heads, d, per_row, inverse,
+               y.data_ptr<T>());
+  });
   return y;
 }
 
@@ -299,11 +306,10 @@ struct SwiGlu : public Function<SwiGlu> {
     const at::Tensor g = g_in.contiguous();
     const at::Tensor u = u_in.contiguous();
     at::Tensor y = at::empty_like(g);
-    if (g.scalar_type() == at::kFloat)
-      swiglu_forward(g.data_ptr<float>(), u.data_ptr<float>(), g.numel(), y.data_ptr<float>());
-    else
-      swiglu_forward(g.data_ptr<c10::BFloat16>(), u.data_ptr<c10::BFloat16>(), g.numel(),
-                     y.data_ptr<c10::BFloat16>());
+    by_dtype(g, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      swiglu_forward(g.data_ptr<T>(), u.data_ptr<T>(), g.numel(), y.data_ptr<T>());
+    });
     ctx->save_for_backward({g, u});
     return y;
   }
@@ -314,12 +320,11 @@ struct SwiGlu : public Function<SwiGlu> {
     const at::Tensor dy = grads[0].to(g.scalar_type()).contiguous();
     at::Tensor dg = at::empty_like(g);
     at::Tensor du = at::empty_like(u);
-    if (g.scalar_type() == at::kFloat)
-      swiglu_backward(g.data_ptr<float>(), u.data_ptr<float>(), dy.data_ptr<float>(), g.numel(),
-                      dg.data_ptr<float>(), du.data_ptr<float>());
-    else
-      swiglu_backward(g.data_ptr<c10::BFloat16>(), u.data_ptr<c10::BFloat16>(), dy.data_ptr<c10::BFloat16>(),
-                      g.numel(), dg.data_ptr<c10::BFloat16>(), du.data_ptr<c10::BFloat16>());
+    by_dtype(g, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      swiglu_backward(g.data_ptr<T>(), u.data_ptr<T>(), dy.data_ptr<T>(), g.numel(), dg.data_ptr<T>(),
+                      du.data_ptr<T>());
+    });
     return {dg, du};
   }
 };
