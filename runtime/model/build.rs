@@ -1,7 +1,7 @@
 //! Embeds libtorch's library folder as a run path so test binaries start without LD_LIBRARY_PATH, and compiles
 //! the packed small-batch matmul (csrc/packed_gemm.cpp), the fused decode step built on it
-//! (csrc/decode_step.cpp) and the fused training ops (csrc/train_ops.cpp) against libtorch's headers on x86-64, and on every architecture the autograd access tch
-//! lacks (csrc/grad.cpp).
+//! (csrc/decode_step.cpp) and the fused training ops (csrc/train_ops.cpp) against libtorch's headers on x86-64,
+//! and on every architecture the autograd access tch lacks (csrc/grad.cpp).
 //!
 //! No `-m`/`-march` flag: the AVX-512 and AVX2 kernels carry their instruction sets in per-function target
 //! attributes and `#pragma GCC target` regions, so the rest of the object (and every inline function it shares
