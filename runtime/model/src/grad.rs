@@ -1,10 +1,15 @@
-//! Dropping a parameter's gradient, which tch has no call for (`csrc/grad.cpp` says why it matters).
+//! Autograd calls tch has no API for (`csrc/grad.cpp` says why they matter): dropping a parameter's gradient,
+//! and a backward pass from a tensor with a given gradient.
 
 use tch::Tensor;
+
+use crate::error::Result;
 
 #[cfg(torch_shim)]
 unsafe extern "C" {
     fn trinity_release_grad(tensor: *mut std::ffi::c_void) -> i32;
+    fn trinity_backward(root: *mut std::ffi::c_void, grad: *mut std::ffi::c_void) -> i32;
+    fn trinity_grad_error() -> *const std::ffi::c_char;
 }
 
 /// Drops `tensor`'s gradient (PyTorch's `tensor.grad = None`): the next backward's result becomes the gradient,
@@ -20,6 +25,30 @@ pub fn release_grad(tensor: &mut Tensor) {
         }
     }
     tensor.zero_grad();
+}
+
+/// PyTorch's `root.backward(grad)`: backpropagates `grad` (`root`'s shape; converted to its dtype) from `root`,
+/// accumulating into the gradients of the leaves it depends on (for a leaf itself, into its own), and frees the
+/// graph. Built without libtorch's headers it backpropagates `Σ root · grad` from tch's scalar backward, which
+/// gives the same gradients at the cost of that product.
+pub fn backward_with(root: &Tensor, grad: &Tensor) -> Result<()> {
+    let grad = grad.f_to_kind(root.kind())?;
+    #[cfg(torch_shim)]
+    {
+        // SAFETY: both are live tch tensors (`at::Tensor*`) borrowed for the call; the C++ side reads them, runs
+        // the autograd engine and catches every C++ exception.
+        if unsafe { trinity_backward(root.as_ptr() as *mut _, grad.as_ptr() as *mut _) } == 0 {
+            return Ok(());
+        }
+        // SAFETY: this thread's NUL-terminated message, copied before any other call.
+        let message = unsafe { std::ffi::CStr::from_ptr(trinity_grad_error()) }.to_string_lossy().into_owned();
+        Err(crate::error::ModelError::InvalidInput(format!("backward: {message}")))
+    }
+    #[cfg(not(torch_shim))]
+    {
+        (root * grad).f_sum(tch::Kind::Float)?.f_backward()?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -38,5 +67,22 @@ mod tests {
         }
         (&w * 5.0).sum(Kind::Float).backward();
         assert_eq!(Vec::<f32>::try_from(w.grad()).unwrap(), [5.0; 3]);
+    }
+
+    /// A given gradient reaches the leaves through the graph (and into a leaf's own gradient, added to what is
+    /// there), converted to the root's dtype; a wrong shape is an error, not a crash.
+    #[test]
+    fn backward_with_a_gradient_accumulates_into_the_leaves() {
+        let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).set_requires_grad(true);
+        let y = &w * &w;
+        backward_with(&y, &Tensor::from_slice(&[1.0f64, 10.0, 100.0])).unwrap();
+        assert_eq!(Vec::<f32>::try_from(w.grad()).unwrap(), [2.0, 40.0, 600.0]);
+        backward_with(&w, &Tensor::from_slice(&[1.0f32, 1.0, 1.0])).unwrap();
+        assert_eq!(Vec::<f32>::try_from(w.grad()).unwrap(), [3.0, 41.0, 601.0]);
+        if cfg!(torch_shim) {
+            let z = &w * 2.0;
+            let err = backward_with(&z, &Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap_err();
+            assert!(err.to_string().contains("backward"), "{err}");
+        }
     }
 }

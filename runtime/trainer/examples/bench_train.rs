@@ -18,6 +18,13 @@
 //! matmul rate in the same dtype and thread count, measured here on a 2048³ matmul. That share is what issue 20's
 //! "a train step at ≥ 60% of the matmul rate" is read from.
 
+// The trinity binary's allocator, so that the figures are the train step's as `trinity run` pays it: under
+// glibc's malloc the large activation blocks go back to the kernel on free and every iteration faults them in
+// again (~10% of the main thread's samples in the kernel, 12% slower iterations, measured 2026-11-25).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[path = "../../cli/src/allocator.rs"]
+mod allocator;
+
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -282,13 +282,13 @@ pub fn backward(
         (None, None) => unreachable!("a head pass keeps its graph or its logsumexp"),
     };
     if grad_hidden.defined() && hidden.requires_grad() {
-        (hidden * grad_hidden.f_to_kind(hidden.kind())?).f_sum(Kind::Float)?.f_backward()?;
+        trinity_model::backward_with(hidden, &grad_hidden)?;
     }
     Ok(())
 }
 
-/// Step 3 in recompute mode: the head's gradients over vocabulary slabs ([`slabs::backward`]), then one
-/// backward call that carries the hidden states' gradient through the decoder and adds the head weight's.
+/// Step 3 in recompute mode: the head's gradients over vocabulary slabs ([`slabs::backward`]), added into the
+/// head weight's gradient as they are, then carried through the decoder from the hidden states (one backward).
 #[allow(clippy::too_many_arguments)]
 fn recomputed_backward(
     decoder: &Decoder,
@@ -321,18 +321,13 @@ fn recomputed_backward(
         let upstream = slabs::Upstream { logprob: &part(&g_lp)?, entropy: entropy.as_ref().map(|(mu, g)| (mu, g)) };
         grad_h.push(slabs::backward(w, &part(&h)?, &part(&y)?, temperature, &part(&lse)?, &upstream, grad_w.as_mut())?);
     }
-    let mut total = Vec::new();
-    if hidden.requires_grad() && !grad_h.is_empty() {
-        let grad_h = Tensor::f_cat(&grad_h, 0)?.f_view(&size[..])?.f_to_kind(hidden.kind())?;
-        total.push((hidden * grad_h).f_sum(Kind::Float)?);
-    }
     if let Some(grad_w) = grad_w {
-        // The head weight's gradient joins the same backward call (for tied embeddings the decoder's embedding
-        // gradient adds to it there).
-        total.push(w.f_flatten(0, -1)?.f_dot(&grad_w.f_to_kind(w.kind())?.f_flatten(0, -1)?)?.f_to_kind(Kind::Float)?);
+        // Into the head weight's own gradient (for tied embeddings the decoder's embedding gradient adds to it
+        // in the backward below).
+        trinity_model::backward_with(w, &grad_w)?;
     }
-    if !total.is_empty() {
-        Tensor::f_stack(&total, 0)?.f_sum(Kind::Float)?.f_backward()?;
+    if hidden.requires_grad() && !grad_h.is_empty() {
+        trinity_model::backward_with(hidden, &Tensor::f_cat(&grad_h, 0)?.f_view(&size[..])?)?;
     }
     Ok(())
 }
