@@ -1,5 +1,5 @@
 // Fused CPU forward and backward of the decoder's elementwise pieces that training runs on every layer: RMSNorm,
-// RoPE and the SwiGLU product, as autograd functions.
+// RoPE, the SwiGLU product and the attention softmax (scale, mask, softmax in fp32), as autograd functions.
 //
 // Why: spelled out in libtorch ops, a bf16 RMSNorm is eight kernels forward (casts, square, mean, rsqrt, two
 // products) and a dozen backward, RoPE six each way, SwiGLU three; each kernel streams its operands through
@@ -203,6 +203,85 @@ void swiglu_backward(const T* g, const T* u, const T* dy, int64_t count, T* dg, 
   });
 }
 
+
+// ---- Attention softmax: p = softmax(scale * s) over the keys a query may see; keys it may not see get p = 0. ----
+// s is [B, KVH, G * Tq, Tk]: the G query heads of each kv head stacked along the query axis, so row r of a batch
+// is query r % Tq. `allowed` is [Bm, Tq, Tk] bool (Bm 1 or B), or null for causal attention (key j <= query i).
+// A query that may see no key gets all zeros (libtorch's softmax would give NaN, which the backward would spread).
+
+// Lanes [j, j + 16) of a mask row that are set, within `tail`.
+inline Mask allowed_lanes(Mask tail, const bool* row) {
+  const __m128i bytes = _mm_maskz_loadu_epi8(tail, row);
+  return _mm_test_epi8_mask(bytes, bytes);
+}
+
+// The lanes of keys [j, j + 16) that query `i` sees: its mask row's, or the causal ones, within the row's length.
+inline Mask seen(const bool* row, int64_t i, int64_t j, int64_t tk) {
+  const Mask tail = Simd::lanes(tk - j);
+  if (row) return allowed_lanes(tail, row + j);
+  return j > i ? Mask(0) : Mask(tail & Simd::lanes(i - j + 1));
+}
+
+template <typename T>
+void softmax_forward(const T* s, const bool* allowed, int64_t rows, int64_t rows_per_batch, bool mask_per_batch,
+                     int64_t tq, int64_t tk, float scale, T* p) {
+  at::parallel_for(0, rows, grain(tk), [&](int64_t begin, int64_t end) {
+    std::vector<float> e(static_cast<size_t>(tk));
+    const V sv = Simd::set1(scale);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t i = r % tq;
+      const bool* row = allowed ? allowed + ((mask_per_batch ? r / rows_per_batch : 0) * tq + i) * tk : nullptr;
+      const T* sr = s + r * tk;
+      T* pr = p + r * tk;
+      V mx = Simd::set1(-INFINITY);
+      for (int64_t j = 0; j < tk; j += kW) {
+        const Mask m = seen(row, i, j, tk);
+        mx = _mm512_mask_max_ps(mx, m, mx, Simd::mul(load(m, sr + j), sv));
+      }
+      const float top = _mm512_reduce_max_ps(mx);
+      if (top == -INFINITY) {
+        for (int64_t j = 0; j < tk; j += kW) store(Simd::lanes(tk - j), pr + j, Simd::zero());
+        continue;
+      }
+      const V topv = Simd::set1(top);
+      V sum = Simd::zero();
+      for (int64_t j = 0; j < tk; j += kW) {
+        const Mask m = seen(row, i, j, tk);
+        const V x = Simd::keep(m, Simd::exp(Simd::sub(Simd::mul(load(m, sr + j), sv), topv)));
+        store(Simd::lanes(tk - j), e.data() + j, x);
+        sum = Simd::add(sum, x);
+      }
+      const V inv = Simd::set1(1.0f / Simd::reduce(sum));
+      for (int64_t j = 0; j < tk; j += kW) {
+        const Mask m = Simd::lanes(tk - j);
+        store(m, pr + j, Simd::mul(load(m, e.data() + j), inv));
+      }
+    }
+  });
+}
+
+// ds = scale * p * (dp - sum(p * dp)) per row, from the forward's p (zero where masked, so ds is too).
+template <typename T>
+void softmax_backward(const T* p, const T* dp, int64_t rows, int64_t tk, float scale, T* ds) {
+  at::parallel_for(0, rows, grain(tk), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* pr = p + r * tk;
+      const T* gr = dp + r * tk;
+      V dot = Simd::zero();
+      for (int64_t j = 0; j < tk; j += kW) {
+        const Mask m = Simd::lanes(tk - j);
+        dot = Simd::fma(load(m, pr + j), load(m, gr + j), dot);
+      }
+      const V mean = Simd::set1(Simd::reduce(dot));
+      const V sv = Simd::set1(scale);
+      for (int64_t j = 0; j < tk; j += kW) {
+        const Mask m = Simd::lanes(tk - j);
+        store(m, ds + r * tk + j, Simd::mul(sv, Simd::mul(load(m, pr + j), Simd::sub(load(m, gr + j), mean))));
+      }
+    }
+  });
+}
+
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -211,6 +290,8 @@ namespace {
 using avx512::rms_backward;
 using avx512::rms_forward;
 using avx512::rope_apply;
+using avx512::softmax_backward;
+using avx512::softmax_forward;
 using avx512::swiglu_backward;
 using avx512::swiglu_forward;
 
@@ -329,6 +410,51 @@ struct SwiGlu : public Function<SwiGlu> {
   }
 };
 
+struct AttentionSoftmax : public Function<AttentionSoftmax> {
+  // s: [B, KVH, G * Tq, Tk]; allowed: bool broadcastable to [Bm, 1, Tq, Tk] with Bm 1 or B, or, for causal
+  // attention, an empty 1-D tensor (autograd's `apply` takes no undefined tensor among its inputs).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& s_in, const at::Tensor& allowed_in, int64_t tq,
+                            double scale) {
+    check_cpu(s_in, "attention scores");
+    TORCH_CHECK(s_in.dim() == 4 && tq > 0 && s_in.size(2) % tq == 0, "attention scores must be [B, KVH, G*Tq, Tk] "
+                "for Tq ", tq, ", got ", s_in.sizes());
+    const at::Tensor s = s_in.contiguous();
+    const int64_t b = s.size(0), tk = s.size(3);
+    at::Tensor allowed;
+    if (allowed_in.dim() != 1 || allowed_in.numel() != 0) {
+      TORCH_CHECK(allowed_in.dim() == 4 && (allowed_in.size(0) == 1 || allowed_in.size(0) == b),
+                  "attention mask must broadcast to [", b, ", 1, ", tq, ", ", tk, "], got ", allowed_in.sizes());
+      allowed = allowed_in.to(at::kBool).expand({allowed_in.size(0), 1, tq, tk}).contiguous();
+    } else {
+      TORCH_CHECK(tq == tk, "causal attention needs as many queries as keys, got ", tq, " and ", tk);
+    }
+    at::Tensor p = at::empty_like(s);
+    const int64_t rows = s.numel() / std::max<int64_t>(tk, 1);
+    by_dtype(s, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      softmax_forward(s.data_ptr<T>(), allowed.defined() ? allowed.data_ptr<bool>() : nullptr, rows,
+                      b == 0 ? 0 : rows / b, allowed.defined() && allowed.size(0) == b && b > 1, tq, tk,
+                      static_cast<float>(scale), p.data_ptr<T>());
+    });
+    ctx->save_for_backward({p});
+    ctx->saved_data["scale"] = scale;
+    return p;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor p = ctx->get_saved_variables()[0];
+    const at::Tensor dp = grads[0].to(p.scalar_type()).contiguous();
+    const int64_t tk = p.size(3);
+    at::Tensor ds = at::empty_like(p);
+    by_dtype(p, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      softmax_backward(p.data_ptr<T>(), dp.data_ptr<T>(), p.numel() / std::max<int64_t>(tk, 1), tk,
+                       static_cast<float>(ctx->saved_data["scale"].toDouble()), ds.data_ptr<T>());
+    });
+    return {ds, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // Runs `op`, storing its result as a new handle in `*out`; a C++ exception becomes -1 and `last_error`.
 template <typename Op>
 int run(at::Tensor** out, Op op) {
@@ -363,6 +489,13 @@ int trinity_rope(at::Tensor* x, at::Tensor* cos, at::Tensor* sin, at::Tensor** o
 
 int trinity_swiglu(at::Tensor* g, at::Tensor* u, at::Tensor** out) {
   return run(out, [&] { return SwiGlu::apply(*g, *u); });
+}
+
+// allowed: null for causal attention.
+int trinity_attention_softmax(at::Tensor* s, at::Tensor* allowed, int64_t tq, double scale, at::Tensor** out) {
+  return run(out, [&] {
+    return AttentionSoftmax::apply(*s, allowed ? *allowed : at::empty({0}, at::kBool), tq, scale);
+  });
 }
 
 }  // extern "C"

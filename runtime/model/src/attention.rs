@@ -7,23 +7,27 @@
 //! 4.5 ms backward), 30 layers of it half a SmolLM2 backward. The spelled-out product (`Q·Kᵀ`, mask, softmax in
 //! f32, `·V`) runs both directions on bf16 matmuls, about 3 ms backward and 2 ms forward there; the example
 //! `bench_train --dtype bf16 --seq 106` (8 rows) went from 2.18–2.34 s an iteration (backward 1.79–1.91 s) to
-//! 1.81–1.85 s (backward 1.37–1.44 s). It holds the `[rows, heads, T, T]` scores for the backward, which the
-//! flash kernel does not, and its matmuls grow with T² where flash's blocks stay in cache: past ~200 keys flash is
+//! 1.81–1.85 s (backward 1.37–1.44 s). It holds the `[rows, heads, T, T]` probabilities for the backward, which
+//! the flash kernel does not, and its matmuls grow with T² where flash's blocks stay in cache: past ~200 keys flash is
 //! faster (PyTorch 2.11, 4 rows × 256 keys: 11.8 ms against 15.4 ms, fwd + bwd) and the scores start to weigh in
 //! memory. So the matmul path runs only where gradients flow, in bf16, with at most [`SHORT_KEYS`] keys;
 //! everything else (fp32, where libtorch's backward is fine, scoring without gradients, long sequences) keeps the
 //! flash kernel.
 //!
 //! Numerics of the matmul path are transformers' eager attention in bf16: scores rounded to bf16 by the matmul,
-//! softmax in f32, probabilities rounded to bf16 for the product with V.
+//! scaled, masked and softmaxed in f32, probabilities rounded to bf16 for the product with V. The softmax between
+//! the two products is one fused kernel each way where the CPU has AVX-512 ([`train_ops::attention_softmax`]; on
+//! `bench_train --dtype bf16` at 8 × 164 tokens it took the iteration from 1.42 to 1.36 s); its backward works
+//! from the rounded probabilities, which the product with V saves anyway.
 
 use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
+use crate::train_ops;
 
-/// The most keys the matmul path takes (see the module docs). At this length its saved scores, 6 bytes per
-/// (head, query, key), stay below a layer's other saved activations for the model shapes trinity runs (SmolLM2
-/// and Qwen2.5 0.5B–7B: ~10 KiB against 24–220 KiB per token).
+/// The most keys the matmul path takes (see the module docs). At this length its saved probabilities, 2 bytes per
+/// (head, query, key) with the fused softmax and 6 without, stay below a layer's other saved activations for the
+/// model shapes trinity runs (SmolLM2 and Qwen2.5 0.5B–7B: ~10 KiB against 24–220 KiB per token).
 pub(crate) const SHORT_KEYS: i64 = 192;
 
 /// Attention of q `[B, H, Tq, D]` over k, v `[B, KVH, Tk, D]` (H a multiple of KVH, query head `h` reading kv head
@@ -48,26 +52,14 @@ pub(crate) fn causal(t: i64, device: Device) -> Result<Tensor> {
 }
 
 /// The matmul path. The query heads that share a kv head are stacked along the query axis (`[B, KVH, G·Tq, D]`),
-/// so each kv head's keys and values are read once, in place, by one batched matmul.
+/// so each kv head's keys and values are read once, in place, by one batched matmul; the softmax over the stacked
+/// rows takes the scale and the mask ([`train_ops::attention_softmax`]).
 fn spelled_out(q: &Tensor, k: &Tensor, v: &Tensor, allowed: Option<&Tensor>) -> Result<Tensor> {
     let [b, heads, tq, d] = q.size()[..] else { unreachable!("q is 4-D") };
-    let (kv_heads, tk) = (k.size()[1], k.size()[2]);
-    let group = heads / kv_heads;
-    let scale = 1.0 / (d as f64).sqrt();
-    let stacked = q.f_mul_scalar(scale)?.f_reshape([b, kv_heads, group * tq, d])?;
+    let kv_heads = k.size()[1];
+    let stacked = q.f_reshape([b, kv_heads, heads / kv_heads * tq, d])?;
     let scores = stacked.f_matmul(&k.f_transpose(-1, -2)?)?;
-    let causal_mask;
-    let allowed = match allowed {
-        Some(m) => m,
-        None => {
-            causal_mask = causal(tk, q.device())?.f_view([1, 1, tq, tk])?;
-            &causal_mask
-        }
-    };
-    // The mask per query, repeated for the group's heads: `[B or 1, 1, G·Tq, Tk]`, true where masked out.
-    let lead = allowed.size()[0];
-    let blocked = allowed.f_logical_not()?.f_expand([lead, 1, tq, tk], false)?.f_repeat([1, 1, group, 1])?;
-    let probs = scores.f_masked_fill(&blocked, f64::NEG_INFINITY)?.f_softmax(-1, Kind::Float)?.f_to_kind(q.kind())?;
+    let probs = train_ops::attention_softmax(&scores, allowed, tq, 1.0 / (d as f64).sqrt())?;
     Ok(probs.f_matmul(v)?.f_view([b, heads, tq, d])?)
 }
 

@@ -1,6 +1,6 @@
-//! RMSNorm, RoPE and the SwiGLU product as single fused kernels each way on AVX-512 CPUs (`csrc/train_ops.cpp`
-//! says why), with the libtorch ops they replace as the path everywhere else: other CPUs and devices, other
-//! dtypes, and builds without libtorch's headers or off x86-64.
+//! RMSNorm, RoPE, the SwiGLU product and the attention softmax as single fused kernels each way on AVX-512 CPUs
+//! (`csrc/train_ops.cpp` says why), with the libtorch ops they replace as the path everywhere else: other CPUs and
+//! devices, other dtypes, and builds without libtorch's headers or off x86-64.
 //!
 //! The fused kernels compute in fp32 and round once to the tensor's dtype; the libtorch path rounds bf16 after
 //! every op. Both follow transformers' order for RMSNorm: normalize in fp32, round, then scale by the weight.
@@ -9,9 +9,7 @@
 use tch::Device;
 use tch::{Kind, Tensor};
 
-#[cfg(train_ops)]
-use crate::error::ModelError;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 
 #[cfg(train_ops)]
 mod ffi {
@@ -23,6 +21,13 @@ mod ffi {
         pub(super) fn trinity_rms_norm(x: *mut c_void, w: *mut c_void, eps: f64, out: *mut *mut c_void) -> i32;
         pub(super) fn trinity_rope(x: *mut c_void, cos: *mut c_void, sin: *mut c_void, out: *mut *mut c_void) -> i32;
         pub(super) fn trinity_swiglu(g: *mut c_void, u: *mut c_void, out: *mut *mut c_void) -> i32;
+        pub(super) fn trinity_attention_softmax(
+            s: *mut c_void,
+            allowed: *mut c_void,
+            tq: i64,
+            scale: f64,
+            out: *mut *mut c_void,
+        ) -> i32;
     }
 }
 
@@ -89,6 +94,40 @@ pub(crate) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         return call("swiglu", |out| unsafe { ffi::trinity_swiglu(handle(gate), handle(up), out) });
     }
     Ok(gate.f_silu()? * up)
+}
+
+/// The attention probabilities `softmax(scale · s)` for scores `s` `[B, KVH, G·Tq, Tk]` in which the `G` query
+/// heads of each kv head are stacked along the query axis (row `r` is query `r % Tq`), over the keys each query
+/// may see: `allowed` (bool, broadcastable to `[B or 1, 1, Tq, Tk]`) or, without it, causally. In `s`'s dtype,
+/// computed in fp32 (transformers' eager order: the scores scaled, softmax in fp32, rounded once).
+///
+/// The fused kernel is one pass each way where libtorch runs five forward (scale, mask, cast, softmax, cast) and
+/// as many backward, and it saves only the rounded probabilities. It gives a query that may see no key zeros
+/// where libtorch's softmax gives NaN; the decoder never builds such a mask.
+pub(crate) fn attention_softmax(s: &Tensor, allowed: Option<&Tensor>, tq: i64, scale: f64) -> Result<Tensor> {
+    #[cfg(train_ops)]
+    if fused(s) {
+        let mask = allowed.map_or(std::ptr::null_mut(), handle);
+        // SAFETY: live tch tensors (or null for no mask) borrowed for the call; the C++ side only reads them.
+        return call("attention_softmax", |out| unsafe {
+            ffi::trinity_attention_softmax(handle(s), mask, tq, scale, out)
+        });
+    }
+    let [_, _, rows, tk] = s.size()[..] else {
+        return Err(ModelError::InvalidInput(format!("attention scores {:?} are not 4-D", s.size())));
+    };
+    let causal_mask;
+    let allowed = match allowed {
+        Some(m) => m,
+        None => {
+            causal_mask = crate::attention::causal(tk, s.device())?.f_view([1, 1, tq, tk])?;
+            &causal_mask
+        }
+    };
+    // The mask per query, repeated for the group's heads: `[B or 1, 1, G·Tq, Tk]`, true where masked out.
+    let lead = allowed.size()[0];
+    let blocked = allowed.f_logical_not()?.f_expand([lead, 1, tq, tk], false)?.f_repeat([1, 1, rows / tq, 1])?;
+    Ok((s * scale).f_masked_fill(&blocked, f64::NEG_INFINITY)?.f_softmax(-1, Kind::Float)?.f_to_kind(s.kind())?)
 }
 
 #[cfg(all(test, train_ops))]
@@ -159,6 +198,64 @@ mod tests {
                     let err = (w - &g).abs().max().double_value(&[]);
                     assert!(err <= tolerance * scale, "{op} {kind:?} output {i}: error {err} at scale {scale}");
                 }
+            }
+        }
+    }
+
+    /// The fused attention softmax against scale, mask and softmax spelled out in fp32, in values and score
+    /// gradients: causal with 3 query heads per kv head, a per-row mask with fewer queries than keys (a response
+    /// after its prompt) and a shared mask. A query that sees no key gets zeros and passes no gradient back.
+    #[test]
+    fn fused_attention_softmax_matches_the_spelled_out_softmax() {
+        tch::manual_seed(5);
+        let cpu = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, Device::Cpu));
+        let (b, kv, g, scale) = (2, 2, 3, 0.125);
+        let padded = cpu(&[b, 1, 7, 37]).gt(-0.8);
+        let _ = padded.get(1).get(0).get(4).fill_(0);
+        let cases = [
+            (cpu(&[b, kv, g * 21, 21]) * 4.0, None, 21),
+            (cpu(&[b, kv, g * 7, 37]) * 4.0, Some(padded), 7),
+            (
+                cpu(&[b, kv, g * 5, 19]),
+                Some(cpu(&[1, 1, 5, 19]).gt(0.0).logical_or(&Tensor::eye(5, (Kind::Bool, Device::Cpu)).pad(
+                    [0, 14],
+                    "constant",
+                    None,
+                ))),
+                5,
+            ),
+        ];
+        for (scores, allowed, tq) in cases {
+            let tk = scores.size()[3];
+            let mask = match &allowed {
+                Some(m) => m.shallow_clone(),
+                None => crate::attention::causal(tk, Device::Cpu).unwrap().view([1, 1, tq, tk]),
+            };
+            let blocked = mask.logical_not().expand([mask.size()[0], 1, tq, tk], false).repeat([1, 1, g, 1]);
+            let upstream = cpu(&scores.size());
+            let run = |kind: Kind, fused_op: bool| {
+                let s = scores.to_kind(kind).detach().set_requires_grad(true);
+                let p = if fused_op {
+                    attention_softmax(&s, allowed.as_ref(), tq, scale).unwrap()
+                } else {
+                    (&s * scale).masked_fill(&blocked, f64::NEG_INFINITY).softmax(-1, Kind::Float)
+                };
+                assert_eq!(p.kind(), if fused_op { kind } else { Kind::Float });
+                // Rows with no visible key are NaN in the reference: leave them out of the loss there.
+                let p = p.to_kind(Kind::Float);
+                (p.nan_to_num(0.0, 0.0, 0.0) * &upstream).sum(Kind::Float).backward();
+                (p, s.grad().to_kind(Kind::Float))
+            };
+            let (want_p, want_ds) = run(Kind::Float, false);
+            let seen = want_p.isnan().logical_not();
+            for (kind, tolerance) in [(Kind::Float, 1e-5), (Kind::BFloat16, 0.02)] {
+                let (p, ds) = run(kind, true);
+                let p_err = (&p - &want_p).abs().masked_select(&seen).max().double_value(&[]);
+                let ds_err = (&ds - want_ds.nan_to_num(0.0, 0.0, 0.0)).abs().max().double_value(&[]);
+                let ds_scale = want_ds.nan_to_num(0.0, 0.0, 0.0).abs().max().double_value(&[]);
+                assert!(p_err <= tolerance, "{kind:?} tq {tq}: probabilities off by {p_err}");
+                assert!(ds_err <= tolerance * ds_scale, "{kind:?} tq {tq}: gradient off by {ds_err} at {ds_scale}");
+                assert_eq!(p.masked_select(&seen.logical_not()).abs().sum(Kind::Float).double_value(&[]), 0.0);
             }
         }
     }
