@@ -24,8 +24,10 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -282,6 +284,70 @@ void softmax_backward(const T* p, const T* dp, int64_t rows, int64_t tk, float s
   });
 }
 
+// ---- The output head over one vocabulary slab (the trainer's head, `VocabSoftmax` on the Rust side). ----
+// z is [rows, cols]: the logits of vocabulary columns [start, start + cols), taken over the temperature in fp32
+// (zt = z / T). `y` holds each row's target id.
+
+// Folds a slab into each row's running softmax statistics: the maximum `mx`, the sum of e^(zt - mx), the sum
+// of e^(zt - mx) * zt (`weighted`, null without entropy), and the target's zt when the slab holds it (`picked`).
+template <typename T>
+void vocab_softmax_add(const T* z, const int64_t* y, int64_t rows, int64_t cols, int64_t start, float inv_t,
+                       float* mx, float* sum, float* weighted, float* picked) {
+  at::parallel_for(0, rows, grain(cols), [&](int64_t begin, int64_t end) {
+    const V it = Simd::set1(inv_t);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* zr = z + r * cols;
+      V top = Simd::set1(-INFINITY);
+      for (int64_t j = 0; j < cols; j += kW) {
+        const Mask m = Simd::lanes(cols - j);
+        top = _mm512_mask_max_ps(top, m, top, Simd::mul(load(m, zr + j), it));
+      }
+      const float next = std::max(mx[r], _mm512_reduce_max_ps(top));
+      const V nv = Simd::set1(next);
+      V s = Simd::zero(), w = Simd::zero();
+      for (int64_t j = 0; j < cols; j += kW) {
+        const Mask m = Simd::lanes(cols - j);
+        const V x = Simd::mul(load(m, zr + j), it);
+        const V e = Simd::keep(m, Simd::exp(Simd::sub(x, nv)));
+        s = Simd::add(s, e);
+        if (weighted) w = Simd::fma(e, x, w);
+      }
+      const float rescale = std::exp(mx[r] - next);  // 0 for the first slab (mx = -inf)
+      sum[r] = sum[r] * rescale + Simd::reduce(s);
+      if (weighted) weighted[r] = weighted[r] * rescale + Simd::reduce(w);
+      mx[r] = next;
+      const int64_t k = y[r] - start;
+      if (k >= 0 && k < cols) picked[r] = static_cast<float>(zr[k]) * inv_t;
+    }
+  });
+}
+
+// The loss's gradient by the slab's logits, from each row's logsumexp `lse` and the upstream gradients of its
+// logprob (`g_lp`) and, when `mu` is not null, of its entropy (`g_ent`, with mu = sum p zt = lse - H):
+// dz = (g_lp (onehot(y) - p) - g_ent p (zt - mu)) / T, p = e^(zt - lse).
+template <typename T>
+void vocab_logits_grad(const T* z, const int64_t* y, int64_t rows, int64_t cols, int64_t start, float inv_t,
+                       const float* lse, const float* g_lp, const float* mu, const float* g_ent, T* dz) {
+  at::parallel_for(0, rows, grain(cols), [&](int64_t begin, int64_t end) {
+    const V it = Simd::set1(inv_t);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* zr = z + r * cols;
+      const V l = Simd::set1(lse[r]), minus_g = Simd::set1(-g_lp[r]);
+      const V m_v = Simd::set1(mu ? mu[r] : 0.0f), minus_ge = Simd::set1(mu ? -g_ent[r] : 0.0f);
+      const int64_t k = y[r] - start;
+      for (int64_t j = 0; j < cols; j += kW) {
+        const Mask m = Simd::lanes(cols - j);
+        const V x = Simd::mul(load(m, zr + j), it);
+        const V p = Simd::exp(Simd::sub(x, l));
+        V g = Simd::mul(p, minus_g);
+        if (mu) g = Simd::fma(Simd::mul(p, Simd::sub(x, m_v)), minus_ge, g);
+        if (k >= j && k < j + kW) g = _mm512_mask_add_ps(g, Mask(1u << (k - j)), g, Simd::set1(g_lp[r]));
+        store(m, dz + r * cols + j, Simd::mul(g, it));
+      }
+    }
+  });
+}
+
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -294,6 +360,8 @@ using avx512::softmax_backward;
 using avx512::softmax_forward;
 using avx512::swiglu_backward;
 using avx512::swiglu_forward;
+using avx512::vocab_logits_grad;
+using avx512::vocab_softmax_add;
 
 // Calls `f` with a null pointer of `t`'s element type, fp32 or bf16 (the ops check the dtype first), so that each
 // op's kernel call is written once for both.
@@ -467,6 +535,31 @@ int run(at::Tensor** out, Op op) {
   }
 }
 
+// Checks for the vocabulary-slab kernels: logits [rows, cols] fp32 or bf16, targets int64 and fp32 row vectors
+// (`what` names each), all contiguous on the CPU.
+void check_slab(const at::Tensor& z, const at::Tensor& y,
+                std::initializer_list<std::pair<const at::Tensor*, const char*>> rows) {
+  check_cpu(z, "slab logits");
+  TORCH_CHECK(z.dim() == 2 && z.is_contiguous(), "slab logits must be contiguous [rows, cols], got ", z.sizes());
+  TORCH_CHECK(y.scalar_type() == at::kLong && y.dim() == 1 && y.size(0) == z.size(0) && y.is_contiguous(),
+              "slab targets must be ", z.size(0), " contiguous int64 ids, got ", y.sizes(), " ", y.scalar_type());
+  for (const auto& [t, what] : rows)
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 1 && t->size(0) == z.size(0) && t->is_contiguous(),
+                what, " must be ", z.size(0), " contiguous fp32 values, got ", t->sizes(), " ", t->scalar_type());
+}
+
+// Runs `op` for its effect; a C++ exception becomes -1 and `last_error`.
+template <typename Op>
+int run_status(Op op) {
+  try {
+    op();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return -1;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -495,6 +588,39 @@ int trinity_swiglu(at::Tensor* g, at::Tensor* u, at::Tensor** out) {
 int trinity_attention_softmax(at::Tensor* s, at::Tensor* allowed, int64_t tq, double scale, at::Tensor** out) {
   return run(out, [&] {
     return AttentionSoftmax::apply(*s, allowed ? *allowed : at::empty({0}, at::kBool), tq, scale);
+  });
+}
+
+// weighted: null without entropy.
+int trinity_vocab_softmax_add(at::Tensor* z, at::Tensor* y, int64_t start, double temperature, at::Tensor* mx,
+                              at::Tensor* sum, at::Tensor* weighted, at::Tensor* picked) {
+  return run_status([&] {
+    check_slab(*z, *y, {{mx, "running maxima"}, {sum, "running sums"}, {picked, "picked logits"}});
+    if (weighted) check_slab(*z, *y, {{weighted, "running weighted sums"}});
+    by_dtype(*z, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      vocab_softmax_add(z->data_ptr<T>(), y->data_ptr<int64_t>(), z->size(0), z->size(1), start,
+                        static_cast<float>(1.0 / temperature), mx->data_ptr<float>(), sum->data_ptr<float>(),
+                        weighted ? weighted->data_ptr<float>() : nullptr, picked->data_ptr<float>());
+    });
+  });
+}
+
+// mu and g_ent: both null when the loss does not depend on the entropy.
+int trinity_vocab_logits_grad(at::Tensor* z, at::Tensor* y, int64_t start, double temperature, at::Tensor* lse,
+                              at::Tensor* g_lp, at::Tensor* mu, at::Tensor* g_ent, at::Tensor** out) {
+  return run(out, [&] {
+    check_slab(*z, *y, {{lse, "logsumexps"}, {g_lp, "logprob gradients"}});
+    if (mu) check_slab(*z, *y, {{mu, "entropy means"}, {g_ent, "entropy gradients"}});
+    at::Tensor dz = at::empty_like(*z);
+    by_dtype(*z, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      vocab_logits_grad(z->data_ptr<T>(), y->data_ptr<int64_t>(), z->size(0), z->size(1), start,
+                        static_cast<float>(1.0 / temperature), lse->data_ptr<float>(), g_lp->data_ptr<float>(),
+                        mu ? mu->data_ptr<float>() : nullptr, mu ? g_ent->data_ptr<float>() : nullptr,
+                        dz.data_ptr<T>());
+    });
+    return dz;
   });
 }
 

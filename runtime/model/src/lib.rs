@@ -49,6 +49,7 @@ mod safetensors_io;
 mod score;
 mod tokenizer;
 mod train_ops;
+pub mod vocab_softmax;
 mod weights;
 
 pub use chat_template::{ChatMessage, ChatTemplate, civil_from_days};

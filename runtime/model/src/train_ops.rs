@@ -12,7 +12,7 @@ use tch::{Kind, Tensor};
 use crate::error::{ModelError, Result};
 
 #[cfg(train_ops)]
-mod ffi {
+pub(crate) mod ffi {
     use std::ffi::{c_char, c_void};
 
     unsafe extern "C" {
@@ -28,12 +28,34 @@ mod ffi {
             scale: f64,
             out: *mut *mut c_void,
         ) -> i32;
+        pub(crate) fn trinity_vocab_softmax_add(
+            z: *mut c_void,
+            y: *mut c_void,
+            start: i64,
+            temperature: f64,
+            max: *mut c_void,
+            sum: *mut c_void,
+            weighted: *mut c_void,
+            picked: *mut c_void,
+        ) -> i32;
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn trinity_vocab_logits_grad(
+            z: *mut c_void,
+            y: *mut c_void,
+            start: i64,
+            temperature: f64,
+            lse: *mut c_void,
+            g_lp: *mut c_void,
+            mu: *mut c_void,
+            g_ent: *mut c_void,
+            out: *mut *mut c_void,
+        ) -> i32;
     }
 }
 
 /// Whether the fused kernels take `x`: the CPU runs them (AVX-512), `x` on the CPU in fp32 or bf16.
 #[cfg(train_ops)]
-fn fused(x: &Tensor) -> bool {
+pub(crate) fn fused(x: &Tensor) -> bool {
     static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     // SAFETY: a CPU feature query without arguments.
     let usable = *USABLE.get_or_init(|| unsafe { ffi::trinity_train_ops_usable() } != 0);
@@ -42,19 +64,31 @@ fn fused(x: &Tensor) -> bool {
 
 /// Calls one fused op and takes ownership of the tensor it returns.
 #[cfg(train_ops)]
-fn call(op: &str, f: impl FnOnce(*mut *mut std::ffi::c_void) -> i32) -> Result<Tensor> {
+pub(crate) fn call(op: &str, f: impl FnOnce(*mut *mut std::ffi::c_void) -> i32) -> Result<Tensor> {
     let mut out = std::ptr::null_mut();
     if f(&mut out) == 0 && !out.is_null() {
         // SAFETY: on success the C++ side stored a new `at::Tensor*` that nothing else owns.
         return Ok(unsafe { Tensor::from_ptr(out.cast()) });
     }
+    Err(failure(op))
+}
+
+/// Calls one fused op that works in place (its status only).
+#[cfg(train_ops)]
+pub(crate) fn call_in_place(op: &str, f: impl FnOnce() -> i32) -> Result<()> {
+    if f() == 0 { Ok(()) } else { Err(failure(op)) }
+}
+
+/// The error of the fused op that just failed on this thread.
+#[cfg(train_ops)]
+fn failure(op: &str) -> ModelError {
     // SAFETY: the message is this thread's NUL-terminated error string, copied before any other call.
     let message = unsafe { std::ffi::CStr::from_ptr(ffi::trinity_train_op_error()) }.to_string_lossy().into_owned();
-    Err(ModelError::InvalidInput(format!("fused {op}: {message}")))
+    ModelError::InvalidInput(format!("fused {op}: {message}"))
 }
 
 #[cfg(train_ops)]
-fn handle(t: &Tensor) -> *mut std::ffi::c_void {
+pub(crate) fn handle(t: &Tensor) -> *mut std::ffi::c_void {
     t.as_ptr() as *mut std::ffi::c_void
 }
 

@@ -24,6 +24,7 @@
 
 use tch::{Kind, Tensor};
 use trinity_model::Decoder;
+use trinity_model::vocab_softmax::RowGrads;
 
 use crate::error::Result;
 
@@ -267,7 +268,7 @@ pub fn backward(
                 (Some(_), Some(h)) => Some(&lse - h),
                 _ => None,
             };
-            let upstream = slabs::Upstream { logprob: &grad_logprob, entropy: mu.as_ref().zip(grad_entropy.as_ref()) };
+            let upstream = RowGrads { logprob: &grad_logprob, entropy: mu.as_ref().zip(grad_entropy.as_ref()) };
             return recomputed_backward(
                 decoder,
                 &pass.leaf,
@@ -276,7 +277,7 @@ pub fn backward(
                 temperature,
                 chunk_tokens,
                 &lse,
-                &upstream,
+                upstream,
             );
         }
         (None, None) => unreachable!("a head pass keeps its graph or its logsumexp"),
@@ -298,7 +299,7 @@ fn recomputed_backward(
     temperature: f64,
     chunk_tokens: i64,
     lse: &Tensor,
-    upstream: &slabs::Upstream,
+    upstream: RowGrads,
 ) -> Result<()> {
     let size = leaf.size();
     let rows = size[0] * size[1];
@@ -318,8 +319,8 @@ fn recomputed_backward(
             Some((mu, g)) => Some((part(mu)?, part(g)?)),
             None => None,
         };
-        let upstream = slabs::Upstream { logprob: &part(&g_lp)?, entropy: entropy.as_ref().map(|(mu, g)| (mu, g)) };
-        grad_h.push(slabs::backward(w, &part(&h)?, &part(&y)?, temperature, &part(&lse)?, &upstream, grad_w.as_mut())?);
+        let upstream = RowGrads { logprob: &part(&g_lp)?, entropy: entropy.as_ref().map(|(mu, g)| (mu, g)) };
+        grad_h.push(slabs::backward(w, &part(&h)?, &part(&y)?, temperature, &part(&lse)?, upstream, grad_w.as_mut())?);
     }
     if let Some(grad_w) = grad_w {
         // Into the head weight's own gradient (for tied embeddings the decoder's embedding gradient adds to it

@@ -5,15 +5,13 @@
 //! autograd's own passes backward — reads and writes that much again from memory. Measured on SmolLM2's head
 //! with 2 threads (Zen 3): the whole-vocabulary matmul runs at 82–94 GFLOP/s, the same work in slabs of 2048
 //! columns at 119, because each slab's logits stay in cache for the operations that follow. So the head is
-//! computed slab by slab, with an online logsumexp (running maximum and rescaled sums, as flash attention
-//! does) and, backward, the logits' gradient formed per slab in closed form and multiplied straight into the
-//! gradients of the hidden states and of the head's weight. No autograd graph is built for the head.
-//!
-//! With `z = logits / T`, `lse = logsumexp(z)`, `p = softmax(z)` and `μ = Σ p z`:
-//! - the logprob `ℓ = z_y − lse` and the entropy `H = lse − μ`;
-//! - `∂ℓ/∂z = onehot(y) − p` and `∂H/∂z = −p (z − μ)`; the logits' gradient is that over `T`.
+//! computed slab by slab: forward, each slab's logits fold into the rows' running softmax statistics
+//! ([`VocabSoftmax`]); backward, the logits' gradient is formed per slab in closed form
+//! ([`vocab_softmax::logits_grad`]) and multiplied straight into the gradients of the hidden states and of the
+//! head's weight. No autograd graph is built for the head.
 
 use tch::{Kind, Tensor};
+use trinity_model::vocab_softmax::{self, RowGrads, VocabSoftmax, VocabStats};
 
 use crate::error::Result;
 
@@ -27,72 +25,27 @@ fn slab_columns(rows: i64, vocab: i64) -> i64 {
     (columns / 128 * 128).min(vocab).max(1)
 }
 
-/// Each row's statistics over the whole vocabulary, `[rows]` f32 each.
-pub(super) struct RowStats {
-    pub(super) logprob: Tensor,
-    pub(super) entropy: Option<Tensor>,
-    /// `logsumexp(z)`, which the backward pass needs to form `p` slab by slab.
-    pub(super) lse: Tensor,
-}
-
-/// The slab `[start, start + columns)` of the vocabulary for rows `h` `[rows, hidden]`: its fp32 logits over
-/// the temperature, and for each row whether its target falls in the slab and where.
-struct Slab {
-    z: Tensor,
-    inside: Tensor,
-    local: Tensor,
-}
-
-fn slab(w: &Tensor, h: &Tensor, y: &Tensor, start: i64, columns: i64, temperature: f64) -> Result<Slab> {
-    // The matmul in the model's dtype and then fp32, as the whole-vocabulary head computes it.
-    let mut z = h.f_mm(&w.f_narrow(0, start, columns)?.f_tr()?)?.f_to_kind(Kind::Float)?;
-    if temperature != 1.0 {
-        z = z.f_div_scalar_(temperature)?;
-    }
-    let inside = y.f_ge(start)?.f_logical_and(&y.f_lt(start + columns)?)?;
-    let local = (y - start).f_clamp(0, columns - 1)?.f_unsqueeze(1)?;
-    Ok(Slab { z, inside, local })
+/// The logits of the slab `[start, start + columns)` of the vocabulary for rows `h` `[rows, hidden]`, from the
+/// matmul in the model's dtype (as the whole-vocabulary head computes them).
+fn logits(w: &Tensor, h: &Tensor, start: i64, columns: i64) -> Result<Tensor> {
+    Ok(h.f_mm(&w.f_narrow(0, start, columns)?.f_tr()?)?)
 }
 
 /// Logprob of `y` `[rows]` (and the entropy when asked) for hidden states `h` `[rows, hidden]` under the head
 /// `w` `[vocab, hidden]`, in one pass over the vocabulary. Without gradients.
-pub(super) fn forward(w: &Tensor, h: &Tensor, y: &Tensor, temperature: f64, entropy: bool) -> Result<RowStats> {
+pub(super) fn forward(w: &Tensor, h: &Tensor, y: &Tensor, temperature: f64, entropy: bool) -> Result<VocabStats> {
     tch::no_grad(|| {
         let (rows, vocab) = (h.size()[0], w.size()[0]);
         let columns = slab_columns(rows, vocab);
-        let options = (Kind::Float, h.device());
-        let mut max = Tensor::f_full([rows], f64::NEG_INFINITY, options)?;
-        let mut sum = Tensor::f_zeros([rows], options)?;
-        let mut weighted = Tensor::f_zeros([rows], options)?;
-        let mut picked = Tensor::f_zeros([rows], options)?;
+        let mut softmax = VocabSoftmax::new(rows, entropy, h.device())?;
         let mut start = 0;
         while start < vocab {
             let len = columns.min(vocab - start);
-            let Slab { z, inside, local } = slab(w, h, y, start, len, temperature)?;
-            let new_max = max.f_maximum(&z.f_amax([-1], false)?)?;
-            let rescale = (&max - &new_max).f_exp()?;
-            let e = (&z - new_max.f_unsqueeze(1)?).f_exp()?;
-            sum = sum * &rescale + e.f_sum_dim_intlist(-1, false, Kind::Float)?;
-            if entropy {
-                // Σ e·z per row as a batched dot product: one read of each, no [rows, columns] temporary.
-                let dot = e.f_unsqueeze(1)?.f_bmm(&z.f_unsqueeze(2)?)?.f_view([rows])?;
-                weighted = weighted * &rescale + dot;
-            }
-            picked = z.f_gather(1, &local, false)?.f_squeeze_dim(1)?.f_where_self(&inside, &picked)?;
-            max = new_max;
+            softmax.add(&logits(w, h, start, len)?, y, start, temperature)?;
             start += len;
         }
-        let lse = &max + sum.f_log()?;
-        let entropy = if entropy { Some(&lse - weighted / &sum) } else { None };
-        Ok(RowStats { logprob: picked - &lse, entropy, lse })
+        Ok(softmax.finish()?)
     })
-}
-
-/// The upstream gradients of one backward pass, per position: `∂loss/∂ℓ`, and `(μ, ∂loss/∂H)` with `μ = lse − H`
-/// when the loss depends on the entropy. `[rows]` each here; `[B, R]` where `super::backward` hands them over.
-pub(super) struct Upstream<'a> {
-    pub(super) logprob: &'a Tensor,
-    pub(super) entropy: Option<(&'a Tensor, &'a Tensor)>,
 }
 
 /// Backward through the head for rows `h` `[rows, hidden]` with targets `y`, given the forward's `lse`: returns
@@ -104,48 +57,32 @@ pub(super) fn backward(
     y: &Tensor,
     temperature: f64,
     lse: &Tensor,
-    upstream: &Upstream,
+    upstream: RowGrads,
     mut grad_w: Option<&mut Tensor>,
 ) -> Result<Tensor> {
     tch::no_grad(|| {
         let (rows, vocab) = (h.size()[0], w.size()[0]);
         let columns = slab_columns(rows, vocab);
         // fp32 weights multiply in fp32. A bf16 (or f16) head multiplies in its own dtype, the logits' gradient
-        // rounded to it, as autocast runs a bf16 linear's backward; sums stay fp32. On a CPU with AMX that is
-        // several times the fp32 rate, and it spares converting every weight slab to fp32 on each pass.
+        // in it, as autocast runs a bf16 linear's backward; sums stay fp32. On a CPU with AMX that is several
+        // times the fp32 rate, and it spares converting every weight slab to fp32 on each pass.
         let low = w.kind() != Kind::Float;
         let h_w = h.f_to_kind(w.kind())?;
         let mut grad_h = Tensor::f_zeros([rows, h.size()[1]], (Kind::Float, h.device()))?;
-        let lse = lse.f_unsqueeze(1)?;
-        let minus_g = upstream.logprob.f_neg()?.f_unsqueeze(1)?;
-        let entropy = match upstream.entropy {
-            Some((mu, g)) => Some((mu.f_unsqueeze(1)?, g.f_unsqueeze(1)?)),
-            None => None,
-        };
         let mut start = 0;
         while start < vocab {
             let len = columns.min(vocab - start);
-            let Slab { z, inside, local } = slab(w, h, y, start, len, temperature)?;
-            let p = (&z - &lse).f_exp()?;
-            let mut grad_z = match &entropy {
-                None => p * &minus_g,
-                Some((mu, g)) => &p * &minus_g - p * (z - mu) * g,
-            };
-            let at_target = upstream.logprob.f_where_scalarother(&inside, 0.0)?.f_unsqueeze(1)?;
-            grad_z = grad_z.f_scatter_add(1, &local, &at_target)?;
-            if temperature != 1.0 {
-                grad_z = grad_z.f_div_scalar_(temperature)?;
-            }
+            let grad_z =
+                vocab_softmax::logits_grad(&logits(w, &h_w, start, len)?, y, start, temperature, lse, upstream)?;
+            let w_slab = w.f_narrow(0, start, len)?;
             if low {
-                let w_slab = w.f_narrow(0, start, len)?;
-                let grad_z = grad_z.f_to_kind(w.kind())?;
                 grad_h += grad_z.f_mm(&w_slab)?.f_to_kind(Kind::Float)?;
                 if let Some(grad_w) = grad_w.as_deref_mut() {
                     let mut rows_of_w = grad_w.f_narrow(0, start, len)?;
                     rows_of_w += grad_z.f_tr()?.f_mm(&h_w)?.f_to_kind(Kind::Float)?;
                 }
             } else {
-                grad_h = grad_h.f_addmm(&grad_z, &w.f_narrow(0, start, len)?)?;
+                grad_h = grad_h.f_addmm(&grad_z, &w_slab)?;
                 if let Some(grad_w) = grad_w.as_deref_mut() {
                     let mut rows_of_w = grad_w.f_narrow(0, start, len)?;
                     let _ = rows_of_w.f_addmm_(&grad_z.f_tr()?, &h_w)?;
@@ -192,9 +129,9 @@ mod tests {
 
         let mu = &stats.lse - &entropy;
         let g_ent = Tensor::full([rows], g_ent, (Kind::Float, Device::Cpu));
-        let upstream = Upstream { logprob: &g_lp, entropy: Some((&mu, &g_ent)) };
+        let upstream = RowGrads { logprob: &g_lp, entropy: Some((&mu, &g_ent)) };
         let mut grad_w = Tensor::zeros([vocab, hidden], (Kind::Float, Device::Cpu));
-        let grad_h = backward(&w.detach(), &h.detach(), &y, t, &stats.lse, &upstream, Some(&mut grad_w)).unwrap();
+        let grad_h = backward(&w.detach(), &h.detach(), &y, t, &stats.lse, upstream, Some(&mut grad_w)).unwrap();
         close(&grad_h, &h.grad(), "hidden gradient");
         close(&grad_w, &w.grad(), "head weight gradient");
 
@@ -202,9 +139,9 @@ mod tests {
         let (w16, h16) = (w.detach().to_kind(Kind::BFloat16), h.detach().to_kind(Kind::BFloat16));
         let stats = forward(&w16, &h16, &y, t, true).unwrap();
         let mu = &stats.lse - stats.entropy.as_ref().unwrap();
-        let upstream = Upstream { logprob: &g_lp, entropy: Some((&mu, &g_ent)) };
+        let upstream = RowGrads { logprob: &g_lp, entropy: Some((&mu, &g_ent)) };
         let mut grad_w16 = Tensor::zeros([vocab, hidden], (Kind::Float, Device::Cpu));
-        let grad_h16 = backward(&w16, &h16, &y, t, &stats.lse, &upstream, Some(&mut grad_w16)).unwrap();
+        let grad_h16 = backward(&w16, &h16, &y, t, &stats.lse, upstream, Some(&mut grad_w16)).unwrap();
         assert_eq!((grad_h16.kind(), grad_w16.kind()), (Kind::Float, Kind::Float));
         let near = |a: &Tensor, b: &Tensor, what: &str| {
             let (diff, scale) = ((a - b).abs().max().double_value(&[]), b.abs().max().double_value(&[]));

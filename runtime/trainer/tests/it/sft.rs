@@ -48,9 +48,12 @@ fn micro_batches_accumulate_to_the_full_batch_update() {
     let (many, m4) = run(MicroBatching::TokenBudget(8));
     assert_eq!((m1["perf/micro_batches"], m4["perf/micro_batches"]), (1.0, 4.0));
     assert!((m1["actor/grad_norm"] - m4["actor/grad_norm"]).abs() < 1e-4 * m1["actor/grad_norm"], "{m1:?} {m4:?}");
-    assert!(max_param_diff(one.policy(), many.policy()) < 1e-6);
+    // Adam's first step divides each gradient element by its own magnitude, so the fp32 rounding of elements near
+    // zero (passes of other shapes sum in other orders) shows in the weights at up to a few thousandths of the
+    // learning rate (1e-3 here); a wrong accumulation moves them by a good part of it.
+    assert!(max_param_diff(one.policy(), many.policy()) < 5e-6);
     let (rows1, _) = run(MicroBatching::Rows(1));
-    assert!(max_param_diff(one.policy(), rows1.policy()) < 1e-6);
+    assert!(max_param_diff(one.policy(), rows1.policy()) < 5e-6);
 }
 
 #[test]
