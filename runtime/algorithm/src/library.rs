@@ -342,6 +342,11 @@ struct LibraryPolicyLoss {
 }
 
 impl PolicyLossFn for LibraryPolicyLoss {
+    /// A library's loss gets the whole batch view and may read the reference logprobs.
+    fn reads_ref_logprob(&self) -> bool {
+        true
+    }
+
     fn loss(&self, batch: &Batch) -> Result<(Tensor, Metrics), AlgorithmError> {
         let c = &self.component;
         let out = with_sdk_batch(batch, |b| c.inner.policy_loss(b, &self.args)).map_err(|e| c.error(e.message()))?;

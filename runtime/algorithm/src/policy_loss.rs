@@ -35,6 +35,12 @@ pub mod topr;
 pub trait PolicyLossFn: fmt::Debug + Send {
     /// The loss (a scalar connected to `batch.logprob`) and its metrics.
     fn loss(&self, batch: &Batch) -> Result<(Tensor, Metrics), AlgorithmError>;
+
+    /// Whether the loss reads `batch.ref_logprob`. The trainer scores the reference model only when some
+    /// component reads its logprobs, so a loss that does must say so (DPO's does, and a library's is taken to).
+    fn reads_ref_logprob(&self) -> bool {
+        false
+    }
 }
 
 /// A registered policy loss.

@@ -407,7 +407,7 @@ fn starting_models(
     let load = |path: &Path, kind: Kind| models::load(path, kind, device, threads).map(|m| m.decoder);
     let base = Path::new(&config.model.model_path);
     // A LoRA policy's base weights are never trained: they are the reference (scored with the adapters off).
-    let reference = if components.use_reference && resuming && config.model.lora().is_none() {
+    let reference = if components.needs_reference() && resuming && config.model.lora().is_none() {
         tracing::info!("reference model: {} (the base model, not the checkpoint)", base.display());
         Some(load(base, kind)?)
     } else {

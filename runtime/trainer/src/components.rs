@@ -109,6 +109,17 @@ impl Components {
         })
     }
 
+    /// Whether a train step needs reference logprobs: the preset asks for them (`use_reference`) and a
+    /// component reads them — the KL loss, the KL reward penalty of a trainer-side advantage, or the policy loss
+    /// ([`PolicyLossFn::reads_ref_logprob`]). Trinity-RFT scores the reference whenever the preset asks, also
+    /// for GRPO with `kl_loss_fn: none`, where nothing reads the scores; leaving that forward pass (and the
+    /// model copy it runs on) out changes no number. On the GRPO bench's bf16 config it was a forward over every
+    /// row of each train step, and its first step also paid for the copy.
+    pub fn needs_reference(&self) -> bool {
+        let penalty = self.kl_penalty.is_some() && self.advantage.as_ref().is_some_and(|(_, in_trainer)| *in_trainer);
+        self.use_reference && (self.kl_loss.is_some() || penalty || self.policy_loss.f.reads_ref_logprob())
+    }
+
     /// The entropy coefficient of the loss (0 without an entropy term).
     pub fn entropy_coef(&self) -> f64 {
         self.entropy.as_ref().map_or(0.0, |e| e.f.entropy_coef)

@@ -301,8 +301,8 @@ impl Trainer {
         let adamw = AdamW::new(policy.trainable_parameters()?, AdamWSettings::from(optimizer))?;
         // A LoRA policy's base weights are the reference: scored with the adapters off (as veRL does with a LoRA
         // actor), no second copy of the model.
-        let reference_is_base = components.use_reference && models.reference.is_none() && policy.has_lora();
-        let reference = match (components.use_reference, models.reference) {
+        let reference_is_base = components.needs_reference() && models.reference.is_none() && policy.has_lora();
+        let reference = match (components.needs_reference(), models.reference) {
             (false, _) => None,
             (true, Some(decoder)) => Some(ReferenceModel::new(decoder)),
             (true, None) if reference_is_base => None,

@@ -36,6 +36,10 @@ fn build(args: &Args) -> Result<Box<dyn PolicyLossFn>, AlgorithmError> {
 inventory::submit! { PolicyLossFnEntry { name: NAME, args: ARGS, build } }
 
 impl PolicyLossFn for Dpo {
+    fn reads_ref_logprob(&self) -> bool {
+        true
+    }
+
     fn loss(&self, batch: &Batch) -> Result<(Tensor, Metrics), AlgorithmError> {
         let Inputs { logprob, mask } = Inputs::new(batch, NAME)?;
         let reference = batch.need("ref_logprob", &batch.ref_logprob, NAME)?;

@@ -56,6 +56,12 @@ fn rollout(probs: &Tensor, rng: &mut u64) -> Vec<TrainRow> {
 fn grpo_raises_the_expected_reward() {
     let mut t = trainer(tiny_model(2, Kind::Float), &algorithm("grpo", |_| {}), 2e-2, TrainerOptions::default());
     assert!(t.reference().is_some(), "grpo uses a reference model for its k2 KL loss");
+    // Without a KL loss nothing reads the reference logprobs, so there is no reference model to score.
+    let no_kl = algorithm("grpo", |a| a.kl_loss_fn = Some("none".into()));
+    assert!(trainer(tiny_model(2, Kind::Float), &no_kl, 2e-2, TrainerOptions::default()).reference().is_none());
+    // DPO's loss reads them itself.
+    let dpo = algorithm("dpo", |_| {});
+    assert!(trainer(tiny_model(2, Kind::Float), &dpo, 2e-2, TrainerOptions::default()).reference().is_some());
     let mut rng = 11u64;
     let before = next_token_probs(t.policy(), &PROMPT).double_value(&[TARGET]);
     let mut last = None;
