@@ -148,11 +148,19 @@ impl AdamW {
         let norm = self.grad_norm()?;
         let coef = max_norm / (norm + 1e-6);
         if norm.is_finite() && coef < 1.0 {
+            if let Some(slots) = self.fused_slots() {
+                // SAFETY: the slots point into this optimizer's parameters' gradients, alive and ours alone for
+                // the call (`&mut self`).
+                unsafe { fused::scale_grads(&slots, coef as f32, threads()) };
+                return Ok(norm);
+            }
+            // In fp32, as PyTorch's `clip_grad_norm_` scales (tch's in-place multiply of a bf16 tensor by a scalar
+            // would round the coefficient to bf16 first).
             tch::no_grad(|| -> Result<()> {
                 for p in &self.params {
                     let mut g = p.var.grad();
                     if g.defined() {
-                        let _ = g.f_mul_scalar_(coef)?;
+                        g.f_copy_(&g.f_to_kind(Kind::Float)?.f_mul_scalar(coef as f32 as f64)?)?;
                     }
                 }
                 Ok(())
