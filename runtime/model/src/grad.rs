@@ -1,5 +1,5 @@
-//! Autograd calls tch has no API for (`csrc/grad.cpp` says why they matter): dropping a parameter's gradient,
-//! and a backward pass from a tensor with a given gradient.
+//! Autograd calls tch has no API for (`csrc/grad.cpp` says why they matter): dropping a parameter's gradient, a
+//! backward pass from a tensor with a given gradient, and adding a computed gradient into a parameter's.
 
 use tch::Tensor;
 
@@ -9,6 +9,7 @@ use crate::error::Result;
 unsafe extern "C" {
     fn trinity_release_grad(tensor: *mut std::ffi::c_void) -> i32;
     fn trinity_backward(root: *mut std::ffi::c_void, grad: *mut std::ffi::c_void) -> i32;
+    fn trinity_accumulate_grad(leaf: *mut std::ffi::c_void, grad: *mut std::ffi::c_void) -> i32;
     fn trinity_grad_error() -> *const std::ffi::c_char;
 }
 
@@ -40,15 +41,40 @@ pub fn backward_with(root: &Tensor, grad: &Tensor) -> Result<()> {
         if unsafe { trinity_backward(root.as_ptr() as *mut _, grad.as_ptr() as *mut _) } == 0 {
             return Ok(());
         }
-        // SAFETY: this thread's NUL-terminated message, copied before any other call.
-        let message = unsafe { std::ffi::CStr::from_ptr(trinity_grad_error()) }.to_string_lossy().into_owned();
-        Err(crate::error::ModelError::InvalidInput(format!("backward: {message}")))
+        Err(shim_error("backward"))
     }
     #[cfg(not(torch_shim))]
     {
         (root * grad).f_sum(tch::Kind::Float)?.f_backward()?;
         Ok(())
     }
+}
+
+/// Adds `grad` (`leaf`'s shape; converted to its dtype) into the gradient of `leaf`, a tensor that requires
+/// one, or makes it that gradient when there is none, without a copy: what the autograd engine does for a leaf,
+/// for a gradient computed by hand. Built without libtorch's headers it goes through [`backward_with`].
+pub fn accumulate_grad(leaf: &Tensor, grad: Tensor) -> Result<()> {
+    let grad = if grad.kind() == leaf.kind() { grad } else { grad.f_to_kind(leaf.kind())? };
+    #[cfg(torch_shim)]
+    {
+        // SAFETY: both are live tch tensors borrowed for the call; the C++ side checks they match, then either
+        // adds into the leaf's gradient or stores a new handle to `grad`'s storage as it, which stays valid after
+        // this function drops its own handle.
+        if unsafe { trinity_accumulate_grad(leaf.as_ptr() as *mut _, grad.as_ptr() as *mut _) } == 0 {
+            return Ok(());
+        }
+        Err(shim_error("gradient"))
+    }
+    #[cfg(not(torch_shim))]
+    backward_with(leaf, &grad)
+}
+
+/// The error of the shim call that just failed on this thread, for `what`.
+#[cfg(torch_shim)]
+fn shim_error(what: &str) -> crate::error::ModelError {
+    // SAFETY: this thread's NUL-terminated message, copied before any other call.
+    let message = unsafe { std::ffi::CStr::from_ptr(trinity_grad_error()) }.to_string_lossy().into_owned();
+    crate::error::ModelError::InvalidInput(format!("{what}: {message}"))
 }
 
 #[cfg(test)]
@@ -83,6 +109,22 @@ mod tests {
             let z = &w * 2.0;
             let err = backward_with(&z, &Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap_err();
             assert!(err.to_string().contains("backward"), "{err}");
+        }
+    }
+
+    /// A gradient added by hand becomes the leaf's gradient when it has none and adds to it otherwise (also
+    /// into one a backward pass left), converted to the leaf's dtype; a wrong shape is an error.
+    #[test]
+    fn accumulated_gradients_add_up() {
+        let mut w = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).set_requires_grad(true);
+        release_grad(&mut w);
+        accumulate_grad(&w, Tensor::from_slice(&[1.0f64, 2.0, 3.0])).unwrap();
+        assert_eq!(Vec::<f32>::try_from(w.grad()).unwrap(), [1.0, 2.0, 3.0]);
+        (&w * 10.0).sum(Kind::Float).backward();
+        accumulate_grad(&w, Tensor::from_slice(&[0.5f32, 0.5, 0.5])).unwrap();
+        assert_eq!(Vec::<f32>::try_from(w.grad()).unwrap(), [11.5, 12.5, 13.5]);
+        if cfg!(torch_shim) {
+            assert!(accumulate_grad(&w, Tensor::ones([2], (Kind::Float, Device::Cpu))).is_err());
         }
     }
 }

@@ -60,7 +60,7 @@ pub use device::{DeviceRequest, cuda_devices, fast_bf16, hand_over_threads, sele
 pub use error::{ModelError, Result};
 pub use gguf::{GgufFile, GgufTensorInfo, GgufValue};
 pub use gguf_weights::GgufWeights;
-pub use grad::{backward_with, release_grad};
+pub use grad::{accumulate_grad, backward_with, release_grad};
 pub use hf::{
     LoadedModel, adapter_base_model, convert_gguf_to_hf, load_model, merge_adapter_to_hf, save_hf_dir, save_hf_parts,
 };

@@ -325,7 +325,7 @@ fn recomputed_backward(
     if let Some(grad_w) = grad_w {
         // Into the head weight's own gradient (for tied embeddings the decoder's embedding gradient adds to it
         // in the backward below).
-        trinity_model::backward_with(w, &grad_w)?;
+        trinity_model::accumulate_grad(w, grad_w)?;
     }
     if hidden.requires_grad() && !grad_h.is_empty() {
         trinity_model::backward_with(hidden, &Tensor::f_cat(&grad_h, 0)?.f_view(&size[..])?)?;
