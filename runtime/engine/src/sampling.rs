@@ -16,10 +16,12 @@
 //! are below 2^24, exact in f32). Rows that ask for top logprobs add one more (a `topk` over those rows of the
 //! same log-probabilities), and only on steps where such a row runs.
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
 use crate::request::TopLogprob;
+
+mod rows;
 
 /// How to choose one row's token.
 #[derive(Debug, Clone, Copy)]
@@ -57,6 +59,25 @@ pub(crate) struct Sampled {
 
 /// Samples one token per row of `logits` `[B, vocab]` (any float dtype, any device) following `rows`.
 pub(crate) fn sample(logits: &Tensor, rows: &[RowSpec<'_>]) -> Result<Sampled> {
+    if logits.device() == Device::Cpu && logits.kind() == Kind::Float && logits.dim() == 2 && logits.is_contiguous() {
+        let vocab = logits.size()[1] as usize;
+        let n = logits.numel();
+        let data = if n == 0 {
+            &[][..]
+        } else {
+            // SAFETY: a contiguous fp32 CPU tensor of `n` elements (checked above), alive and unwritten while
+            // borrowed.
+            unsafe { std::slice::from_raw_parts(logits.data_ptr() as *const f32, n) }
+        };
+        if let Some(out) = rows::sample(data, vocab, rows) {
+            return Ok(out);
+        }
+    }
+    sample_tensors(logits, rows)
+}
+
+/// [`sample`] in libtorch ops: every row spec, dtype and device.
+fn sample_tensors(logits: &Tensor, rows: &[RowSpec<'_>]) -> Result<Sampled> {
     let b = rows.len();
     let device = logits.device();
     let vocab = logits.size().last().copied().unwrap_or(0);
@@ -99,7 +120,7 @@ pub(crate) fn sample(logits: &Tensor, rows: &[RowSpec<'_>]) -> Result<Sampled> {
 
     let lp = logp.f_gather(-1, &ids.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
     let both = Tensor::f_stack(&[ids.f_to_kind(Kind::Float)?, lp], 0)?;
-    let host: Vec<f32> = Vec::try_from(both.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
+    let host: Vec<f32> = Vec::try_from(both.f_to_device(Device::Cpu)?.f_flatten(0, -1)?)?;
     let (ids, logprobs) = host.split_at(b);
     let top = top_logprobs(&logp, rows, vocab)?;
     Ok(Sampled { ids: ids.iter().map(|&x| x as u32).collect(), logprobs: logprobs.to_vec(), top })
@@ -115,8 +136,8 @@ fn top_logprobs(logp: &Tensor, rows: &[RowSpec<'_>], vocab: i64) -> Result<Vec<V
     let k = k.min(vocab);
     let idx = Tensor::from_slice(&asking).f_to_device(logp.device())?;
     let (values, indices) = logp.f_index_select(0, &idx)?.f_topk(k, -1, true, true)?;
-    let values: Vec<f32> = Vec::try_from(values.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
-    let indices: Vec<i64> = Vec::try_from(indices.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
+    let values: Vec<f32> = Vec::try_from(values.f_to_device(Device::Cpu)?.f_flatten(0, -1)?)?;
+    let indices: Vec<i64> = Vec::try_from(indices.f_to_device(Device::Cpu)?.f_flatten(0, -1)?)?;
     let mut top = vec![Vec::new(); rows.len()];
     for (i, &r) in asking.iter().enumerate() {
         let r = r as usize;
@@ -186,6 +207,37 @@ mod tests {
     fn logits() -> Tensor {
         // Probabilities 0.1, 0.2, 0.3, 0.4 on row 0; row 1 prefers token 0.
         Tensor::from_slice(&[0.1f32, 0.2, 0.3, 0.4, 0.7, 0.1, 0.1, 0.1]).view([2, 4]).log()
+    }
+
+    /// The row-wise CPU path draws what the libtorch path draws, with the same logprobs, over many rows of a
+    /// realistic vocabulary: greedy and sampled, with temperatures and banned ids (one of them the row's most
+    /// likely token), uniform numbers across (0, 1).
+    #[test]
+    fn the_row_path_agrees_with_the_libtorch_path() {
+        tch::manual_seed(9);
+        let (rows, vocab) = (64, 5000);
+        let logits = Tensor::randn([rows, vocab], (Kind::Float, Device::Cpu)) * 4.0;
+        let top = Vec::<i64>::try_from(logits.argmax(-1, false)).unwrap();
+        let banned: Vec<[i64; 2]> = top.iter().map(|&t| [t, 7]).collect();
+        let specs: Vec<RowSpec<'_>> = (0..rows as usize)
+            .map(|r| RowSpec {
+                temperature: [0.0, 1.0, 0.7, 1.3][r % 4],
+                uniform: crate::rng::uniform(3, r as u64, 0),
+                banned: if r % 3 == 0 { &banned[r] } else { &[] },
+                ..spec(1.0, 0.5)
+            })
+            .collect();
+        let data = Vec::<f32>::try_from(logits.flatten(0, -1)).unwrap();
+        let ours = rows::sample(&data, vocab as usize, &specs).expect("every row is a simple one");
+        let theirs = sample_tensors(&logits, &specs).unwrap();
+        assert_eq!(ours.ids, theirs.ids);
+        for (a, b) in ours.logprobs.iter().zip(&theirs.logprobs) {
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
+        // A row with a filter or top logprobs is left to the libtorch path.
+        assert!(
+            rows::sample(&data[..vocab as usize], vocab as usize, &[RowSpec { top_k: 5, ..spec(1.0, 0.5) }]).is_none()
+        );
     }
 
     #[test]
