@@ -26,7 +26,7 @@ use tch::{Kind, Tensor};
 use trinity_model::Decoder;
 use trinity_model::vocab_softmax::RowGrads;
 
-use crate::error::Result;
+use crate::error::{Result, TrainerError};
 
 mod slabs;
 
@@ -61,12 +61,6 @@ pub struct HeadPass {
     entropy_grad: bool,
 }
 
-/// Positions per chunk so that one chunk holds about `chunk_tokens` rows × positions.
-fn positions_per_chunk(hidden: &Tensor, chunk_tokens: i64) -> i64 {
-    let b = hidden.size().first().copied().unwrap_or(1).max(1);
-    (chunk_tokens / b).max(1)
-}
-
 /// ℓ for one chunk, and H when asked: with autograd history when gradients are enabled, except that H has
 /// none unless `entropy_grad`.
 fn chunk(
@@ -94,45 +88,6 @@ fn chunk(
     Ok((logprob, entropy))
 }
 
-/// Runs `chunk` over all positions and concatenates.
-fn all_chunks(
-    decoder: &Decoder,
-    hidden: &Tensor,
-    targets: &Tensor,
-    temperature: f64,
-    chunk_tokens: i64,
-    entropy: bool,
-    entropy_grad: bool,
-) -> Result<(Tensor, Option<Tensor>)> {
-    let r = hidden.size().get(1).copied().unwrap_or(0);
-    let step = positions_per_chunk(hidden, chunk_tokens);
-    let (mut lps, mut ents) = (Vec::new(), Vec::new());
-    let mut start = 0;
-    while start < r {
-        let len = step.min(r - start);
-        let (lp, ent) = chunk(
-            decoder,
-            &hidden.f_narrow(1, start, len)?,
-            &targets.f_narrow(1, start, len)?,
-            temperature,
-            entropy,
-            entropy_grad,
-        )?;
-        lps.push(lp);
-        ents.extend(ent);
-        start += len;
-    }
-    let b = hidden.size().first().copied().unwrap_or(0);
-    let cat = |parts: &[Tensor]| -> Result<Tensor> {
-        if parts.is_empty() {
-            Ok(Tensor::f_zeros([b, 0], (Kind::Float, hidden.device()))?)
-        } else {
-            Ok(Tensor::f_cat(parts, 1)?)
-        }
-    };
-    Ok((cat(&lps)?, if entropy { Some(cat(&ents)?) } else { None }))
-}
-
 /// Step 1 without any gradient: logprobs of `targets` `[B, R]` given `hidden` `[B, R, hidden]` (and the
 /// entropy when asked). For scoring (reference model, rollout logprobs).
 pub fn score(
@@ -147,12 +102,14 @@ pub fn score(
     Ok(stats)
 }
 
-/// `[B, R, hidden]` hidden states as `[B·R, hidden]` rows (detached) and `[B, R]` targets as `[B·R]`, with the
-/// row ranges of at most `chunk_tokens` rows the head runs one at a time.
+/// `[B, R, hidden]` hidden states as `[B·R, hidden]` rows and `[B, R]` targets as `[B·R]`, with the row ranges of
+/// at most `chunk_tokens` rows the head runs one at a time. The rows keep the hidden states' autograd history.
 struct FlatRows {
     hidden: Tensor,
     targets: Tensor,
     chunks: Vec<(i64, i64)>,
+    /// `[B, R]`, to shape per-row results back.
+    shape: [i64; 2],
 }
 
 impl FlatRows {
@@ -161,14 +118,39 @@ impl FlatRows {
         let (rows, width) = (size[0] * size[1], size[2]);
         let chunks = (0..rows).step_by(chunk_tokens.max(1) as usize).map(|s| (s, chunk_tokens.min(rows - s))).collect();
         Ok(FlatRows {
-            hidden: hidden.f_detach()?.f_reshape([rows, width])?,
+            hidden: hidden.f_reshape([rows, width])?,
             targets: targets.f_reshape([rows])?,
             chunks,
+            shape: [size[0], size[1]],
         })
+    }
+
+    /// Runs `f` on each chunk's rows and targets and joins the per-row tensors it returns (each in the same
+    /// slot on every call) into `[B, R]` ones.
+    fn each<const N: usize>(
+        &self,
+        mut f: impl FnMut(&Tensor, &Tensor) -> Result<[Option<Tensor>; N]>,
+    ) -> Result<[Option<Tensor>; N]> {
+        let mut parts: [Vec<Tensor>; N] = std::array::from_fn(|_| Vec::new());
+        for &(start, len) in &self.chunks {
+            let out = f(&self.hidden.f_narrow(0, start, len)?, &self.targets.f_narrow(0, start, len)?)?;
+            for (slot, t) in parts.iter_mut().zip(out) {
+                slot.extend(t);
+            }
+        }
+        let mut joined: [Option<Tensor>; N] = std::array::from_fn(|_| None);
+        for (out, slot) in joined.iter_mut().zip(parts) {
+            *out = match slot.len() {
+                0 if self.chunks.is_empty() => Some(Tensor::f_zeros(self.shape, (Kind::Float, self.hidden.device()))?),
+                0 => None,
+                _ => Some(Tensor::f_cat(&slot, 0)?.f_view(self.shape)?),
+            };
+        }
+        Ok(joined)
     }
 }
 
-/// Step 1 over vocabulary slabs ([`slabs::forward`]), `chunk_tokens` positions at a time: the stats and each
+/// Step 1 over vocabulary slabs ([`slabs::forward`]), `chunk_tokens` rows at a time: the stats and each
 /// position's logsumexp, `[B, R]` each.
 fn slab_stats(
     decoder: &Decoder,
@@ -178,30 +160,14 @@ fn slab_stats(
     chunk_tokens: i64,
     entropy: bool,
 ) -> Result<(HeadStats, Tensor)> {
-    let size = hidden.size();
-    let (b, r) = (size[0], size[1]);
-    let FlatRows { hidden: h, targets: y, chunks } = FlatRows::new(hidden, targets, chunk_tokens)?;
-    let (mut lps, mut ents, mut lses) = (Vec::new(), Vec::new(), Vec::new());
-    for (start, len) in chunks {
-        let part = slabs::forward(
-            decoder.head_weight(),
-            &h.f_narrow(0, start, len)?,
-            &y.f_narrow(0, start, len)?,
-            temperature,
-            entropy,
-        )?;
-        lps.push(part.logprob);
-        ents.extend(part.entropy);
-        lses.push(part.lse);
-    }
-    let joined = |parts: &[Tensor]| -> Result<Tensor> {
-        if parts.is_empty() {
-            return Ok(Tensor::f_zeros([b, r], (Kind::Float, hidden.device()))?);
-        }
-        Ok(Tensor::f_cat(parts, 0)?.f_view([b, r])?)
-    };
-    let entropy = if entropy { Some(joined(&ents)?) } else { None };
-    Ok((HeadStats { logprob: joined(&lps)?, entropy }, joined(&lses)?))
+    let rows = FlatRows::new(&hidden.f_detach()?, targets, chunk_tokens)?;
+    let [logprob, ent, lse] = rows.each(|h, y| {
+        let part = slabs::forward(decoder.head_weight(), h, y, temperature, entropy)?;
+        Ok([Some(part.logprob), part.entropy, Some(part.lse)])
+    })?;
+    let missing = || TrainerError::InvalidBatch("no rows to score".into());
+    let entropy = if entropy { ent } else { None };
+    Ok((HeadStats { logprob: logprob.ok_or_else(missing)?, entropy }, lse.ok_or_else(missing)?))
 }
 
 /// Step 1 for training: as [`score`], remembering what [`backward`] needs. `entropy_grad`: the loss will
@@ -223,7 +189,12 @@ pub fn forward(
     let keep = matches!(mode, HeadMode::KeepUpTo(limit) if logit_bytes <= limit);
     if keep {
         let leaf = hidden.f_detach()?.set_requires_grad(true);
-        let (lp, ent) = all_chunks(decoder, &leaf, targets, temperature, chunk_tokens, entropy, entropy_grad)?;
+        let [lp, ent] = FlatRows::new(&leaf, targets, chunk_tokens)?.each(|h, y| {
+            let (lp, ent) = chunk(decoder, h, y, temperature, entropy, entropy_grad)?;
+            Ok([Some(lp), ent])
+        })?;
+        let lp = lp.ok_or_else(|| TrainerError::InvalidBatch("no rows to score".into()))?;
+        let ent = if entropy { ent } else { None };
         let stats = HeadStats { logprob: lp.f_detach()?, entropy: ent.as_ref().map(Tensor::f_detach).transpose()? };
         let kept_ent = if entropy_grad { ent } else { None };
         Ok(HeadPass { stats, leaf, kept: Some((lp, kept_ent)), lse: None, entropy_grad })
@@ -304,7 +275,7 @@ fn recomputed_backward(
     let size = leaf.size();
     let rows = size[0] * size[1];
     let w = decoder.head_weight();
-    let FlatRows { hidden: h, targets: y, chunks } = FlatRows::new(leaf, targets, chunk_tokens)?;
+    let FlatRows { hidden: h, targets: y, chunks, .. } = FlatRows::new(leaf, targets, chunk_tokens)?;
     let flat = |t: &Tensor| t.f_reshape([rows]);
     let (lse, g_lp) = (flat(lse)?, flat(&upstream.logprob.f_to_kind(Kind::Float)?)?);
     let entropy = match upstream.entropy {
