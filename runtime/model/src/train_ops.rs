@@ -136,8 +136,9 @@ pub(crate) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 /// computed in fp32 (transformers' eager order: the scores scaled, softmax in fp32, rounded once).
 ///
 /// The fused kernel is one pass each way where libtorch runs five forward (scale, mask, cast, softmax, cast) and
-/// as many backward, and it saves only the rounded probabilities. It gives a query that may see no key zeros
-/// where libtorch's softmax gives NaN; the decoder never builds such a mask.
+/// as many backward, and it saves only the rounded probabilities. A query that may see no key gets zeros on both
+/// paths (libtorch's softmax alone would give NaN there, and its backward would spread it); the decoder never
+/// builds such a mask, but a caller's mask may.
 pub(crate) fn attention_softmax(s: &Tensor, allowed: Option<&Tensor>, tq: i64, scale: f64) -> Result<Tensor> {
     #[cfg(train_ops)]
     if fused(s) {
@@ -161,7 +162,9 @@ pub(crate) fn attention_softmax(s: &Tensor, allowed: Option<&Tensor>, tq: i64, s
     // The mask per query, repeated for the group's heads: `[B or 1, 1, G·Tq, Tk]`, true where masked out.
     let lead = allowed.size()[0];
     let blocked = allowed.f_logical_not()?.f_expand([lead, 1, tq, tk], false)?.f_repeat([1, 1, rows / tq, 1])?;
-    Ok((s * scale).f_masked_fill(&blocked, f64::NEG_INFINITY)?.f_softmax(-1, Kind::Float)?.f_to_kind(s.kind())?)
+    let probs = (s * scale).f_masked_fill(&blocked, f64::NEG_INFINITY)?.f_softmax(-1, Kind::Float)?;
+    // NaN only in the rows of queries that see no key; their gradient is zero either way (masked_fill's).
+    Ok(probs.f_nan_to_num(0.0, 0.0, 0.0)?.f_to_kind(s.kind())?)
 }
 
 #[cfg(all(test, train_ops))]
