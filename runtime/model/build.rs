@@ -24,6 +24,8 @@ fn main() {
         "csrc/grad.cpp",
         "csrc/train_ops.cpp",
         "csrc/simd_avx512.inc",
+        "csrc/simd_avx2.inc",
+        "csrc/train_kernels.inc",
     ] {
         println!("cargo:rerun-if-changed={file}");
     }

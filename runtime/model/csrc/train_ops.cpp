@@ -8,7 +8,12 @@
 // once to the tensor's dtype (the spelled-out bf16 path rounds after every op, so results differ by bf16
 // rounding). Rows are spread over libtorch's pool with `at::parallel_for`. Measured with the example `bench_train
 // --dtype bf16 --seq 106` (SmolLM2-135M, 8 rows, 2 cores of a Xeon with AMX): 1.77-1.85 s an iteration -> 1.45-1.47 s
-// (forward 0.38-0.41 -> 0.29 s, backward 1.29-1.44 -> 1.08-1.10 s); fp32 3.13 -> 2.99 s.
+// (forward 0.38-0.41 -> 0.29 s, backward 1.29-1.44 -> 1.08-1.10 s); fp32 3.13 -> 2.99 s. On 2 cores of an AMD
+// EPYC with AVX2 only, fp32 at the same shape, forward + backward of one layer's op: RMSNorm 1.8-2.6 ms -> 0.72-0.87
+// ms, SwiGLU 4.4-5.2 ms -> 3.4-4.5 ms (the whole iteration, ~7 s of mostly matmuls, moves within the noise).
+//
+// The kernels are written once (train_kernels.inc) and compiled for AVX-512 and for AVX2 + FMA, each with its own
+// registers, as the decode step's are: one binary runs on either CPU, and the caller picks the set.
 //
 // The entry points are `extern "C"` for the Rust side (`src/train_ops.rs`): tensors in as tch's `at::Tensor*`
 // handles, the result out as a new handle the caller owns; 0 on success, -1 on a libtorch error, whose message
@@ -23,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <initializer_list>
 #include <string>
@@ -49,8 +55,9 @@ void check_cpu(const at::Tensor& t, const char* what) {
 
 }  // namespace
 
-// The kernels, 16 fp32 lanes wide. Only AVX-512 CPUs run them (`trinity_train_ops_usable`); elsewhere the Rust
-// side keeps libtorch's ops, which are vectorized for every CPU, where a portable copy of these would not be.
+// The kernels (train_kernels.inc), compiled twice: for AVX-512 (16 lanes) and for AVX2 + FMA (8 lanes), each with
+// the element access below for its registers. The Rust side picks the set from the CPU for every call
+// (`train_ops::kernel_set`) and passes it in; a CPU with neither keeps libtorch's ops.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
 namespace avx512 {
@@ -81,300 +88,118 @@ inline void store(Mask m, c10::BFloat16* p, V v) {
 // v rounded to the element type and back: what storing and reloading it would give.
 inline V round_as(const float*, V v) { return v; }
 inline V round_as(const c10::BFloat16*, V v) { return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16)); }
-
-// ---- RMSNorm: y = w * round(x * rstd), rstd = 1 / sqrt(mean(x^2) + eps) per row (transformers' order). ----
-
-template <typename T>
-void rms_forward(const T* x, const T* w, int64_t rows, int64_t n, double eps, T* y, float* rstd) {
-  at::parallel_for(0, rows, grain(n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * n;
-      V acc = Simd::zero();
-      for (int64_t i = 0; i < n; i += kW) {
-        const V v = load(Simd::lanes(n - i), xr + i);
-        acc = Simd::fma(v, v, acc);
-      }
-      const float s = 1.0f / std::sqrt(Simd::reduce(acc) / static_cast<float>(n) + static_cast<float>(eps));
-      rstd[r] = s;
-      const V sv = Simd::set1(s);
-      for (int64_t i = 0; i < n; i += kW) {
-        const Mask m = Simd::lanes(n - i);
-        const V xhat = round_as(x, Simd::mul(load(m, xr + i), sv));
-        store(m, y + r * n + i, Simd::mul(load(m, w + i), xhat));
-      }
-    }
-  });
-}
-
-// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x * rstd; dw = sum over rows of dy * round(xhat).
-template <typename T>
-void rms_backward(const T* x, const T* w, const float* rstd, const T* dy, int64_t rows, int64_t n, T* dx,
-                  float* dw) {
-  const int threads = at::get_num_threads();
-  std::vector<float> partial(static_cast<size_t>(threads) * n, 0.0f);
-  at::parallel_for(0, rows, grain(n), [&](int64_t begin, int64_t end) {
-    float* acc = partial.data() + static_cast<size_t>(at::get_thread_num()) * n;
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * n;
-      const T* dyr = dy + r * n;
-      const V sv = Simd::set1(rstd[r]);
-      V dot = Simd::zero();
-      for (int64_t i = 0; i < n; i += kW) {
-        const Mask m = Simd::lanes(n - i);
-        const V xhat = Simd::mul(load(m, xr + i), sv);
-        const V d = load(m, dyr + i);
-        dot = Simd::fma(Simd::mul(d, load(m, w + i)), xhat, dot);
-        store(m, acc + i, Simd::fma(d, round_as(x, xhat), load(m, acc + i)));
-      }
-      const V mean = Simd::set1(Simd::reduce(dot) / static_cast<float>(n));
-      for (int64_t i = 0; i < n; i += kW) {
-        const Mask m = Simd::lanes(n - i);
-        const V xhat = Simd::mul(load(m, xr + i), sv);
-        const V g = Simd::mul(load(m, dyr + i), load(m, w + i));
-        store(m, dx + r * n + i, Simd::mul(sv, Simd::sub(g, Simd::mul(xhat, mean))));
-      }
-    }
-  });
-  for (int t = 0; t < threads; ++t)
-    for (int64_t i = 0; i < n; ++i) dw[i] += partial[static_cast<size_t>(t) * n + i];
-}
-
-// ---- RoPE, "rotate half": y[i] = x[i] c[i] - x[i+h] s[i], y[i+h] = x[i+h] c[i+h] + x[i] s[i+h], h = d/2. ----
-// x is [B, T, H, D]; cos and sin are [Bc, T, D] with Bc 1 or B. `inverse` applies the transposed rotation, which
-// is what the backward applies to the output's gradient.
-
-template <typename T>
-void rope_apply(const T* x, const T* cos, const T* sin, int64_t b, int64_t t, int64_t heads, int64_t d,
-                bool per_row, bool inverse, T* y) {
-  const int64_t h = d / 2;
-  at::parallel_for(0, b * t * heads, grain(d), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t bt = r / heads;
-      const int64_t table = ((per_row ? bt / t : 0) * t + bt % t) * d;
-      const T* c = cos + table;
-      const T* s = sin + table;
-      const T* xr = x + r * d;
-      T* yr = y + r * d;
-      for (int64_t i = 0; i < h; i += kW) {
-        const Mask m = Simd::lanes(h - i);
-        const V a = load(m, xr + i), z = load(m, xr + i + h);
-        const V c1 = load(m, c + i), c2 = load(m, c + i + h), s1 = load(m, s + i), s2 = load(m, s + i + h);
-        if (!inverse) {
-          store(m, yr + i, Simd::sub(Simd::mul(a, c1), Simd::mul(z, s1)));
-          store(m, yr + i + h, Simd::fma(a, s2, Simd::mul(z, c2)));
-        } else {
-          store(m, yr + i, Simd::fma(z, s2, Simd::mul(a, c1)));
-          store(m, yr + i + h, Simd::sub(Simd::mul(z, c2), Simd::mul(a, s1)));
-        }
-      }
-    }
-  });
-}
-
-// ---- SwiGLU: y = silu(g) * u. ----
-
-inline V sigmoid(V g) {
-  const V one = Simd::set1(1.0f);
-  return Simd::div(one, Simd::add(one, Simd::exp(Simd::sub(Simd::zero(), g))));
-}
-
-template <typename T>
-void swiglu_forward(const T* g, const T* u, int64_t count, T* y) {
-  at::parallel_for(0, count, 16384, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; i += kW) {
-      const Mask m = Simd::lanes(end - i);
-      const V a = load(m, g + i);
-      store(m, y + i, Simd::mul(Simd::mul(a, sigmoid(a)), load(m, u + i)));
-    }
-  });
-}
-
-// dg = dy * u * s * (1 + g (1 - s)), du = dy * g * s, s = sigmoid(g).
-template <typename T>
-void swiglu_backward(const T* g, const T* u, const T* dy, int64_t count, T* dg, T* du) {
-  at::parallel_for(0, count, 16384, [&](int64_t begin, int64_t end) {
-    const V one = Simd::set1(1.0f);
-    for (int64_t i = begin; i < end; i += kW) {
-      const Mask m = Simd::lanes(end - i);
-      const V a = load(m, g + i), d = load(m, dy + i);
-      const V s = sigmoid(a);
-      store(m, du + i, Simd::mul(Simd::mul(d, a), s));
-      const V slope = Simd::fma(a, Simd::sub(one, s), one);
-      store(m, dg + i, Simd::mul(Simd::mul(Simd::mul(d, load(m, u + i)), s), slope));
-    }
-  });
-}
-
-
-// ---- Attention softmax: p = softmax(scale * s) over the keys a query may see; keys it may not see get p = 0. ----
-// s is [B, KVH, G * Tq, Tk]: the G query heads of each kv head stacked along the query axis, so row r of a batch
-// is query r % Tq. `allowed` is [Bm, Tq, Tk] bool (Bm 1 or B), or null for causal attention (key j <= query i).
-// A query that may see no key gets all zeros (libtorch's softmax would give NaN, which the backward would spread).
-
-// Lanes [j, j + 16) of a mask row that are set, within `tail`.
-inline Mask allowed_lanes(Mask tail, const bool* row) {
+// The lanes of `tail` whose byte in `row` (a bool mask row) is set.
+inline Mask bytes_set(Mask tail, const bool* row) {
   const __m128i bytes = _mm_maskz_loadu_epi8(tail, row);
   return _mm_test_epi8_mask(bytes, bytes);
 }
 
-// The lanes of keys [j, j + 16) that query `i` sees: its mask row's, or the causal ones, within the row's length.
-inline Mask seen(const bool* row, int64_t i, int64_t j, int64_t tk) {
-  const Mask tail = Simd::lanes(tk - j);
-  if (row) return allowed_lanes(tail, row + j);
-  return j > i ? Mask(0) : Mask(tail & Simd::lanes(i - j + 1));
-}
-
-template <typename T>
-void softmax_forward(const T* s, const bool* allowed, int64_t rows, int64_t rows_per_batch, bool mask_per_batch,
-                     int64_t tq, int64_t tk, float scale, T* p) {
-  at::parallel_for(0, rows, grain(tk), [&](int64_t begin, int64_t end) {
-    std::vector<float> e(static_cast<size_t>(tk));
-    const V sv = Simd::set1(scale);
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t i = r % tq;
-      const bool* row = allowed ? allowed + ((mask_per_batch ? r / rows_per_batch : 0) * tq + i) * tk : nullptr;
-      const T* sr = s + r * tk;
-      T* pr = p + r * tk;
-      V mx = Simd::set1(-INFINITY);
-      for (int64_t j = 0; j < tk; j += kW) {
-        const Mask m = seen(row, i, j, tk);
-        mx = _mm512_mask_max_ps(mx, m, mx, Simd::mul(load(m, sr + j), sv));
-      }
-      const float top = _mm512_reduce_max_ps(mx);
-      if (top == -INFINITY) {
-        for (int64_t j = 0; j < tk; j += kW) store(Simd::lanes(tk - j), pr + j, Simd::zero());
-        continue;
-      }
-      const V topv = Simd::set1(top);
-      V sum = Simd::zero();
-      for (int64_t j = 0; j < tk; j += kW) {
-        const Mask m = seen(row, i, j, tk);
-        const V x = Simd::keep(m, Simd::exp(Simd::sub(Simd::mul(load(m, sr + j), sv), topv)));
-        store(Simd::lanes(tk - j), e.data() + j, x);
-        sum = Simd::add(sum, x);
-      }
-      const V inv = Simd::set1(1.0f / Simd::reduce(sum));
-      for (int64_t j = 0; j < tk; j += kW) {
-        const Mask m = Simd::lanes(tk - j);
-        store(m, pr + j, Simd::mul(load(m, e.data() + j), inv));
-      }
-    }
-  });
-}
-
-// ds = scale * p * (dp - sum(p * dp)) per row, from the forward's p (zero where masked, so ds is too).
-template <typename T>
-void softmax_backward(const T* p, const T* dp, int64_t rows, int64_t tk, float scale, T* ds) {
-  at::parallel_for(0, rows, grain(tk), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* pr = p + r * tk;
-      const T* gr = dp + r * tk;
-      V dot = Simd::zero();
-      for (int64_t j = 0; j < tk; j += kW) {
-        const Mask m = Simd::lanes(tk - j);
-        dot = Simd::fma(load(m, pr + j), load(m, gr + j), dot);
-      }
-      const V mean = Simd::set1(Simd::reduce(dot));
-      const V sv = Simd::set1(scale);
-      for (int64_t j = 0; j < tk; j += kW) {
-        const Mask m = Simd::lanes(tk - j);
-        store(m, ds + r * tk + j, Simd::mul(sv, Simd::mul(load(m, pr + j), Simd::sub(load(m, gr + j), mean))));
-      }
-    }
-  });
-}
-
-// ---- The output head over one vocabulary slab (the trainer's head, `VocabSoftmax` on the Rust side). ----
-// z is [rows, cols]: the logits of vocabulary columns [start, start + cols), taken over the temperature in fp32
-// (zt = z / T). `y` holds each row's target id.
-
-// Folds a slab into each row's running softmax statistics: the maximum `mx`, the sum of e^(zt - mx), the sum
-// of e^(zt - mx) * zt (`weighted`, null without entropy), and the target's zt when the slab holds it (`picked`).
-template <typename T>
-void vocab_softmax_add(const T* z, const int64_t* y, int64_t rows, int64_t cols, int64_t start, float inv_t,
-                       float* mx, float* sum, float* weighted, float* picked) {
-  at::parallel_for(0, rows, grain(cols), [&](int64_t begin, int64_t end) {
-    const V it = Simd::set1(inv_t);
-    for (int64_t r = begin; r < end; ++r) {
-      const T* zr = z + r * cols;
-      V top = Simd::set1(-INFINITY);
-      for (int64_t j = 0; j < cols; j += kW) {
-        const Mask m = Simd::lanes(cols - j);
-        top = _mm512_mask_max_ps(top, m, top, Simd::mul(load(m, zr + j), it));
-      }
-      const float next = std::max(mx[r], _mm512_reduce_max_ps(top));
-      const V nv = Simd::set1(next);
-      V s = Simd::zero(), w = Simd::zero();
-      for (int64_t j = 0; j < cols; j += kW) {
-        const Mask m = Simd::lanes(cols - j);
-        const V x = Simd::mul(load(m, zr + j), it);
-        const V e = Simd::keep(m, Simd::exp(Simd::sub(x, nv)));
-        s = Simd::add(s, e);
-        if (weighted) w = Simd::fma(e, x, w);
-      }
-      const float rescale = std::exp(mx[r] - next);  // 0 for the first slab (mx = -inf)
-      sum[r] = sum[r] * rescale + Simd::reduce(s);
-      if (weighted) weighted[r] = weighted[r] * rescale + Simd::reduce(w);
-      mx[r] = next;
-      const int64_t k = y[r] - start;
-      if (k >= 0 && k < cols) picked[r] = static_cast<float>(zr[k]) * inv_t;
-    }
-  });
-}
-
-// The loss's gradient by the slab's logits, from each row's logsumexp `lse` and the upstream gradients of its
-// logprob (`g_lp`) and, when `mu` is not null, of its entropy (`g_ent`, with mu = sum p zt = lse - H):
-// dz = (g_lp (onehot(y) - p) - g_ent p (zt - mu)) / T, p = e^(zt - lse).
-template <typename T>
-void vocab_logits_grad(const T* z, const int64_t* y, int64_t rows, int64_t cols, int64_t start, float inv_t,
-                       const float* lse, const float* g_lp, const float* mu, const float* g_ent, T* dz) {
-  at::parallel_for(0, rows, grain(cols), [&](int64_t begin, int64_t end) {
-    const V it = Simd::set1(inv_t);
-    for (int64_t r = begin; r < end; ++r) {
-      const T* zr = z + r * cols;
-      const V l = Simd::set1(lse[r]), minus_g = Simd::set1(-g_lp[r]);
-      const V m_v = Simd::set1(mu ? mu[r] : 0.0f), minus_ge = Simd::set1(mu ? -g_ent[r] : 0.0f);
-      const int64_t k = y[r] - start;
-      for (int64_t j = 0; j < cols; j += kW) {
-        const Mask m = Simd::lanes(cols - j);
-        const V x = Simd::mul(load(m, zr + j), it);
-        const V p = Simd::exp(Simd::sub(x, l));
-        V g = Simd::mul(p, minus_g);
-        if (mu) g = Simd::fma(Simd::mul(p, Simd::sub(x, m_v)), minus_ge, g);
-        if (k >= j && k < j + kW) g = _mm512_mask_add_ps(g, Mask(1u << (k - j)), g, Simd::set1(g_lp[r]));
-        store(m, dz + r * cols + j, Simd::mul(g, it));
-      }
-    }
-  });
-}
+#include "train_kernels.inc"
 
 }  // namespace avx512
 #pragma GCC pop_options
 
-namespace {
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
 
-using avx512::rms_backward;
-using avx512::rms_forward;
-using avx512::rope_apply;
-using avx512::softmax_backward;
-using avx512::softmax_forward;
-using avx512::swiglu_backward;
-using avx512::swiglu_forward;
-using avx512::vocab_logits_grad;
-using avx512::vocab_softmax_add;
+#include "simd_avx2.inc"
 
-// Calls `f` with a null pointer of `t`'s element type, fp32 or bf16 (the ops check the dtype first), so that each
-// op's kernel call is written once for both.
-template <typename F>
-void by_dtype(const at::Tensor& t, F f) {
-  if (t.scalar_type() == at::kFloat)
-    f(static_cast<float*>(nullptr));
-  else
-    f(static_cast<c10::BFloat16*>(nullptr));
+using V = Simd::V;
+using Mask = Simd::Mask;
+constexpr int64_t kW = Simd::kWidth;
+
+// How many elements from the first a masked access may touch: its highest lane + 1. Every mask the kernels build
+// lies within its row's tail, so those elements are in bounds; AVX2 has no masked 16-bit or byte loads, so the
+// accesses below copy that many and mask the rest.
+inline int span(Mask m) {
+  const unsigned bits = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
+  return bits == 0 ? 0 : 32 - __builtin_clz(bits);
 }
 
+// Loads and stores of fp32 lanes from either element type; bf16 rounds to nearest even, NaN stays NaN.
+inline V load(Mask m, const float* p) { return Simd::load(m, p); }
+inline V load(Mask m, const c10::BFloat16* p) {
+  const int n = span(m);
+  __m128i h;
+  if (n == 8) {
+    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  } else {
+    uint16_t part[8] = {};
+    std::memcpy(part, p, sizeof(uint16_t) * static_cast<size_t>(n));
+    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(part));
+  }
+  return Simd::keep(m, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+}
+// The 8 lanes' bf16 bit patterns, packed into 16-bit words.
+inline __m128i bf16_bits(V v) {
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m256i bits = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+  return _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+}
+inline void store(Mask m, float* p, V v) { Simd::store(m, p, v); }
+inline void store(Mask m, c10::BFloat16* p, V v) {
+  const __m128i h = bf16_bits(v);
+  if (Simd::whole(m)) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+    return;
+  }
+  const unsigned bits = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
+  uint16_t words[8];
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(words), h);
+  for (int i = 0; i < 8; ++i)
+    if (bits >> i & 1u) std::memcpy(p + i, words + i, sizeof(uint16_t));
+}
+// v rounded to the element type and back: what storing and reloading it would give.
+inline V round_as(const float*, V v) { return v; }
+inline V round_as(const c10::BFloat16*, V v) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16_bits(v)), 16));
+}
+// The lanes of `tail` whose byte in `row` (a bool mask row) is set.
+inline Mask bytes_set(Mask tail, const bool* row) {
+  int64_t bytes = 0;
+  std::memcpy(&bytes, row, static_cast<size_t>(span(tail)));
+  const __m256i wide = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
+  return _mm256_andnot_si256(_mm256_cmpeq_epi32(wide, _mm256_setzero_si256()), tail);
+}
+
+#include "train_kernels.inc"
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+namespace {
+
+// The instruction sets, as `packed::Isa` numbers them on the Rust side (and trinity::Isa in packed_gemm.h).
+constexpr int64_t kIsaAvx512 = 1;
+constexpr int64_t kIsaAvx2 = 2;
+
+// Calls `f` with the kernels of instruction set `isa` (a `Kernels` value of that set's namespace) and a null
+// pointer of `t`'s element type, fp32 or bf16 (the ops check the dtype first), so that each op's kernel call is
+// written once for both sets and both types.
+template <typename F>
+void kernels(int64_t isa, const at::Tensor& t, F f) {
+  TORCH_CHECK(isa == kIsaAvx512 || isa == kIsaAvx2, "unknown instruction set ", isa);
+  const bool fp32 = t.scalar_type() == at::kFloat;
+  if (isa == kIsaAvx2) {
+    if (fp32)
+      f(avx2::Kernels{}, static_cast<float*>(nullptr));
+    else
+      f(avx2::Kernels{}, static_cast<c10::BFloat16*>(nullptr));
+  } else if (fp32) {
+    f(avx512::Kernels{}, static_cast<float*>(nullptr));
+  } else {
+    f(avx512::Kernels{}, static_cast<c10::BFloat16*>(nullptr));
+  }
+}
+
+
 struct RmsNorm : public Function<RmsNorm> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in, double eps) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in, double eps,
+                            int64_t isa) {
     check_cpu(x_in, "rms_norm input");
     TORCH_CHECK(w_in.scalar_type() == x_in.scalar_type(), "rms_norm weight dtype ", w_in.scalar_type(),
                 " differs from the input's ", x_in.scalar_type());
@@ -385,11 +210,13 @@ struct RmsNorm : public Function<RmsNorm> {
     const int64_t rows = n == 0 ? 0 : x.numel() / n;
     at::Tensor y = at::empty_like(x);
     at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
-    by_dtype(x, [&](auto* tag) {
+    kernels(isa, x, [&](auto k, auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      rms_forward(x.data_ptr<T>(), w.data_ptr<T>(), rows, n, eps, y.data_ptr<T>(), rstd.data_ptr<float>());
+      decltype(k)::rms_forward(x.data_ptr<T>(), w.data_ptr<T>(), rows, n, eps, y.data_ptr<T>(),
+                               rstd.data_ptr<float>());
     });
     ctx->save_for_backward({x, w, rstd});
+    ctx->saved_data["isa"] = isa;
     return y;
   }
 
@@ -401,30 +228,30 @@ struct RmsNorm : public Function<RmsNorm> {
     const int64_t rows = n == 0 ? 0 : x.numel() / n;
     at::Tensor dx = at::empty_like(x);
     at::Tensor dw = at::zeros({n}, x.options().dtype(at::kFloat));
-    by_dtype(x, [&](auto* tag) {
+    kernels(ctx->saved_data["isa"].toInt(), x, [&](auto k, auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      rms_backward(x.data_ptr<T>(), w.data_ptr<T>(), rstd.data_ptr<float>(), dy.data_ptr<T>(), rows, n,
-                   dx.data_ptr<T>(), dw.data_ptr<float>());
+      decltype(k)::rms_backward(x.data_ptr<T>(), w.data_ptr<T>(), rstd.data_ptr<float>(), dy.data_ptr<T>(), rows,
+                                n, dx.data_ptr<T>(), dw.data_ptr<float>());
     });
-    return {dx, dw.to(w.scalar_type()).view(w.sizes()), at::Tensor()};
+    return {dx, dw.to(w.scalar_type()).view(w.sizes()), at::Tensor(), at::Tensor()};
   }
 };
 
-at::Tensor rope_run(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
+at::Tensor rope_run(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse, int64_t isa) {
   const int64_t b = x.size(0), t = x.size(1), heads = x.size(2), d = x.size(3);
   at::Tensor y = at::empty_like(x);
   const bool per_row = cos.size(0) != 1;
-  by_dtype(x, [&](auto* tag) {
+  kernels(isa, x, [&](auto k, auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    rope_apply(x.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(), b, t, heads, d, per_row, inverse,
-               y.data_ptr<T>());
+    decltype(k)::rope_apply(x.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(), b, t, heads, d, per_row,
+                            inverse, y.data_ptr<T>());
   });
   return y;
 }
 
 struct Rope : public Function<Rope> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& cos_in,
-                            const at::Tensor& sin_in) {
+                            const at::Tensor& sin_in, int64_t isa) {
     check_cpu(x_in, "rope input");
     TORCH_CHECK(x_in.dim() == 4 && x_in.size(3) % 2 == 0, "rope input must be [B, T, H, D] with D even, got ",
                 x_in.sizes());
@@ -436,18 +263,20 @@ struct Rope : public Function<Rope> {
                 "rope tables must be [1 or B, T, D] for input ", x.sizes(), ", got ", cos.sizes(), " and ",
                 sin.sizes());
     ctx->save_for_backward({cos, sin});
-    return rope_run(x, cos, sin, false);
+    ctx->saved_data["isa"] = isa;
+    return rope_run(x, cos, sin, false, isa);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor dy = grads[0].to(saved[0].scalar_type()).contiguous();
-    return {rope_run(dy, saved[0], saved[1], true), at::Tensor(), at::Tensor()};
+    return {rope_run(dy, saved[0], saved[1], true, ctx->saved_data["isa"].toInt()), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
 struct SwiGlu : public Function<SwiGlu> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& g_in, const at::Tensor& u_in) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& g_in, const at::Tensor& u_in, int64_t isa) {
     check_cpu(g_in, "swiglu gate");
     TORCH_CHECK(u_in.sizes() == g_in.sizes() && u_in.scalar_type() == g_in.scalar_type(), "swiglu up ",
                 u_in.sizes(), " ", u_in.scalar_type(), " does not match the gate ", g_in.sizes(), " ",
@@ -455,11 +284,12 @@ struct SwiGlu : public Function<SwiGlu> {
     const at::Tensor g = g_in.contiguous();
     const at::Tensor u = u_in.contiguous();
     at::Tensor y = at::empty_like(g);
-    by_dtype(g, [&](auto* tag) {
+    kernels(isa, g, [&](auto k, auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      swiglu_forward(g.data_ptr<T>(), u.data_ptr<T>(), g.numel(), y.data_ptr<T>());
+      decltype(k)::swiglu_forward(g.data_ptr<T>(), u.data_ptr<T>(), g.numel(), y.data_ptr<T>());
     });
     ctx->save_for_backward({g, u});
+    ctx->saved_data["isa"] = isa;
     return y;
   }
 
@@ -469,12 +299,12 @@ struct SwiGlu : public Function<SwiGlu> {
     const at::Tensor dy = grads[0].to(g.scalar_type()).contiguous();
     at::Tensor dg = at::empty_like(g);
     at::Tensor du = at::empty_like(u);
-    by_dtype(g, [&](auto* tag) {
+    kernels(ctx->saved_data["isa"].toInt(), g, [&](auto k, auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      swiglu_backward(g.data_ptr<T>(), u.data_ptr<T>(), dy.data_ptr<T>(), g.numel(), dg.data_ptr<T>(),
-                      du.data_ptr<T>());
+      decltype(k)::swiglu_backward(g.data_ptr<T>(), u.data_ptr<T>(), dy.data_ptr<T>(), g.numel(),
+                                   dg.data_ptr<T>(), du.data_ptr<T>());
     });
-    return {dg, du};
+    return {dg, du, at::Tensor()};
   }
 };
 
@@ -482,7 +312,7 @@ struct AttentionSoftmax : public Function<AttentionSoftmax> {
   // s: [B, KVH, G * Tq, Tk]; allowed: bool broadcastable to [Bm, 1, Tq, Tk] with Bm 1 or B, or, for causal
   // attention, an empty 1-D tensor (autograd's `apply` takes no undefined tensor among its inputs).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& s_in, const at::Tensor& allowed_in, int64_t tq,
-                            double scale) {
+                            double scale, int64_t isa) {
     check_cpu(s_in, "attention scores");
     TORCH_CHECK(s_in.dim() == 4 && tq > 0 && s_in.size(2) % tq == 0, "attention scores must be [B, KVH, G*Tq, Tk] "
                 "for Tq ", tq, ", got ", s_in.sizes());
@@ -498,14 +328,15 @@ struct AttentionSoftmax : public Function<AttentionSoftmax> {
     }
     at::Tensor p = at::empty_like(s);
     const int64_t rows = s.numel() / std::max<int64_t>(tk, 1);
-    by_dtype(s, [&](auto* tag) {
+    kernels(isa, s, [&](auto k, auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      softmax_forward(s.data_ptr<T>(), allowed.defined() ? allowed.data_ptr<bool>() : nullptr, rows,
-                      b == 0 ? 0 : rows / b, allowed.defined() && allowed.size(0) == b && b > 1, tq, tk,
-                      static_cast<float>(scale), p.data_ptr<T>());
+      decltype(k)::softmax_forward(s.data_ptr<T>(), allowed.defined() ? allowed.data_ptr<bool>() : nullptr, rows,
+                                   b == 0 ? 0 : rows / b, allowed.defined() && allowed.size(0) == b && b > 1, tq,
+                                   tk, static_cast<float>(scale), p.data_ptr<T>());
     });
     ctx->save_for_backward({p});
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["isa"] = isa;
     return p;
   }
 
@@ -514,12 +345,12 @@ struct AttentionSoftmax : public Function<AttentionSoftmax> {
     const at::Tensor dp = grads[0].to(p.scalar_type()).contiguous();
     const int64_t tk = p.size(3);
     at::Tensor ds = at::empty_like(p);
-    by_dtype(p, [&](auto* tag) {
+    kernels(ctx->saved_data["isa"].toInt(), p, [&](auto k, auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      softmax_backward(p.data_ptr<T>(), dp.data_ptr<T>(), p.numel() / std::max<int64_t>(tk, 1), tk,
-                       static_cast<float>(ctx->saved_data["scale"].toDouble()), ds.data_ptr<T>());
+      decltype(k)::softmax_backward(p.data_ptr<T>(), dp.data_ptr<T>(), p.numel() / std::max<int64_t>(tk, 1), tk,
+                                    static_cast<float>(ctx->saved_data["scale"].toDouble()), ds.data_ptr<T>());
     });
-    return {ds, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {ds, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -566,59 +397,59 @@ extern "C" {
 
 const char* trinity_train_op_error() { return last_error.c_str(); }
 
-// 1 when this CPU runs the kernels (AVX-512 F, BW, VL and DQ), else 0.
-int trinity_train_ops_usable() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+// Every entry point takes the instruction set to run on first (1: AVX-512 F, BW, VL and DQ; 2: AVX2 + FMA), which
+// the caller checked the CPU has.
+
+int trinity_rms_norm(int64_t isa, at::Tensor* x, at::Tensor* w, double eps, at::Tensor** out) {
+  return run(out, [&] { return RmsNorm::apply(*x, *w, eps, isa); });
 }
 
-int trinity_rms_norm(at::Tensor* x, at::Tensor* w, double eps, at::Tensor** out) {
-  return run(out, [&] { return RmsNorm::apply(*x, *w, eps); });
+int trinity_rope(int64_t isa, at::Tensor* x, at::Tensor* cos, at::Tensor* sin, at::Tensor** out) {
+  return run(out, [&] { return Rope::apply(*x, *cos, *sin, isa); });
 }
 
-int trinity_rope(at::Tensor* x, at::Tensor* cos, at::Tensor* sin, at::Tensor** out) {
-  return run(out, [&] { return Rope::apply(*x, *cos, *sin); });
-}
-
-int trinity_swiglu(at::Tensor* g, at::Tensor* u, at::Tensor** out) {
-  return run(out, [&] { return SwiGlu::apply(*g, *u); });
+int trinity_swiglu(int64_t isa, at::Tensor* g, at::Tensor* u, at::Tensor** out) {
+  return run(out, [&] { return SwiGlu::apply(*g, *u, isa); });
 }
 
 // allowed: null for causal attention.
-int trinity_attention_softmax(at::Tensor* s, at::Tensor* allowed, int64_t tq, double scale, at::Tensor** out) {
+int trinity_attention_softmax(int64_t isa, at::Tensor* s, at::Tensor* allowed, int64_t tq, double scale,
+                              at::Tensor** out) {
   return run(out, [&] {
-    return AttentionSoftmax::apply(*s, allowed ? *allowed : at::empty({0}, at::kBool), tq, scale);
+    return AttentionSoftmax::apply(*s, allowed ? *allowed : at::empty({0}, at::kBool), tq, scale, isa);
   });
 }
 
 // weighted: null without entropy.
-int trinity_vocab_softmax_add(at::Tensor* z, at::Tensor* y, int64_t start, double temperature, at::Tensor* mx,
-                              at::Tensor* sum, at::Tensor* weighted, at::Tensor* picked) {
+int trinity_vocab_softmax_add(int64_t isa, at::Tensor* z, at::Tensor* y, int64_t start, double temperature,
+                              at::Tensor* mx, at::Tensor* sum, at::Tensor* weighted, at::Tensor* picked) {
   return run_status([&] {
     check_slab(*z, *y, {{mx, "running maxima"}, {sum, "running sums"}, {picked, "picked logits"}});
     if (weighted) check_slab(*z, *y, {{weighted, "running weighted sums"}});
-    by_dtype(*z, [&](auto* tag) {
+    kernels(isa, *z, [&](auto k, auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      vocab_softmax_add(z->data_ptr<T>(), y->data_ptr<int64_t>(), z->size(0), z->size(1), start,
-                        static_cast<float>(1.0 / temperature), mx->data_ptr<float>(), sum->data_ptr<float>(),
-                        weighted ? weighted->data_ptr<float>() : nullptr, picked->data_ptr<float>());
+      decltype(k)::vocab_softmax_add(z->data_ptr<T>(), y->data_ptr<int64_t>(), z->size(0), z->size(1), start,
+                                     static_cast<float>(1.0 / temperature), mx->data_ptr<float>(),
+                                     sum->data_ptr<float>(), weighted ? weighted->data_ptr<float>() : nullptr,
+                                     picked->data_ptr<float>());
     });
   });
 }
 
 // mu and g_ent: both null when the loss does not depend on the entropy.
-int trinity_vocab_logits_grad(at::Tensor* z, at::Tensor* y, int64_t start, double temperature, at::Tensor* lse,
-                              at::Tensor* g_lp, at::Tensor* mu, at::Tensor* g_ent, at::Tensor** out) {
+int trinity_vocab_logits_grad(int64_t isa, at::Tensor* z, at::Tensor* y, int64_t start, double temperature,
+                              at::Tensor* lse, at::Tensor* g_lp, at::Tensor* mu, at::Tensor* g_ent,
+                              at::Tensor** out) {
   return run(out, [&] {
     check_slab(*z, *y, {{lse, "logsumexps"}, {g_lp, "logprob gradients"}});
     if (mu) check_slab(*z, *y, {{mu, "entropy means"}, {g_ent, "entropy gradients"}});
     at::Tensor dz = at::empty_like(*z);
-    by_dtype(*z, [&](auto* tag) {
+    kernels(isa, *z, [&](auto k, auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      vocab_logits_grad(z->data_ptr<T>(), y->data_ptr<int64_t>(), z->size(0), z->size(1), start,
-                        static_cast<float>(1.0 / temperature), lse->data_ptr<float>(), g_lp->data_ptr<float>(),
-                        mu ? mu->data_ptr<float>() : nullptr, mu ? g_ent->data_ptr<float>() : nullptr,
-                        dz.data_ptr<T>());
+      decltype(k)::vocab_logits_grad(z->data_ptr<T>(), y->data_ptr<int64_t>(), z->size(0), z->size(1), start,
+                                     static_cast<float>(1.0 / temperature), lse->data_ptr<float>(),
+                                     g_lp->data_ptr<float>(), mu ? mu->data_ptr<float>() : nullptr,
+                                     mu ? g_ent->data_ptr<float>() : nullptr, dz.data_ptr<T>());
     });
     return dz;
   });

@@ -16,9 +16,10 @@
 //!
 //! Numerics of the matmul path are transformers' eager attention in bf16: scores rounded to bf16 by the matmul,
 //! scaled, masked and softmaxed in f32, probabilities rounded to bf16 for the product with V. The softmax between
-//! the two products is one fused kernel each way where the CPU has AVX-512 ([`train_ops::attention_softmax`]; on
-//! `bench_train --dtype bf16` at 8 × 164 tokens it took the iteration from 1.42 to 1.36 s); its backward works
-//! from the rounded probabilities, which the product with V saves anyway.
+//! the two products is one fused kernel each way where the CPU has AVX-512 or AVX2
+//! ([`train_ops::attention_softmax`]; on `bench_train --dtype bf16` at 8 × 164 tokens it took the iteration from
+//! 1.42 to 1.36 s on an AVX-512 CPU); its backward works from the rounded probabilities, which the product with V
+//! saves anyway.
 
 use tch::{Device, Kind, Tensor};
 

@@ -1,6 +1,6 @@
-//! RMSNorm, RoPE, the SwiGLU product and the attention softmax as single fused kernels each way on AVX-512 CPUs
-//! (`csrc/train_ops.cpp` says why), with the libtorch ops they replace as the path everywhere else: other CPUs and
-//! devices, other dtypes, and builds without libtorch's headers or off x86-64.
+//! RMSNorm, RoPE, the SwiGLU product and the attention softmax as single fused kernels each way on x86-64 CPUs
+//! with AVX-512 or AVX2 + FMA (`csrc/train_ops.cpp` says why), with the libtorch ops they replace as the path
+//! everywhere else: other CPUs and devices, other dtypes, and builds without libtorch's headers or off x86-64.
 //!
 //! The fused kernels compute in fp32 and round once to the tensor's dtype; the libtorch path rounds bf16 after
 //! every op. Both follow transformers' order for RMSNorm: normalize in fp32, round, then scale by the weight.
@@ -10,6 +10,8 @@ use tch::Device;
 use tch::{Kind, Tensor};
 
 use crate::error::{ModelError, Result};
+#[cfg(train_ops)]
+use crate::packed::Isa;
 
 #[cfg(train_ops)]
 pub(crate) mod ffi {
@@ -17,18 +19,32 @@ pub(crate) mod ffi {
 
     unsafe extern "C" {
         pub(super) fn trinity_train_op_error() -> *const c_char;
-        pub(super) fn trinity_train_ops_usable() -> i32;
-        pub(super) fn trinity_rms_norm(x: *mut c_void, w: *mut c_void, eps: f64, out: *mut *mut c_void) -> i32;
-        pub(super) fn trinity_rope(x: *mut c_void, cos: *mut c_void, sin: *mut c_void, out: *mut *mut c_void) -> i32;
-        pub(super) fn trinity_swiglu(g: *mut c_void, u: *mut c_void, out: *mut *mut c_void) -> i32;
+        pub(super) fn trinity_rms_norm(
+            isa: i64,
+            x: *mut c_void,
+            w: *mut c_void,
+            eps: f64,
+            out: *mut *mut c_void,
+        ) -> i32;
+        pub(super) fn trinity_rope(
+            isa: i64,
+            x: *mut c_void,
+            cos: *mut c_void,
+            sin: *mut c_void,
+            out: *mut *mut c_void,
+        ) -> i32;
+        pub(super) fn trinity_swiglu(isa: i64, g: *mut c_void, u: *mut c_void, out: *mut *mut c_void) -> i32;
         pub(super) fn trinity_attention_softmax(
+            isa: i64,
             s: *mut c_void,
             allowed: *mut c_void,
             tq: i64,
             scale: f64,
             out: *mut *mut c_void,
         ) -> i32;
+        #[allow(clippy::too_many_arguments)]
         pub(crate) fn trinity_vocab_softmax_add(
+            isa: i64,
             z: *mut c_void,
             y: *mut c_void,
             start: i64,
@@ -40,6 +56,7 @@ pub(crate) mod ffi {
         ) -> i32;
         #[allow(clippy::too_many_arguments)]
         pub(crate) fn trinity_vocab_logits_grad(
+            isa: i64,
             z: *mut c_void,
             y: *mut c_void,
             start: i64,
@@ -53,13 +70,69 @@ pub(crate) mod ffi {
     }
 }
 
-/// Whether the fused kernels take `x`: the CPU runs them (AVX-512), `x` on the CPU in fp32 or bf16.
+/// The instruction sets this CPU runs the fused kernels on, fastest first: AVX-512 (F, BW, VL and DQ), then AVX2
+/// with FMA.
 #[cfg(train_ops)]
-pub(crate) fn fused(x: &Tensor) -> bool {
-    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    // SAFETY: a CPU feature query without arguments.
-    let usable = *USABLE.get_or_init(|| unsafe { ffi::trinity_train_ops_usable() } != 0);
-    usable && x.device() == Device::Cpu && matches!(x.kind(), Kind::Float | Kind::BFloat16)
+pub(crate) fn kernel_sets() -> &'static [Isa] {
+    static SETS: std::sync::OnceLock<Vec<Isa>> = std::sync::OnceLock::new();
+    SETS.get_or_init(|| {
+        use std::arch::is_x86_feature_detected as has;
+        let mut sets = Vec::new();
+        if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq") && has!("fma") {
+            sets.push(Isa::Avx512);
+        }
+        if has!("avx2") && has!("fma") {
+            sets.push(Isa::Avx2);
+        }
+        sets
+    })
+}
+
+/// The instruction set the fused kernels run `x` on, or `None` where libtorch's ops do: `x` not on the CPU or
+/// neither fp32 nor bf16, or a CPU with neither set.
+#[cfg(train_ops)]
+pub(crate) fn kernel_set(x: &Tensor) -> Option<Isa> {
+    if x.device() != Device::Cpu || !matches!(x.kind(), Kind::Float | Kind::BFloat16) {
+        return None;
+    }
+    #[cfg(test)]
+    if let Some(forced) = testing::FORCED.get() {
+        return forced;
+    }
+    kernel_sets().first().copied()
+}
+
+/// Tests run every path this CPU has: each instruction set's kernels and libtorch's ops.
+#[cfg(all(test, train_ops))]
+pub(crate) mod testing {
+    use std::cell::Cell;
+
+    use super::{Isa, kernel_sets};
+
+    thread_local! {
+        /// The path `kernel_set` gives on this thread while a test forces one: `Some(None)` is libtorch's.
+        pub(super) static FORCED: Cell<Option<Option<Isa>>> = const { Cell::new(None) };
+    }
+
+    /// Every path: each instruction set this CPU has, then libtorch's ops (`None`).
+    pub(crate) fn paths() -> Vec<Option<Isa>> {
+        kernel_sets().iter().copied().map(Some).chain([None]).collect()
+    }
+
+    /// While alive, this thread's fused ops take `path`; the ops' backward runs on the set its forward took.
+    pub(crate) struct Forced(Option<Option<Isa>>);
+
+    impl Forced {
+        pub(crate) fn new(path: Option<Isa>) -> Self {
+            Forced(FORCED.replace(Some(path)))
+        }
+    }
+
+    impl Drop for Forced {
+        fn drop(&mut self) {
+            FORCED.set(self.0);
+        }
+    }
 }
 
 /// Calls one fused op and takes ownership of the tensor it returns.
@@ -95,9 +168,9 @@ pub(crate) fn handle(t: &Tensor) -> *mut std::ffi::c_void {
 /// `w · round(x · rsqrt(mean(x²) + eps))` over the last dimension of `x`; `w` has that dimension's size.
 pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     #[cfg(train_ops)]
-    if fused(x) && w.kind() == x.kind() {
+    if let Some(isa) = kernel_set(x).filter(|_| w.kind() == x.kind()) {
         // SAFETY: both handles are live tch tensors borrowed for the call; the C++ side only reads them.
-        return call("rms_norm", |out| unsafe { ffi::trinity_rms_norm(handle(x), handle(w), eps, out) });
+        return call("rms_norm", |out| unsafe { ffi::trinity_rms_norm(isa as i64, handle(x), handle(w), eps, out) });
     }
     if x.kind() == Kind::Float {
         // libtorch's fused kernel: one pass instead of five ops.
@@ -113,9 +186,9 @@ pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 /// "Rotate half" RoPE of `x` `[B, T, H, D]` by the tables `cos`, `sin` `[1 or B, T, D]` (no gradient to them).
 pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     #[cfg(train_ops)]
-    if fused(x) && x.dim() == 4 && cos.kind() == x.kind() && sin.kind() == x.kind() {
+    if let Some(isa) = kernel_set(x).filter(|_| x.dim() == 4 && cos.kind() == x.kind() && sin.kind() == x.kind()) {
         // SAFETY: live tch tensors borrowed for the call; the C++ side only reads them.
-        return call("rope", |out| unsafe { ffi::trinity_rope(handle(x), handle(cos), handle(sin), out) });
+        return call("rope", |out| unsafe { ffi::trinity_rope(isa as i64, handle(x), handle(cos), handle(sin), out) });
     }
     crate::rope::apply(x, cos, sin)
 }
@@ -123,9 +196,9 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// `silu(gate) · up`, elementwise.
 pub(crate) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     #[cfg(train_ops)]
-    if fused(gate) && up.kind() == gate.kind() && up.size() == gate.size() {
+    if let Some(isa) = kernel_set(gate).filter(|_| up.kind() == gate.kind() && up.size() == gate.size()) {
         // SAFETY: live tch tensors borrowed for the call; the C++ side only reads them.
-        return call("swiglu", |out| unsafe { ffi::trinity_swiglu(handle(gate), handle(up), out) });
+        return call("swiglu", |out| unsafe { ffi::trinity_swiglu(isa as i64, handle(gate), handle(up), out) });
     }
     Ok(gate.f_silu()? * up)
 }
@@ -141,11 +214,11 @@ pub(crate) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 /// builds such a mask, but a caller's mask may.
 pub(crate) fn attention_softmax(s: &Tensor, allowed: Option<&Tensor>, tq: i64, scale: f64) -> Result<Tensor> {
     #[cfg(train_ops)]
-    if fused(s) {
+    if let Some(isa) = kernel_set(s) {
         let mask = allowed.map_or(std::ptr::null_mut(), handle);
         // SAFETY: live tch tensors (or null for no mask) borrowed for the call; the C++ side only reads them.
         return call("attention_softmax", |out| unsafe {
-            ffi::trinity_attention_softmax(handle(s), mask, tq, scale, out)
+            ffi::trinity_attention_softmax(isa as i64, handle(s), mask, tq, scale, out)
         });
     }
     let [_, _, rows, tk] = s.size()[..] else {
@@ -198,20 +271,22 @@ mod tests {
     }
 
     /// Each fused op against the spelled-out fp32 ops, in values and in the gradients of every input that takes
-    /// one: exact to fp32 rounding in fp32, to bf16 rounding in bf16.
+    /// one, on every path this CPU has: exact to fp32 rounding in fp32, to bf16 rounding in bf16. Row lengths that
+    /// are not a multiple of either vector width exercise the tails.
     #[test]
     fn fused_ops_match_the_spelled_out_ops_in_values_and_gradients() {
         tch::manual_seed(11);
-        let (b, t, h, d) = (3, 5, 4, 16);
+        let (b, t, h, d) = (3, 5, 4, 20);
         let cpu = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, Device::Cpu));
         let angles = cpu(&[b, t, d / 2]);
         let angles = Tensor::cat(&[&angles, &angles], -1);
         let cases: Vec<(&str, Vec<Tensor>, usize)> = vec![
-            ("rms_norm", vec![cpu(&[b, t, 48]) * 3.0, cpu(&[48]) + 1.0], 2),
+            ("rms_norm", vec![cpu(&[b, t, 37]) * 3.0, cpu(&[37]) + 1.0], 2),
             ("rms_norm", vec![cpu(&[b, t, h, d]), cpu(&[d])], 2),
             ("rope", vec![cpu(&[b, t, h, d]), angles.cos(), angles.sin()], 1),
             ("rope", vec![cpu(&[1, t, h, d]), angles.cos().narrow(0, 0, 1), angles.sin().narrow(0, 0, 1)], 1),
             ("swiglu", vec![cpu(&[b, t, 40]) * 2.0, cpu(&[b, t, 40])], 2),
+            ("swiglu", vec![cpu(&[b, t, 41]) * 2.0, cpu(&[b, t, 41])], 2),
         ];
         for (op, inputs, trainable) in &cases {
             let upstream = cpu(&inputs[0].size());
@@ -229,11 +304,14 @@ mod tests {
                 all
             };
             let want = run(Kind::Float, false);
-            for (kind, tolerance) in [(Kind::Float, 1e-5), (Kind::BFloat16, 0.02)] {
-                for (i, (w, g)) in want.iter().zip(run(kind, true)).enumerate() {
-                    let scale = w.abs().max().double_value(&[]).max(1e-3);
-                    let err = (w - &g).abs().max().double_value(&[]);
-                    assert!(err <= tolerance * scale, "{op} {kind:?} output {i}: error {err} at scale {scale}");
+            for path in testing::paths() {
+                let _path = testing::Forced::new(path);
+                for (kind, tolerance) in [(Kind::Float, 1e-5), (Kind::BFloat16, 0.02)] {
+                    for (i, (w, g)) in want.iter().zip(run(kind, true)).enumerate() {
+                        let scale = w.abs().max().double_value(&[]).max(1e-3);
+                        let err = (w - &g).abs().max().double_value(&[]);
+                        assert!(err <= tolerance * scale, "{op} {path:?} {kind:?} output {i}: {err} at scale {scale}");
+                    }
                 }
             }
         }
@@ -285,14 +363,20 @@ mod tests {
             };
             let (want_p, want_ds) = run(Kind::Float, false);
             let seen = want_p.isnan().logical_not();
-            for (kind, tolerance) in [(Kind::Float, 1e-5), (Kind::BFloat16, 0.02)] {
-                let (p, ds) = run(kind, true);
+            for (path, kind, tolerance) in
+                testing::paths().into_iter().flat_map(|p| [(p, Kind::Float, 1e-5), (p, Kind::BFloat16, 0.02)])
+            {
+                let (p, ds) = {
+                    let _path = testing::Forced::new(path);
+                    run(kind, true)
+                };
                 let p_err = (&p - &want_p).abs().masked_select(&seen).max().double_value(&[]);
                 let ds_err = (&ds - want_ds.nan_to_num(0.0, 0.0, 0.0)).abs().max().double_value(&[]);
                 let ds_scale = want_ds.nan_to_num(0.0, 0.0, 0.0).abs().max().double_value(&[]);
-                assert!(p_err <= tolerance, "{kind:?} tq {tq}: probabilities off by {p_err}");
-                assert!(ds_err <= tolerance * ds_scale, "{kind:?} tq {tq}: gradient off by {ds_err} at {ds_scale}");
-                assert_eq!(p.masked_select(&seen.logical_not()).abs().sum(Kind::Float).double_value(&[]), 0.0);
+                let at = format!("{path:?} {kind:?} tq {tq}");
+                assert!(p_err <= tolerance, "{at}: probabilities off by {p_err}");
+                assert!(ds_err <= tolerance * ds_scale, "{at}: gradient off by {ds_err} at {ds_scale}");
+                assert_eq!(p.masked_select(&seen.logical_not()).abs().sum(Kind::Float).double_value(&[]), 0.0, "{at}");
             }
         }
     }
@@ -302,9 +386,12 @@ mod tests {
     fn a_bad_shape_is_an_error_naming_the_op() {
         let x = Tensor::randn([2, 3, 8], (Kind::Float, Device::Cpu));
         let w = Tensor::ones([7], (Kind::Float, Device::Cpu));
-        let err = rms_norm(&x, &w, 1e-5).unwrap_err().to_string();
-        if fused(&x) {
-            assert!(err.contains("fused rms_norm") && err.contains("7 elements"), "{err}");
+        for path in testing::paths() {
+            let _path = testing::Forced::new(path);
+            let err = rms_norm(&x, &w, 1e-5).unwrap_err().to_string();
+            if path.is_some() {
+                assert!(err.contains("fused rms_norm") && err.contains("7 elements"), "{path:?}: {err}");
+            }
         }
     }
 }

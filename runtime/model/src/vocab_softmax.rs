@@ -7,7 +7,7 @@
 //! - the logprob `ℓ = z_y − lse` and the entropy `H = lse − μ`;
 //! - `∂ℓ/∂z = onehot(y) − p` and `∂H/∂z = −p (z − μ)`; the logits' gradient is that over `T`.
 //!
-//! On AVX-512 CPUs each slab is one fused pass each way (`csrc/train_ops.cpp`), reading the matmul's logits in
+//! On AVX-512 and AVX2 CPUs each slab is one fused pass each way (`csrc/train_ops.cpp`), reading the matmul's logits in
 //! their dtype and computing in fp32. Spelled out in libtorch ops it is about ten kernels each way, every one
 //! streaming a slab through memory: 150 ms of a 1.33 s SmolLM2 train step (8 × 164 tokens, bf16, 2 cores of a
 //! Xeon with AMX). Elsewhere those libtorch ops run, with the same results to fp32 rounding.
@@ -16,7 +16,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
 #[cfg(train_ops)]
-use crate::train_ops::{call, call_in_place, ffi, fused, handle};
+use crate::train_ops::{call, call_in_place, ffi, handle, kernel_set};
 
 /// Each row's softmax statistics so far, `[rows]` f32 each.
 #[derive(Debug)]
@@ -62,13 +62,14 @@ impl VocabSoftmax {
     /// dtype, as the head's matmul gives them) for targets `y` `[rows]` (int64).
     pub fn add(&mut self, logits: &Tensor, y: &Tensor, start: i64, temperature: f64) -> Result<()> {
         #[cfg(train_ops)]
-        if fused(logits) {
+        if let Some(isa) = kernel_set(logits) {
             let (z, y) = (logits.f_contiguous()?, y.f_contiguous()?);
             let weighted = self.weighted.as_ref().map_or(std::ptr::null_mut(), handle);
             // SAFETY: live tch tensors (or null) borrowed for the call; the C++ side checks their shapes and
             // dtypes, reads the logits and targets, and writes only the four `[rows]` statistics in place.
             return call_in_place("vocab softmax", || unsafe {
                 ffi::trinity_vocab_softmax_add(
+                    isa as i64,
                     handle(&z),
                     handle(&y),
                     start,
@@ -121,7 +122,7 @@ pub fn logits_grad(
     upstream: RowGrads,
 ) -> Result<Tensor> {
     #[cfg(train_ops)]
-    if fused(logits) {
+    if let Some(isa) = kernel_set(logits) {
         let (z, y) = (logits.f_contiguous()?, y.f_contiguous()?);
         let (mu, g_ent) =
             upstream.entropy.map_or((std::ptr::null_mut(), std::ptr::null_mut()), |(mu, g)| (handle(mu), handle(g)));
@@ -129,6 +130,7 @@ pub fn logits_grad(
         // shapes and dtypes, only reads them, and returns a new tensor.
         return call("vocab logits gradient", |out| unsafe {
             ffi::trinity_vocab_logits_grad(
+                isa as i64,
                 handle(&z),
                 handle(&y),
                 start,
@@ -178,8 +180,9 @@ mod tests {
     use super::*;
 
     /// Slab by slab (several, the last one short, with a temperature) the statistics and the logits' gradient
-    /// equal the whole-vocabulary formulas under autograd, in fp32; in bf16 and f16 to their precision. f16
-    /// takes the libtorch path on every CPU, fp32 and bf16 the fused kernels where the CPU has them.
+    /// equal the whole-vocabulary formulas under autograd, in fp32; in bf16 and f16 to their precision, on every
+    /// path this CPU has. f16 takes the libtorch path on every CPU, fp32 and bf16 each instruction set's kernels
+    /// where the CPU has it, and libtorch's ops.
     #[test]
     fn slabs_match_the_whole_vocabulary_under_autograd() {
         tch::manual_seed(7);
@@ -195,7 +198,14 @@ mod tests {
         ((&want_lp * &g_lp).sum(Kind::Float) + (&want_ent * g_ent).sum(Kind::Float)).backward();
         let want_grad = z.grad();
 
-        for (kind, tolerance) in [(Kind::Float, 2e-5), (Kind::BFloat16, 0.02), (Kind::Half, 0.005)] {
+        let kinds = [(Kind::Float, 2e-5), (Kind::BFloat16, 0.02), (Kind::Half, 0.005)];
+        #[cfg(train_ops)]
+        let paths = crate::train_ops::testing::paths();
+        #[cfg(not(train_ops))]
+        let paths = [()];
+        for (path, (kind, tolerance)) in paths.into_iter().flat_map(|p| kinds.map(|k| (p, k))) {
+            #[cfg(train_ops)]
+            let _path = crate::train_ops::testing::Forced::new(path);
             let logits = z0.to_kind(kind);
             let mut softmax = VocabSoftmax::new(rows, true, Device::Cpu).unwrap();
             for start in (0..vocab).step_by(cols as usize) {
@@ -207,7 +217,7 @@ mod tests {
             let close = |a: &Tensor, b: &Tensor, what: &str| {
                 let (diff, scale) = ((a.to_kind(Kind::Float) - b).abs().max().double_value(&[]), b.abs().max());
                 let scale = scale.double_value(&[]).max(1.0);
-                assert!(diff <= tolerance * scale, "{kind:?} {what}: {diff} (values up to {scale})");
+                assert!(diff <= tolerance * scale, "{path:?} {kind:?} {what}: {diff} (values up to {scale})");
             };
             close(&stats.logprob, &want_lp.detach(), "logprob");
             close(&entropy, &want_ent.detach(), "entropy");
