@@ -73,40 +73,69 @@ fn one_row(row: &[f32], spec: &RowSpec<'_>, z: &mut [f32]) -> (u32, f32) {
     (id as u32, logit - lse)
 }
 
-/// The loops, compiled twice: portable, and for AVX-512 where the CPU has it (the exponential vectorizes).
+/// The loops, compiled three times: portable, for AVX2 + FMA and for AVX-512, the widest taken where the CPU has
+/// it. The exponential needs a vector rounding instruction to vectorize; baseline x86-64 (SSE2) has none, so the
+/// portable copy runs it a lane at a time.
 mod kernels {
-    /// Whether this CPU runs the loops 16 lanes wide, checked once.
-    fn wide() -> bool {
+    /// The instruction sets the loops are compiled for.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    enum Width {
+        Portable,
+        Avx2,
+        Avx512,
+    }
+
+    /// The widest set this CPU runs the loops on, checked once.
+    fn width() -> Width {
         #[cfg(target_arch = "x86_64")]
         {
-            static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            *WIDE.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+            static WIDTH: std::sync::OnceLock<Width> = std::sync::OnceLock::new();
+            *WIDTH.get_or_init(|| {
+                use std::arch::is_x86_feature_detected as has;
+                if has!("avx512f") {
+                    Width::Avx512
+                } else if has!("avx2") && has!("fma") {
+                    Width::Avx2
+                } else {
+                    Width::Portable
+                }
+            })
         }
         #[cfg(not(target_arch = "x86_64"))]
-        false
+        Width::Portable
     }
 
     macro_rules! dispatch {
-        ($name:ident, $wide:ident, $body:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        ($name:ident, $body:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
             pub(super) fn $name($($arg: $ty),*) -> $ret {
                 #[cfg(target_arch = "x86_64")]
-                if wide() {
-                    // SAFETY: `wide` is true only where the CPU has AVX-512F.
-                    return unsafe { $wide($($arg),*) };
-                }
-                $body($($arg),*)
-            }
+                {
+                    #[target_feature(enable = "avx512f,avx2,fma")]
+                    fn avx512($($arg: $ty),*) -> $ret {
+                        $body($($arg),*)
+                    }
 
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx512f,avx2,fma")]
-            fn $wide($($arg: $ty),*) -> $ret {
+                    #[target_feature(enable = "avx2,fma")]
+                    fn avx2($($arg: $ty),*) -> $ret {
+                        $body($($arg),*)
+                    }
+
+                    match width() {
+                        // SAFETY: `width` is Avx512 only where the CPU has AVX-512F.
+                        Width::Avx512 => return unsafe { avx512($($arg),*) },
+                        // SAFETY: `width` is Avx2 only where the CPU has AVX2 and FMA.
+                        Width::Avx2 => return unsafe { avx2($($arg),*) },
+                        Width::Portable => {}
+                    }
+                }
                 $body($($arg),*)
             }
         };
     }
 
-    dispatch!(max_and_sum, max_and_sum_avx512, max_and_sum_body, (z: &[f32]) -> (f32, f32));
-    dispatch!(inverse_cdf, inverse_cdf_avx512, inverse_cdf_body, (z: &mut [f32], top: f32, u: f64) -> usize);
+    dispatch!(max_and_sum, max_and_sum_body, (z: &[f32]) -> (f32, f32));
+    dispatch!(inverse_cdf, inverse_cdf_body, (z: &mut [f32], top: f32, u: f64) -> usize);
 
     /// `e^x` for `x <= 0` (a larger `x` is taken as 0) to about 2 ulp, branch-free so that loops over it
     /// vectorize: `2^n · p(r)` with `n = round(x / ln 2)`, `r = x − n ln 2` (in two parts) and Cephes' degree-6

@@ -9,8 +9,8 @@
 //! both agree to the rounding of a fused multiply-add.
 //!
 //! The loops are generic over the gradient's dtype and branch-free inside, so the compiler vectorizes them, and
-//! they are compiled a second time for AVX-512, taken where the CPU has it. A per-element match on the dtype had
-//! kept them scalar: clipping and the update took 0.33–0.50 s of each SmolLM2 GRPO train step (bf16 with fp32
+//! they are compiled again for AVX2 and for AVX-512, the widest taken where the CPU has it. A per-element match
+//! on the dtype had kept them scalar: clipping and the update took 0.33–0.50 s of each SmolLM2 GRPO train step (bf16 with fp32
 //! masters, 2 cores of a Xeon with AMX), a fifth of the trainer's CPU samples; vectorized, 0.13–0.21 s.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -160,17 +160,68 @@ fn parallel(slots: &[Slot], threads: usize, work: impl Fn(&Slot, usize, usize) +
     });
 }
 
-/// Whether this CPU runs the loops below 16 lanes wide (AVX-512), checked once.
-fn wide() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *WIDE.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+/// The instruction sets the loops below are compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Width {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+/// Every set this CPU runs the loops on, widest first, checked once (the tests run them all).
+fn widths() -> &'static [Width] {
+    static WIDTHS: std::sync::OnceLock<Vec<Width>> = std::sync::OnceLock::new();
+    WIDTHS.get_or_init(|| {
+        let mut widths = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
+                widths.push(Width::Avx512);
+            }
+            if has!("avx2") && has!("fma") {
+                widths.push(Width::Avx2);
+            }
+        }
+        widths.push(Width::Portable);
+        widths
+    })
+}
+
+fn widest() -> Width {
+    widths()[0]
+}
+
+/// `fn $name<G>(width, args) -> ret`: runs `$body(args)` compiled for `width`. The body is written once,
+/// `#[inline(always)]`, so each copy is compiled (and vectorized) for its set's registers.
+macro_rules! on_width {
+    ($name:ident, $body:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        fn $name<G: GradElem>(width: Width, $($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                fn avx512<G: GradElem>($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2<G: GradElem>($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+
+                match width {
+                    // SAFETY: `widths` lists Avx512 only where the CPU has AVX-512 F, BW and VL.
+                    Width::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: `widths` lists Avx2 only where the CPU has AVX2 and FMA.
+                    Width::Avx2 => return unsafe { avx2($($arg),*) },
+                    Width::Portable => {}
+                }
+            }
+            let _ = width;
+            $body($($arg),*)
+        }
+    };
 }
 
 /// One AdamW update of every slot.
@@ -179,7 +230,7 @@ fn wide() -> bool {
 /// Every slot's pointers must be valid for `len` elements, stay alive for the call, and no two slots (nor
 /// anything else during the call) may share memory with a slot's weight, moments or bf16 parameter.
 pub(super) unsafe fn adamw(slots: &[Slot], c: Coefficients, threads: usize) {
-    let wide = wide();
+    let width = widest();
     parallel(slots, threads, |s, start, end| {
         let n = end - start;
         // SAFETY: `start..end` lies within the slot's `len` elements and the buffers are exclusively ours (the
@@ -191,10 +242,10 @@ pub(super) unsafe fn adamw(slots: &[Slot], c: Coefficients, threads: usize) {
             let low = s.low.map(|p| std::slice::from_raw_parts_mut(p.add(start), n));
             match s.grad {
                 Grad::F32(p) => {
-                    update(wide, Range { w, m, v, g: std::slice::from_raw_parts(p.add(start), n), low }, &c)
+                    update(width, Range { w, m, v, g: std::slice::from_raw_parts(p.add(start), n), low }, &c)
                 }
                 Grad::Bf16(p) => {
-                    update(wide, Range { w, m, v, g: std::slice::from_raw_parts(p.add(start), n), low }, &c)
+                    update(width, Range { w, m, v, g: std::slice::from_raw_parts(p.add(start), n), low }, &c)
                 }
             }
         }
@@ -210,22 +261,8 @@ struct Range<'a, G> {
     low: Option<&'a mut [u16]>,
 }
 
-/// The AdamW update of one range, on the widest vectors the CPU has.
-fn update<G: GradElem>(wide: bool, range: Range<'_, G>, c: &Coefficients) {
-    #[cfg(target_arch = "x86_64")]
-    if wide {
-        // SAFETY: `wide` is true only where the CPU has AVX-512F and BW.
-        return unsafe { update_avx512(range, c) };
-    }
-    let _ = wide;
-    update_body(range, c)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-fn update_avx512<G: GradElem>(range: Range<'_, G>, c: &Coefficients) {
-    update_body(range, c)
-}
+// The AdamW update of one range, on a set's vectors.
+on_width!(update, update_body, (range: Range<'_, G>, c: &Coefficients) -> ());
 
 /// The update itself: the same fp32 operations in the same order as the libtorch path (no contraction into
 /// fused multiply-adds: Rust does not contract). Without weight decay the factor is 1, which leaves `w` exact.
@@ -261,14 +298,14 @@ fn update_body<G: GradElem>(range: Range<'_, G>, c: &Coefficients) {
 /// # Safety
 /// Every slot's gradient pointer must be valid for `len` elements for the duration of the call.
 pub(super) unsafe fn sum_of_squares(slots: &[Slot], threads: usize) -> f64 {
-    let wide = wide();
+    let width = widest();
     let total = std::sync::Mutex::new(0.0f64);
     parallel(slots, threads, |s, start, end| {
         // SAFETY: `start..end` lies within the gradient's `len` elements (the caller's contract).
         let sum = unsafe {
             match s.grad {
-                Grad::F32(p) => squares(wide, std::slice::from_raw_parts(p.add(start), end - start)),
-                Grad::Bf16(p) => squares(wide, std::slice::from_raw_parts(p.add(start), end - start)),
+                Grad::F32(p) => squares(width, std::slice::from_raw_parts(p.add(start), end - start)),
+                Grad::Bf16(p) => squares(width, std::slice::from_raw_parts(p.add(start), end - start)),
             }
         };
         *total.lock().unwrap_or_else(std::sync::PoisonError::into_inner) += sum;
@@ -284,35 +321,21 @@ pub(super) unsafe fn sum_of_squares(slots: &[Slot], threads: usize) -> f64 {
 /// Every slot's gradient pointer must be valid for `len` elements, and nothing else may read or write the
 /// gradients during the call.
 pub(super) unsafe fn scale_grads(slots: &[Slot], coef: f32, threads: usize) {
-    let wide = wide();
+    let width = widest();
     parallel(slots, threads, |s, start, end| {
         let n = end - start;
         // SAFETY: `start..end` lies within the gradient's `len` elements, which are ours alone for the call (the
         // caller's contract); threads work on disjoint ranges.
         unsafe {
             match s.grad {
-                Grad::F32(p) => scale(wide, std::slice::from_raw_parts_mut(p.cast_mut().add(start), n), coef),
-                Grad::Bf16(p) => scale(wide, std::slice::from_raw_parts_mut(p.cast_mut().add(start), n), coef),
+                Grad::F32(p) => scale(width, std::slice::from_raw_parts_mut(p.cast_mut().add(start), n), coef),
+                Grad::Bf16(p) => scale(width, std::slice::from_raw_parts_mut(p.cast_mut().add(start), n), coef),
             }
         }
     });
 }
 
-fn scale<G: GradElem>(wide: bool, g: &mut [G], coef: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if wide {
-        // SAFETY: `wide` is true only where the CPU has AVX-512F and BW.
-        return unsafe { scale_avx512(g, coef) };
-    }
-    let _ = wide;
-    scale_body(g, coef)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-fn scale_avx512<G: GradElem>(g: &mut [G], coef: f32) {
-    scale_body(g, coef)
-}
+on_width!(scale, scale_body, (g: &mut [G], coef: f32) -> ());
 
 #[inline(always)]
 fn scale_body<G: GradElem>(g: &mut [G], coef: f32) {
@@ -321,21 +344,7 @@ fn scale_body<G: GradElem>(g: &mut [G], coef: f32) {
     }
 }
 
-fn squares<G: GradElem>(wide: bool, g: &[G]) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    if wide {
-        // SAFETY: `wide` is true only where the CPU has AVX-512F and BW.
-        return unsafe { squares_avx512(g) };
-    }
-    let _ = wide;
-    squares_body(g)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-fn squares_avx512<G: GradElem>(g: &[G]) -> f64 {
-    squares_body(g)
-}
+on_width!(squares, squares_body, (g: &[G]) -> f64);
 
 /// Σ g² in eight f64 lanes (a fixed summation order, so the result does not depend on the vector width).
 #[inline(always)]
@@ -359,7 +368,7 @@ fn squares_body<G: GradElem>(g: &[G]) -> f64 {
 mod tests {
     use super::*;
 
-    /// The loops, portable and (where the CPU has it) AVX-512, give the bits of the update written out one
+    /// The loops, on every set this CPU has (portable, AVX2, AVX-512), give the bits of the update written out one
     /// element at a time, for both gradient dtypes, with weight decay, a bf16 copy and a NaN gradient that must
     /// come out as bf16 NaN; and the same sum of squares.
     #[test]
@@ -398,24 +407,24 @@ mod tests {
             let want = (bits(&w), bits(&m), bits(&v), low);
             let want_squares: f64 = (0..17).map(|i| f64::from(grad(i)).powi(2)).sum();
             assert_eq!(want.3[17], 0x7fc0, "a NaN update must give bf16 NaN");
-            for wide in [false, wide()] {
+            for &width in widths() {
                 let (mut w, mut m, mut v) = start();
                 let mut low = vec![0u16; n];
                 let squares = if bf16 {
-                    update(wide, Range { w: &mut w, m: &mut m, v: &mut v, g: &g16, low: Some(&mut low) }, &c);
-                    squares(wide, &g16[..17])
+                    update(width, Range { w: &mut w, m: &mut m, v: &mut v, g: &g16, low: Some(&mut low) }, &c);
+                    squares(width, &g16[..17])
                 } else {
-                    update(wide, Range { w: &mut w, m: &mut m, v: &mut v, g: &g32, low: Some(&mut low) }, &c);
-                    squares(wide, &g32[..17])
+                    update(width, Range { w: &mut w, m: &mut m, v: &mut v, g: &g32, low: Some(&mut low) }, &c);
+                    squares(width, &g32[..17])
                 };
-                assert!((bits(&w), bits(&m), bits(&v), low) == want, "bf16 gradient {bf16}, wide {wide}");
+                assert!((bits(&w), bits(&m), bits(&v), low) == want, "bf16 gradient {bf16}, {width:?}");
                 assert!((squares - want_squares).abs() <= 1e-12 * want_squares, "{squares} vs {want_squares}");
             }
         }
     }
 
     /// Scaling in place gives PyTorch's clipping multiply bit for bit (the gradient times the fp32 coefficient,
-    /// rounded to the gradient's dtype), in fp32 and bf16, on both loops.
+    /// rounded to the gradient's dtype), in fp32 and bf16, on every set this CPU has.
     #[test]
     fn scaling_matches_pytorch_clipping() {
         let values: Vec<f32> = (0..999).map(|i| ((i * 7919) % 2003) as f32 / 97.0 - 10.0).collect();
@@ -424,18 +433,18 @@ mod tests {
             let grad = Tensor::from_slice(&values).to_kind(kind);
             let want = (grad.to_kind(Kind::Float) * f64::from(coef)).to_kind(kind);
             let want = Vec::<f32>::try_from(want.to_kind(Kind::Float)).unwrap();
-            for wide in [false, wide()] {
+            for &width in widths() {
                 let got: Vec<f32> = if kind == Kind::Float {
                     let mut g = values.clone();
-                    scale(wide, &mut g, coef);
+                    scale(width, &mut g, coef);
                     g
                 } else {
                     let mut g: Vec<u16> = values.iter().map(|&x| to_bf16(x)).collect();
-                    scale(wide, &mut g, coef);
+                    scale(width, &mut g, coef);
                     g.iter().map(|x| x.f32()).collect()
                 };
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "{kind:?}, wide {wide}");
+                assert_eq!(bits(&got), bits(&want), "{kind:?}, {width:?}");
             }
         }
     }
