@@ -22,6 +22,7 @@ use trinity_serve::{CommitReport, ExperienceSink, ServeOptions, SinkFuture};
 
 use crate::error::RftError;
 use crate::explorer::{Explorer, ExplorerRole};
+use crate::json_file;
 use crate::models;
 use crate::modes::shared_buffer;
 use crate::pipeline::ExperiencePipeline;
@@ -62,8 +63,8 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
         .await
         .map_err(|e| RftError::Unsupported(format!("serve on {address}: {e}")))?;
     let url = format!("http://{}", server.local_addr());
-    let url_file = job_dir.join(format!("{name}_server_url.txt"));
-    std::fs::write(&url_file, format!("{url}\n")).map_err(|source| RftError::Io { path: url_file, source })?;
+    // Agents and tests poll for this file: it appears whole (a plain write let a reader see it empty).
+    json_file::replace(&job_dir.join(format!("{name}_server_url.txt")), format!("{url}\n").as_bytes())?;
     buffer.set_producer(&name, ProducerState::Running).await?;
     tracing::info!(
         "serving `{}` at {url}/v1 (OpenAI API); commits go to buffer `{}`",
