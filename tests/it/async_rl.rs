@@ -197,6 +197,15 @@ fn two_explorers_feed_one_trainer_through_postgresql() {
     let explorer_b = explorer.replacen("explorer:\n", "explorer:\n  name: explorer_b\n", 1);
     assert_ne!(explorer, explorer_b);
     std::fs::write(dir.path().join("explorer_b.yaml"), explorer_b).unwrap();
+    // The trainer knows the explorers that have registered in the buffer: on a loaded machine one explorer could
+    // finish its three steps before the other had started, and the trainer would rightly end after those. A
+    // launcher that starts both is modelled by registering both first (each registers itself again at start).
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+        let store = trinity_buffer::PgStore::connect(&server.url(), "exp").await.unwrap();
+        for name in ["explorer", "explorer_b"] {
+            store.set_producer(name, trinity_buffer::ProducerState::Running).await.unwrap();
+        }
+    });
     let trainer = spawn_run(dir.path(), "trainer.yaml");
     let a = spawn_run(dir.path(), "explorer.yaml");
     let b = spawn_run(dir.path(), "explorer_b.yaml");
