@@ -64,10 +64,6 @@ namespace avx512 {
 
 #include "simd_avx512.inc"
 
-using V = Simd::V;
-using Mask = Simd::Mask;
-constexpr int64_t kW = Simd::kWidth;
-
 // Loads and stores of fp32 lanes from either element type; bf16 rounds to nearest even, NaN stays NaN.
 inline V load(Mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
 inline V load(Mask m, const c10::BFloat16* p) {
@@ -104,10 +100,6 @@ inline Mask bytes_set(Mask tail, const bool* row) {
 namespace avx2 {
 
 #include "simd_avx2.inc"
-
-using V = Simd::V;
-using Mask = Simd::Mask;
-constexpr int64_t kW = Simd::kWidth;
 
 // How many elements from the first a masked access may touch: its highest lane + 1. Every mask the kernels build
 // lies within its row's tail, so those elements are in bounds; AVX2 has no masked 16-bit or byte loads, so the
