@@ -36,6 +36,8 @@
 #include <utility>
 #include <vector>
 
+#include "packed_gemm.h"
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -165,18 +167,15 @@ inline Mask bytes_set(Mask tail, const bool* row) {
 
 namespace {
 
-// The instruction sets, as `packed::Isa` numbers them on the Rust side (and trinity::Isa in packed_gemm.h).
-constexpr int64_t kIsaAvx512 = 1;
-constexpr int64_t kIsaAvx2 = 2;
-
-// Calls `f` with the kernels of instruction set `isa` (a `Kernels` value of that set's namespace) and a null
-// pointer of `t`'s element type, fp32 or bf16 (the ops check the dtype first), so that each op's kernel call is
-// written once for both sets and both types.
+// Calls `f` with the kernels of instruction set `isa` (`trinity::Isa`'s numbering, which Rust's `packed::Isa`
+// shares; a `Kernels` value of that set's namespace) and a null pointer of `t`'s element type, fp32 or bf16 (the
+// ops check the dtype first), so that each op's kernel call is written once for both sets and both types.
 template <typename F>
 void kernels(int64_t isa, const at::Tensor& t, F f) {
-  TORCH_CHECK(isa == kIsaAvx512 || isa == kIsaAvx2, "unknown instruction set ", isa);
+  const auto set = static_cast<trinity::Isa>(isa);
+  TORCH_CHECK(set == trinity::Isa::kAvx512 || set == trinity::Isa::kAvx2, "unknown instruction set ", isa);
   const bool fp32 = t.scalar_type() == at::kFloat;
-  if (isa == kIsaAvx2) {
+  if (set == trinity::Isa::kAvx2) {
     if (fp32)
       f(avx2::Kernels{}, static_cast<float*>(nullptr));
     else
