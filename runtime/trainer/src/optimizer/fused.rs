@@ -10,8 +10,9 @@
 //!
 //! The loops are generic over the gradient's dtype and branch-free inside, so the compiler vectorizes them, and
 //! they are compiled again for AVX2 and for AVX-512, the widest taken where the CPU has it. A per-element match
-//! on the dtype had kept them scalar: clipping and the update took 0.33–0.50 s of each SmolLM2 GRPO train step (bf16 with fp32
-//! masters, 2 cores of a Xeon with AMX), a fifth of the trainer's CPU samples; vectorized, 0.13–0.21 s.
+//! on the dtype had kept them scalar: clipping and the update took 0.33–0.50 s of each SmolLM2 GRPO train step
+//! (bf16 with fp32 masters, 2 cores of a Xeon with AMX), a fifth of the trainer's CPU samples; vectorized,
+//! 0.13–0.21 s.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
