@@ -11,6 +11,7 @@ enum class Isa : int64_t {
   kAvx512 = 1,  // AVX-512F (+ AVX512-BF16 for bf16 weights): a 16-column panel is one zmm
   kAvx2 = 2,    // AVX2 + FMA: a 16-column panel is two ymm; bf16 weights are widened to fp32 in registers
   kAmx = 3,     // bf16 weights only: AVX-512's kernels with the matmuls on AMX tiles (amx_usable())
+  kAvx512Core = 4,  // bf16 weights only, AVX-512F without AVX512-BF16: a panel is one zmm, widened to fp32
 };
 
 // Whether this CPU has AMX-TILE + AMX-BF16 and the kernel lets this process use the tile registers (Linux hands

@@ -4,9 +4,11 @@
 //! larger than the caches).
 //!
 //! `cargo run --release -p trinity-model --example decode_profile -- --model FILE.gguf [--dtype f32|bf16]
-//! [--batch 1] [--threads 2] [--prompt-tokens 48] [--new-tokens 128] [--no-pack]`
+//! [--batch 1] [--threads 2] [--prompt-tokens 48] [--new-tokens 128] [--no-pack] [--isa amx|avx512|avx512core|avx2]`
 //!
 //! `--no-pack` skips `prepare_decode`, so the step runs libtorch's kernels: the packed kernels' gain on this CPU.
+//! `--isa` packs for that instruction set instead of the fastest one the CPU has, to compare two sets' kernels
+//! in one binary.
 //!
 //! The step is the engine's: `forward_with_cache` on B one-token rows, `logits`, then the greedy path of the
 //! engine's sampler (f32 log-softmax, argmax, gather, one host copy) repeated here with the same ops. The engine
@@ -27,6 +29,7 @@ struct Args {
     prompt_tokens: i64,
     new_tokens: i64,
     no_pack: bool,
+    isa: Option<trinity_model::PackedIsa>,
 }
 
 fn parse_args() -> Result<Args, Error> {
@@ -38,6 +41,7 @@ fn parse_args() -> Result<Args, Error> {
         prompt_tokens: 48,
         new_tokens: 128,
         no_pack: false,
+        isa: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -53,6 +57,16 @@ fn parse_args() -> Result<Args, Error> {
             "--threads" => args.threads = value.parse()?,
             "--prompt-tokens" => args.prompt_tokens = value.parse()?,
             "--new-tokens" => args.new_tokens = value.parse()?,
+            "--isa" => {
+                use trinity_model::PackedIsa as Isa;
+                args.isa = Some(match value.as_str() {
+                    "amx" => Isa::Amx,
+                    "avx512" => Isa::Avx512,
+                    "avx512core" => Isa::Avx512Core,
+                    "avx2" => Isa::Avx2,
+                    _ => return Err(format!("--isa {value}: expected amx, avx512, avx512core or avx2").into()),
+                })
+            }
             _ => return Err(format!("unknown flag {flag}").into()),
         }
     }
@@ -89,7 +103,14 @@ fn main() -> Result<(), Error> {
     tch::set_num_threads(args.threads);
     let kind = trinity_model::parse_kind(&args.dtype)?;
     let mut model = trinity_model::load_model(&args.model, kind, Device::Cpu)?;
-    let packed = !args.no_pack && model.decoder.prepare_decode()?;
+    let isa = args.isa.or_else(|| trinity_model::PackedIsa::best(kind));
+    let packed = match (args.no_pack, isa) {
+        (false, Some(isa)) => model.decoder.prepare_decode_on(isa)?,
+        _ => false,
+    };
+    if let (false, Some(isa), false) = (args.no_pack, isa, packed) {
+        return Err(format!("this CPU cannot run the {isa:?} kernels on {} weights", args.dtype).into());
+    }
     let decoder = &model.decoder;
     let config = decoder.config().clone();
     let (b, p, n) = (args.batch, args.prompt_tokens, args.new_tokens);
@@ -206,7 +227,7 @@ fn main() -> Result<(), Error> {
         args.model.display(),
         args.dtype,
         args.threads,
-        if packed { format!(" ({:?})", trinity_model::PackedIsa::best(kind)) } else { String::new() }
+        if packed { format!(" ({:?})", isa.expect("packed on a set")) } else { String::new() }
     );
     println!("  step {:.2} ms = {:.1} tok/s (before the engine's scheduling)", ms(step), b as f64 / step);
     if packed {

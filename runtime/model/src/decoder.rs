@@ -267,7 +267,7 @@ impl Decoder {
     /// cache: create the cache after this call. Returns whether packed decoding is now active.
     pub fn prepare_decode(&mut self) -> Result<bool> {
         match packed::Isa::best(self.kind) {
-            Some(isa) => self.prepare_decode_for(isa),
+            Some(isa) => self.prepare_decode_on(isa),
             None => {
                 self.fast = None;
                 Ok(false)
@@ -275,8 +275,9 @@ impl Decoder {
         }
     }
 
-    /// [`Decoder::prepare_decode`] on a given instruction set (the tests run every set the CPU has).
-    fn prepare_decode_for(&mut self, isa: packed::Isa) -> Result<bool> {
+    /// [`Decoder::prepare_decode`] on a given instruction set, `false` where this CPU lacks it for the weights'
+    /// dtype (the tests run every set the CPU has; `decode_profile --isa` compares two).
+    pub fn prepare_decode_on(&mut self, isa: packed::Isa) -> Result<bool> {
         self.fast = None;
         // The packed kernels know nothing of adapters; a model carrying them keeps the libtorch path.
         if self.device() != Device::Cpu || !isa.runs(self.kind) || self.has_lora() {
@@ -320,9 +321,34 @@ impl Decoder {
     /// Call after changing weights through shared handles ([`Decoder::var_store`] variables): refreshes the
     /// packed decode copies, if any, so generation sees the new values.
     pub fn weights_changed(&mut self) -> Result<()> {
-        if let Some(isa) = self.fast.as_ref().map(|f| f.isa) {
-            self.prepare_decode_for(isa)?;
+        if self.has_lora() {
+            // Adapters attached since packing: the packed path no longer applies.
+            self.fast = None;
         }
+        let Some(fast) = self.fast.as_mut() else { return Ok(()) };
+        // In place: the same tensors were packed, only their values changed.
+        for (packed, layer) in fast.layers.iter_mut().zip(&self.layers) {
+            for (copy, linears) in [
+                (&mut packed.qkv, [&layer.q, &layer.k, &layer.v].as_slice()),
+                (&mut packed.o, &[&layer.o]),
+                (&mut packed.gate_up, &[&layer.gate, &layer.up]),
+                (&mut packed.down, &[&layer.down]),
+            ] {
+                if let Some(copy) = copy {
+                    let weights: Vec<&Tensor> = linears.iter().map(|l| &l.weight).collect();
+                    let biases: Vec<Option<&Tensor>> = linears.iter().map(|l| l.bias.as_ref()).collect();
+                    copy.repack(&weights, &biases)?;
+                }
+            }
+            packed.input_norm = fp32(&layer.input_norm)?;
+            packed.post_norm = fp32(&layer.post_norm)?;
+            packed.q_norm = layer.q_norm.as_ref().map(fp32).transpose()?;
+            packed.k_norm = layer.k_norm.as_ref().map(fp32).transpose()?;
+        }
+        if let Some(head) = &mut fast.lm_head {
+            head.repack(&[&self.lm_head], &[None])?;
+        }
+        fast.norm = fp32(&self.norm)?;
         Ok(())
     }
 
@@ -1002,7 +1028,7 @@ mod tests {
             // Same weights by copy: tests share the global RNG, so two seeded loads may differ.
             let mut fast = model_with(config);
             fast.copy_weights_from(&plain).unwrap();
-            assert!(fast.prepare_decode_for(isa).unwrap());
+            assert!(fast.prepare_decode_on(isa).unwrap());
             let f = fast.fast.as_ref().unwrap();
             assert_eq!(f.isa, isa);
             let packed = f.layers.iter().flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down]).filter(|p| p.is_some());
@@ -1063,7 +1089,7 @@ mod tests {
             reference.copy_weights_from(&weights).unwrap();
             let mut fast = load(Kind::BFloat16);
             fast.copy_weights_from(&weights).unwrap();
-            assert!(fast.prepare_decode_for(isa).unwrap(), "{isa:?} {family:?}: a bf16 model packs on this CPU");
+            assert!(fast.prepare_decode_on(isa).unwrap(), "{isa:?} {family:?}: a bf16 model packs on this CPU");
             assert_eq!(fast.fast.as_ref().map(|f| f.isa), Some(isa));
             assert_eq!(fast.new_cache(1, 4).unwrap().keys[0].kind(), Kind::Float, "fp32 cache");
             let want = generate_logits(&reference);

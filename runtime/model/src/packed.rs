@@ -16,14 +16,15 @@
 //! stay fp32 either way: a bf16 model on the packed path computes with fp32 activations and bf16 weights (the
 //! inputs of each matmul are rounded to bf16, as in a bf16 matmul; sums accumulate in fp32).
 //!
-//! One binary runs on every x86-64 CPU: the kernels are compiled for both instruction sets ([`Isa`]) and the one
+//! One binary runs on every x86-64 CPU: the kernels are compiled for each instruction set ([`Isa`]) and the one
 //! to run is chosen at runtime from the CPU's features, per weight dtype. AVX-512 reads a 16-column panel as one
-//! zmm and bf16 pairs with `vdpbf16ps` (AVX512-BF16); AVX2 + FMA (AMD Zen 1-3, Intel before Ice Lake, and
-//! AVX-512 CPUs without BF16 for bf16 weights) reads the same panels as two ymm and widens bf16 pairs to fp32
-//! in registers (a 16-bit shift and a mask), so bf16 still streams half the bytes of fp32 per token. The layout
-//! is the same for both; a [`PackedLinear`] records which set it runs on. Older CPUs keep libtorch's kernels.
-//! On CPUs with AMX, bf16 weights get a third set, [`Isa::Amx`]: the same panels are AMX's operand layout, so
-//! the matmuls run on the tile unit, reading them in place (1.1-2.2× the AVX-512 kernel's decode speed).
+//! zmm and bf16 pairs with `vdpbf16ps` (AVX512-BF16). AVX-512 CPUs without BF16 (Skylake-SP to Ice Lake,
+//! [`Isa::Avx512Core`]) widen each bf16 pair to two fp32 vectors in registers (a 16-bit shift and a mask), so
+//! bf16 still streams half the bytes of fp32 per token. AVX2 + FMA (AMD Zen 1-3, Intel before Skylake-SP) reads
+//! the same panels as two ymm, widening bf16 the same way. The layout is the same for every set; a
+//! [`PackedLinear`] records which set it runs on. Older CPUs keep libtorch's kernels. On CPUs with AMX, bf16
+//! weights get one more set, [`Isa::Amx`]: the same panels are AMX's operand layout, so the matmuls run on the
+//! tile unit, reading them in place (1.1-2.2× the AVX-512 kernel's decode speed).
 
 use tch::{Device, Kind, Tensor};
 
@@ -64,6 +65,9 @@ pub enum Isa {
     /// bf16 weights on a CPU with AMX: the AVX-512 set's kernels, with the matmuls on the tile unit (same
     /// layout; `csrc/packed_gemm.cpp` says why and what it measured).
     Amx = 3,
+    /// bf16 weights on AVX-512F without AVX512-BF16 (Intel Skylake-SP to Ice Lake, oneDNN's `avx512_core`): the
+    /// AVX-512 set's kernels with each bf16 pair widened to fp32 in registers, as AVX2 does at half the width.
+    Avx512Core = 4,
 }
 
 impl Isa {
@@ -77,6 +81,7 @@ impl Isa {
                 (Isa::Avx512, Kind::BFloat16) => {
                     has!("avx512f") && has!("fma") && has!("avx512bf16") && has!("avx512bw") && has!("avx512vl")
                 }
+                (Isa::Avx512Core, Kind::BFloat16) => has!("avx512f") && has!("fma"),
                 (Isa::Avx2, Kind::Float | Kind::BFloat16) => has!("avx2") && has!("fma"),
                 (Isa::Amx, Kind::BFloat16) => {
                     // SAFETY: takes no arguments; it reads CPUID and asks the kernel for the tile state once.
@@ -94,7 +99,7 @@ impl Isa {
 
     /// Every set this build and CPU can run on `kind` weights, fastest first (the tests run them all).
     pub fn available(kind: Kind) -> Vec<Isa> {
-        [Isa::Amx, Isa::Avx512, Isa::Avx2].into_iter().filter(|isa| isa.runs(kind)).collect()
+        [Isa::Amx, Isa::Avx512, Isa::Avx512Core, Isa::Avx2].into_iter().filter(|isa| isa.runs(kind)).collect()
     }
 
     /// The fastest set for `kind` weights here, or `None` where only libtorch's kernels apply.
@@ -145,6 +150,28 @@ impl PackedLinear {
             _ => None,
         };
         Ok(Some(PackedLinear { packed, bias, n, k, isa }))
+    }
+
+    /// Rewrites the packed copy in place from `weights` and `biases`, which must have the dtype and stacked shape it
+    /// was packed from (the same weights after an update). A weight sync refreshes hundreds of megabytes of panels
+    /// every step; writing them where they are, instead of packing into new buffers, takes no fresh pages from the
+    /// OS (each one faulted in and cleared) and never holds two copies at once.
+    pub fn repack(&mut self, weights: &[&Tensor], biases: &[Option<&Tensor>]) -> Result<()> {
+        let same = weights.iter().all(|w| {
+            w.kind() == self.packed.kind() && w.device() == Device::Cpu && w.dim() == 2 && w.size()[1] == self.k
+        }) && weights.iter().map(|w| w.size()[0]).sum::<i64>() == self.n;
+        let present: Vec<&Tensor> = biases.iter().copied().flatten().collect();
+        if !same || present.is_empty() == self.bias.is_some() {
+            return Err(ModelError::InvalidInput(
+                "repack: the weights differ in dtype or shape from the ones packed; pack them anew".into(),
+            ));
+        }
+        let sources: Vec<Tensor> = weights.iter().map(|w| w.f_contiguous()).collect::<std::result::Result<_, _>>()?;
+        fill_panels(&sources, self.k, &self.packed)?;
+        if let Some(bias) = &mut self.bias {
+            tch::no_grad(|| bias.f_copy_(&Tensor::f_cat(&present, 0)?))?;
+        }
+        Ok(())
     }
 
     /// The panel-layout weights, for the fused decode step (valid while `self` lives).
@@ -228,20 +255,21 @@ impl PackedLinear {
 }
 
 /// Writes `sources` (contiguous `[n_i, k]` in `packed`'s dtype, n = Σ n_i a multiple of 16) into `packed`
-/// (fp32 `[n / 16, k, 16]` or bf16 `[n / 16, (k + 1) / 2, 32]`).
+/// (fp32 `[n / 16, k, 16]` or bf16 `[n / 16, (k + 1) / 2, 32]`), every element of it.
 #[cfg(packed_gemm)]
 fn fill_panels(sources: &[Tensor], k: i64, packed: &Tensor) -> Result<()> {
     let rows: Vec<i64> = sources.iter().map(|t| t.size()[0]).collect();
     let count = sources.len() as i64;
     let status = if packed.kind() == Kind::BFloat16 {
         let pointers: Vec<*const u16> = sources.iter().map(|t| t.data_ptr() as *const u16).collect();
-        // SAFETY: every source is a live contiguous bf16 CPU tensor of rows[i]·k elements (checked by `pack`,
-        // made contiguous there) and `packed` a fresh contiguous bf16 tensor of Σ rows[i]·2·⌈k/2⌉ elements that
-        // nothing else references; the call reads only the sources and writes only `packed`, within those bounds.
+        // SAFETY: every source is a live contiguous bf16 CPU tensor of rows[i]·k elements (checked by `pack_for`
+        // or `repack`, made contiguous there) and `packed` a contiguous bf16 tensor of Σ rows[i]·2·⌈k/2⌉ elements
+        // that no kernel reads meanwhile (the caller holds it mutably or just created it); the call reads only the
+        // sources and writes only `packed`, within those bounds.
         unsafe { trinity_pack_panels_bf16(pointers.as_ptr(), rows.as_ptr(), count, k, packed.data_ptr() as *mut u16) }
     } else {
         let pointers: Vec<*const f32> = sources.iter().map(|t| t.data_ptr() as *const f32).collect();
-        // SAFETY: as above, for fp32 sources and a fresh fp32 `packed` of Σ rows[i]·k elements.
+        // SAFETY: as above, for fp32 sources and an fp32 `packed` of Σ rows[i]·k elements.
         unsafe { trinity_pack_panels(pointers.as_ptr(), rows.as_ptr(), count, k, packed.data_ptr() as *mut f32) }
     };
     if status != 0 {
@@ -364,6 +392,31 @@ mod tests {
                 (Vec::<f32>::try_from(got.flatten(0, -1)).unwrap(), Vec::<f32>::try_from(want.flatten(0, -1)).unwrap());
             for (g, w) in got.iter().zip(&want) {
                 assert_eq!(g, w, "{isa:?}: {got:?} vs {want:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn repack_rewrites_the_copy_in_place() {
+        tch::manual_seed(0);
+        for kind in [Kind::Float, Kind::BFloat16] {
+            for isa in sets_to_test(kind) {
+                let (_, _, mut packed) = random_packed(isa, 41, &[16, 32], kind, true);
+                let before = packed.weight_ptr();
+                let ws = [Tensor::randn([16, 41], (kind, Device::Cpu)), Tensor::randn([32, 41], (kind, Device::Cpu))];
+                let bs =
+                    [Tensor::randn([16], (Kind::Float, Device::Cpu)), Tensor::randn([32], (Kind::Float, Device::Cpu))];
+                packed.repack(&[&ws[0], &ws[1]], &[Some(&bs[0]), Some(&bs[1])]).unwrap();
+                assert_eq!(packed.weight_ptr(), before, "{isa:?} {kind:?}: no new buffer");
+                let x = Tensor::randn([5, 41], (Kind::Float, Device::Cpu));
+                let w = Tensor::cat(&ws, 0).to_kind(Kind::Float);
+                let x_in = if kind == Kind::Float { x.shallow_clone() } else { x.to_kind(kind).to_kind(Kind::Float) };
+                let want = x_in.linear(&w, Some(&Tensor::cat(&bs, 0)));
+                assert!(max_diff(&packed.forward(&x).unwrap(), &want) < 1e-3, "{isa:?} {kind:?}");
+                let err = packed.repack(&[&ws[0]], &[Some(&bs[0])]).unwrap_err();
+                assert!(err.to_string().contains("pack them anew"), "{err}");
+                let err = packed.repack(&[&ws[0], &ws[1]], &[None, None]).unwrap_err();
+                assert!(err.to_string().contains("pack them anew"), "a bias dropped: {err}");
             }
         }
     }
