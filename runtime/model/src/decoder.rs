@@ -94,6 +94,12 @@ impl Layer {
             ("mlp.down_proj", &mut self.down),
         ]
     }
+
+    /// The projections the packed decode path stacks into one matmul each, in [`FastLayer::packed_mut`]'s order:
+    /// those reading the same input go together (q, k and v; gate and up).
+    fn packed_groups(&self) -> [Vec<&Linear>; 4] {
+        [vec![&self.q, &self.k, &self.v], vec![&self.o], vec![&self.gate, &self.up], vec![&self.down]]
+    }
 }
 
 /// A decoder-only language model with trainable parameters.
@@ -140,6 +146,30 @@ struct FastLayer {
 }
 
 impl FastLayer {
+    /// Packs `layer`'s projections for `isa`.
+    fn pack(isa: packed::Isa, layer: &Layer) -> Result<Self> {
+        let [qkv, o, gate_up, down] = layer.packed_groups().map(|group| pack(isa, &group));
+        let (input_norm, post_norm, q_norm, k_norm) = fp32_norms(layer)?;
+        Ok(FastLayer { qkv: qkv?, o: o?, gate_up: gate_up?, down: down?, input_norm, post_norm, q_norm, k_norm })
+    }
+
+    /// Rewrites the packed copies from `layer` (the one they were packed from) in place, after its weights changed.
+    fn repack(&mut self, layer: &Layer) -> Result<()> {
+        for (copy, group) in self.packed_mut().into_iter().zip(layer.packed_groups()) {
+            if let Some(copy) = copy {
+                let (weights, biases) = weights_and_biases(&group);
+                copy.repack(&weights, &biases)?;
+            }
+        }
+        (self.input_norm, self.post_norm, self.q_norm, self.k_norm) = fp32_norms(layer)?;
+        Ok(())
+    }
+
+    /// The packed projections, in [`Layer::packed_groups`]'s order.
+    fn packed_mut(&mut self) -> [&mut Option<PackedLinear>; 4] {
+        [&mut self.qkv, &mut self.o, &mut self.gate_up, &mut self.down]
+    }
+
     fn fully_packed(&self) -> bool {
         self.qkv.is_some() && self.o.is_some() && self.gate_up.is_some() && self.down.is_some()
     }
@@ -165,15 +195,29 @@ fn padded_positions_and_mask(valid: &Tensor) -> Result<(Tensor, Tensor)> {
     Ok((positions, mask))
 }
 
+/// `layer`'s norm weights in fp32 (input, post-attention, q, k), shared with it when they already are.
+fn fp32_norms(layer: &Layer) -> Result<(Tensor, Tensor, Option<Tensor>, Option<Tensor>)> {
+    Ok((
+        fp32(&layer.input_norm)?,
+        fp32(&layer.post_norm)?,
+        layer.q_norm.as_ref().map(fp32).transpose()?,
+        layer.k_norm.as_ref().map(fp32).transpose()?,
+    ))
+}
+
 /// `t` in fp32: itself when it already is, else a copy.
 fn fp32(t: &Tensor) -> Result<Tensor> {
     Ok(if t.kind() == Kind::Float { t.shallow_clone() } else { t.f_to_kind(Kind::Float)? })
 }
 
 fn pack(isa: packed::Isa, linears: &[&Linear]) -> Result<Option<PackedLinear>> {
-    let weights: Vec<&Tensor> = linears.iter().map(|l| &l.weight).collect();
-    let biases: Vec<Option<&Tensor>> = linears.iter().map(|l| l.bias.as_ref()).collect();
+    let (weights, biases) = weights_and_biases(linears);
     PackedLinear::pack_for(isa, &weights, &biases)
+}
+
+/// The weights and biases of `linears`, as [`PackedLinear`] takes them.
+fn weights_and_biases<'a>(linears: &[&'a Linear]) -> (Vec<&'a Tensor>, Vec<Option<&'a Tensor>>) {
+    (linears.iter().map(|l| &l.weight).collect(), linears.iter().map(|l| l.bias.as_ref()).collect())
 }
 
 /// Adds `tensor` to the var store under a dotted HF name (tch paths cannot contain dots in one component).
@@ -283,19 +327,7 @@ impl Decoder {
         if self.device() != Device::Cpu || !isa.runs(self.kind) || self.has_lora() {
             return Ok(false);
         }
-        let mut layers = Vec::with_capacity(self.layers.len());
-        for layer in &self.layers {
-            layers.push(FastLayer {
-                qkv: pack(isa, &[&layer.q, &layer.k, &layer.v])?,
-                o: pack(isa, &[&layer.o])?,
-                gate_up: pack(isa, &[&layer.gate, &layer.up])?,
-                down: pack(isa, &[&layer.down])?,
-                input_norm: fp32(&layer.input_norm)?,
-                post_norm: fp32(&layer.post_norm)?,
-                q_norm: layer.q_norm.as_ref().map(fp32).transpose()?,
-                k_norm: layer.k_norm.as_ref().map(fp32).transpose()?,
-            });
-        }
+        let layers = self.layers.iter().map(|layer| FastLayer::pack(isa, layer)).collect::<Result<Vec<_>>>()?;
         let lm_head = PackedLinear::pack_for(isa, &[&self.lm_head], &[None])?;
         let bf16 = self.kind == Kind::BFloat16;
         // An fp32 model falls back to its own weights for a projection the kernel cannot take; a bf16 model
@@ -328,22 +360,7 @@ impl Decoder {
         let Some(fast) = self.fast.as_mut() else { return Ok(()) };
         // In place: the same tensors were packed, only their values changed.
         for (packed, layer) in fast.layers.iter_mut().zip(&self.layers) {
-            for (copy, linears) in [
-                (&mut packed.qkv, [&layer.q, &layer.k, &layer.v].as_slice()),
-                (&mut packed.o, &[&layer.o]),
-                (&mut packed.gate_up, &[&layer.gate, &layer.up]),
-                (&mut packed.down, &[&layer.down]),
-            ] {
-                if let Some(copy) = copy {
-                    let weights: Vec<&Tensor> = linears.iter().map(|l| &l.weight).collect();
-                    let biases: Vec<Option<&Tensor>> = linears.iter().map(|l| l.bias.as_ref()).collect();
-                    copy.repack(&weights, &biases)?;
-                }
-            }
-            packed.input_norm = fp32(&layer.input_norm)?;
-            packed.post_norm = fp32(&layer.post_norm)?;
-            packed.q_norm = layer.q_norm.as_ref().map(fp32).transpose()?;
-            packed.k_norm = layer.k_norm.as_ref().map(fp32).transpose()?;
+            packed.repack(layer)?;
         }
         if let Some(head) = &mut fast.lm_head {
             head.repack(&[&self.lm_head], &[None])?;

@@ -134,11 +134,8 @@ impl PackedLinear {
         if !isa.runs(kind) {
             return Ok(None);
         }
-        let k = weights[0].size().get(1).copied().unwrap_or(0);
-        let eligible =
-            weights.iter().all(|w| w.kind() == kind && w.device() == Device::Cpu && w.dim() == 2 && w.size()[1] == k);
-        let n: i64 = weights.iter().map(|w| w.size()[0]).sum();
-        if !eligible || k == 0 || n % PANEL != 0 {
+        let Some((n, k)) = stacked_shape(weights, kind) else { return Ok(None) };
+        if k == 0 || n % PANEL != 0 {
             return Ok(None);
         }
         let sources: Vec<Tensor> = weights.iter().map(|w| w.f_contiguous()).collect::<std::result::Result<_, _>>()?;
@@ -157,9 +154,7 @@ impl PackedLinear {
     /// every step; writing them where they are, instead of packing into new buffers, takes no fresh pages from the
     /// OS (each one faulted in and cleared) and never holds two copies at once.
     pub fn repack(&mut self, weights: &[&Tensor], biases: &[Option<&Tensor>]) -> Result<()> {
-        let same = weights.iter().all(|w| {
-            w.kind() == self.packed.kind() && w.device() == Device::Cpu && w.dim() == 2 && w.size()[1] == self.k
-        }) && weights.iter().map(|w| w.size()[0]).sum::<i64>() == self.n;
+        let same = stacked_shape(weights, self.packed.kind()) == Some((self.n, self.k));
         let present: Vec<&Tensor> = biases.iter().copied().flatten().collect();
         if !same || present.is_empty() == self.bias.is_some() {
             return Err(ModelError::InvalidInput(
@@ -252,6 +247,14 @@ impl PackedLinear {
     fn run(&self, _x: &Tensor, _m: i64, _y: &Tensor) -> Result<()> {
         Err(ModelError::InvalidInput("packed matmul is not built for this target".into()))
     }
+}
+
+/// `(n, k)` of `weights` stacked along n, when every one is a 2-D `kind` CPU tensor of the same k.
+fn stacked_shape(weights: &[&Tensor], kind: Kind) -> Option<(i64, i64)> {
+    let k = weights.first()?.size().get(1).copied()?;
+    let stackable =
+        weights.iter().all(|w| w.kind() == kind && w.device() == Device::Cpu && w.dim() == 2 && w.size()[1] == k);
+    stackable.then(|| (weights.iter().map(|w| w.size()[0]).sum(), k))
 }
 
 /// Writes `sources` (contiguous `[n_i, k]` in `packed`'s dtype, n = Σ n_i a multiple of 16) into `packed`
