@@ -307,6 +307,9 @@ def run_trinity(trinity: Path, model: Path, tasks: Path, run_dir: Path, steps: i
         "cpu": cpu,
         "steps": [row.get("time/explore_s", 0) + row["time/train_s"] + row.get("time/sync_s", 0) for row in rows],
         "mean_completion_length": [row.get("rollout/response_length_mean") for row in rows],
+        # Rows whose advantages were all 0 (a group with equal rewards) run forward only: their gradient is 0.
+        "forward_only_rows": sum(row.get("train/perf/forward_only_rows", 0) for row in rows),
+        "rows": sum(row.get("train/perf/rows", 0) for row in rows),
         "note": note,
     }
 
@@ -345,7 +348,9 @@ def bench(args) -> None:
         ours = run_trinity(args.trinity, model, tasks, trinity_dir, args.steps, args.threads, precision)
         our_step = sum(ours["steps"]) / len(ours["steps"])
         print(f"  {label:<10}  trinity  wall {ours['wall']:7.1f} s   per step {our_step:6.2f} s   cpu {ours['cpu']:7.1f} s   "
-              f"(completion lengths {fmt_lengths(ours['mean_completion_length'])})", flush=True)
+              f"(completion lengths {fmt_lengths(ours['mean_completion_length'])}; "
+              f"{ours['forward_only_rows']:.0f} of {ours['rows']:.0f} rows had all-zero advantages and ran forward only, "
+              f"which TRL backpropagates)", flush=True)
         if ours["note"]:
             print(f"  {'':<10}  note: {ours['note']}", flush=True)
         ratio, step_ratio, cpu_ratio = trl["wall"] / ours["wall"], trl_step / our_step, trl["cpu"] / ours["cpu"]

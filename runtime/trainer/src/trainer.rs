@@ -17,14 +17,17 @@
 //!    trinity-algorithm's components, scaled by `rows_in_micro / rows_in_mini_batch` (Trinity's
 //!    `micro_bsz / ppo_mini_batch_size`) and backpropagated through the chunked head ([`crate::logprobs`]);
 //!    on the CPU consecutive micro-batches share one forward/backward pass ([`TrainerOptions::pass_tokens`]),
-//!    each still with its own loss and scale, which changes the work and not the gradient;
+//!    each still with its own loss and scale, which changes the work and not the gradient; rows whose
+//!    advantages are all 0 under a loss without entropy or KL term run forward only (`forward_only`), checked
+//!    against the loss's gradient, which again changes the work and not the gradient;
 //!    then one optimizer step: global grad-norm clipping (a non-finite norm skips the update, as veRL does),
 //!    AdamW with the train step's scheduled learning rate. `actor/grad_norm` is the mean over these steps.
 //!
 //! Metrics use Trinity's names: component metrics under `actor/` (`actor/pg_loss`, `actor/pg_clipfrac`,
 //! `actor/ppo_kl`, `actor/kl_loss`, …; the mean over micro-batches, as veRL reduces them), `actor/entropy`,
 //! `actor/grad_norm`, `actor/lr`, `critic/*` for the critic, trainer-side advantage metrics under
-//! `advantage/`, and `perf/*` (`perf/tokens_per_s` counts prompt + response tokens of the trained rows).
+//! `advantage/`, and `perf/*` (`perf/tokens_per_s` counts prompt + response tokens of the trained rows,
+//! `perf/forward_only_rows` the rows that ran forward only).
 //!
 //! Data parallel ([`Trainer::with_process_group`]): every rank runs the step on the same rows and trains its
 //! share; gradients are summed over the ranks before clipping; see [`crate::data_parallel`] for the rule.
@@ -57,6 +60,7 @@ use crate::optimizer::{AdamW, AdamWSettings};
 use crate::reference::{ReferenceModel, copy_decoder, response_logprobs};
 
 mod actor;
+mod forward_only;
 
 /// The default [`TrainerOptions::pass_tokens`]. `bench_train --dtype bf16 --seq 128` (SmolLM2-135M, 2 cores of a
 /// Xeon with AMX) ran 265, 374, 434, 531 and 554 tokens/s in passes of 256, 512, 1024, 2048 and 4096 tokens: a
@@ -206,6 +210,9 @@ pub struct Trainer {
     options: TrainerOptions,
     global_step: u64,
     dp: Option<DataParallel>,
+    /// Rows whose advantages are all 0 run forward only until a pass shows the loss has gradient on them
+    /// ([`forward_only`]).
+    predict_zero_gradient: bool,
 }
 
 /// Sums of per-micro-batch metrics, reduced to means at the end (veRL's `reduce_metrics`).
@@ -334,6 +341,7 @@ impl Trainer {
             options,
             global_step: 0,
             dp: None,
+            predict_zero_gradient: true,
         })
     }
 
@@ -565,7 +573,7 @@ impl Trainer {
         let lr = self.schedule.lr(self.global_step);
         let mini_batches = self.mini_batches(&active);
         let mut means = MetricMeans::default();
-        let (mut grad_norms, mut micro_count) = (Vec::new(), 0usize);
+        let (mut grad_norms, mut micro_count, mut forward_only) = (Vec::new(), 0usize, 0usize);
         // DPO rows come as (chosen, rejected) pairs that must share a micro-batch, in order (and a rank's share).
         let dpo = self.components.policy_loss.name == "dpo";
         let how = if dpo { MicroBatching::Rows(2) } else { self.options.micro_batching };
@@ -600,7 +608,7 @@ impl Trainer {
                 let micro_batches = micro_batches_of(&share_of(self.dp.as_ref(), mini, unit))?;
                 micro_count += micro_batches.len();
                 let mini = actor::MiniBatch { rows, batch: &batch, active: mini.len() };
-                self.update_actor(&mini, &micro_batches, &mut means)?;
+                forward_only += self.update_actor(&mini, &micro_batches, &mut means)?;
                 if let Some(dp) = &self.dp {
                     dp.reduce_gradients(&self.optimizer.param_vars())?;
                 }
@@ -630,6 +638,7 @@ impl Trainer {
         metrics.insert("perf/total_num_tokens".into(), tokens as f64);
         metrics.insert("perf/tokens_per_s".into(), tokens as f64 / seconds.max(1e-9));
         metrics.insert("perf/micro_batches".into(), micro_count as f64);
+        metrics.insert("perf/forward_only_rows".into(), forward_only as f64);
         metrics.insert("actor/optimizer_steps".into(), grad_norms.len() as f64);
         metrics.insert("perf/rows".into(), active.len() as f64);
         Ok(metrics)

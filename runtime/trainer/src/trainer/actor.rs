@@ -4,9 +4,8 @@ use tch::{Device, Kind, Tensor};
 use trinity_algorithm::Batch;
 
 use super::{MetricMeans, Trainer, pad_to};
-use crate::batch::{PaddedInputs, TrainRow};
+use crate::batch::TrainRow;
 use crate::error::Result;
-use crate::logprobs;
 use crate::micro_batch::passes;
 
 /// What every pass of one mini-batch's update reads: the step's rows, their batch fields, and the mini-batch's
@@ -20,46 +19,34 @@ pub(super) struct MiniBatch<'a> {
 
 impl Trainer {
     /// Step 4 (actor): accumulates the gradients of one mini-batch over its micro-batches and adds their metrics
-    /// to `means`.
+    /// to `means`. Returns how many rows ran forward only ([`super::forward_only`]).
     pub(super) fn update_actor(
         &mut self,
         mini: &MiniBatch,
         micro_batches: &[Vec<usize>],
         means: &mut MetricMeans,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         self.optimizer.zero_grad();
+        let mut forward_only = 0;
         for pass in passes(mini.rows, micro_batches, self.options.pass_tokens) {
-            self.actor_pass(mini, &micro_batches[pass], means)?;
+            forward_only += self.actor_pass(mini, &micro_batches[pass], means)?;
         }
-        Ok(())
+        Ok(forward_only)
     }
 
     /// One forward/backward pass over the rows of consecutive `micro_batches` ([`crate::micro_batch::passes`]):
     /// each micro-batch's loss on its slice of the pass's logprobs, scaled by its rows, and the sum of their
-    /// gradients backpropagated once.
-    fn actor_pass(&mut self, mini: &MiniBatch, micro_batches: &[Vec<usize>], means: &mut MetricMeans) -> Result<()> {
+    /// gradients backpropagated once. Returns how many rows ran forward only.
+    fn actor_pass(&mut self, mini: &MiniBatch, micro_batches: &[Vec<usize>], means: &mut MetricMeans) -> Result<usize> {
         let MiniBatch { rows, batch, active } = *mini;
-        let (temperature, chunk) = (self.options.temperature, self.options.logit_chunk_tokens);
         let width = batch.len() as i64;
         let c = &self.components;
         let entropy_coef = c.entropy_coef();
         let want_entropy = self.options.entropy_metric || entropy_coef != 0.0;
         let pass_rows: Vec<usize> = micro_batches.concat();
-        let inputs = PaddedInputs::new(rows, &pass_rows, self.policy.device())?;
-        let hidden = inputs.hidden(&self.policy)?;
-        let pass = logprobs::forward(
-            &self.policy,
-            &hidden,
-            &inputs.targets,
-            temperature,
-            chunk,
-            want_entropy,
-            entropy_coef != 0.0,
-            self.options.head_mode,
-        )?;
-        let r = inputs.response_width;
-        let logprob = pass.stats.logprob.f_to_device(Device::Cpu)?;
-        let entropy = pass.stats.entropy.as_ref().map(|e| e.f_to_device(Device::Cpu)).transpose()?;
+        let pass = self.pass_forward(rows, batch, &pass_rows, want_entropy)?;
+        let r = pass.response_width;
+        let (logprob, entropy) = (pass.logprob.shallow_clone(), pass.entropy.as_ref().map(Tensor::shallow_clone));
         let shape = [pass_rows.len() as i64, r];
         let grad_lp = Tensor::f_zeros(shape, (Kind::Float, Device::Cpu))?;
         let grad_ent = if entropy_coef != 0.0 && entropy.is_some() {
@@ -121,18 +108,9 @@ impl Trainer {
             offset += k;
         }
         if !any_grad {
-            return Ok(());
+            return Ok(0);
         }
-        // `backward` moves the upstream gradients to the hidden states' device itself.
-        logprobs::backward(
-            &self.policy,
-            pass,
-            &hidden,
-            &inputs.targets,
-            temperature,
-            chunk,
-            &grad_lp,
-            grad_ent.as_ref(),
-        )
+        // `pass_backward` moves the upstream gradients to the hidden states' device itself.
+        self.pass_backward(rows, pass, &grad_lp, grad_ent.as_ref())
     }
 }

@@ -2,6 +2,7 @@
 
 mod checkpoint;
 mod data_parallel;
+mod forward_only;
 mod grpo;
 mod ppo;
 mod sft;
