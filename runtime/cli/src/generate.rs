@@ -228,6 +228,12 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
         stats.decode_steps,
         info.num_slots
     );
+    if stats.reused_prompt_tokens > 0 {
+        eprintln!(
+            "  {} prompt tokens reused from the previous admission's prompt instead of computed",
+            stats.reused_prompt_tokens
+        );
+    }
     eprintln!(
         "  generation {generation_s:.2} s from the first request to the last completion: {:.1} tok/s",
         stats.generated_tokens as f64 / generation_s

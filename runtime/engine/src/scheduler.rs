@@ -12,7 +12,11 @@
 //!   the model a contiguous slot range and attention reads the cache in place (the model copies the cache
 //!   rows only for a non-contiguous slot list). When sequences finish, the highest-slot survivors move down
 //!   into the holes ([`trinity_model::KvCache::copy_slot`], one copy of each moved sequence, once).
-//! - A free slot has cache length 0.
+//! - A free slot has cache length 0, except the last slot while it holds the retained prompt: the newest
+//!   admission's first prompt, kept when no sequence needs the slot, so that a later prompt sharing its start
+//!   (the system prompt and chat-template header of every task, an agent's conversation so far) prefills only
+//!   the rest. vLLM calls this automatic prefix caching; here it is one prompt deep, never takes a slot a
+//!   sequence could use, and is forgotten whenever the model may have changed (every [`Command::WithDecoder`]).
 //! - Per running sequence, the cache holds `prompt + tokens - 1` positions: the newest token is fed by the next
 //!   decode step. A sample ends (`length`) when `prompt + tokens` reaches `max_model_len`, so the cache never
 //!   needs more than `max_model_len - 1` positions.
@@ -97,6 +101,8 @@ pub(crate) struct Scheduler {
     requests: HashMap<u64, RequestState>,
     running: Vec<Sequence>,
     stats: Arc<Mutex<EngineStats>>,
+    /// The prompt whose keys and values the last cache slot holds (see the module docs).
+    retained: Option<Vec<u32>>,
     /// The pass in progress, counted into `stats` as soon as its tokens are sampled (before any reply goes
     /// out, so a caller that sees its answer also sees it in the stats), or at the end of a failed pass.
     pass: Option<Pass>,
@@ -169,6 +175,7 @@ impl Scheduler {
             requests: HashMap::new(),
             running: Vec::new(),
             stats,
+            retained: None,
             pass: None,
         }
     }
@@ -219,7 +226,11 @@ impl Scheduler {
     fn handle(&mut self, command: Command) -> bool {
         match command {
             Command::Generate(request) => self.waiting.push_back(request),
-            Command::WithDecoder(task) => task(&mut self.decoder),
+            Command::WithDecoder(task) => {
+                // New weights (or adapters) make the retained keys and values stale.
+                self.drop_retained();
+                task(&mut self.decoder);
+            }
             Command::Shutdown => return false,
         }
         true
@@ -280,6 +291,7 @@ impl Scheduler {
                 for slot in self.running.len()..self.cache.num_slots() {
                     let _ = self.cache.reset(slot);
                 }
+                self.retained = None;
             }
             self.count_pass(0);
         }
@@ -289,21 +301,35 @@ impl Scheduler {
     /// samples, samples every sample's first token and adds the sequences to the batch.
     ///
     /// A prefix common to all admitted prompts (a system prompt and chat-template header, typically) is run
-    /// once and copied into the other prompts' slots; the rest of each prompt follows as one ragged pass.
+    /// once, or taken from the retained prompt as far as that shares it, and copied into the other prompts'
+    /// slots; the rest of each prompt follows as one ragged pass.
     fn prefill(&mut self, admitted: Vec<PendingRequest>, longest: usize) -> Result<()> {
         let base = self.running.len();
         let m = admitted.len();
-        let shared = shared_prefix(&admitted);
+        // The retained prompt's slot stays only while this admission leaves it free.
+        let keep = base + admitted.iter().map(|r| r.params.n).sum::<usize>() < self.cache.num_slots();
+        if !keep {
+            self.drop_retained();
+        }
+        let reused = self.reusable_prefix(&admitted);
+        let shared = shared_prefix(&admitted).max(reused);
         let device = self.decoder.device();
-        if shared > 0 {
-            let prefix: Vec<i64> = admitted[0].prompt[..shared].iter().map(|&t| i64::from(t)).collect();
-            let prefix = Tensor::from_slice(&prefix).f_view([1, shared as i64])?.f_to_device(device)?;
+        if reused > 0 {
+            self.cache.copy_prefix(self.cache.num_slots() - 1, base, reused)?;
+            self.stats.lock().unwrap_or_else(|e| e.into_inner()).reused_prompt_tokens += (reused * m) as u64;
+        }
+        if shared > reused {
+            let prefix: Vec<i64> = admitted[0].prompt[reused..shared].iter().map(|&t| i64::from(t)).collect();
+            let prefix = Tensor::from_slice(&prefix).f_view([1, (shared - reused) as i64])?.f_to_device(device)?;
             // Only the cache matters here: the prefix's hidden states predict nothing that is sampled.
-            let _ = self.decoder.forward_with_cache(&prefix, &mut self.cache, &[base], &[shared])?;
+            let _ = self.decoder.forward_with_cache(&prefix, &mut self.cache, &[base], &[shared - reused])?;
+        }
+        if shared > 0 {
             for slot in base + 1..base + m {
                 self.cache.copy_slot(base, slot)?;
             }
         }
+        let first_prompt = admitted[0].prompt.clone();
         let width = longest - shared;
         let mut ids = vec![0i64; m * width];
         let mut lens = Vec::with_capacity(m);
@@ -319,6 +345,9 @@ impl Scheduler {
         let ids = Tensor::from_slice(&ids).f_view([m as i64, width as i64])?.f_to_device(device)?;
         let slots: Vec<usize> = (base..base + m).collect();
         let hidden = self.decoder.forward_with_cache(&ids, &mut self.cache, &slots, &lens)?;
+        if keep {
+            self.retain(base, first_prompt)?;
+        }
         let logits = self.decoder.logits(&self.decoder.last_hidden(&hidden, &lens)?)?;
 
         // Slots: each request's first sample in its prefill slot (`base + row`), the other samples after all
@@ -347,6 +376,32 @@ impl Scheduler {
         let logits = logits.f_index_select(0, &rows)?;
         self.running.extend(sequences.into_iter().map(|(_, s)| s));
         self.sample_and_advance(&logits, base)
+    }
+
+    /// Tokens at the start of every admitted prompt whose keys and values the retained prompt's slot holds
+    /// (each prompt keeps its last token for the ragged pass); 0 when not worth a copy.
+    fn reusable_prefix(&self, admitted: &[PendingRequest]) -> usize {
+        let Some(retained) = &self.retained else { return 0 };
+        let common = |p: &[u32]| p[..p.len() - 1].iter().zip(retained).take_while(|(a, b)| a == b).count();
+        let len = admitted.iter().map(|r| common(&r.prompt)).min().unwrap_or(0);
+        if len >= MIN_SHARED_PREFIX { len } else { 0 }
+    }
+
+    /// Keeps the keys and values of `prompt`, just prefilled into `slot`, in the last slot (which no sequence
+    /// uses: the caller checked).
+    fn retain(&mut self, slot: usize, prompt: Vec<u32>) -> Result<()> {
+        self.retained = None;
+        self.cache.copy_prefix(slot, self.cache.num_slots() - 1, prompt.len())?;
+        self.retained = Some(prompt);
+        Ok(())
+    }
+
+    /// Forgets the retained prompt.
+    fn drop_retained(&mut self) {
+        if self.retained.take().is_some() {
+            // The slot index is in range, so resetting it cannot fail.
+            let _ = self.cache.reset(self.cache.num_slots() - 1);
+        }
     }
 
     /// Registers an admitted request with its limits resolved.
@@ -583,6 +638,10 @@ impl Scheduler {
             s.slot == i
                 && self.requests.get(&s.request).is_some_and(|r| self.cache.len(i) + 1 == r.prompt_len + s.tokens.len())
         });
-        running_ok && (self.running.len()..self.cache.num_slots()).all(|slot| self.cache.len(slot) == 0)
+        let last = self.cache.num_slots() - 1;
+        let retained_ok =
+            self.retained.as_ref().is_none_or(|p| self.running.len() <= last && self.cache.len(last) == p.len());
+        let free = self.running.len()..if self.retained.is_some() { last } else { last + 1 };
+        running_ok && retained_ok && free.into_iter().all(|slot| self.cache.len(slot) == 0)
     }
 }

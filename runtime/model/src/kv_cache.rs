@@ -83,8 +83,18 @@ impl KvCache {
     /// prefill between n samples: prefill once, copy into n-1 more slots, then decode all n.
     pub fn copy_slot(&mut self, src: usize, dst: usize) -> Result<()> {
         self.check_slot(src)?;
+        self.copy_prefix(src, dst, self.lens[src])
+    }
+
+    /// Copies the first `len` entries of `src` into `dst`, which then holds those `len` tokens: a prompt start
+    /// another prompt shares.
+    pub fn copy_prefix(&mut self, src: usize, dst: usize, len: usize) -> Result<()> {
+        self.check_slot(src)?;
         self.check_slot(dst)?;
-        let n = self.lens[src] as i64;
+        if len > self.lens[src] {
+            return Err(ModelError::KvCache(format!("slot {src} holds {} tokens, not {len}", self.lens[src])));
+        }
+        let n = len as i64;
         if src != dst && n > 0 {
             tch::no_grad(|| -> Result<()> {
                 for t in self.keys.iter_mut().chain(self.values.iter_mut()) {
@@ -94,7 +104,7 @@ impl KvCache {
                 Ok(())
             })?;
         }
-        self.lens[dst] = self.lens[src];
+        self.lens[dst] = len;
         Ok(())
     }
 
@@ -107,5 +117,30 @@ impl KvCache {
 
     pub(crate) fn set_len(&mut self, slot: usize, len: usize) {
         self.lens[slot] = len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Family;
+
+    #[test]
+    fn copy_prefix_copies_the_first_entries_and_refuses_more_than_the_source_holds() {
+        let config = crate::testing::tiny_config(Family::Llama);
+        let mut cache = KvCache::new(&config, 3, 8, Kind::Float, Device::Cpu).unwrap();
+        for t in cache.keys.iter_mut().chain(cache.values.iter_mut()) {
+            let _ =
+                t.f_select(0, 0).unwrap().f_copy_(&Tensor::rand(t.size()[1..].to_vec(), (Kind::Float, Device::Cpu)));
+        }
+        cache.set_len(0, 5);
+        cache.copy_prefix(0, 2, 3).unwrap();
+        assert_eq!(cache.len(2), 3);
+        for t in &cache.keys {
+            let (src, dst) = (t.select(0, 0).narrow(1, 0, 3), t.select(0, 2).narrow(1, 0, 3));
+            assert!(src.equal(&dst));
+        }
+        assert!(matches!(cache.copy_prefix(0, 1, 6), Err(ModelError::KvCache(_))));
+        assert_eq!(cache.len(1), 0);
     }
 }

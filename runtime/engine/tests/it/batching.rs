@@ -127,3 +127,44 @@ fn prompts_sharing_a_prefix_match_running_alone() {
         .collect();
     alone_equals_staggered(&engine, &requests, &[4]);
 }
+
+#[test]
+fn a_prompt_sharing_the_previous_ones_start_reuses_its_cache() {
+    // One request at a time, as eval tasks and agent turns arrive: the second prompt shares the first one's
+    // 12-token system prompt, the third continues the second's conversation. Each equals its run on a fresh
+    // engine, and the shared starts were copied, not computed.
+    let engine = tiny_engine(EngineConfig { max_model_len: 96, max_num_seqs: 4, ..Default::default() });
+    let system = prompt(77, 12, 97);
+    let first = [system.clone(), prompt(1, 5, 97)].concat();
+    let second = [system.clone(), prompt(2, 7, 97)].concat();
+    let answer = run(&engine, first, forced_greedy(6));
+    assert_eq!(engine.stats().reused_prompt_tokens, 0);
+    let answer2 = run(&engine, second.clone(), forced_greedy(6));
+    assert_eq!(engine.stats().reused_prompt_tokens, 12);
+    let fresh = tiny_engine(EngineConfig { max_model_len: 96, max_num_seqs: 4, ..Default::default() });
+    assert_same(&answer2.completions, &run(&fresh, second.clone(), forced_greedy(6)).completions, "second");
+    let turn = [second.clone(), answer2.completions[0].tokens.clone(), prompt(3, 4, 97)].concat();
+    let answer3 = run(&engine, turn.clone(), forced_greedy(6));
+    assert_eq!(engine.stats().reused_prompt_tokens, 12 + second.len() as u64);
+    let fresh = tiny_engine(EngineConfig { max_model_len: 96, max_num_seqs: 4, ..Default::default() });
+    assert_same(&answer3.completions, &run(&fresh, turn, forced_greedy(6)).completions, "next turn");
+    assert!(!answer.completions[0].tokens.is_empty());
+}
+
+#[test]
+fn new_weights_forget_the_retained_prompt() {
+    let config = EngineConfig { max_model_len: 96, max_num_seqs: 4, ..Default::default() };
+    let engine = tiny_engine(config.clone());
+    let system = prompt(77, 12, 97);
+    run(&engine, [system.clone(), prompt(1, 5, 97)].concat(), forced_greedy(4));
+    // Another model's weights, synced in place: keys and values computed with the old ones must not be reused.
+    let other = tiny_decoder(8, 97);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(engine.sync_weights(other.named_parameters().unwrap())).unwrap();
+    let second = [system, prompt(2, 7, 97)].concat();
+    let after = run(&engine, second.clone(), forced_greedy(6));
+    assert_eq!(engine.stats().reused_prompt_tokens, 0);
+    let model = EngineModel { decoder: tiny_decoder(8, 97), tokenizer: None, eos_token_ids: vec![i64::from(EOS)] };
+    let fresh = Engine::start(model, config).unwrap();
+    assert_same(&after.completions, &run(&fresh, second, forced_greedy(6)).completions, "after the sync");
+}
