@@ -73,22 +73,36 @@ impl Trainer {
         let width = pass_rows.iter().map(|&i| rows[i].response_length()).max().unwrap_or(0) as i64;
         let graph =
             if graph.is_empty() { None } else { Some(self.graph_rows(rows, pass_rows, graph, want_entropy)?) };
-        if forward_only.is_empty()
-            && let Some(g) = &graph
-        {
+        let (logprob, entropy) = match &graph {
             // The common case, every row with a graph: the head's results as they are.
-            let logprob = g.head.stats.logprob.f_to_device(Device::Cpu)?;
-            let entropy = g.head.stats.entropy.as_ref().map(|e| e.f_to_device(Device::Cpu)).transpose()?;
-            return Ok(PassForward {
-                logprob,
-                entropy,
-                response_width: width,
-                graph,
-                forward_only,
-                rows: pass_rows.to_vec(),
-                entropy_grad,
-            });
-        }
+            Some(g) if forward_only.is_empty() => (
+                g.head.stats.logprob.f_to_device(Device::Cpu)?,
+                g.head.stats.entropy.as_ref().map(|e| e.f_to_device(Device::Cpu)).transpose()?,
+            ),
+            _ => self.joined_stats(rows, pass_rows, graph.as_ref(), &forward_only, width, want_entropy)?,
+        };
+        Ok(PassForward {
+            logprob,
+            entropy,
+            response_width: width,
+            graph,
+            forward_only,
+            rows: pass_rows.to_vec(),
+            entropy_grad,
+        })
+    }
+
+    /// The pass's logprobs (and entropy), `[rows, width]`: the graph rows' from their head pass, the others from a
+    /// forward without autograd.
+    fn joined_stats(
+        &self,
+        rows: &[TrainRow],
+        pass_rows: &[usize],
+        graph: Option<&GraphRows>,
+        forward_only: &[usize],
+        width: i64,
+        want_entropy: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let shape = [pass_rows.len() as i64, width];
         let mut logprob = Tensor::f_zeros(shape, (Kind::Float, Device::Cpu))?;
         let mut entropy = if want_entropy { Some(Tensor::f_zeros(shape, (Kind::Float, Device::Cpu))?) } else { None };
@@ -100,26 +114,20 @@ impl Trainer {
             }
             Ok(())
         };
-        if let Some(g) = &graph {
+        if let Some(g) = graph {
             place(&g.positions, &g.head.stats)?;
         }
-        let quiet_rows: Vec<usize> = forward_only.iter().map(|&k| pass_rows[k]).collect();
-        let (temperature, chunk) = (self.options.temperature, self.options.logit_chunk_tokens);
-        let stats = tch::no_grad(|| -> Result<logprobs::HeadStats> {
-            let inputs = PaddedInputs::new(rows, &quiet_rows, self.policy.device())?;
-            let hidden = inputs.hidden(&self.policy)?;
-            logprobs::score(&self.policy, &hidden, &inputs.targets, temperature, chunk, want_entropy)
-        })?;
-        place(&forward_only, &stats)?;
-        Ok(PassForward {
-            logprob,
-            entropy,
-            response_width: width,
-            graph,
-            forward_only,
-            rows: pass_rows.to_vec(),
-            entropy_grad,
-        })
+        if !forward_only.is_empty() {
+            let quiet_rows: Vec<usize> = forward_only.iter().map(|&k| pass_rows[k]).collect();
+            let (temperature, chunk) = (self.options.temperature, self.options.logit_chunk_tokens);
+            let stats = tch::no_grad(|| -> Result<logprobs::HeadStats> {
+                let inputs = PaddedInputs::new(rows, &quiet_rows, self.policy.device())?;
+                let hidden = inputs.hidden(&self.policy)?;
+                logprobs::score(&self.policy, &hidden, &inputs.targets, temperature, chunk, want_entropy)
+            })?;
+            place(forward_only, &stats)?;
+        }
+        Ok((logprob, entropy))
     }
 
     /// The forward with autograd of the pass rows at `positions`.
