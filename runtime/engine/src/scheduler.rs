@@ -142,10 +142,14 @@ fn shared_prefix(requests: &[PendingRequest]) -> usize {
     }
     let mut len = first.prompt.len() - 1;
     for r in rest {
-        len = len.min(r.prompt.len() - 1);
-        len = first.prompt[..len].iter().zip(&r.prompt).take_while(|(a, b)| a == b).count();
+        len = common_start(&first.prompt[..len], &r.prompt[..r.prompt.len() - 1]);
     }
     if len >= MIN_SHARED_PREFIX { len } else { 0 }
+}
+
+/// How many tokens `a` and `b` share at their start.
+fn common_start(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// What happened to a sequence after its newest token.
@@ -382,8 +386,7 @@ impl Scheduler {
     /// (each prompt keeps its last token for the ragged pass); 0 when not worth a copy.
     fn reusable_prefix(&self, admitted: &[PendingRequest]) -> usize {
         let Some(retained) = &self.retained else { return 0 };
-        let common = |p: &[u32]| p[..p.len() - 1].iter().zip(retained).take_while(|(a, b)| a == b).count();
-        let len = admitted.iter().map(|r| common(&r.prompt)).min().unwrap_or(0);
+        let len = admitted.iter().map(|r| common_start(&r.prompt[..r.prompt.len() - 1], retained)).min().unwrap_or(0);
         if len >= MIN_SHARED_PREFIX { len } else { 0 }
     }
 

@@ -111,6 +111,6 @@ impl Trainer {
             return Ok(0);
         }
         // `pass_backward` moves the upstream gradients to the hidden states' device itself.
-        self.pass_backward(rows, pass, &grad_lp, grad_ent.as_ref())
+        self.pass_backward(rows, &pass_rows, pass, &grad_lp, grad_ent.as_ref())
     }
 }

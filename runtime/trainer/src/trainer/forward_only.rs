@@ -39,10 +39,6 @@ pub(super) struct PassForward {
     graph: Option<GraphRows>,
     /// Positions in the pass of the rows that ran without autograd.
     forward_only: Vec<usize>,
-    /// The pass's rows (indices into the step's rows).
-    rows: Vec<usize>,
-    /// Whether the entropy must be differentiable (a nonzero entropy coefficient).
-    entropy_grad: bool,
 }
 
 impl Trainer {
@@ -67,7 +63,6 @@ impl Trainer {
         pass_rows: &[usize],
         want_entropy: bool,
     ) -> Result<PassForward> {
-        let entropy_grad = self.components.entropy_coef() != 0.0;
         let quiet = self.predicted_without_gradient(batch, pass_rows)?;
         let (forward_only, graph): (Vec<usize>, Vec<usize>) = (0..pass_rows.len()).partition(|&k| quiet[k]);
         let width = pass_rows.iter().map(|&i| rows[i].response_length()).max().unwrap_or(0) as i64;
@@ -81,15 +76,7 @@ impl Trainer {
             ),
             _ => self.joined_stats(rows, pass_rows, graph.as_ref(), &forward_only, width, want_entropy)?,
         };
-        Ok(PassForward {
-            logprob,
-            entropy,
-            response_width: width,
-            graph,
-            forward_only,
-            rows: pass_rows.to_vec(),
-            entropy_grad,
-        })
+        Ok(PassForward { logprob, entropy, response_width: width, graph, forward_only })
     }
 
     /// The pass's logprobs (and entropy), `[rows, width]`: the graph rows' from their head pass, the others from a
@@ -161,11 +148,12 @@ impl Trainer {
     pub(super) fn pass_backward(
         &mut self,
         rows: &[TrainRow],
+        pass_rows: &[usize],
         pass: PassForward,
         grad_logprob: &Tensor,
         grad_entropy: Option<&Tensor>,
     ) -> Result<usize> {
-        let PassForward { graph, forward_only, rows: pass_rows, entropy_grad, .. } = pass;
+        let PassForward { graph, forward_only, .. } = pass;
         let mut parts: Vec<GraphRows> = graph.into_iter().collect();
         let mut quiet = forward_only.len();
         if !forward_only.is_empty() {
@@ -182,7 +170,8 @@ impl Trainer {
                 );
                 self.predict_zero_gradient = false;
                 // The entropy is needed again only when the loss differentiates it.
-                parts.push(self.graph_rows(rows, &pass_rows, forward_only, entropy_grad)?);
+                let entropy_grad = self.components.entropy_coef() != 0.0;
+                parts.push(self.graph_rows(rows, pass_rows, forward_only, entropy_grad)?);
                 quiet = 0;
             }
         }
