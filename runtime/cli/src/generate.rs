@@ -230,7 +230,7 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
     );
     if stats.reused_prompt_tokens > 0 {
         eprintln!(
-            "  {} prompt tokens reused from the previous admission's prompt instead of computed",
+            "  {} prompt tokens copied from the prefix cache (earlier prompts) instead of computed",
             stats.reused_prompt_tokens
         );
     }

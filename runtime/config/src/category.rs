@@ -49,6 +49,7 @@ use Category::{Derived as D, Honoured as H, Placement as P, Refused as R};
 pub(crate) const NO_GPU_SPLIT: &str = "processes and devices come from the launcher: under torchrun or `trinity launch` one process per device, the trainer data-parallel over WORLD_SIZE ranks; otherwise one process on this machine's device (CUDA when present, else CPU); the count here has no effect";
 pub(crate) const ONE_ENGINE: &str = "trinity runs one generation engine and batches concurrent requests in it (concurrency is explorer.runner_per_model); no effect here";
 pub(crate) const VLLM: &str = "a vLLM engine setting; trinity's own engine has no such knob, so it has no effect here";
+pub(crate) const PREFIX_CACHING: &str = "trinity's engine always keeps recent prompts and conversations in free KV-cache slots for later prompts that start the same way (vLLM's automatic prefix caching), forgets them at every weight sync, and gives the same outputs up to rounding either way; so this key has no effect here";
 pub(crate) const SEQ_PARALLEL: &str =
     "sequences are not split across devices in trinity; sequence parallelism has no effect on the numbers";
 pub(crate) const TOKEN_BUDGET: &str = "mapped onto trinity's micro-batch token budget of each data-parallel rank (trainer.max_token_len_per_gpu), lowered on a CPU to what fits in memory";
@@ -418,7 +419,7 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ),
     ("RolloutModelConfig", "use_v1", P, VLLM),
     ("RolloutModelConfig", "enforce_eager", P, VLLM),
-    ("RolloutModelConfig", "enable_prefix_caching", P, VLLM),
+    ("RolloutModelConfig", "enable_prefix_caching", P, PREFIX_CACHING),
     ("RolloutModelConfig", "enable_chunked_prefill", P, VLLM),
     ("RolloutModelConfig", "enable_log_requests", P, VLLM),
     ("RolloutModelConfig", "bundle_indices", P, RAY),
@@ -469,7 +470,7 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
         "trinity's engine sizes its KV cache per batch; a memory fraction has no effect here",
     ),
     ("AuxiliaryModelConfig", "enforce_eager", P, VLLM),
-    ("AuxiliaryModelConfig", "enable_prefix_caching", P, VLLM),
+    ("AuxiliaryModelConfig", "enable_prefix_caching", P, PREFIX_CACHING),
     // trainer
     ("TrainerConfig", "name", H, ""),
     ("TrainerConfig", "trainer_type", P, "every trainer type runs on trinity's own libtorch trainer"),

@@ -179,7 +179,7 @@ pub struct RolloutModelConfig {
     pub use_v1: Option<bool>,
     /// vLLM knob; no effect in trinity.
     pub enforce_eager: Option<bool>,
-    /// vLLM knob; no effect in trinity.
+    /// vLLM's automatic prefix caching; trinity's engine always caches prompt starts, so no effect.
     pub enable_prefix_caching: Option<bool>,
     /// vLLM knob; no effect in trinity.
     pub enable_chunked_prefill: Option<bool>,
@@ -274,7 +274,7 @@ pub struct AuxiliaryModelConfig {
     pub gpu_memory_utilization: f64,
     /// vLLM knob; no effect in trinity.
     pub enforce_eager: Option<bool>,
-    /// vLLM knob; no effect in trinity.
+    /// vLLM's automatic prefix caching; trinity's engine always caches prompt starts, so no effect.
     pub enable_prefix_caching: Option<bool>,
 }
 

@@ -20,9 +20,10 @@
 //! One dedicated OS thread (the [`scheduler`]) owns the [`trinity_model::Decoder`] and a preallocated
 //! [`trinity_model::KvCache`] of `slots × max_model_len` positions. Requests arrive over a channel; between
 //! decode steps the scheduler admits waiting requests (prefilled together; a prefix common to all of them, such
-//! as a system prompt, computed once; `n` samples sharing one prefill through slot copies), runs one decode step
-//! for all running sequences, and lets finished ones leave at once. Running sequences always occupy the first
-//! slots, so the model reads the cache in place (no per-layer gather), and each step makes one device→host
+//! as a system prompt, computed once; a start an earlier prompt or conversation shares copied from the prefix
+//! cache, `prefix_cache.rs`; `n` samples sharing one prefill through slot copies), runs one decode step for all
+//! running sequences, and lets finished ones leave at once. Running sequences always occupy the first slots, so
+//! the model reads the cache in place (no per-layer gather), and each step makes one device→host
 //! transfer (the sampled ids with their logprobs).
 //! When all slots are busy requests wait in arrival order: the cache never grows and nothing crashes.
 //!
@@ -52,6 +53,7 @@ mod detokenize;
 mod engine;
 mod engine_config;
 mod error;
+mod prefix_cache;
 mod request;
 mod rng;
 mod sampling;

@@ -12,11 +12,10 @@
 //!   the model a contiguous slot range and attention reads the cache in place (the model copies the cache
 //!   rows only for a non-contiguous slot list). When sequences finish, the highest-slot survivors move down
 //!   into the holes ([`trinity_model::KvCache::copy_slot`], one copy of each moved sequence, once).
-//! - A free slot has cache length 0, except the last slot while it holds the retained prompt: the newest
-//!   admission's first prompt, kept when no sequence needs the slot, so that a later prompt sharing its start
-//!   (the system prompt and chat-template header of every task, an agent's conversation so far) prefills only
-//!   the rest. vLLM calls this automatic prefix caching; here it is one prompt deep, never takes a slot a
-//!   sequence could use, and is forgotten whenever the model may have changed (every [`Command::WithDecoder`]).
+//! - A free slot has cache length 0, except the slots of the [`PrefixCache`]: recent prompts kept while no
+//!   sequence needs their slots, so that a later prompt sharing a start with one of them (the system prompt and
+//!   chat-template header of every task, an agent's conversation so far) prefills only the rest. They are
+//!   forgotten whenever the model may have changed (every [`Command::WithDecoder`]).
 //! - Per running sequence, the cache holds `prompt + tokens - 1` positions: the newest token is fed by the next
 //!   decode step. A sample ends (`length`) when `prompt + tokens` reaches `max_model_len`, so the cache never
 //!   needs more than `max_model_len - 1` positions.
@@ -33,6 +32,7 @@ use tch::Tensor;
 use trinity_model::{Decoder, KvCache, Tokenizer};
 
 use crate::error::{EngineError, Result};
+use crate::prefix_cache::{MIN_REUSE, Match, PrefixCache, common_start};
 use crate::request::{
     Completion, FinishReason, Generation, GenerationEvent, PendingRequest, Reply, StreamedToken, TopLogprob,
 };
@@ -66,7 +66,8 @@ impl std::fmt::Debug for Command {
 struct RequestState {
     params: SamplingParams,
     seed: u64,
-    prompt_len: usize,
+    /// The prompt, which a finished single sample's conversation entry in the prefix cache starts with.
+    prompt: Vec<u32>,
     /// Most new tokens per sample, all limits applied.
     max_new: usize,
     /// Ids masked while a sample is below `min_tokens`: the model's EOS ids (unless ignored) and stop ids.
@@ -101,8 +102,8 @@ pub(crate) struct Scheduler {
     requests: HashMap<u64, RequestState>,
     running: Vec<Sequence>,
     stats: Arc<Mutex<EngineStats>>,
-    /// The prompt whose keys and values the last cache slot holds (see the module docs).
-    retained: Option<Vec<u32>>,
+    /// Recent prompts and conversations kept in free slots (see the module docs).
+    prefixes: PrefixCache,
     /// The pass in progress, counted into `stats` as soon as its tokens are sampled (before any reply goes
     /// out, so a caller that sees its answer also sees it in the stats), or at the end of a failed pass.
     pass: Option<Pass>,
@@ -130,9 +131,6 @@ pub(crate) struct SchedulerSetup {
     pub(crate) max_prefill_tokens: usize,
 }
 
-/// The shortest common prefix worth computing once instead of per prompt.
-const MIN_SHARED_PREFIX: usize = 8;
-
 /// Tokens at the start of every prompt in `requests` that one prefill can share (each prompt keeps at least
 /// its last token for the ragged pass, whose hidden state gives the first token's logits); 0 when not worth it.
 fn shared_prefix(requests: &[PendingRequest]) -> usize {
@@ -144,12 +142,15 @@ fn shared_prefix(requests: &[PendingRequest]) -> usize {
     for r in rest {
         len = common_start(&first.prompt[..len], &r.prompt[..r.prompt.len() - 1]);
     }
-    if len >= MIN_SHARED_PREFIX { len } else { 0 }
+    if len >= MIN_REUSE { len } else { 0 }
 }
 
-/// How many tokens `a` and `b` share at their start.
-fn common_start(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+/// Stores `tokens` (held by `src`) in the prefix cache. A failed store only costs later prefills: the cache
+/// drops the entry, and nothing else depends on it.
+fn store(prefixes: &mut PrefixCache, cache: &mut KvCache, first_free: usize, src: usize, tokens: &[u32]) {
+    if let Err(error) = prefixes.insert(cache, first_free, src, tokens) {
+        tracing::warn!(%error, "a prompt could not be kept in the prefix cache");
+    }
 }
 
 /// What happened to a sequence after its newest token.
@@ -179,7 +180,7 @@ impl Scheduler {
             requests: HashMap::new(),
             running: Vec::new(),
             stats,
-            retained: None,
+            prefixes: PrefixCache::default(),
             pass: None,
         }
     }
@@ -231,8 +232,8 @@ impl Scheduler {
         match command {
             Command::Generate(request) => self.waiting.push_back(request),
             Command::WithDecoder(task) => {
-                // New weights (or adapters) make the retained keys and values stale.
-                self.drop_retained();
+                // New weights (or adapters) make the cached keys and values stale.
+                self.prefixes.clear(&mut self.cache);
                 task(&mut self.decoder);
             }
             Command::Shutdown => return false,
@@ -289,13 +290,13 @@ impl Scheduler {
             let ids: Vec<u64> = admitted.iter().map(|r| r.id).collect();
             let prompt_tokens = admitted.iter().map(|r| r.prompt.len() as u64).sum();
             self.pass = Some(Pass { started: Instant::now(), kind: PassKind::Prefill(prompt_tokens) });
-            if let Err(error) = self.prefill(admitted, longest) {
+            if let Err(error) = self.prefill(admitted) {
                 self.fail_requests(&ids, "prefill", &error);
                 // A pass that failed half-way may have set lengths of slots that never got a sequence.
                 for slot in self.running.len()..self.cache.num_slots() {
                     let _ = self.cache.reset(slot);
                 }
-                self.retained = None;
+                self.prefixes.clear(&mut self.cache);
             }
             self.count_pass(0);
         }
@@ -304,53 +305,36 @@ impl Scheduler {
     /// Prefills `admitted` (one slot each, from `running.len()` on), copies each prompt's slot for its other
     /// samples, samples every sample's first token and adds the sequences to the batch.
     ///
-    /// A prefix common to all admitted prompts (a system prompt and chat-template header, typically) is run
-    /// once, or taken from the retained prompt as far as that shares it, and copied into the other prompts'
-    /// slots; the rest of each prompt follows as one ragged pass.
-    fn prefill(&mut self, admitted: Vec<PendingRequest>, longest: usize) -> Result<()> {
+    /// Each prompt's start comes from the prefix cache or, when the admitted prompts share a longer one (a
+    /// system prompt and chat-template header, typically), from one pass over it; the rest of every prompt
+    /// follows as one ragged pass, and the prompts join the prefix cache.
+    fn prefill(&mut self, admitted: Vec<PendingRequest>) -> Result<()> {
         let base = self.running.len();
         let m = admitted.len();
-        // The retained prompt's slot stays only while this admission leaves it free.
-        let keep = base + admitted.iter().map(|r| r.params.n).sum::<usize>() < self.cache.num_slots();
-        if !keep {
-            self.drop_retained();
-        }
-        let reused = self.reusable_prefix(&admitted);
-        let shared = shared_prefix(&admitted).max(reused);
+        let first_free = base + admitted.iter().map(|r| r.params.n).sum::<usize>();
+        let heads: Vec<&[u32]> = admitted.iter().map(|r| &r.prompt[..r.prompt.len() - 1]).collect();
+        self.prefixes.make_room(&mut self.cache, first_free, &heads)?;
+        let starts = self.fill_starts(&admitted, base)?;
         let device = self.decoder.device();
-        if reused > 0 {
-            self.cache.copy_prefix(self.cache.num_slots() - 1, base, reused)?;
-            self.stats.lock().unwrap_or_else(|e| e.into_inner()).reused_prompt_tokens += (reused * m) as u64;
-        }
-        if shared > reused {
-            let prefix: Vec<i64> = admitted[0].prompt[reused..shared].iter().map(|&t| i64::from(t)).collect();
-            let prefix = Tensor::from_slice(&prefix).f_view([1, (shared - reused) as i64])?.f_to_device(device)?;
-            // Only the cache matters here: the prefix's hidden states predict nothing that is sampled.
-            let _ = self.decoder.forward_with_cache(&prefix, &mut self.cache, &[base], &[shared - reused])?;
-        }
-        if shared > 0 {
-            for slot in base + 1..base + m {
-                self.cache.copy_slot(base, slot)?;
-            }
-        }
-        let first_prompt = admitted[0].prompt.clone();
-        let width = longest - shared;
+        let width = admitted.iter().zip(&starts).map(|(r, &s)| r.prompt.len() - s).max().unwrap_or(0);
         let mut ids = vec![0i64; m * width];
         let mut lens = Vec::with_capacity(m);
         let mut samples = Vec::with_capacity(m);
-        for (row, request) in admitted.into_iter().enumerate() {
-            for (j, &token) in request.prompt[shared..].iter().enumerate() {
+        for (row, (request, &start)) in admitted.into_iter().zip(&starts).enumerate() {
+            for (j, &token) in request.prompt[start..].iter().enumerate() {
                 ids[row * width + j] = i64::from(token);
             }
-            lens.push(request.prompt.len() - shared);
+            lens.push(request.prompt.len() - start);
             samples.push((request.id, request.params.n, request.params.stop.clone()));
             self.start_request(request);
         }
         let ids = Tensor::from_slice(&ids).f_view([m as i64, width as i64])?.f_to_device(device)?;
         let slots: Vec<usize> = (base..base + m).collect();
         let hidden = self.decoder.forward_with_cache(&ids, &mut self.cache, &slots, &lens)?;
-        if keep {
-            self.retain(base, first_prompt)?;
+        for (row, (id, _, _)) in samples.iter().enumerate() {
+            if let Some(state) = self.requests.get(id) {
+                store(&mut self.prefixes, &mut self.cache, first_free, base + row, &state.prompt);
+            }
         }
         let logits = self.decoder.logits(&self.decoder.last_hidden(&hidden, &lens)?)?;
 
@@ -382,37 +366,64 @@ impl Scheduler {
         self.sample_and_advance(&logits, base)
     }
 
-    /// Tokens at the start of every admitted prompt whose keys and values the retained prompt's slot holds
-    /// (each prompt keeps its last token for the ragged pass); 0 when not worth a copy.
-    fn reusable_prefix(&self, admitted: &[PendingRequest]) -> usize {
-        let Some(retained) = &self.retained else { return 0 };
-        let len = admitted.iter().map(|r| common_start(&r.prompt[..r.prompt.len() - 1], retained)).min().unwrap_or(0);
-        if len >= MIN_SHARED_PREFIX { len } else { 0 }
-    }
-
-    /// Keeps the keys and values of `prompt`, just prefilled into `slot`, in the last slot (which no sequence
-    /// uses: the caller checked).
-    fn retain(&mut self, slot: usize, prompt: Vec<u32>) -> Result<()> {
-        self.retained = None;
-        self.cache.copy_prefix(slot, self.cache.num_slots() - 1, prompt.len())?;
-        self.retained = Some(prompt);
-        Ok(())
-    }
-
-    /// Forgets the retained prompt.
-    fn drop_retained(&mut self) {
-        if self.retained.take().is_some() {
-            // The slot index is in range, so resetting it cannot fail.
-            let _ = self.cache.reset(self.cache.num_slots() - 1);
+    /// Fills the prefill slot of each admitted prompt (`base + row`) with the longest start it need not
+    /// compute, and returns each slot's length.
+    ///
+    /// A prompt takes its start from the cached prompt sharing the longest one. When all admitted prompts share
+    /// a longer start than any cached prompt gives, that start is computed once (after what the cache holds of
+    /// it) in the first slot and copied into the others; a prompt with a shorter cached start than the shared
+    /// one takes the shared one from the cached prompt with the longest.
+    fn fill_starts(&mut self, admitted: &[PendingRequest], base: usize) -> Result<Vec<usize>> {
+        let m = admitted.len();
+        let matches: Vec<Option<Match>> =
+            admitted.iter().map(|r| self.prefixes.lookup(&r.prompt[..r.prompt.len() - 1])).collect();
+        let best = matches.iter().flatten().max_by_key(|m| m.len).copied();
+        let best_len = best.map_or(0, |b| b.len);
+        let shared = shared_prefix(admitted);
+        let mut reused = 0;
+        let starts = if shared > best_len {
+            if let Some(b) = best {
+                self.cache.copy_prefix(b.slot, base, b.len)?;
+                reused = b.len * m;
+            }
+            let prefix: Vec<i64> = admitted[0].prompt[best_len..shared].iter().map(|&t| i64::from(t)).collect();
+            let prefix = Tensor::from_slice(&prefix)
+                .f_view([1, (shared - best_len) as i64])?
+                .f_to_device(self.decoder.device())?;
+            // Only the cache matters here: the prefix's hidden states predict nothing that is sampled.
+            let _ = self.decoder.forward_with_cache(&prefix, &mut self.cache, &[base], &[shared - best_len])?;
+            for slot in base + 1..base + m {
+                self.cache.copy_slot(base, slot)?;
+            }
+            vec![shared; m]
+        } else {
+            let mut starts = Vec::with_capacity(m);
+            for (row, own) in matches.into_iter().enumerate() {
+                let take = match (own, best) {
+                    (Some(own), _) if own.len >= shared => Some(own),
+                    (_, Some(b)) if shared > 0 => Some(Match { slot: b.slot, len: shared }),
+                    _ => None,
+                };
+                let len = take.map_or(0, |t| t.len);
+                if let Some(t) = take {
+                    self.cache.copy_prefix(t.slot, base + row, t.len)?;
+                }
+                reused += len;
+                starts.push(len);
+            }
+            starts
+        };
+        if reused > 0 {
+            self.stats.lock().unwrap_or_else(|e| e.into_inner()).reused_prompt_tokens += reused as u64;
         }
+        Ok(starts)
     }
 
     /// Registers an admitted request with its limits resolved.
     fn start_request(&mut self, request: PendingRequest) {
-        let prompt_len = request.prompt.len();
         let p = &request.params;
-        // Validation at submission guarantees prompt_len < max_model_len.
-        let room = self.max_model_len - prompt_len;
+        // Validation at submission guarantees a prompt shorter than max_model_len.
+        let room = self.max_model_len - request.prompt.len();
         let max_new = [p.max_tokens, self.max_response_tokens].into_iter().flatten().fold(room, usize::min);
         let mut banned: Vec<i64> = p.stop_token_ids.iter().map(|&t| i64::from(t)).collect();
         if !p.ignore_eos {
@@ -431,7 +442,7 @@ impl Scheduler {
                 unfinished: p.n,
                 params: request.params,
                 seed: request.seed,
-                prompt_len,
+                prompt: request.prompt,
                 max_new,
                 banned,
                 reply: request.reply,
@@ -510,6 +521,7 @@ impl Scheduler {
             match self.advance(index, token, logprob, top.next().unwrap_or_default())? {
                 Outcome::Running => {}
                 Outcome::Finished(reason, text) => {
+                    self.keep_conversation(index);
                     self.finish(index, reason, text)?;
                     finished.push(index);
                 }
@@ -544,10 +556,23 @@ impl Scheduler {
         {
             return Ok(Outcome::Finished(FinishReason::Stop, Some(text)));
         }
-        if generated >= state.max_new || state.prompt_len + generated >= self.max_model_len {
+        if generated >= state.max_new || state.prompt.len() + generated >= self.max_model_len {
             return Ok(Outcome::Finished(FinishReason::Length, None));
         }
         Ok(Outcome::Running)
+    }
+
+    /// Stores a finished sample of a single-sample request in the prefix cache: its prompt and answer, as far as
+    /// its slot holds them (all but the newest token), which is where an agent's next turn starts.
+    fn keep_conversation(&mut self, index: usize) {
+        let seq = &self.running[index];
+        let Some(state) = self.requests.get(&seq.request) else { return };
+        if state.params.n != 1 {
+            return;
+        }
+        let held = self.cache.len(seq.slot);
+        let tokens: Vec<u32> = state.prompt.iter().chain(&seq.tokens).take(held).copied().collect();
+        store(&mut self.prefixes, &mut self.cache, self.running.len(), seq.slot, &tokens);
     }
 
     /// Records `running[index]`'s completion and answers its request when it was the last sample.
@@ -639,12 +664,14 @@ impl Scheduler {
     fn invariants_hold(&self) -> bool {
         let running_ok = self.running.iter().enumerate().all(|(i, s)| {
             s.slot == i
-                && self.requests.get(&s.request).is_some_and(|r| self.cache.len(i) + 1 == r.prompt_len + s.tokens.len())
+                && self
+                    .requests
+                    .get(&s.request)
+                    .is_some_and(|r| self.cache.len(i) + 1 == r.prompt.len() + s.tokens.len())
         });
-        let last = self.cache.num_slots() - 1;
-        let retained_ok =
-            self.retained.as_ref().is_none_or(|p| self.running.len() <= last && self.cache.len(last) == p.len());
-        let free = self.running.len()..if self.retained.is_some() { last } else { last + 1 };
-        running_ok && retained_ok && free.into_iter().all(|slot| self.cache.len(slot) == 0)
+        let free = (self.running.len()..self.cache.num_slots()).filter(|&slot| !self.prefixes.holds(slot));
+        running_ok
+            && self.prefixes.consistent(&self.cache, self.running.len())
+            && free.into_iter().all(|slot| self.cache.len(slot) == 0)
     }
 }

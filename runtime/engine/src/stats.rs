@@ -9,8 +9,8 @@ pub struct EngineStats {
     pub requests: u64,
     /// Prompt tokens run through prefill (padding not counted).
     pub prefill_tokens: u64,
-    /// Prompt tokens whose keys and values were copied from the retained prompt instead of computed (counted
-    /// in `prefill_tokens` too).
+    /// Prompt tokens whose keys and values were copied from the prefix cache (an earlier prompt or
+    /// conversation) instead of computed (counted in `prefill_tokens` too).
     pub reused_prompt_tokens: u64,
     /// Wall time spent in prefill passes (shared-prefix pass, slot copies for `n > 1`, forward, first-token
     /// sampling).

@@ -128,12 +128,19 @@ fn prompts_sharing_a_prefix_match_running_alone() {
     alone_equals_staggered(&engine, &requests, &[4]);
 }
 
+/// A fresh engine over the tests' tiny model.
+fn fresh_run(config: &EngineConfig, prompt: Vec<u32>, params: SamplingParams) -> Generation {
+    run(&tiny_engine(config.clone()), prompt, params)
+}
+
 #[test]
-fn a_prompt_sharing_the_previous_ones_start_reuses_its_cache() {
+fn a_prompt_sharing_an_earlier_ones_start_reuses_its_cache() {
     // One request at a time, as eval tasks and agent turns arrive: the second prompt shares the first one's
-    // 12-token system prompt, the third continues the second's conversation. Each equals its run on a fresh
-    // engine, and the shared starts were copied, not computed.
-    let engine = tiny_engine(EngineConfig { max_model_len: 96, max_num_seqs: 4, ..Default::default() });
+    // 12-token system prompt, the third continues the second's conversation (prompt, answer, new message).
+    // Each equals its run on a fresh engine, and the shared starts were copied, not computed: the answer too,
+    // but for its newest token, whose keys and values no pass computed.
+    let config = EngineConfig { max_model_len: 96, max_num_seqs: 4, ..Default::default() };
+    let engine = tiny_engine(config.clone());
     let system = prompt(77, 12, 97);
     let first = [system.clone(), prompt(1, 5, 97)].concat();
     let second = [system.clone(), prompt(2, 7, 97)].concat();
@@ -141,18 +148,101 @@ fn a_prompt_sharing_the_previous_ones_start_reuses_its_cache() {
     assert_eq!(engine.stats().reused_prompt_tokens, 0);
     let answer2 = run(&engine, second.clone(), forced_greedy(6));
     assert_eq!(engine.stats().reused_prompt_tokens, 12);
-    let fresh = tiny_engine(EngineConfig { max_model_len: 96, max_num_seqs: 4, ..Default::default() });
-    assert_same(&answer2.completions, &run(&fresh, second.clone(), forced_greedy(6)).completions, "second");
+    assert_same(&answer2.completions, &fresh_run(&config, second.clone(), forced_greedy(6)).completions, "second");
     let turn = [second.clone(), answer2.completions[0].tokens.clone(), prompt(3, 4, 97)].concat();
     let answer3 = run(&engine, turn.clone(), forced_greedy(6));
-    assert_eq!(engine.stats().reused_prompt_tokens, 12 + second.len() as u64);
-    let fresh = tiny_engine(EngineConfig { max_model_len: 96, max_num_seqs: 4, ..Default::default() });
-    assert_same(&answer3.completions, &run(&fresh, turn, forced_greedy(6)).completions, "next turn");
+    assert_eq!(engine.stats().reused_prompt_tokens, 12 + second.len() as u64 + 5);
+    assert_same(&answer3.completions, &fresh_run(&config, turn, forced_greedy(6)).completions, "next turn");
     assert!(!answer.completions[0].tokens.is_empty());
 }
 
 #[test]
-fn new_weights_forget_the_retained_prompt() {
+fn interleaved_conversations_each_reuse_their_own() {
+    // Three agents take turns, one request at a time: each turn continues that agent's conversation, so each
+    // reuses its own cached conversation however many other turns came between, and equals a fresh engine.
+    let config = EngineConfig { max_model_len: 128, max_num_seqs: 4, ..Default::default() };
+    let engine = tiny_engine(config.clone());
+    let mut conversations: Vec<Vec<u32>> = (0..3).map(|a| prompt(300 + a, 10, 97)).collect();
+    let mut expected_reuse = 0;
+    for turn in 0..3u64 {
+        for (agent, conversation) in conversations.iter_mut().enumerate() {
+            let before = engine.stats().reused_prompt_tokens;
+            let answer = run(&engine, conversation.clone(), forced_greedy(5));
+            let reused = engine.stats().reused_prompt_tokens - before;
+            assert_eq!(reused, expected_reuse_for(turn, conversation.len()), "agent {agent}, turn {turn}");
+            expected_reuse += reused;
+            let fresh = fresh_run(&config, conversation.clone(), forced_greedy(5));
+            assert_same(&answer.completions, &fresh.completions, &format!("agent {agent}, turn {turn}"));
+            conversation.extend(&answer.completions[0].tokens);
+            conversation.extend(prompt(400 + 10 * turn + agent as u64, 3, 97));
+        }
+    }
+    assert_eq!(engine.stats().reused_prompt_tokens, expected_reuse);
+}
+
+/// What a turn of [`interleaved_conversations_each_reuse_their_own`] reuses: nothing at first, then all of its
+/// conversation but the 3 new tokens and the previous answer's newest token.
+fn expected_reuse_for(turn: u64, len: usize) -> u64 {
+    if turn == 0 { 0 } else { (len - 3 - 1) as u64 }
+}
+
+#[test]
+fn an_admission_that_needs_the_slots_keeps_the_entry_it_reuses() {
+    // Four slots, three cached conversations in them; a request for three samples needs three slots, so only
+    // one entry can stay: the one it reuses, moved out of the way of its samples.
+    let config = EngineConfig { max_model_len: 96, max_num_seqs: 4, ..Default::default() };
+    let engine = tiny_engine(config.clone());
+    let starts: Vec<Vec<u32>> = (0..3).map(|a| prompt(500 + a, 12, 97)).collect();
+    let answers: Vec<Generation> = starts.iter().map(|p| run(&engine, p.clone(), forced_greedy(4))).collect();
+    // The request continues the second conversation: not the most recently used entry, and below the slot
+    // the admission leaves free, so it must be kept and moved.
+    let turn = [starts[1].clone(), answers[1].completions[0].tokens.clone(), prompt(600, 2, 97)].concat();
+    let params = SamplingParams { n: 3, ..forced_greedy(5) };
+    let before = engine.stats().reused_prompt_tokens;
+    let three = run(&engine, turn.clone(), params.clone());
+    assert_eq!(engine.stats().reused_prompt_tokens - before, 12 + 3);
+    assert_same(&three.completions, &fresh_run(&config, turn.clone(), params).completions, "three samples");
+    // The entry survived the admission: the same turn again reuses it (the three samples are not cached).
+    let before = engine.stats().reused_prompt_tokens;
+    let again = run(&engine, turn.clone(), forced_greedy(5));
+    assert_eq!(engine.stats().reused_prompt_tokens - before, turn.len() as u64 - 1);
+    assert_same(&again.completions, &three.completions[..1], "again");
+}
+
+#[test]
+fn prompts_admitted_together_take_what_the_cache_holds_of_their_shared_start() {
+    // The cache holds 10 tokens of a 20-token start that three prompts admitted together share: those 10 are
+    // copied, the other 10 computed once, and every prompt equals its fresh run.
+    let config = EngineConfig { max_model_len: 96, max_num_seqs: 8, ..Default::default() };
+    let engine = tiny_engine(config.clone());
+    let system = prompt(700, 20, 97);
+    run(&engine, [system[..10].to_vec(), prompt(701, 3, 97)].concat(), forced_greedy(2));
+    // Seven samples of a short prompt (too short to cache) leave one slot and the cached entry keeps it. The
+    // first of the three prompts asks for two samples, so none can start (requests start in arrival order)
+    // until the seven finish; then all three are admitted together.
+    let steps = engine.stats().decode_steps;
+    let busy = engine.submit(prompt(702, 4, 97), SamplingParams { n: 7, ..forced_greedy(30) }).unwrap();
+    wait_steps(&engine, steps, 2);
+    let before = engine.stats().reused_prompt_tokens;
+    let requests: Vec<(Vec<u32>, SamplingParams)> = (0..3)
+        .map(|i| {
+            (
+                [system.clone(), prompt(710 + i, 4, 97)].concat(),
+                SamplingParams { n: 2 - i.min(1) as usize, ..forced_greedy(5) },
+            )
+        })
+        .collect();
+    let handles: Vec<_> = requests.iter().map(|(p, s)| engine.submit(p.clone(), s.clone()).unwrap()).collect();
+    assert_eq!(busy.wait().unwrap().completions.len(), 7);
+    for ((p, s), handle) in requests.iter().zip(handles) {
+        let g = handle.wait().unwrap();
+        assert_same(&g.completions, &fresh_run(&config, p.clone(), s.clone()).completions, "shared start");
+    }
+    assert_eq!(engine.stats().reused_prompt_tokens - before, 3 * 10);
+}
+
+#[test]
+fn new_weights_empty_the_prefix_cache() {
     let config = EngineConfig { max_model_len: 96, max_num_seqs: 4, ..Default::default() };
     let engine = tiny_engine(config.clone());
     let system = prompt(77, 12, 97);
