@@ -159,7 +159,7 @@ impl PrefixCache {
 #[cfg(test)]
 mod tests {
     use tch::{Device, Kind, Tensor};
-    use trinity_model::{Decoder, Family, ModelConfig, RandomWeights, RopeScaling};
+    use trinity_model::{Decoder, ModelConfig, RandomWeights};
 
     use super::*;
 
@@ -167,28 +167,11 @@ mod tests {
 
     /// A one-layer decoder and a cache of four slots; slot 0 is filled with `tokens` by a forward pass.
     fn setup(tokens: &[u32]) -> (Decoder, KvCache) {
-        let config = ModelConfig {
-            family: Family::Llama,
-            vocab_size: 64,
-            hidden_size: 16,
-            intermediate_size: 16,
-            num_hidden_layers: 1,
-            num_attention_heads: 2,
-            num_key_value_heads: 1,
-            head_dim: 8,
-            rms_norm_eps: 1e-6,
-            rope_theta: 10000.0,
-            rope_scaling: RopeScaling::None,
-            max_position_embeddings: 64,
-            tie_word_embeddings: true,
-            qkv_bias: false,
-            o_bias: false,
-            mlp_bias: false,
-            qk_norm: false,
-            bos_token_id: None,
-            eos_token_ids: vec![1],
-            torch_dtype: None,
-        };
+        let config = ModelConfig::from_json(&serde_json::json!({
+            "model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": true,
+        }))
+        .unwrap();
         let decoder = Decoder::load(config.clone(), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
         let mut cache = KvCache::new(&config, SLOTS, 32, Kind::Float, Device::Cpu).unwrap();
         fill(&decoder, &mut cache, tokens);
