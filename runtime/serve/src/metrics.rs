@@ -145,6 +145,12 @@ impl Metrics {
         counter(&mut out, "trinity_engine_prefill_tokens_total", "Prompt tokens prefilled.", e.prefill_tokens as f64);
         counter(
             &mut out,
+            "trinity_engine_prefix_cache_tokens_total",
+            "Prompt tokens copied from the prefix cache (an earlier prompt or conversation) instead of computed.",
+            e.reused_prompt_tokens as f64,
+        );
+        counter(
+            &mut out,
             "trinity_engine_prefill_seconds_total",
             "Time in prefill passes.",
             e.prefill_time.as_secs_f64(),

@@ -108,6 +108,34 @@ async fn completions_take_text_token_ids_and_batches() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversations_next_turn_starts_from_the_prefix_cache() {
+    // An agent's second turn resends the first turn's messages: the engine copies their keys and values from
+    // its prefix cache instead of computing them again, and `/metrics` counts the copied tokens.
+    let rollout = tiny_rollout(4, 256);
+    let (server, _) = start(rollout.clone(), options("tiny")).await;
+    let addr = server.local_addr();
+    let mut messages = vec![
+        json!({"role": "system", "content": "You answer in three letters."}),
+        json!({"role": "user", "content": "abc dab cab"}),
+    ];
+    let (status, first) =
+        post(addr, "/v1/chat/completions", &json!({"messages": messages, "max_tokens": 3, "ignore_eos": true})).await;
+    assert_eq!(status, 200);
+    let (_, text) = get(addr, "/metrics").await;
+    assert_eq!(metric(&text, "trinity_engine_prefix_cache_tokens_total"), 0.0);
+    let turn1_prompt = first["usage"]["prompt_tokens"].as_f64().unwrap();
+    messages.push(json!({"role": "assistant", "content": first["choices"][0]["message"]["content"]}));
+    messages.push(json!({"role": "user", "content": "bad"}));
+    let (status, _) =
+        post(addr, "/v1/chat/completions", &json!({"messages": messages, "max_tokens": 3, "ignore_eos": true})).await;
+    assert_eq!(status, 200);
+    let (_, text) = get(addr, "/metrics").await;
+    let copied = metric(&text, "trinity_engine_prefix_cache_tokens_total");
+    assert!(copied >= turn1_prompt, "{copied} tokens copied, the first turn's prompt had {turn1_prompt}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_health_and_metrics() {
     let rollout = tiny_rollout(2, 128);
     let (server, _) = start(rollout.clone(), options("tiny")).await;
