@@ -314,7 +314,7 @@ impl Scheduler {
         let first_free = base + admitted.iter().map(|r| r.params.n).sum::<usize>();
         let heads: Vec<&[u32]> = admitted.iter().map(|r| &r.prompt[..r.prompt.len() - 1]).collect();
         self.prefixes.make_room(&mut self.cache, first_free, &heads)?;
-        let starts = self.fill_starts(&admitted, base)?;
+        let starts = self.fill_starts(&admitted, &heads, base)?;
         let device = self.decoder.device();
         let width = admitted.iter().zip(&starts).map(|(r, &s)| r.prompt.len() - s).max().unwrap_or(0);
         let mut ids = vec![0i64; m * width];
@@ -367,16 +367,15 @@ impl Scheduler {
     }
 
     /// Fills the prefill slot of each admitted prompt (`base + row`) with the longest start it need not
-    /// compute, and returns each slot's length.
+    /// compute, and returns each slot's length; `heads` are the prompts without their last tokens.
     ///
     /// A prompt takes its start from the cached prompt sharing the longest one. When all admitted prompts share
     /// a longer start than any cached prompt gives, that start is computed once (after what the cache holds of
     /// it) in the first slot and copied into the others; a prompt with a shorter cached start than the shared
     /// one takes the shared one from the cached prompt with the longest.
-    fn fill_starts(&mut self, admitted: &[PendingRequest], base: usize) -> Result<Vec<usize>> {
+    fn fill_starts(&mut self, admitted: &[PendingRequest], heads: &[&[u32]], base: usize) -> Result<Vec<usize>> {
         let m = admitted.len();
-        let matches: Vec<Option<Match>> =
-            admitted.iter().map(|r| self.prefixes.lookup(&r.prompt[..r.prompt.len() - 1])).collect();
+        let matches: Vec<Option<Match>> = heads.iter().map(|head| self.prefixes.lookup(head)).collect();
         let best = matches.iter().flatten().max_by_key(|m| m.len).copied();
         let best_len = best.map_or(0, |b| b.len);
         let shared = shared_prefix(admitted);
@@ -669,9 +668,9 @@ impl Scheduler {
                     .get(&s.request)
                     .is_some_and(|r| self.cache.len(i) + 1 == r.prompt.len() + s.tokens.len())
         });
-        let free = (self.running.len()..self.cache.num_slots()).filter(|&slot| !self.prefixes.holds(slot));
+        let mut free = (self.running.len()..self.cache.num_slots()).filter(|&slot| !self.prefixes.holds(slot));
         running_ok
             && self.prefixes.consistent(&self.cache, self.running.len())
-            && free.into_iter().all(|slot| self.cache.len(slot) == 0)
+            && free.all(|slot| self.cache.len(slot) == 0)
     }
 }
