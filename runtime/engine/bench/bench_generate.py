@@ -22,7 +22,8 @@ with llama.cpp's `llama-quantize` from the Q4_1 SmolLM2, so the values are the Q
   run): `generate()` of the same B prompts as one batch; prompt tok/s from a timed forward pass of the prompts,
   decode tok/s = B*(N-1) / (generate() time - that forward's time).
 
-Every point runs --repeat times; the table shows medians, and the ratio trinity / llama.cpp of decode tok/s.
+Every point runs --repeat times, in rounds that take llama.cpp and trinity in turn (transformers runs after the
+rounds); the table shows medians, and the ratio trinity / llama.cpp of decode tok/s.
 """
 
 import argparse
@@ -173,22 +174,30 @@ def main():
     print(f"work: {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, batch {batches}, "
           f"{args.threads} threads, {args.repeat} run(s) per point", flush=True)
 
-    llama, trinity, transformers = {}, {}, {}
-    if args.llama_batched_bench:
+    # The engines take turns: each round runs llama.cpp (one process per dtype, every batch size) and then trinity
+    # at every point, so a change of the machine's speed during the run weighs on both sides alike. Running every
+    # llama.cpp repeat first had put them minutes apart: on a 2-core VM whose memory bandwidth drifts by 30% over
+    # minutes, that alone moved the batch-1 bf16 ratio from 0.92x in one run to 1.02-1.12x run in turns.
+    llama_runs = {(b, dtype): [] for dtype in DTYPES for b in batches}
+    trinity_runs = {(b, dtype): [] for dtype in DTYPES for b in batches}
+    for round_ in range(1, args.repeat + 1):
         for dtype in DTYPES:
-            runs = [bench_llama(args.llama_batched_bench, ggufs[dtype], batches, args.prompt_tokens,
-                                args.new_tokens, args.threads) for _ in range(args.repeat)]
+            if args.llama_batched_bench:
+                points = bench_llama(args.llama_batched_bench, ggufs[dtype], batches, args.prompt_tokens,
+                                     args.new_tokens, args.threads)
+                for b in batches:
+                    llama_runs[b, dtype].append(points[b])
+                    print(f"round {round_}: llama.cpp {dtype} batch {b}: prompt {points[b][0]:.1f} tok/s, "
+                          f"decode {points[b][1]:.1f} tok/s", flush=True)
             for b in batches:
-                llama[b, dtype] = median_of([r[b] for r in runs])
-                print(f"llama.cpp {dtype} batch {b}: prompt {llama[b, dtype][0]:.1f} tok/s, "
-                      f"decode {llama[b, dtype][1]:.1f} tok/s", flush=True)
-    for dtype in DTYPES:
-        for b in batches:
-            runs = [bench_trinity(args.trinity, ggufs[dtype], dtype, prompts[:b], args.prompt_tokens,
-                                  args.new_tokens, args.threads) for _ in range(args.repeat)]
-            trinity[b, dtype] = median_of(runs)
-            print(f"trinity {dtype} batch {b}: prompt {trinity[b, dtype][0]:.1f} tok/s, decode "
-                  f"{trinity[b, dtype][1]:.1f} tok/s [{runs[-1][2]}]", flush=True)
+                run = bench_trinity(args.trinity, ggufs[dtype], dtype, prompts[:b], args.prompt_tokens,
+                                    args.new_tokens, args.threads)
+                trinity_runs[b, dtype].append(run)
+                print(f"round {round_}: trinity {dtype} batch {b}: prompt {run[0]:.1f} tok/s, decode "
+                      f"{run[1]:.1f} tok/s [{run[2]}]", flush=True)
+    llama = {key: median_of(runs) for key, runs in llama_runs.items() if runs}
+    trinity = {key: median_of(runs) for key, runs in trinity_runs.items()}
+    transformers = {}
     if not args.no_transformers:
         model = AutoModelForCausalLM.from_pretrained(args.gguf_f32.parent, gguf_file=args.gguf_f32.name,
                                                      dtype=torch.float32).eval()

@@ -4,12 +4,19 @@
 // model. libtorch's sgemm is tuned for large M and reaches well under half of this CPU's fp32 throughput at
 // M = 16 (measured: ~80 GFLOP/s for the MLP shapes of SmolLM2, ~35 GFLOP/s for its output head), so decoding
 // is dominated by kernel inefficiency, not by arithmetic. Here the weights are packed once into panels of 16
-// output columns stored k-major ([n / 16][k][16]), so the inner loop streams each weight exactly once per
-// 8-row tile and keeps 8 x 3 accumulators in registers (one fused multiply-add per weight element per row).
+// output columns stored k-major, so the inner loop streams each weight exactly once per 8-row tile and keeps
+// 8 x 3 accumulators in registers (one fused multiply-add per weight element per row).
+//
+// A work unit is a group of kGroup = 3 panels, and the packed layout interleaves a group's panels k step by k
+// step ([groups][k][3][16], see pack_panels), so the unit reads its weights front to back as one stream. Stored
+// panel after panel, each unit read three streams tens of kilobytes apart that restart at every unit; at batch 1
+// the matmuls are bound by memory, and on a Zen 4 EPYC (2 threads, SmolLM2-135M bf16, the layers' four matmuls
+// alternated step by step in one process) the layers took 1-9% less time grouped (medians over 300 steps of
+// each: 9.54 -> 8.76, 7.92 -> 7.81, 7.06 -> 6.80 ms in three runs), and 15-20% less in a matmul-only loop.
 //
 // bf16 weights (a model loaded in bf16 on a CPU with AVX512-BF16) are packed the same way with k in pairs,
-// [n / 16][k / 2][16][2] (k padded to even with a zero), which is the operand layout of vdpbf16ps: one
-// instruction multiplies 16 output columns by two k at once and accumulates in fp32. The input rows are rounded
+// [groups][k / 2][3][16][2] (k padded to even with a zero); a pair step of one panel is the operand of vdpbf16ps:
+// one instruction multiplies 16 output columns by two k at once and accumulates in fp32. The input rows are rounded
 // to bf16 once per call (the precision a bf16 matmul computes at); outputs and accumulation stay fp32. Half the
 // bytes per weight makes the memory-bound decode matmul about twice as fast as fp32.
 //
@@ -29,12 +36,13 @@
 //
 // On CPUs with AMX (Intel Sapphire Rapids and later) bf16 weights run on the tile unit instead. The bf16 panel
 // layout is already AMX's operand layout for B: rows of k pairs, 64 bytes each (16 columns x 2 bf16), so a B tile
-// is 16 consecutive pair rows of one panel, read in place with a 64-byte stride; an A tile is up to 16 input rows
-// x 16 pairs, read in place from the rounded input. One tdpbf16ps does rows x 16 x 32 multiply-adds where
-// vdpbf16ps does 16 x 2, so a decode step stops being bound by the vector units and comes down to streaming the
-// weights. Measured with decode_profile (SmolLM2-135M bf16, 2 threads of a Xeon with AMX), decode step tok/s,
-// tiles against vdpbf16ps: batch 1 98-103 / 92-98, 2 182 / 142, 4 344 / 262, 8 589 / 341, 16 845 / 462,
-// 64 1083 / 501. Even one row gains, so every bf16 matmul whose k fills whole tile rows takes the tiles.
+// is 16 consecutive pair rows of one panel, read in place with the group's stride (3 x 64 bytes); an A tile is up
+// to 16 input rows x 16 pairs, read in place from the rounded input. One tdpbf16ps does rows x 16 x 32
+// multiply-adds where vdpbf16ps does 16 x 2, so a decode step stops being bound by the vector units and comes down
+// to streaming the weights. Measured with decode_profile (SmolLM2-135M bf16, 2 threads of a Xeon with AMX),
+// decode step tok/s, tiles against vdpbf16ps (panel after panel, before the grouped layout): batch 1 98-103 /
+// 92-98, 2 182 / 142, 4 344 / 262, 8 589 / 341, 16 845 / 462, 64 1083 / 501. Even one row gains, so every bf16
+// matmul whose k fills whole tile rows takes the tiles.
 //
 // Threads come from libtorch's own pool (at::parallel_for) so the kernel never competes with libtorch's
 // OpenMP workers for the cores.
@@ -70,15 +78,16 @@ struct Fp32 {
 
   template <int MR, int NP>
   __attribute__((target("avx512f,fma"))) static void tile(const X* x, int64_t ldx, const W* panels,
-                                                                 int64_t steps, float* y, int64_t ldy) {
+                                                                 int64_t stride, int64_t steps, float* y,
+                                                                 int64_t ldy) {
     __m512 acc[MR][NP];
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_setzero_ps();
     const W* p[NP];
-    for (int j = 0; j < NP; ++j) p[j] = panels + j * steps * kPanel;
+    for (int j = 0; j < NP; ++j) p[j] = panels + j * kPanel;
     for (int64_t k = 0; k < steps; ++k) {
       __m512 w[NP];
-      for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_ps(p[j] + k * kPanel);
+      for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_ps(p[j] + k * stride);
       for (int i = 0; i < MR; ++i) {
         const __m512 b = _mm512_set1_ps(x[i * ldx + k]);
         for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_fmadd_ps(b, w[j], acc[i][j]);
@@ -99,15 +108,16 @@ struct Bf16 {
 
   template <int MR, int NP>
   __attribute__((target("avx512f,avx512bf16"))) static void tile(const X* x, int64_t ldx, const W* panels,
-                                                                        int64_t steps, float* y, int64_t ldy) {
+                                                                        int64_t stride, int64_t steps, float* y,
+                                                                        int64_t ldy) {
     __m512 acc[MR][NP];
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_setzero_ps();
     const W* p[NP];
-    for (int j = 0; j < NP; ++j) p[j] = panels + j * steps * 2 * kPanel;
+    for (int j = 0; j < NP; ++j) p[j] = panels + j * 2 * kPanel;
     for (int64_t k = 0; k < steps; ++k) {
       __m512bh w[NP];
-      for (int j = 0; j < NP; ++j) w[j] = (__m512bh)_mm512_loadu_si512(p[j] + k * 2 * kPanel);
+      for (int j = 0; j < NP; ++j) w[j] = (__m512bh)_mm512_loadu_si512(p[j] + k * stride);
       for (int i = 0; i < MR; ++i) {
         const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[i * ldx + k]));
         for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], b, w[j]);
@@ -129,20 +139,20 @@ struct Fp32Avx2 {
   static constexpr int kRows = 4;
 
   template <int MR, int NP>
-  __attribute__((target("avx2,fma"))) static void tile(const X* x, int64_t ldx, const W* panels, int64_t steps,
-                                                        float* y, int64_t ldy) {
+  __attribute__((target("avx2,fma"))) static void tile(const X* x, int64_t ldx, const W* panels, int64_t stride,
+                                                        int64_t steps, float* y, int64_t ldy) {
     if constexpr (MR > 2 && NP > 1) {
-      for (int j = 0; j < NP; ++j) tile<MR, 1>(x, ldx, panels + j * steps * kPanel, steps, y + j * kPanel, ldy);
+      for (int j = 0; j < NP; ++j) tile<MR, 1>(x, ldx, panels + j * kPanel, stride, steps, y + j * kPanel, ldy);
     } else {
       __m256 acc[MR][NP][2];
       for (int i = 0; i < MR; ++i)
         for (int j = 0; j < NP; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
       const W* p[NP];
-      for (int j = 0; j < NP; ++j) p[j] = panels + j * steps * kPanel;
+      for (int j = 0; j < NP; ++j) p[j] = panels + j * kPanel;
       for (int64_t k = 0; k < steps; ++k) {
         for (int j = 0; j < NP; ++j) {
-          const __m256 w0 = _mm256_loadu_ps(p[j] + k * kPanel);
-          const __m256 w1 = _mm256_loadu_ps(p[j] + k * kPanel + 8);
+          const __m256 w0 = _mm256_loadu_ps(p[j] + k * stride);
+          const __m256 w1 = _mm256_loadu_ps(p[j] + k * stride + 8);
           for (int i = 0; i < MR; ++i) {
             const __m256 b = _mm256_broadcast_ss(x + i * ldx + k);
             acc[i][j][0] = _mm256_fmadd_ps(b, w0, acc[i][j][0]);
@@ -169,24 +179,24 @@ struct Bf16Avx2 {
   static constexpr int kRows = 4;
 
   template <int MR, int NP>
-  __attribute__((target("avx2,fma"))) static void tile(const X* x, int64_t ldx, const W* panels, int64_t steps,
-                                                        float* y, int64_t ldy) {
+  __attribute__((target("avx2,fma"))) static void tile(const X* x, int64_t ldx, const W* panels, int64_t stride,
+                                                        int64_t steps, float* y, int64_t ldy) {
     if constexpr (MR > 2 && NP > 1) {
       for (int j = 0; j < NP; ++j)
-        tile<MR, 1>(x, ldx, panels + j * steps * 2 * kPanel, steps, y + j * kPanel, ldy);
+        tile<MR, 1>(x, ldx, panels + j * 2 * kPanel, stride, steps, y + j * kPanel, ldy);
     } else {
       __m256 acc[MR][NP][2];
       for (int i = 0; i < MR; ++i)
         for (int j = 0; j < NP; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
       const W* p[NP];
-      for (int j = 0; j < NP; ++j) p[j] = panels + j * steps * 2 * kPanel;
+      for (int j = 0; j < NP; ++j) p[j] = panels + j * 2 * kPanel;
       const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
       for (int64_t k = 0; k < steps; ++k) {
         for (int j = 0; j < NP; ++j) {
           __m256 even[2], odd[2];
           for (int h = 0; h < 2; ++h) {
             const __m256i pairs =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[j] + (k * kPanel + 8 * h) * 2));
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[j] + k * stride + 16 * h));
             even[h] = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
             odd[h] = _mm256_castsi256_ps(_mm256_and_si256(pairs, high));
           }
@@ -220,16 +230,17 @@ struct Bf16Avx512Core {
 
   template <int MR, int NP>
   __attribute__((target("avx512f,fma"))) static void tile(const X* x, int64_t ldx, const W* panels,
-                                                                 int64_t steps, float* y, int64_t ldy) {
+                                                                 int64_t stride, int64_t steps, float* y,
+                                                                 int64_t ldy) {
     __m512 acc[MR][NP];
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_setzero_ps();
     const W* p[NP];
-    for (int j = 0; j < NP; ++j) p[j] = panels + j * steps * 2 * kPanel;
+    for (int j = 0; j < NP; ++j) p[j] = panels + j * 2 * kPanel;
     const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
     for (int64_t k = 0; k < steps; ++k) {
       for (int j = 0; j < NP; ++j) {
-        const __m512i pairs = _mm512_loadu_si512(p[j] + k * 2 * kPanel);
+        const __m512i pairs = _mm512_loadu_si512(p[j] + k * stride);
         const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
         const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
         for (int i = 0; i < MR; ++i) {
@@ -246,25 +257,26 @@ struct Bf16Avx512Core {
 
 // The last rows < K::kRows of x, as one tile of that many rows.
 template <typename K, int NP, int MR = K::kRows - 1>
-void tail_rows(int64_t rows, const typename K::X* x, int64_t ldx, const typename K::W* panels, int64_t steps,
-               float* y, int64_t ldy) {
+void tail_rows(int64_t rows, const typename K::X* x, int64_t ldx, const typename K::W* panels, int64_t stride,
+               int64_t steps, float* y, int64_t ldy) {
   if constexpr (MR >= 1) {
     if (rows == MR)
-      K::template tile<MR, NP>(x, ldx, panels, steps, y, ldy);
+      K::template tile<MR, NP>(x, ldx, panels, stride, steps, y, ldy);
     else
-      tail_rows<K, NP, MR - 1>(rows, x, ldx, panels, steps, y, ldy);
+      tail_rows<K, NP, MR - 1>(rows, x, ldx, panels, stride, steps, y, ldy);
   }
 }
 
-// Every row of x against NP panels: full K::kRows-row tiles, then one tile for the remaining rows.
+// Every row of x against one group of NP panels: full K::kRows-row tiles, then one tile for the remaining rows.
 template <typename K, int NP>
-void all_rows(const typename K::X* x, int64_t m, int64_t steps, const typename K::W* panels, float* y,
+void all_rows(const typename K::X* x, int64_t m, int64_t steps, const typename K::W* group, float* y,
               int64_t ldy) {
   const int64_t ldx = steps * K::kXStep;
+  const int64_t stride = NP * K::kStep * kPanel;  // the group's weights per k step (see pack_panels)
   int64_t i = 0;
   for (; i + K::kRows <= m; i += K::kRows)
-    K::template tile<K::kRows, NP>(x + i * ldx, ldx, panels, steps, y + i * ldy, ldy);
-  tail_rows<K, NP>(m - i, x + i * ldx, ldx, panels, steps, y + i * ldy, ldy);
+    K::template tile<K::kRows, NP>(x + i * ldx, ldx, group, stride, steps, y + i * ldy, ldy);
+  tail_rows<K, NP>(m - i, x + i * ldx, ldx, group, stride, steps, y + i * ldy, ldy);
 }
 
 // x [m][steps] (in K's units) times the packed panels, spread over libtorch's pool by groups of kGroup panels.
@@ -315,25 +327,27 @@ __attribute__((target("amx-tile"))) void amx_configure(int64_t rows) {
 // Hands the tile state back, so a context switch of the calling pool thread saves no 8 KiB of tile registers.
 __attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
 
-// The configured rows of x (pairs words, row stride ldx words) times NP panels of `steps` pairs each (a multiple
-// of kAmxPairs), into y (row stride ldy floats).
+// The configured rows of x (pairs words, row stride ldx words) times one group of NP panels of `steps` pairs each
+// (a multiple of kAmxPairs), into y (row stride ldy floats). A B tile is 16 pair rows of one panel, which the
+// group layout holds NP * 64 bytes apart (see pack_panels).
 template <int NP>
-__attribute__((target("amx-tile,amx-bf16"))) void amx_tile(const uint32_t* x, int64_t ldx, const uint16_t* panels,
+__attribute__((target("amx-tile,amx-bf16"))) void amx_tile(const uint32_t* x, int64_t ldx, const uint16_t* group,
                                                           int64_t steps, float* y, int64_t ldy) {
-  const int64_t panel = steps * 2 * kPanel;  // bf16 elements per panel
+  const int64_t stride = NP * 2 * kPanel;  // bf16 elements per pair row of the group
   _tile_zero(0);
   if constexpr (NP > 1) _tile_zero(1);
   if constexpr (NP > 2) _tile_zero(2);
   for (int64_t k = 0; k < steps; k += kAmxPairs) {
+    const uint16_t* rows = group + k * stride;
     _tile_loadd(3, x + k, ldx * 4);
-    _tile_loadd(4, panels + k * 2 * kPanel, 64);
+    _tile_loadd(4, rows, stride * 2);
     _tile_dpbf16ps(0, 3, 4);
     if constexpr (NP > 1) {
-      _tile_loadd(5, panels + panel + k * 2 * kPanel, 64);
+      _tile_loadd(5, rows + 2 * kPanel, stride * 2);
       _tile_dpbf16ps(1, 3, 5);
     }
     if constexpr (NP > 2) {
-      _tile_loadd(6, panels + 2 * panel + k * 2 * kPanel, 64);
+      _tile_loadd(6, rows + 4 * kPanel, stride * 2);
       _tile_dpbf16ps(2, 3, 6);
     }
   }
@@ -469,14 +483,18 @@ int guarded(F f) {
 }
 
 // Packs `count` row-major weight matrices stacked along n (sources[i] has rows[i] rows of k_len) into panels of
-// 16 output columns holding k in groups of S: [n / 16][ceil(k / S)][16][S], the last group zero-padded. S is 1
-// for fp32 and 2 for bf16 (packed_gemm.cpp's two layouts, read by both instruction sets).
+// 16 output columns holding k in steps of S (S is 1 for fp32 and 2 for bf16, the last step zero-padded), with
+// every kGroup consecutive panels interleaved step by step: [groups][ceil(k / S)][panels of the group][16][S], the
+// last group holding the 1 or 2 panels left over. A kernel works on one group at a time, so each thread then
+// reads its weights as one forward stream, where panel after panel would be kGroup streams restarting every
+// few kilobytes (at batch 1 that is a third of the decode step's weight bandwidth, see the file comment).
 template <typename T, int64_t S>
 void pack_panels(const T* const* sources, const int64_t* rows, int64_t count, int64_t k_len, T* packed) {
   int64_t n = 0;
   for (int64_t i = 0; i < count; ++i) n += rows[i];
+  const int64_t panels = n / kPanel;
   const int64_t steps = (k_len + S - 1) / S;
-  at::parallel_for(0, n / kPanel, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     const T* row[kPanel];
     for (int64_t panel = begin; panel < end; ++panel) {
       for (int64_t c = 0; c < kPanel; ++c) {
@@ -485,12 +503,14 @@ void pack_panels(const T* const* sources, const int64_t* rows, int64_t count, in
         while (r >= rows[i]) r -= rows[i++];
         row[c] = sources[i] + r * k_len;
       }
-      T* out = packed + panel * steps * S * kPanel;
+      const int64_t first = panel / kGroup * kGroup;
+      const int64_t in_group = std::min(kGroup, panels - first);
+      T* out = packed + first * steps * S * kPanel + (panel - first) * kPanel * S;
       for (int64_t s = 0; s < steps; ++s)
         for (int64_t c = 0; c < kPanel; ++c)
           for (int64_t e = 0; e < S; ++e) {
             const int64_t k = s * S + e;
-            out[(s * kPanel + c) * S + e] = k < k_len ? row[c][k] : T{0};
+            out[(s * in_group * kPanel + c) * S + e] = k < k_len ? row[c][k] : T{0};
           }
     }
   });
@@ -515,8 +535,8 @@ extern "C" int trinity_packed_gemm_bf16(const float* x, int64_t m, int64_t k_len
   return guarded([&] { trinity::packed_gemm_bf16(x, m, k_len, packed, n, y, static_cast<Isa>(isa)); });
 }
 
-// Packs fp32 weights into the layout [n / 16][k][16] that trinity_packed_gemm reads, in one pass and without an
-// intermediate copy: at model load that pass is the first touch of ~half a gigabyte for SmolLM2, so a
+// Packs fp32 weights into the grouped panel layout that trinity_packed_gemm reads (pack_panels), in one pass and
+// without an intermediate copy: at model load that pass is the first touch of ~half a gigabyte for SmolLM2, so a
 // concatenate-then-transpose cost twice that in page faults. n (the sum of rows) must be a multiple of 16.
 // Returns 0, or -1 on a thread-pool error.
 extern "C" int trinity_pack_panels(const float* const* sources, const int64_t* rows, int64_t count, int64_t k_len,
@@ -524,7 +544,7 @@ extern "C" int trinity_pack_panels(const float* const* sources, const int64_t* r
   return guarded([&] { pack_panels<float, 1>(sources, rows, count, k_len, packed); });
 }
 
-// The bf16 counterpart (sources are bf16 bit patterns): the layout [n / 16][(k + 1) / 2][16][2] that
+// The bf16 counterpart (sources are bf16 bit patterns): the layout with k in pairs that
 // trinity_packed_gemm_bf16 reads. Returns 0, or -1 on a thread-pool error.
 extern "C" int trinity_pack_panels_bf16(const uint16_t* const* sources, const int64_t* rows, int64_t count,
                                         int64_t k_len, uint16_t* packed) {

@@ -18,11 +18,12 @@ enum class Isa : int64_t {
 // them out on request: arch_prctl ARCH_REQ_XCOMP_PERM). Asked once; later calls return the first answer.
 bool amx_usable();
 
-// y[m][n] = sum_k x[m][k] * w[n][k] with w packed as [n / 16][k][16]; x and y row-major, n a multiple of 16.
+// y[m][n] = sum_k x[m][k] * w[n][k] with w packed by pack_panels (panels of 16 columns, k-major, in groups of 3
+// interleaved step by step); x and y row-major, n a multiple of 16.
 // Runs on libtorch's intra-op thread pool; may throw what at::parallel_for rethrows.
 void packed_gemm(const float* x, int64_t m, int64_t k_len, const float* packed, int64_t n, float* y, Isa isa);
 
-// The same with bf16 weights packed as [n / 16][(k + 1) / 2][16][2]; x is rounded to bf16, y accumulates in fp32.
+// The same with bf16 weights packed with k in pairs (steps of [16][2]); x is rounded to bf16, y accumulates in fp32.
 void packed_gemm_bf16(const float* x, int64_t m, int64_t k_len, const uint16_t* packed, int64_t n, float* y,
                       Isa isa);
 

@@ -3,7 +3,8 @@
 //!
 //! A decode step runs every weight of the model against a few rows, one per running sequence. libtorch's sgemm
 //! is tuned for many rows and runs these shapes at a fraction of the CPU's fp32 throughput, so the generation
-//! engine packs each projection once (`[n / 16, k, 16]`, 16 output columns k-major) and multiplies with the
+//! engine packs each projection once (panels of 16 output columns k-major, every 3 panels interleaved k step by k
+//! step so that a kernel's unit of work reads one forward stream) and multiplies with the
 //! register-tiled kernel in `csrc/packed_gemm.cpp`, on libtorch's thread pool. Projections that read the same
 //! input are packed together (q, k and v; gate and up) so one call streams them all.
 //!
@@ -116,7 +117,8 @@ pub fn packs(kind: Kind) -> bool {
 /// One or more `[n_i, k]` weight matrices (stacked along n) in panel layout, with their stacked bias.
 #[derive(Debug)]
 pub struct PackedLinear {
-    /// fp32 `[n / 16, k, 16]`, or bf16 `[n / 16, (k + 1) / 2, 32]` (k in pairs).
+    /// fp32 `n·k` elements, or bf16 `n·2·⌈k/2⌉` (k in pairs), in the grouped panel layout that
+    /// `csrc/packed_gemm.cpp`'s `pack_panels` writes; the shape only sizes the buffer.
     packed: Tensor,
     bias: Option<Tensor>,
     n: i64,
@@ -258,7 +260,7 @@ fn stacked_shape(weights: &[&Tensor], kind: Kind) -> Option<(i64, i64)> {
 }
 
 /// Writes `sources` (contiguous `[n_i, k]` in `packed`'s dtype, n = Σ n_i a multiple of 16) into `packed`
-/// (fp32 `[n / 16, k, 16]` or bf16 `[n / 16, (k + 1) / 2, 32]`), every element of it.
+/// (fp32 `n·k` or bf16 `n·2·⌈k/2⌉` elements in the grouped panel layout), every element of it.
 #[cfg(packed_gemm)]
 fn fill_panels(sources: &[Tensor], k: i64, packed: &Tensor) -> Result<()> {
     let rows: Vec<i64> = sources.iter().map(|t| t.size()[0]).collect();
