@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <numeric>
 #include <vector>
 
 #include "packed_gemm.h"
