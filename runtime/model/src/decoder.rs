@@ -1076,40 +1076,44 @@ mod tests {
     }
 
     /// A batch-1 step whose KV heads do not divide among the threads splits each head's keys into parts and merges
-    /// the parts (`csrc/decode_kernels.inc`, `key_parts`): 3 KV heads on 2 threads with at least 128 cached keys
-    /// take 2 parts each. Its logits must be libtorch's attention over the whole row, for both attention kernels
-    /// (head size 8: the generic one; 16: the register-resident one).
+    /// the parts (`csrc/decode_kernels.inc`, `key_parts`): with 3 KV heads and 261 cached keys, 2 threads take 2
+    /// parts a head and 4 threads 4. Its logits must be libtorch's attention over the whole row, for both attention
+    /// kernels (head size 8: the generic one; 16: the register-resident one).
     #[test]
     fn split_attention_matches_libtorch() {
         let threads = tch::get_num_threads();
-        // This thread's OpenMP pool size, which the fused step reads: 2 on any machine, even a 1-core one.
-        tch::set_num_threads(2);
-        for isa in sets_to_test(Kind::Float) {
-            for head_dim in [8, 16] {
-                let config = ModelConfig {
-                    num_attention_heads: 6,
-                    num_key_value_heads: 3,
-                    head_dim,
-                    max_position_embeddings: 512,
-                    ..tiny(Family::Qwen3)
-                };
-                let plain = model_with(config.clone());
-                let mut fast = model_with(config);
-                fast.copy_weights_from(&plain).unwrap();
-                assert!(fast.prepare_decode_on(isa).unwrap());
-                let run = |m: &Decoder| {
-                    let mut cache = m.new_cache(1, 200).unwrap();
-                    let prompt: Vec<i64> = (0..140).map(|i| (i * 7 + 3) % 32).collect();
-                    let h = m.forward_with_cache(&Tensor::from_slice(&prompt).view([1, 140]), &mut cache, &[0], &[140]);
-                    let mut out = vec![m.logits(&m.last_hidden(&h.unwrap(), &[140]).unwrap()).unwrap()];
-                    for step in 0..12_i64 {
-                        let ids = Tensor::from_slice(&[(5 + 3 * step) % 32]).view([1, 1]);
-                        let h = m.forward_with_cache(&ids, &mut cache, &[0], &[1]).unwrap();
-                        out.push(m.logits(&h).unwrap().squeeze_dim(1));
-                    }
-                    Tensor::stack(&out, 0)
-                };
-                assert!(max_diff(&run(&plain), &run(&fast)) < 1e-4, "{isa:?} head size {head_dim}");
+        for pool in [2, 4] {
+            // This thread's OpenMP pool size, which the fused step reads: any size runs on any machine.
+            tch::set_num_threads(pool);
+            for isa in sets_to_test(Kind::Float) {
+                for head_dim in [8, 16] {
+                    let config = ModelConfig {
+                        num_attention_heads: 6,
+                        num_key_value_heads: 3,
+                        head_dim,
+                        max_position_embeddings: 512,
+                        ..tiny(Family::Qwen3)
+                    };
+                    let plain = model_with(config.clone());
+                    let mut fast = model_with(config);
+                    fast.copy_weights_from(&plain).unwrap();
+                    assert!(fast.prepare_decode_on(isa).unwrap());
+                    let run = |m: &Decoder| {
+                        let mut cache = m.new_cache(1, 300).unwrap();
+                        let prompt: Vec<i64> = (0..260).map(|i| (i * 7 + 3) % 32).collect();
+                        let ids = Tensor::from_slice(&prompt).view([1, 260]);
+                        let h = m.forward_with_cache(&ids, &mut cache, &[0], &[260]).unwrap();
+                        let mut out = vec![m.logits(&m.last_hidden(&h, &[260]).unwrap()).unwrap()];
+                        for step in 0..12_i64 {
+                            let ids = Tensor::from_slice(&[(5 + 3 * step) % 32]).view([1, 1]);
+                            let h = m.forward_with_cache(&ids, &mut cache, &[0], &[1]).unwrap();
+                            out.push(m.logits(&h).unwrap().squeeze_dim(1));
+                        }
+                        Tensor::stack(&out, 0)
+                    };
+                    let diff = max_diff(&run(&plain), &run(&fast));
+                    assert!(diff < 1e-4, "{isa:?} head size {head_dim}, {pool} threads: {diff}");
+                }
             }
         }
         tch::set_num_threads(threads);
