@@ -486,8 +486,8 @@ int guarded(F f) {
 // 16 output columns holding k in steps of S (S is 1 for fp32 and 2 for bf16, the last step zero-padded), with
 // every kGroup consecutive panels interleaved step by step: [groups][ceil(k / S)][panels of the group][16][S], the
 // last group holding the 1 or 2 panels left over. A kernel works on one group at a time, so each thread then
-// reads its weights as one forward stream, where panel after panel would be kGroup streams restarting every
-// few kilobytes (at batch 1 that is a third of the decode step's weight bandwidth, see the file comment).
+// reads its weights as one forward stream, where panel after panel would be kGroup streams restarting at every
+// group (the file comment has what that cost at batch 1).
 template <typename T, int64_t S>
 void pack_panels(const T* const* sources, const int64_t* rows, int64_t count, int64_t k_len, T* packed) {
   int64_t n = 0;
