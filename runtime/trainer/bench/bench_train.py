@@ -1,7 +1,8 @@
 """PyTorch eager reference for examples/bench_train.rs: the same computation with transformers.
 
-Forward + backward + log-softmax gather over every next-token position of SmolLM2-135M, 8 x 164 random tokens,
-loss = -mean(logprob), no optimizer step; fp32 and bf16 autocast (torch.autocast("cpu", torch.bfloat16)).
+Forward + backward + log-softmax gather over every next-token position of SmolLM2-135M (or the Qwen2.5-shaped
+model `cargo xtask bench train --shape` writes), 8 x 164 random tokens, loss = -mean(logprob), no optimizer step;
+fp32 and bf16 autocast (torch.autocast("cpu", torch.bfloat16)).
 
     python runtime/trainer/bench/bench_train.py [--model FILE.gguf] [--dtype f32|bf16|both]
         [--batch 8] [--seq 164] [--iters 3] [--threads 2]
@@ -13,8 +14,11 @@ import argparse
 import os
 import time
 
-import torch
-from transformers import AutoModelForCausalLM
+# transformers dequantizes a GGUF file behind a progress bar that would fill the log line by line.
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 
 def run(model, dtype, batch, seq, iters):
@@ -63,7 +67,7 @@ def main():
         raise SystemExit("no model: pass --model FILE or set TRINITY_SMOLLM2_GGUF")
     torch.set_num_threads(a.threads)
     model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(a.model) or ".", gguf_file=os.path.basename(a.model), torch_dtype=torch.float32
+        os.path.dirname(a.model) or ".", gguf_file=os.path.basename(a.model), dtype=torch.float32
     )
     model.train()
     for dtype in ["f32", "bf16"] if a.dtype == "both" else [a.dtype]:

@@ -26,7 +26,8 @@ use trinity_config::algorithm::{AlgorithmConfig, LossAggMode, OptimizerConfig};
 use trinity_model::{Decoder, LoraSpec, ModelConfig, ModuleSelector, RandomWeights};
 use trinity_trainer::{Components, TrainRow, Trainer, TrainerOptions};
 
-/// `config.json` values Qwen publishes for the two models (architecture only).
+/// `config.json` values Qwen publishes for the two models (architecture only). `runtime/model/bench/shape_gguf.py`
+/// writes GGUF files of the same shapes for `cargo xtask bench generate|train --shape`.
 fn qwen_config(shape: &str) -> Option<Value> {
     let (hidden, inter, layers, heads, kv, max_pos) = match shape {
         "0.5b" => (896, 4864, 24, 14, 2, 32768),

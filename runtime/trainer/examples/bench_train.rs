@@ -1,5 +1,6 @@
 //! Training throughput of the engine's core: forward + backward + log-softmax gather over every next-token
-//! position, for SmolLM2-135M on the CPU (8 × 164 tokens by default), in fp32 and in bf16 (bf16 parameters and
+//! position, for SmolLM2-135M on the CPU (8 × 164 tokens by default; `--model` takes any model file, e.g. the
+//! Qwen2.5-shaped ones `cargo xtask bench train --shape` writes), in fp32 and in bf16 (bf16 parameters and
 //! compute with fp32 master weights — the trainer's bf16 mode). The computation is the trainer's own path:
 //! `Decoder::forward_hidden` and the chunked head ([`trinity_trainer::logprobs`], by default in the trainer's
 //! head mode, recomputing), with loss = −mean(logprob). No optimizer step (that is outside what PyTorch's `bench_train.py` measures too).

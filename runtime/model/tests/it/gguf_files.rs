@@ -1,5 +1,6 @@
-//! GGUF: dequantization of every supported type against gguf-py, and a tiny Llama written the way llama.cpp
-//! writes it (permuted q/k rows) against transformers' logits of the original model.
+//! GGUF: dequantization of every supported type against gguf-py, and a tiny Llama and a tiny Qwen2 written the
+//! way llama.cpp writes them (Llama with permuted q/k rows, Qwen2 with biases and rows as they are) against
+//! transformers' logits of the original models.
 
 use tch::{Device, Kind};
 use trinity_model::{GgufFile, load_model};
@@ -40,4 +41,20 @@ fn tiny_llama_gguf_matches_transformers_and_its_tokenizer() {
     let rendered = template.render(hf["chat"]["messages"].as_array().unwrap(), true, None).unwrap();
     assert_eq!(rendered, hf["chat"]["rendered"].as_str().unwrap());
     assert_eq!(model.eos_token_ids, vec![2]);
+}
+
+/// Qwen2's GGUF layout, which the Qwen2.5-shaped benchmarks and every Qwen2.5 GGUF users have rely on: q/k/v
+/// biases, q/k rows not permuted (llama.cpp permutes them only for Llama), tied embeddings.
+#[test]
+fn tiny_qwen2_gguf_matches_transformers() {
+    let model = load_model(&fixtures().join("tiny_qwen2.gguf"), Kind::Float, Device::Cpu).unwrap();
+    let config = model.decoder.config();
+    assert!(config.tie_word_embeddings);
+    assert_eq!((config.num_attention_heads, config.num_key_value_heads), (4, 2));
+    let expected = read_json(&fixtures().join("tiny/qwen2_bias/expected.json"));
+    let ids = ids_tensor(&expected["input_ids"]);
+    let mask = ids_tensor(&expected["attention_mask"]);
+    let logits = model.decoder.forward(&ids, Some(&mask)).unwrap();
+    let diff = masked_max_diff(&logits, &floats(&expected["logits"]), &expected["attention_mask"]);
+    assert!(diff < 1e-4, "max logit diff {diff}");
 }
