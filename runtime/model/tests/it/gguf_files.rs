@@ -3,7 +3,7 @@
 //! transformers' logits of the original models.
 
 use tch::{Device, Kind};
-use trinity_model::{GgufFile, load_model};
+use trinity_model::{GgufFile, LoadedModel, load_model};
 
 use crate::helpers::*;
 
@@ -20,18 +20,25 @@ fn every_supported_type_dequantizes_like_gguf_py() {
     }
 }
 
-#[test]
-fn tiny_llama_gguf_matches_transformers_and_its_tokenizer() {
-    let model = load_model(&fixtures().join("tiny_llama.gguf"), Kind::Float, Device::Cpu).unwrap();
+/// Loads a tiny GGUF fixture (tied embeddings, 4 heads on 2 KV heads) and checks its logits against the
+/// transformers logits in `expected` (fixture-relative paths).
+fn tiny_gguf_matching_transformers(file: &str, expected: &str) -> LoadedModel {
+    let model = load_model(&fixtures().join(file), Kind::Float, Device::Cpu).unwrap();
     let config = model.decoder.config();
     assert!(config.tie_word_embeddings);
     assert_eq!((config.num_attention_heads, config.num_key_value_heads), (4, 2));
-    let expected = read_json(&fixtures().join("tiny_llama_gguf.json"));
+    let expected = read_json(&fixtures().join(expected));
     let ids = ids_tensor(&expected["input_ids"]);
     let mask = ids_tensor(&expected["attention_mask"]);
     let logits = model.decoder.forward(&ids, Some(&mask)).unwrap();
     let diff = masked_max_diff(&logits, &floats(&expected["logits"]), &expected["attention_mask"]);
-    assert!(diff < 1e-4, "max logit diff {diff}");
+    assert!(diff < 1e-4, "{file}: max logit diff {diff}");
+    model
+}
+
+#[test]
+fn tiny_llama_gguf_matches_transformers_and_its_tokenizer() {
+    let model = tiny_gguf_matching_transformers("tiny_llama.gguf", "tiny_llama_gguf.json");
     // Same tokenizer as the HF directory's (built by `tokenizers`), and the same template.
     let hf = read_json(&fixtures().join("tiny/llama_tied/expected.json"));
     let text = hf["tokenizer"]["text"].as_str().unwrap();
@@ -47,14 +54,6 @@ fn tiny_llama_gguf_matches_transformers_and_its_tokenizer() {
 /// biases, q/k rows not permuted (llama.cpp permutes them only for Llama), tied embeddings.
 #[test]
 fn tiny_qwen2_gguf_matches_transformers() {
-    let model = load_model(&fixtures().join("tiny_qwen2.gguf"), Kind::Float, Device::Cpu).unwrap();
-    let config = model.decoder.config();
-    assert!(config.tie_word_embeddings);
-    assert_eq!((config.num_attention_heads, config.num_key_value_heads), (4, 2));
-    let expected = read_json(&fixtures().join("tiny/qwen2_bias/expected.json"));
-    let ids = ids_tensor(&expected["input_ids"]);
-    let mask = ids_tensor(&expected["attention_mask"]);
-    let logits = model.decoder.forward(&ids, Some(&mask)).unwrap();
-    let diff = masked_max_diff(&logits, &floats(&expected["logits"]), &expected["attention_mask"]);
-    assert!(diff < 1e-4, "max logit diff {diff}");
+    let model = tiny_gguf_matching_transformers("tiny_qwen2.gguf", "tiny/qwen2_bias/expected.json");
+    assert!(model.decoder.config().qkv_bias);
 }
