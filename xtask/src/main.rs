@@ -142,8 +142,8 @@ enum Bench {
         /// first use).
         #[arg(long, value_enum, default_value = "smollm2-135m")]
         shape: Shape,
-        /// Sequences per iteration (each 164 tokens). At 1.5B, 8 take about a minute an iteration in fp32 on 2
-        /// cores and PyTorch's side about 17 GB.
+        /// Sequences per iteration (each 164 tokens). At 1.5B with 2 of them PyTorch's side peaked at 17–19 GB
+        /// (trinity's at 9–14 GB), so 8 need more memory than a 24 GB machine has.
         #[arg(long, default_value_t = 8)]
         batch: usize,
     },
