@@ -334,7 +334,10 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
                 Shape::Smollm2 => Ok(llama.model(ty)),
                 _ => shapes::qwen_gguf(root, &deps, &python, shape, ty),
             };
-            let ggufs = llama_cpp::DTYPES.map(|(ty, dtype)| model(ty).map(|path| (dtype, path)));
+            let ggufs = llama_cpp::DTYPES
+                .iter()
+                .map(|&(ty, dtype)| Ok((dtype, model(ty)?)))
+                .collect::<Result<Vec<(&str, PathBuf)>>>()?;
             cargo(root, &deps, "release build", &["build", "--release", "--locked", "--bin", "trinity"])?;
             let trinity = target_dir(root).join("release").join("trinity");
             let batch_sizes: Vec<String> = batch_sizes.iter().map(ToString::to_string).collect();
@@ -346,8 +349,7 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
                     .arg(&trinity)
                     .arg("--llama-batched-bench")
                     .arg(llama.batched_bench());
-                for gguf in ggufs {
-                    let (dtype, path) = gguf?;
+                for (dtype, path) in &ggufs {
                     command.arg(format!("--gguf-{dtype}")).arg(path);
                 }
                 command.args([

@@ -50,7 +50,6 @@ pub(crate) fn qwen_gguf(root: &Path, deps: &Deps, reference_python: &Path, shape
     let marker = dir.join(format!(".written-{name}"));
     if !marker.exists() {
         step(&format!("setup: {name}-shaped model with random weights (F32 and BF16 GGUF)"), || {
-            let _ = std::fs::remove_file(&marker);
             run(Command::new(reference_python)
                 .arg(root.join("runtime/model/bench/shape_gguf.py"))
                 .args(["--shape", name, "--tokenizer-from"])

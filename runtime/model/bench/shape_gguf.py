@@ -77,7 +77,8 @@ def copy_tokenizer(writer: gguf.GGUFWriter, source: Path) -> None:
 
 
 def tensors(shape: dict, seed: int):
-    """(GGUF name, fp32 array in GGUF's [rows, cols] order, is_norm) for every weight, drawn in a fixed order."""
+    """(GGUF name, fp32 array in GGUF's [rows, cols] order, whether it is 1-D) for every weight, drawn in a fixed
+    order."""
     rng = np.random.default_rng(seed)
     h, f, d = shape["hidden"], shape["intermediate"], shape["hidden"] // shape["heads"]
     kv = shape["kv_heads"] * d
@@ -117,13 +118,14 @@ def write(name: str, shape: dict, dtype: str, tokenizer: Path, path: Path, seed:
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_BF16)
     copy_tokenizer(writer, tokenizer)
-    for tensor_name, values, is_norm in tensors(shape, seed):
-        bits = bf16_bits(values)
-        if is_norm or dtype == "f32":
+    for tensor_name, values, one_d in tensors(shape, seed):
+        if one_d:
             # Norms and biases stay fp32 in both files, as llama.cpp's converter keeps 1-D tensors.
-            writer.add_tensor(tensor_name, bf16_to_f32(bits) if not is_norm else values)
+            writer.add_tensor(tensor_name, values)
+        elif dtype == "f32":
+            writer.add_tensor(tensor_name, bf16_to_f32(bf16_bits(values)))
         else:
-            writer.add_tensor(tensor_name, bits, raw_dtype=gguf.GGMLQuantizationType.BF16)
+            writer.add_tensor(tensor_name, bf16_bits(values), raw_dtype=gguf.GGMLQuantizationType.BF16)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
