@@ -1,7 +1,8 @@
 //! Embeds libtorch's library folder as a run path so test binaries start without LD_LIBRARY_PATH, and compiles
 //! the packed small-batch matmul (csrc/packed_gemm.cpp), the fused decode step built on it
 //! (csrc/decode_step.cpp) and the fused training ops (csrc/train_ops.cpp) against libtorch's headers on x86-64,
-//! and on every architecture the autograd access tch lacks (csrc/grad.cpp).
+//! and on every architecture the autograd access tch lacks (csrc/grad.cpp) and activation recomputation
+//! (csrc/checkpoint.cpp).
 //!
 //! No `-m`/`-march` flag: the AVX-512 and AVX2 kernels carry their instruction sets in per-function target
 //! attributes and `#pragma GCC target` regions, so the rest of the object (and every inline function it shares
@@ -22,6 +23,7 @@ fn main() {
         "csrc/decode_step.cpp",
         "csrc/decode_kernels.inc",
         "csrc/grad.cpp",
+        "csrc/checkpoint.cpp",
         "csrc/train_ops.cpp",
         "csrc/simd_avx512.inc",
         "csrc/simd_avx2.inc",
@@ -36,7 +38,10 @@ fn main() {
     cc::Build::new()
         .cpp(true)
         .file("csrc/grad.cpp")
+        .file("csrc/checkpoint.cpp")
         .include(format!("{libtorch}/include"))
+        // checkpoint.cpp's autograd function needs the C++ API's headers.
+        .include(format!("{libtorch}/include/torch/csrc/api/include"))
         .flag("-std=c++17")
         .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
         .flag("-O2")

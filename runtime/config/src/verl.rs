@@ -89,7 +89,10 @@ pub struct VerlActorModel {
     pub external_lib: Option<String>,
     /// Overrides of the model's config.json.
     pub override_config: Map<String, Value>,
-    /// Recompute activations in the backward pass instead of keeping them.
+    /// Recompute layer activations in the backward pass instead of keeping them: the same gradients for one more
+    /// forward of the layers. On the CPU a pass recomputes when the activations it would keep do not fit in half
+    /// the memory available, so the configured micro-batches keep their size; on an accelerator every pass does, as
+    /// in veRL. `false` keeps them, and on the CPU lowers the micro-batch token budget to what fits.
     pub enable_gradient_checkpointing: bool,
     /// Pack sequences without padding (flash-attention varlen).
     pub use_remove_padding: bool,
@@ -494,7 +497,8 @@ pub struct VerlCriticModel {
     pub external_lib: Option<String>,
     /// Set from `model.trust_remote_code`.
     pub trust_remote_code: Option<bool>,
-    /// Recompute activations in the backward pass.
+    /// Recompute the critic's layer activations in the backward pass, as the actor's
+    /// `actor_rollout_ref.model.enable_gradient_checkpointing` does for the policy.
     pub enable_gradient_checkpointing: bool,
     /// Pack sequences without padding.
     pub use_remove_padding: bool,

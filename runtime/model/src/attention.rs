@@ -36,7 +36,8 @@ pub(crate) const SHORT_KEYS: i64 = 192;
 /// where a query may attend; without one, attention is causal (query `i` sees keys `0..=i`, Tq = Tk).
 pub(crate) fn attend(q: &Tensor, k: &Tensor, v: &Tensor, allowed: Option<&Tensor>) -> Result<Tensor> {
     let keys = k.size()[2];
-    let trains = q.requires_grad() || k.requires_grad() || v.requires_grad();
+    // A recomputed layer's first run counts as training, so that it and its recomputation take the same path.
+    let trains = [q, k, v].into_iter().any(crate::checkpoint::recording);
     if trains && q.kind() == Kind::BFloat16 && keys <= SHORT_KEYS {
         return spelled_out(q, k, v, allowed);
     }

@@ -24,7 +24,6 @@ use std::sync::atomic::AtomicBool;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use crate::attention::{self, causal};
 use crate::config::ModelConfig;
 use crate::decode_step::{self, DecodeLayer, DecodeShape};
 use crate::error::{ModelError, Result};
@@ -35,6 +34,8 @@ use crate::rope;
 use crate::train_ops;
 use crate::weights::{ParamSpec, WeightSource, param_specs};
 
+mod training;
+
 #[derive(Debug)]
 pub(crate) struct Linear {
     pub(crate) weight: Tensor,
@@ -44,6 +45,15 @@ pub(crate) struct Linear {
 }
 
 impl Linear {
+    /// A copy sharing the tensors.
+    fn share(&self) -> Linear {
+        Linear {
+            weight: self.weight.shallow_clone(),
+            bias: self.bias.as_ref().map(Tensor::shallow_clone),
+            lora: self.lora.as_ref().map(LoraBranch::share),
+        }
+    }
+
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = x.f_linear(&self.weight, self.bias.as_ref())?;
         match &self.lora {
@@ -69,6 +79,23 @@ pub(crate) struct Layer {
 }
 
 impl Layer {
+    /// A copy sharing the tensors, for a recomputed layer to own ([`crate::checkpoint`]).
+    fn share(&self) -> Layer {
+        Layer {
+            input_norm: self.input_norm.shallow_clone(),
+            q: self.q.share(),
+            k: self.k.share(),
+            v: self.v.share(),
+            o: self.o.share(),
+            q_norm: self.q_norm.as_ref().map(Tensor::shallow_clone),
+            k_norm: self.k_norm.as_ref().map(Tensor::shallow_clone),
+            post_norm: self.post_norm.shallow_clone(),
+            gate: self.gate.share(),
+            up: self.up.share(),
+            down: self.down.share(),
+        }
+    }
+
     /// The projections LoRA can adapt, by their module name inside the layer (PEFT's names).
     pub(crate) fn linears(&self) -> [(&'static str, &Linear); 7] {
         [
@@ -118,6 +145,8 @@ pub struct Decoder {
     /// Whether attached LoRA adapters take part in forward passes (off while scoring with the base weights);
     /// shared with every [`LoraBranch`].
     pub(crate) lora_on: Arc<AtomicBool>,
+    /// Recompute layer activations in the backward ([`Decoder::set_recompute_activations`]).
+    recompute: bool,
 }
 
 /// The generation engine's packed weights (see [`crate::packed`]). A packed model computes in fp32 whatever its
@@ -181,20 +210,6 @@ fn merge_heads(attn: &Tensor) -> Result<Tensor> {
     Ok(attn.f_transpose(1, 2)?.f_reshape([size[0], size[2], -1])?)
 }
 
-/// For rows `valid` `[B, T]` (true at real tokens, padding anywhere): positions counting real tokens only and
-/// the `[B, 1, T, T]` attention mask, causal over real keys. A query always sees itself, so rows of padding
-/// never go fully masked (NaN in softmax).
-fn padded_positions_and_mask(valid: &Tensor) -> Result<(Tensor, Tensor)> {
-    let size = valid.size();
-    let (b, t) = (size[0], size[1]);
-    let positions = (valid.f_to_kind(Kind::Int64)?.f_cumsum(1, Kind::Int64)? - 1).f_clamp_min(0)?;
-    let mask = causal(t, valid.device())?
-        .f_view([1, 1, t, t])?
-        .f_logical_and(&valid.f_view([b, 1, 1, t])?)?
-        .f_logical_or(&Tensor::f_eye(t, (Kind::Bool, valid.device()))?)?;
-    Ok((positions, mask))
-}
-
 /// `layer`'s norm weights in fp32 (input, post-attention, q, k), shared with it when they already are.
 fn fp32_norms(layer: &Layer) -> Result<(Tensor, Tensor, Option<Tensor>, Option<Tensor>)> {
     Ok((
@@ -241,6 +256,93 @@ fn linear(vars: &mut HashMap<String, Tensor>, prefix: &str, bias: bool) -> Resul
         bias: if bias { Some(take(vars, &format!("{prefix}.bias"))?) } else { None },
         lora: None,
     })
+}
+
+/// What a layer's computation needs of the model's configuration, by value, so that a recomputed layer
+/// ([`crate::checkpoint`]) can own it.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    eps: f64,
+}
+
+impl Dims {
+    fn rms_norm(self, x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+        train_ops::rms_norm(x, weight, self.eps)
+    }
+
+    /// Projections, q/k norm and RoPE: q `[B, T, H, D]`, k and v `[B, T, KVH, D]`.
+    fn qkv(
+        self,
+        layer: &Layer,
+        fast: Option<&FastLayer>,
+        h: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let size = h.size();
+        let (b, t) = (size[0], size[1]);
+        let (heads, kv_heads, d) = (self.heads, self.kv_heads, self.head_dim);
+        let (q, k, v) = match fast.and_then(|f| f.qkv.as_ref()) {
+            Some(qkv) => {
+                let y = qkv.forward(h)?;
+                if layer.q_norm.is_none() && layer.k_norm.is_none() {
+                    // q and k sit side by side in the packed output: rotate all their heads in one pass.
+                    let qk = y.f_narrow(-1, 0, (heads + kv_heads) * d)?.f_reshape([b, t, heads + kv_heads, d])?;
+                    let qk = rope::apply(&qk, cos, sin)?;
+                    let q = qk.f_narrow(2, 0, heads)?;
+                    let k = qk.f_narrow(2, heads, kv_heads)?;
+                    let v = y.f_narrow(-1, (heads + kv_heads) * d, kv_heads * d)?.f_reshape([b, t, kv_heads, d])?;
+                    return Ok((q, k, v));
+                }
+                let parts = y.f_split_with_sizes([heads * d, kv_heads * d, kv_heads * d], -1)?;
+                let [q, k, v] = <[Tensor; 3]>::try_from(parts).map_err(|_| ModelError::InvalidInput("qkv".into()))?;
+                (q, k, v)
+            }
+            None => (layer.q.forward(h)?, layer.k.forward(h)?, layer.v.forward(h)?),
+        };
+        let q = q.f_reshape([b, t, heads, d])?;
+        let k = k.f_reshape([b, t, kv_heads, d])?;
+        let v = v.f_reshape([b, t, kv_heads, d])?;
+        let (q_norm, k_norm) = match fast {
+            Some(f) => (f.q_norm.as_ref(), f.k_norm.as_ref()),
+            None => (layer.q_norm.as_ref(), layer.k_norm.as_ref()),
+        };
+        let q = match q_norm {
+            Some(w) => self.rms_norm(&q, w)?,
+            None => q,
+        };
+        let k = match k_norm {
+            Some(w) => self.rms_norm(&k, w)?,
+            None => k,
+        };
+        Ok((train_ops::rope(&q, cos, sin)?, train_ops::rope(&k, cos, sin)?, v))
+    }
+
+    /// Output projection, residual, MLP, residual. `attn` is `[B, T, H·D]`.
+    fn finish_layer(self, layer: &Layer, fast: Option<&FastLayer>, x: Tensor, attn: &Tensor) -> Result<Tensor> {
+        let o = match fast.and_then(|f| f.o.as_ref()) {
+            Some(o) => o.forward(attn)?,
+            None => layer.o.forward(attn)?,
+        };
+        let x = x + o;
+        let h = self.rms_norm(&x, fast.map_or(&layer.post_norm, |f| &f.post_norm))?;
+        let act = match fast.and_then(|f| f.gate_up.as_ref()) {
+            Some(gate_up) => {
+                let y = gate_up.forward(&h)?;
+                let inter = gate_up.out_features() / 2;
+                y.f_narrow(-1, 0, inter)?.f_silu()? * y.f_narrow(-1, inter, inter)?
+            }
+            None => train_ops::swiglu(&layer.gate.forward(&h)?, &layer.up.forward(&h)?)?,
+        };
+        let mlp = match fast.and_then(|f| f.down.as_ref()) {
+            Some(down) => down.forward(&act)?,
+            None => layer.down.forward(&act)?,
+        };
+        Ok(x + mlp)
+    }
 }
 
 impl Decoder {
@@ -301,7 +403,7 @@ impl Decoder {
             if config.tie_word_embeddings { embed.shallow_clone() } else { take(&mut vars, "lm_head.weight")? };
         let inv_freq = rope::inv_freq(&config, device)?;
         let lora_on = Arc::new(AtomicBool::new(true));
-        Ok(Self { config, vs, kind, embed, layers, norm, lm_head, inv_freq, fast: None, lora_on })
+        Ok(Self { config, vs, kind, embed, layers, norm, lm_head, inv_freq, fast: None, lora_on, recompute: false })
     }
 
     /// Packs the weights for fast small-batch decoding where the kernel applies (fp32 or bf16 weights on an x86-64
@@ -442,7 +544,17 @@ impl Decoder {
     }
 
     fn rms_norm(&self, x: &Tensor, weight: &Tensor) -> Result<Tensor> {
-        train_ops::rms_norm(x, weight, self.config.rms_norm_eps)
+        self.dims().rms_norm(x, weight)
+    }
+
+    fn dims(&self) -> Dims {
+        let c = &self.config;
+        Dims {
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            eps: c.rms_norm_eps,
+        }
     }
 
     /// Embeds token ids `[B, T]` (int64) into `[B, T, hidden]`.
@@ -464,143 +576,6 @@ impl Decoder {
             return head.forward(hidden);
         }
         Ok(hidden.f_linear::<Tensor>(&self.lm_head, None)?)
-    }
-
-    /// Full-sequence forward for training and scoring: final-normed hidden states `[B, T, hidden]`.
-    ///
-    /// `input_ids`: `[B, T]` int64. `attention_mask`: `[B, T]`, nonzero for real tokens; padding may be on either
-    /// side. Positions count real tokens only (a left-padded row starts at position 0 at its first real token),
-    /// as transformers does when given a mask. Outputs at padding positions are finite but meaningless.
-    /// Differentiable when called with gradients enabled.
-    pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
-        let size = input_ids.size();
-        let [b, t] = size[..] else {
-            return Err(ModelError::InvalidInput(format!("input_ids must be [B, T], got {size:?}")));
-        };
-        let device = self.device();
-        let input_ids = input_ids.f_to_device(device)?;
-        let (positions, mask) = match attention_mask {
-            None => (Tensor::f_arange(t, (Kind::Int64, device))?.f_unsqueeze(0)?.f_expand([b, t], false)?, None),
-            Some(m) => {
-                let (pos, mask) = padded_positions_and_mask(&m.f_to_device(device)?.f_ne(0)?)?;
-                (pos, Some(mask))
-            }
-        };
-        let (cos, sin) = rope::cos_sin(&self.inv_freq, &positions, self.kind)?;
-        let mut x = self.embed(&input_ids)?;
-        for layer in &self.layers {
-            let h = self.rms_norm(&x, &layer.input_norm)?;
-            let (q, k, v) = self.qkv(layer, None, &h, &cos, &sin)?;
-            let q = q.f_transpose(1, 2)?;
-            let k = k.f_transpose(1, 2)?;
-            let v = v.f_transpose(1, 2)?;
-            let attn = attention::attend(&q, &k, &v, mask.as_ref())?;
-            x = self.finish_layer(layer, None, x, &merge_heads(&attn)?)?;
-        }
-        self.rms_norm(&x, &self.norm)
-    }
-
-    /// [`Decoder::forward_hidden`] for rows that share prompts, running each distinct prompt once: GRPO trains on
-    /// `repeat_times` responses per prompt, and recomputing (and backpropagating through) the same prompt for
-    /// every one of them is work proportional to `repeat_times × prompt length` that gives the same numbers.
-    ///
-    /// - `prompts`: `[G, P]` int64, the distinct prompts, left-padded; `prompt_mask` `[G, P]`, nonzero for real
-    ///   tokens.
-    /// - `groups[n]`: the prompt of response row `n`; `responses` `[N, R]` int64, right-padded with any id;
-    ///   `response_lens[n]` its real tokens (1..=R).
-    ///
-    /// Returns the final-normed hidden states of the prompts `[G, P, hidden]` and of the responses
-    /// `[N, R, hidden]`, equal (to float rounding) to `forward_hidden` of each full row `prompt ++ response`:
-    /// response position `j` of row `n` is at position `len(prompt) + j`, sees its prompt's real tokens and its
-    /// own first `j + 1` tokens. Outputs at padding positions are zeros. The real prompt and response tokens —
-    /// padding left out, as veRL's `use_remove_padding` does — run through every projection and MLP as one flat
-    /// batch; only attention is split, in the padded layout, with each response's keys and values being its
-    /// prompt's (gathered, so gradients from all of a prompt's responses add up in it) followed by its own.
-    /// Differentiable.
-    pub fn forward_hidden_shared_prompts(
-        &self,
-        prompts: &Tensor,
-        prompt_mask: &Tensor,
-        groups: &[i64],
-        responses: &Tensor,
-        response_lens: &[i64],
-    ) -> Result<(Tensor, Tensor)> {
-        let (ps, rs) = (prompts.size(), responses.size());
-        let (&[g, p], &[n, r]) = (&ps[..], &rs[..]) else {
-            return Err(ModelError::InvalidInput(format!("prompts {ps:?} and responses {rs:?} must be 2-D")));
-        };
-        if prompt_mask.size() != ps
-            || groups.len() as i64 != n
-            || groups.iter().any(|&i| i < 0 || i >= g)
-            || response_lens.len() as i64 != n
-            || response_lens.iter().any(|&l| l < 1 || l > r)
-        {
-            return Err(ModelError::InvalidInput(format!(
-                "prompt mask {:?} for prompts {ps:?}; {} group ids in 0..{g} and {} lengths in 1..={r} for {n} \
-                 responses",
-                prompt_mask.size(),
-                groups.len(),
-                response_lens.len()
-            )));
-        }
-        let device = self.device();
-        let (heads, kv_heads, d) =
-            (self.config.num_attention_heads, self.config.num_key_value_heads, self.config.head_dim);
-        let (tp, tr) = (g * p, n * r);
-        let group = Tensor::from_slice(groups).f_to_device(device)?;
-        let valid = prompt_mask.f_to_device(device)?.f_ne(0)?;
-        let (prompt_pos, prompt_attn_mask) = padded_positions_and_mask(&valid)?;
-        let prompt_len = valid.f_sum_dim_intlist(1, false, Kind::Int64)?;
-        let response_pos = prompt_len.f_index_select(0, &group)?.f_unsqueeze(1)?
-            + Tensor::f_arange(r, (Kind::Int64, device))?.f_unsqueeze(0)?;
-        let positions = Tensor::f_cat(&[prompt_pos.f_reshape([tp])?, response_pos.f_reshape([tr])?], 0)?;
-        // The real tokens of the flat layout (prompts, then responses): only they run through the projections.
-        let lens = Tensor::from_slice(response_lens).f_to_device(device)?;
-        let response_valid =
-            Tensor::f_arange(r, (Kind::Int64, device))?.f_unsqueeze(0)?.f_lt_tensor(&lens.f_unsqueeze(1)?)?;
-        let real = Tensor::f_cat(&[valid.f_reshape([tp])?, response_valid.f_reshape([tr])?], 0)?
-            .f_nonzero()?
-            .f_squeeze_dim(1)?;
-        let positions = positions.f_index_select(0, &real)?;
-        let (cos, sin) = rope::cos_sin(&self.inv_freq, &positions.f_unsqueeze(0)?, self.kind)?;
-        // Response attention: the prompt's real keys, then its own keys causally.
-        let own = causal(r, device)?.f_view([1, 1, r, r])?.f_expand([n, 1, r, r], false)?;
-        let seen = valid.f_index_select(0, &group)?.f_view([n, 1, 1, p])?.f_expand([n, 1, r, p], false)?;
-        let response_attn_mask = Tensor::f_cat(&[seen, own], 3)?;
-
-        let ids = Tensor::f_cat(&[prompts.f_reshape([tp])?, responses.f_reshape([tr])?], 0)?.f_to_device(device)?;
-        let mut x = self.embed(&ids.f_index_select(0, &real)?.f_unsqueeze(0)?)?;
-        // Real tokens `[1, K, heads, D]` → the padded prompt part [G, heads, P, D] and response part [N, heads, R, D]
-        // (zeros at padding, which no real query attends to).
-        let split = |t: &Tensor, h: i64| -> Result<(Tensor, Tensor)> {
-            let padded =
-                Tensor::f_zeros([tp + tr, h, d], (t.kind(), device))?.f_index_copy(0, &real, &t.f_squeeze_dim(0)?)?;
-            Ok((
-                padded.f_narrow(0, 0, tp)?.f_reshape([g, p, h, d])?.f_transpose(1, 2)?,
-                padded.f_narrow(0, tp, tr)?.f_reshape([n, r, h, d])?.f_transpose(1, 2)?,
-            ))
-        };
-        for layer in &self.layers {
-            let h = self.rms_norm(&x, &layer.input_norm)?;
-            let (q, k, v) = self.qkv(layer, None, &h, &cos, &sin)?;
-            let ((qp, qr), (kp, kr), (vp, vr)) = (split(&q, heads)?, split(&k, kv_heads)?, split(&v, kv_heads)?);
-            let attn_p = attention::attend(&qp, &kp, &vp, Some(&prompt_attn_mask))?;
-            let keys = Tensor::f_cat(&[kp.f_index_select(0, &group)?, kr], 2)?;
-            let values = Tensor::f_cat(&[vp.f_index_select(0, &group)?, vr], 2)?;
-            let attn_r = attention::attend(&qr, &keys, &values, Some(&response_attn_mask))?;
-            let attn = Tensor::f_cat(
-                &[
-                    attn_p.f_transpose(1, 2)?.f_reshape([tp, heads * d])?,
-                    attn_r.f_transpose(1, 2)?.f_reshape([tr, heads * d])?,
-                ],
-                0,
-            )?;
-            x = self.finish_layer(layer, None, x, &attn.f_index_select(0, &real)?.f_unsqueeze(0)?)?;
-        }
-        let x = self.rms_norm(&x, &self.norm)?.f_squeeze_dim(0)?;
-        let hidden = self.config.hidden_size;
-        let x = Tensor::f_zeros([tp + tr, hidden], (x.kind(), device))?.f_index_copy(0, &real, &x)?;
-        Ok((x.f_narrow(0, 0, tp)?.f_reshape([g, p, hidden])?, x.f_narrow(0, tp, tr)?.f_reshape([n, r, hidden])?))
     }
 
     /// Full-sequence logits `[B, T, vocab]` (see [`Decoder::forward_hidden`]). For long sequences and big
@@ -631,78 +606,6 @@ impl Decoder {
             return Ok(Tensor::f_zeros([hidden.size()[0], 0], (Kind::Float, hidden.device()))?);
         }
         Ok(Tensor::f_cat(&parts, 1)?)
-    }
-
-    /// Projections, q/k norm and RoPE: q `[B, T, H, D]`, k and v `[B, T, KVH, D]`.
-    fn qkv(
-        &self,
-        layer: &Layer,
-        fast: Option<&FastLayer>,
-        h: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        let size = h.size();
-        let (b, t) = (size[0], size[1]);
-        let d = self.config.head_dim;
-        let (heads, kv_heads) = (self.config.num_attention_heads, self.config.num_key_value_heads);
-        let (q, k, v) = match fast.and_then(|f| f.qkv.as_ref()) {
-            Some(qkv) => {
-                let y = qkv.forward(h)?;
-                if layer.q_norm.is_none() && layer.k_norm.is_none() {
-                    // q and k sit side by side in the packed output: rotate all their heads in one pass.
-                    let qk = y.f_narrow(-1, 0, (heads + kv_heads) * d)?.f_reshape([b, t, heads + kv_heads, d])?;
-                    let qk = rope::apply(&qk, cos, sin)?;
-                    let q = qk.f_narrow(2, 0, heads)?;
-                    let k = qk.f_narrow(2, heads, kv_heads)?;
-                    let v = y.f_narrow(-1, (heads + kv_heads) * d, kv_heads * d)?.f_reshape([b, t, kv_heads, d])?;
-                    return Ok((q, k, v));
-                }
-                let parts = y.f_split_with_sizes([heads * d, kv_heads * d, kv_heads * d], -1)?;
-                let [q, k, v] = <[Tensor; 3]>::try_from(parts).map_err(|_| ModelError::InvalidInput("qkv".into()))?;
-                (q, k, v)
-            }
-            None => (layer.q.forward(h)?, layer.k.forward(h)?, layer.v.forward(h)?),
-        };
-        let q = q.f_reshape([b, t, heads, d])?;
-        let k = k.f_reshape([b, t, kv_heads, d])?;
-        let v = v.f_reshape([b, t, kv_heads, d])?;
-        let (q_norm, k_norm) = match fast {
-            Some(f) => (f.q_norm.as_ref(), f.k_norm.as_ref()),
-            None => (layer.q_norm.as_ref(), layer.k_norm.as_ref()),
-        };
-        let q = match q_norm {
-            Some(w) => self.rms_norm(&q, w)?,
-            None => q,
-        };
-        let k = match k_norm {
-            Some(w) => self.rms_norm(&k, w)?,
-            None => k,
-        };
-        Ok((train_ops::rope(&q, cos, sin)?, train_ops::rope(&k, cos, sin)?, v))
-    }
-
-    /// Output projection, residual, MLP, residual. `attn` is `[B, T, H·D]`.
-    fn finish_layer(&self, layer: &Layer, fast: Option<&FastLayer>, x: Tensor, attn: &Tensor) -> Result<Tensor> {
-        let o = match fast.and_then(|f| f.o.as_ref()) {
-            Some(o) => o.forward(attn)?,
-            None => layer.o.forward(attn)?,
-        };
-        let x = x + o;
-        let h = self.rms_norm(&x, fast.map_or(&layer.post_norm, |f| &f.post_norm))?;
-        let act = match fast.and_then(|f| f.gate_up.as_ref()) {
-            Some(gate_up) => {
-                let y = gate_up.forward(&h)?;
-                let inter = gate_up.out_features() / 2;
-                y.f_narrow(-1, 0, inter)?.f_silu()? * y.f_narrow(-1, inter, inter)?
-            }
-            None => train_ops::swiglu(&layer.gate.forward(&h)?, &layer.up.forward(&h)?)?,
-        };
-        let mlp = match fast.and_then(|f| f.down.as_ref()) {
-            Some(down) => down.forward(&act)?,
-            None => layer.down.forward(&act)?,
-        };
-        Ok(x + mlp)
     }
 
     /// Generation forward: runs new tokens for several cache slots at once and appends their keys/values.
@@ -794,7 +697,7 @@ impl Decoder {
             for (i, layer) in self.layers.iter().enumerate() {
                 let fast = self.fast_layer(i, &x);
                 let h = self.rms_norm(&x, fast.map_or(&layer.input_norm, |f| &f.input_norm))?;
-                let (q, k, v) = self.qkv(layer, fast, &h, &cos, &sin)?;
+                let (q, k, v) = self.dims().qkv(layer, fast, &h, &cos, &sin)?;
                 let kc = &mut cache.keys[i];
                 let _ = kc.f_index_put_(&[Some(&slot_rows), None, Some(&write)], &k, false)?;
                 let vc = &mut cache.values[i];
@@ -833,7 +736,7 @@ impl Decoder {
                 } else {
                     Tensor::f_scaled_dot_product_attention(&q, &keys, &values, Some(&mask), 0.0, false, None, true)?
                 };
-                x = self.finish_layer(layer, fast, x, &merge_heads(&attn)?)?;
+                x = self.dims().finish_layer(layer, fast, x, &merge_heads(&attn)?)?;
             }
             self.rms_norm(&x, self.fast.as_ref().map_or(&self.norm, |f| &f.norm))
         })?;

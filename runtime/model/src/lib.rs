@@ -30,6 +30,7 @@
 
 mod attention;
 mod chat_template;
+mod checkpoint;
 mod config;
 mod decode_step;
 mod decoder;
@@ -55,6 +56,12 @@ mod weights;
 pub use chat_template::{ChatMessage, ChatTemplate, civil_from_days};
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use decoder::Decoder;
+
+/// Whether this build can recompute layer activations in the backward ([`Decoder::set_recompute_activations`]):
+/// it needs libtorch's headers at build time.
+pub fn activation_recompute_available() -> bool {
+    checkpoint::AVAILABLE
+}
 pub use dequant::GgmlType;
 pub use device::{DeviceRequest, cuda_devices, fast_bf16, hand_over_threads, select_device};
 pub use error::{ModelError, Result};

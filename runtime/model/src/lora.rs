@@ -150,13 +150,25 @@ pub(crate) struct LoraBranch {
 }
 
 impl LoraBranch {
+    /// A copy sharing the adapter's tensors and switch.
+    pub(crate) fn share(&self) -> LoraBranch {
+        LoraBranch {
+            a: self.a.shallow_clone(),
+            b: self.b.shallow_clone(),
+            scale: self.scale,
+            dropout: self.dropout,
+            on: self.on.clone(),
+        }
+    }
+
     /// `y + s · B A drop(x)`, or `y` while the decoder's adapters are switched off.
     pub(crate) fn add_to(&self, y: Tensor, x: &Tensor) -> Result<Tensor> {
         if !self.on.load(Ordering::Relaxed) {
             return Ok(y);
         }
-        // A view of a leaf that requires grad requires grad only while autograd records: the training pass.
-        let training = self.dropout > 0.0 && self.a.f_alias()?.requires_grad();
+        // A view of a leaf that requires grad requires grad only while autograd records: the training pass (or
+        // the first run of a recomputed layer, whose recomputation will record and must draw the same mask).
+        let training = self.dropout > 0.0 && crate::checkpoint::recording(&self.a.f_alias()?);
         let x = if training { x.f_dropout(self.dropout, true)? } else { x.shallow_clone() };
         let branch =
             x.f_to_kind(self.a.kind())?.f_linear::<Tensor>(&self.a, None)?.f_linear::<Tensor>(&self.b, None)?;

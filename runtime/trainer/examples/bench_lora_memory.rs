@@ -6,6 +6,9 @@
 //! cargo run --release -p trinity-trainer --example bench_lora_memory -- [--shapes 0.5b,1.5b] [--modes full,lora]
 //!     [--rows 8] [--prompt 64] [--response 64] [--steps 2] [--rank 32] [--alpha 32] [--threads 2]
 //! ```
+//! A mode may end in `-keep` or `-recompute` (`full-recompute`, `lora-keep`): layer activations always kept, or
+//! always recomputed in the backward (`enable_gradient_checkpointing`, [`ActivationRecompute`]); a bare mode runs
+//! the trainer's default, which recomputes only a pass whose kept activations would not fit in memory.
 //! Each (shape, mode) runs in a child process of its own, because peak resident memory (`VmHWM`) only grows: the
 //! parent prints one table. A step is the trainer's real GRPO step (`Trainer::train_step`: old logprobs from the
 //! rows, the KL reference, policy loss, backward through the chunked head, AdamW): fp32 parameters, `rows` rows of
@@ -24,7 +27,7 @@ use serde_json::{Value, json};
 use tch::{Device, Kind};
 use trinity_config::algorithm::{AlgorithmConfig, LossAggMode, OptimizerConfig};
 use trinity_model::{Decoder, LoraSpec, ModelConfig, ModuleSelector, RandomWeights};
-use trinity_trainer::{Components, TrainRow, Trainer, TrainerOptions};
+use trinity_trainer::{ActivationRecompute, Components, TrainRow, Trainer, TrainerOptions};
 
 /// `config.json` values Qwen publishes for the two models (architecture only). `runtime/model/bench/shape_gguf.py`
 /// writes GGUF files of the same shapes for `cargo xtask bench generate|train --shape`.
@@ -95,11 +98,23 @@ fn parse() -> Result<Args, String> {
         qwen_config(shape).ok_or_else(|| format!("--shapes {shape}: use 0.5b or 1.5b"))?;
     }
     for mode in &a.modes {
-        if mode != "full" && mode != "lora" {
-            return Err(format!("--modes {mode}: use full or lora"));
-        }
+        split_mode(mode)?;
     }
     Ok(a)
+}
+
+/// A mode's fine-tuning (`full` or `lora`) and what happens to layer activations.
+fn split_mode(mode: &str) -> Result<(&str, ActivationRecompute), String> {
+    let (base, recompute) = match mode.split_once('-') {
+        None => (mode, ActivationRecompute::WhenShort),
+        Some((base, "keep")) => (base, ActivationRecompute::Never),
+        Some((base, "recompute")) => (base, ActivationRecompute::Always),
+        Some(_) => return Err(format!("--modes {mode}: a mode ends in -keep or -recompute, or in neither")),
+    };
+    if base != "full" && base != "lora" {
+        return Err(format!("--modes {mode}: use full or lora, optionally with -keep or -recompute"));
+    }
+    Ok((base, recompute))
 }
 
 /// A `/proc/self/status` field in bytes (`VmHWM`: peak resident memory; `VmRSS`: now).
@@ -191,7 +206,8 @@ fn child(args: &Args, shape: &str, mode: &str) -> Result<(), String> {
     tch::manual_seed(0);
     let mut policy =
         Decoder::load(config.clone(), &mut RandomWeights, Kind::Float, Device::Cpu).map_err(|e| e.to_string())?;
-    if mode == "lora" {
+    let (base, activation_recompute) = split_mode(mode)?;
+    if base == "lora" {
         let spec = LoraSpec {
             rank: args.rank,
             alpha: args.alpha,
@@ -207,7 +223,8 @@ fn child(args: &Args, shape: &str, mode: &str) -> Result<(), String> {
     let loaded = status_bytes("VmRSS:");
     let components = Components::from_config(&grpo()).map_err(|e| e.to_string())?;
     let optimizer = OptimizerConfig { lr: 1e-5, ..OptimizerConfig::default() };
-    let options = TrainerOptions { total_steps: Some(args.steps as u64), ..TrainerOptions::default() };
+    let options =
+        TrainerOptions { total_steps: Some(args.steps as u64), activation_recompute, ..TrainerOptions::default() };
     let mut trainer = Trainer::new(policy, components, &optimizer, options).map_err(|e| e.to_string())?;
     let rows = rows(args, config.vocab_size);
     let mut times = Vec::new();
@@ -235,18 +252,18 @@ fn main() -> Result<(), String> {
         args.rows, args.prompt, args.response, args.threads, args.rank, args.alpha
     );
     println!(
-        "{:<6} {:<5} {:>8} {:>10} {:>10} {:>10} {:>9}",
+        "{:<6} {:<14} {:>8} {:>10} {:>10} {:>10} {:>9}",
         "shape", "mode", "params", "trainable", "loaded GiB", "peak GiB", "step s"
     );
     for shape in &args.shapes {
         let config = ModelConfig::from_json(&qwen_config(shape).unwrap_or_default()).map_err(|e| e.to_string())?;
         let params = parameter_count(&config);
         for mode in &args.modes {
-            let estimate = state_estimate(&config, mode);
+            let estimate = state_estimate(&config, split_mode(mode)?.0);
             let available = available_bytes() as f64;
             if estimate > 0.8 * available {
                 println!(
-                    "{shape:<6} {mode:<5} {:>7.2}B  not run: weights, gradients, AdamW state and reference need ~{:.1} GiB \
+                    "{shape:<6} {mode:<14} {:>7.2}B  not run: weights, gradients, AdamW state and reference need ~{:.1} GiB \
                      before activations; {:.1} GiB available",
                     params as f64 / 1e9,
                     gib(estimate),
@@ -271,14 +288,14 @@ fn main() -> Result<(), String> {
             let text = String::from_utf8_lossy(&output.stdout);
             let Some(line) = text.lines().find_map(|l| l.strip_prefix("RESULT ")) else {
                 println!(
-                    "{shape:<6} {mode:<5} failed: {}",
+                    "{shape:<6} {mode:<14} failed: {}",
                     String::from_utf8_lossy(&output.stderr).lines().last().unwrap_or("no output")
                 );
                 continue;
             };
             let f: Vec<&str> = line.split_whitespace().collect();
             println!(
-                "{shape:<6} {mode:<5} {:>7.2}B {:>10} {:>10} {:>10} {:>9}",
+                "{shape:<6} {mode:<14} {:>7.2}B {:>10} {:>10} {:>10} {:>9}",
                 params as f64 / 1e9,
                 f[5],
                 f[2],

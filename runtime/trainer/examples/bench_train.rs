@@ -8,7 +8,11 @@
 //! ```text
 //! cargo run --release -p trinity-trainer --example bench_train -- [--model FILE] [--dtype f32|bf16|both]
 //!     [--batch 8] [--seq 164] [--iters 3] [--threads 2] [--chunk 1024] [--head keep|recompute] [--phases]
+//!     [--recompute]
 //! ```
+//! `--recompute` recomputes each layer's activations in the backward (`Decoder::set_recompute_activations`, veRL's
+//! `enable_gradient_checkpointing`); the FLOPs line still counts the model's work only, so it reads what the
+//! recomputation costs. Each line ends with the process's peak resident memory so far.
 //! The model defaults to `$TRINITY_SMOLLM2_GGUF`. Prints one line per dtype: wall seconds per iteration (best
 //! and mean of `--iters` after one warm-up), tokens/s, and the process CPU seconds per iteration (user + system,
 //! all threads), which is less sensitive than wall time to other processes competing for the cores.
@@ -44,6 +48,7 @@ struct Args {
     chunk: i64,
     head: HeadMode,
     phases: bool,
+    recompute: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -57,11 +62,13 @@ fn parse() -> Result<Args, String> {
         chunk: 1024,
         head: TrainerOptions::default().head_mode,
         phases: false,
+        recompute: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--phases" {
-            args.phases = true;
+        if flag == "--phases" || flag == "--recompute" {
+            args.phases |= flag == "--phases";
+            args.recompute |= flag == "--recompute";
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -98,7 +105,8 @@ fn parse() -> Result<Args, String> {
 }
 
 fn run(args: &Args, kind: Kind) -> Result<(), Box<dyn std::error::Error>> {
-    let model = load_model(&args.model, kind, Device::Cpu)?;
+    let mut model = load_model(&args.model, kind, Device::Cpu)?;
+    model.decoder.set_recompute_activations(args.recompute)?;
     let decoder = &model.decoder;
     tch::manual_seed(0);
     let vocab = decoder.config().vocab_size;
@@ -146,6 +154,7 @@ fn run(args: &Args, kind: Kind) -> Result<(), Box<dyn std::error::Error>> {
     let mean = times.iter().sum::<f64>() / times.len() as f64;
     let tokens = (args.batch * args.seq) as f64;
     let name = if kind == Kind::Float { "fp32" } else { "bf16 (bf16 params, fp32 masters)" };
+    let layers = if args.recompute { ", layers recomputed" } else { "" };
     let flops = model_flops(decoder.config(), args.batch, args.seq);
     let rate = matmul_rate(kind)?;
     let logit_bytes = args.batch * (args.seq - 1) * vocab * 4;
@@ -154,11 +163,12 @@ fn run(args: &Args, kind: Kind) -> Result<(), Box<dyn std::error::Error>> {
         _ => "head recomputed",
     };
     println!(
-        "trinity {name} [{head}] {}x{} tokens: best {best:.2} s, mean {mean:.2} s -> {:.0} tokens/s (best), {:.0} tokens/s (mean); cpu {cpu:.2} s/iter",
+        "trinity {name} [{head}{layers}] {}x{} tokens: best {best:.2} s, mean {mean:.2} s -> {:.0} tokens/s (best), {:.0} tokens/s (mean); cpu {cpu:.2} s/iter; peak RSS {:.2} GB",
         args.batch,
         args.seq,
         tokens / best,
-        tokens / mean
+        tokens / mean,
+        peak_rss_bytes() as f64 / 1e9
     );
     println!(
         "  {:.3} TFLOP of matmuls per iteration -> {:.1} GFLOP/s (best) = {:.0}% of this CPU's {name} matmul rate, {:.1} GFLOP/s (2048^3, {} threads)",
@@ -212,6 +222,13 @@ fn cpu_seconds() -> f64 {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The process's peak resident memory (`VmHWM` of `/proc/self/status`), in bytes; 0 where unreadable.
+fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap_or("");
+    line.split_whitespace().nth(1).and_then(|k| k.parse::<u64>().ok()).unwrap_or(0) * 1024
 }
 
 fn main() {

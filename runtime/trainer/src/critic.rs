@@ -22,7 +22,9 @@ use crate::batch::{PaddedInputs, TrainRow};
 use crate::data_parallel::DataParallel;
 use crate::error::Result;
 use crate::lr_schedule::LrSchedule;
+use crate::micro_batch::rows_layout_tokens;
 use crate::optimizer::{AdamW, AdamWSettings};
+use crate::recompute::RecomputePlan;
 
 /// A value model with its optimizer.
 #[derive(Debug)]
@@ -34,6 +36,8 @@ pub struct Critic {
     schedule: LrSchedule,
     grad_clip: f64,
     cliprange_value: f64,
+    /// Which update micro-batches recompute the backbone's layers (none unless [`Critic::with_recompute`]).
+    recompute: Option<RecomputePlan>,
 }
 
 /// What one critic update reports (veRL's `critic/*` metrics without the prefix).
@@ -92,7 +96,14 @@ impl Critic {
             schedule,
             grad_clip: optimizer.clip_grad,
             cliprange_value,
+            recompute: None,
         })
+    }
+
+    /// Recompute the backbone's layers in the update's micro-batches that `plan` says to (`None`: in none).
+    pub(crate) fn with_recompute(mut self, plan: Option<RecomputePlan>) -> Self {
+        self.recompute = plan;
+        self
     }
 
     /// The backbone.
@@ -175,6 +186,11 @@ impl Critic {
         let (mut vf_loss, mut clipfrac, mut vpred) = (0.0, 0.0, 0.0);
         for micro in micro_batches {
             let idx = Tensor::from_slice(&micro.iter().map(|&i| i as i64).collect::<Vec<_>>());
+            let recompute = match &mut self.recompute {
+                Some(plan) => plan.recompute(rows_layout_tokens(rows, micro), "critic"),
+                None => false,
+            };
+            self.decoder.set_recompute_activations(recompute)?;
             let v = self.values_of(rows, micro)?.f_to_device(Device::Cpu)?;
             let v = v.f_constant_pad_nd([0, width - v.size()[1]])?;
             let (ret, old, m) =

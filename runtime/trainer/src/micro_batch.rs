@@ -113,21 +113,54 @@ pub fn passes(rows: &[TrainRow], micro_batches: &[Vec<usize>], budget: Option<us
     }
 }
 
-/// The most padded tokens a CPU micro-batch may hold for a model of `layers` layers of width `hidden` and MLP width
-/// `intermediate` so that its activations fit in half of `available_bytes`, or `None` when that is not known.
+/// The most padded tokens a CPU pass may run for a model of `layers` layers of width `hidden` and MLP width
+/// `intermediate` so that the activations it keeps for the backward fit in half of `available_bytes`, or `None`
+/// when that is not known.
 ///
 /// Trinity-RFT's token budgets (`max_token_len_per_gpu`, 16384 and more in its configs) size micro-batches for an
 /// 80 GB accelerator; on a CPU machine the same budget can ask for more memory than the machine has (SmolLM2-135M
-/// keeps about 1 MB of activations per token for the backward pass: 16384 tokens filled 24 GB), so the budget is
-/// lowered to what fits. That is not free of effect: as in Trinity-RFT, each micro-batch's token-mean loss is
-/// weighted by its rows, so a different split weights tokens slightly differently; running out of memory is worse.
-/// Per token and layer the backward keeps about `8·hidden + 3·intermediate` values (norms, q/k/v, attention and
-/// projection outputs, the MLP's gate, up and product) at 4 bytes; libtorch's autograd and allocator
-/// keep more besides (measured with SmolLM2: about 3 MB a token in all), so the estimate carries a 3.5× factor.
-pub fn memory_token_cap(layers: i64, hidden: i64, intermediate: i64, available_bytes: Option<u64>) -> Option<usize> {
+/// keeps about 1.2 MB of activations per token for the backward pass in fp32), so either the layers are recomputed
+/// ([`crate::recompute`]) or the budget is lowered to what fits. Lowering is not free of effect: as in
+/// Trinity-RFT, each micro-batch's token-mean loss is weighted by its rows, so a different split weights tokens
+/// slightly differently; running out of memory is worse. Per token and layer the backward keeps about
+/// `8·hidden + 3·intermediate` values (norms, q/k/v, attention and projection outputs, the MLP's gate, up and
+/// product) at 4 bytes; libtorch's autograd and allocator keep more besides, so the estimate carries a 3.5×
+/// factor (measured with `bench_train --batch 2|8 --seq 512`, SmolLM2 fp32: 1.15 MB a token against 3.9 MB
+/// estimated).
+pub fn kept_activations_token_cap(
+    layers: i64,
+    hidden: i64,
+    intermediate: i64,
+    available_bytes: Option<u64>,
+) -> Option<usize> {
+    token_cap(layers * (8 * hidden + 3 * intermediate), available_bytes)
+}
+
+/// [`kept_activations_token_cap`] with the layers recomputed in the backward: a pass keeps each layer's input
+/// (`hidden` values a token and layer) and, while one layer is recomputed, that layer's activations. Same 3.5×
+/// factor (measured as above: 0.14 MB a token against 0.37 MB estimated).
+pub fn recomputed_activations_token_cap(
+    layers: i64,
+    hidden: i64,
+    intermediate: i64,
+    available_bytes: Option<u64>,
+) -> Option<usize> {
+    token_cap(layers * hidden + 8 * hidden + 3 * intermediate, available_bytes)
+}
+
+/// Tokens whose `values_per_token` fp32 values (times 3.5) fit in half of `available_bytes`.
+fn token_cap(values_per_token: i64, available_bytes: Option<u64>) -> Option<usize> {
     let available = available_bytes?;
-    let per_token = (layers * (8 * hidden + 3 * intermediate)).max(1) as f64 * 4.0 * 3.5;
+    let per_token = values_per_token.max(1) as f64 * 4.0 * 3.5;
     Some(((available as f64 / 2.0) / per_token).max(1.0) as usize)
+}
+
+/// The padded tokens `idx` (indices into `rows`) run in their layout ([`layout_tokens`]).
+pub(crate) fn rows_layout_tokens(rows: &[TrainRow], idx: &[usize]) -> usize {
+    let prompts: HashSet<&[i64]> = idx.iter().map(|&i| rows[i].prompt()).collect();
+    let p = idx.iter().map(|&i| rows[i].prompt_length).max().unwrap_or(0);
+    let r = idx.iter().map(|&i| rows[i].response_length()).max().unwrap_or(0);
+    layout_tokens(prompts.len(), idx.len(), p, r).0
 }
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes (Linux); `None` elsewhere or when unreadable.
@@ -223,9 +256,12 @@ mod tests {
     fn the_memory_cap_scales_with_the_model_and_the_memory() {
         // SmolLM2-135M: 30 layers, hidden 576, intermediate 1536 → 30 · 9216 values · 14 bytes ≈ 3.9 MB a token.
         let gib = 1u64 << 30;
-        let cap = memory_token_cap(30, 576, 1536, Some(20 * gib)).unwrap();
+        let cap = kept_activations_token_cap(30, 576, 1536, Some(20 * gib)).unwrap();
         assert!((2500..2800).contains(&cap), "{cap}");
-        assert_eq!(memory_token_cap(30, 576, 1536, Some(40 * gib)).unwrap() / 2, cap);
-        assert_eq!(memory_token_cap(30, 576, 1536, None), None);
+        assert_eq!(kept_activations_token_cap(30, 576, 1536, Some(40 * gib)).unwrap() / 2, cap);
+        assert_eq!(kept_activations_token_cap(30, 576, 1536, None), None);
+        // Recomputed: (30 · 576 + 9216) values · 14 bytes ≈ 0.37 MB a token, ~10× the tokens.
+        let recomputed = recomputed_activations_token_cap(30, 576, 1536, Some(20 * gib)).unwrap();
+        assert!((28_000..30_000).contains(&recomputed), "{recomputed}");
     }
 }

@@ -57,6 +57,7 @@ use crate::logprobs::HeadMode;
 use crate::lr_schedule::LrSchedule;
 use crate::micro_batch::{MicroBatching, passes, split};
 use crate::optimizer::{AdamW, AdamWSettings};
+use crate::recompute::{ActivationRecompute, RecomputePlan};
 use crate::reference::{ReferenceModel, copy_decoder, response_logprobs};
 
 mod actor;
@@ -85,6 +86,11 @@ pub struct TrainerOptions {
     /// Keep the head's autograd history for small micro-batches or recompute it ([`crate::logprobs`]). The
     /// default recomputes: on the CPU here it measured faster as well as leaner (see the crate's benchmark).
     pub head_mode: HeadMode,
+    /// When the policy's layer activations are recomputed in the backward (`actor_rollout_ref.model.
+    /// enable_gradient_checkpointing`, [`crate::recompute`]).
+    pub activation_recompute: ActivationRecompute,
+    /// The same for the critic (`critic.model.enable_gradient_checkpointing`).
+    pub critic_activation_recompute: ActivationRecompute,
     /// Train steps in the run (needed by decaying schedules and warm-up ratios).
     pub total_steps: Option<u64>,
     /// Maximum global gradient norm.
@@ -119,6 +125,8 @@ impl Default for TrainerOptions {
             pass_tokens: Some(PASS_TOKENS),
             logit_chunk_tokens: 1024,
             head_mode: HeadMode::Recompute,
+            activation_recompute: ActivationRecompute::WhenShort,
+            critic_activation_recompute: ActivationRecompute::WhenShort,
             total_steps: None,
             grad_clip: 1.0,
             entropy_metric: true,
@@ -177,6 +185,12 @@ impl TrainerOptions {
             critic_epochs: critic.ppo_epochs,
             critic_optimizer: critic.optim_resolved.clone(),
             recompute_old_logprobs: !verl.algorithm.rollout_correction.bypass_mode,
+            activation_recompute: ActivationRecompute::from_gradient_checkpointing(
+                verl.actor_rollout_ref.model.enable_gradient_checkpointing,
+            ),
+            critic_activation_recompute: ActivationRecompute::from_gradient_checkpointing(
+                critic.model.enable_gradient_checkpointing,
+            ),
             seed: config.explorer.rollout_model.seed,
             ..defaults
         }
@@ -213,6 +227,8 @@ pub struct Trainer {
     /// Rows whose advantages are all 0 run forward only until a pass shows the loss has gradient on them
     /// ([`forward_only`]).
     predict_zero_gradient: bool,
+    /// Which of the policy's passes recompute their layers.
+    recompute: RecomputePlan,
 }
 
 /// Sums of per-micro-batch metrics, reduced to means at the end (veRL's `reduce_metrics`).
@@ -282,23 +298,40 @@ impl Trainer {
             return Err(TrainerError::setting("logit_chunk_tokens", "must be at least 1"));
         }
         let mut options = options;
-        let c = policy.config();
         let available = crate::micro_batch::available_memory();
-        let memory_cap =
-            crate::micro_batch::memory_token_cap(c.num_hidden_layers, c.hidden_size, c.intermediate_size, available);
-        options.pass_tokens = match (policy.device(), options.pass_tokens, memory_cap) {
+        let plan = |mode: ActivationRecompute, model: &Decoder| {
+            let c = model.config();
+            let shape = (c.num_hidden_layers, c.hidden_size, c.intermediate_size);
+            RecomputePlan::new(mode, model.device(), shape, available)
+        };
+        let recompute = plan(options.activation_recompute, &policy);
+        // The critic trains on the same micro-batches, so they must fit its memory too.
+        let critic_recompute = components
+            .use_critic
+            .then(|| plan(options.critic_activation_recompute, models.critic.as_ref().unwrap_or(&policy)));
+        options.pass_tokens = match (policy.device(), options.pass_tokens, recompute.pass_cap()) {
             (Device::Cpu, Some(pass), Some(cap)) => Some(pass.min(cap)),
             (Device::Cpu, pass, _) => pass,
             _ => None,
         };
-        if let (MicroBatching::TokenBudget(budget), Device::Cpu) = (options.micro_batching, policy.device())
-            && let Some(cap) = memory_cap
+        let tightest = std::iter::once(&recompute)
+            .chain(&critic_recompute)
+            .filter_map(|p| p.micro_batch_cap().map(|cap| (cap, p.mode())))
+            .min_by_key(|&(cap, _)| cap);
+        if let (MicroBatching::TokenBudget(budget), Some((cap, mode))) = (options.micro_batching, tightest)
             && cap < budget
         {
+            let how = match mode {
+                ActivationRecompute::Never => {
+                    "with activations kept (enable_gradient_checkpointing: false; true would recompute them and keep \
+                     more tokens)"
+                }
+                _ => "even with activations recomputed",
+            };
             tracing::info!(
-                "micro-batch token budget {budget} lowered to {cap} so that a micro-batch's activations fit in \
-                 memory ({:.1} GiB available); micro-batches are weighted by their rows as in Trinity-RFT, so \
-                 smaller ones shift the token-mean's weights slightly",
+                "micro-batch token budget {budget} lowered to {cap} so that a micro-batch fits in memory {how} \
+                 ({:.1} GiB available); micro-batches are weighted by their rows as in Trinity-RFT, so smaller ones \
+                 shift the token-mean's weights slightly",
                 available.unwrap_or(0) as f64 / f64::from(1u32 << 30)
             );
             options.micro_batching = MicroBatching::TokenBudget(cap);
@@ -326,7 +359,9 @@ impl Trainer {
                 Some(own) => (own, LrSchedule::new(own, options.total_steps)?),
                 None => (optimizer, schedule.clone()),
             };
-            Some(Critic::new(backbone, critic_optimizer, critic_schedule, options.cliprange_value, options.seed)?)
+            let critic =
+                Critic::new(backbone, critic_optimizer, critic_schedule, options.cliprange_value, options.seed)?;
+            Some(critic.with_recompute(critic_recompute))
         } else {
             None
         };
@@ -342,6 +377,7 @@ impl Trainer {
             global_step: 0,
             dp: None,
             predict_zero_gradient: true,
+            recompute,
         })
     }
 

@@ -6,7 +6,7 @@ use trinity_algorithm::Batch;
 use super::{MetricMeans, Trainer, pad_to};
 use crate::batch::TrainRow;
 use crate::error::Result;
-use crate::micro_batch::passes;
+use crate::micro_batch::{passes, rows_layout_tokens};
 
 /// What every pass of one mini-batch's update reads: the step's rows, their batch fields, and the mini-batch's
 /// row count (the loss-scale denominator).
@@ -44,6 +44,8 @@ impl Trainer {
         let entropy_coef = c.entropy_coef();
         let want_entropy = self.options.entropy_metric || entropy_coef != 0.0;
         let pass_rows: Vec<usize> = micro_batches.concat();
+        let recompute = self.recompute.recompute(rows_layout_tokens(rows, &pass_rows), "policy");
+        self.policy.set_recompute_activations(recompute)?;
         let pass = self.pass_forward(rows, batch, &pass_rows, want_entropy)?;
         let r = pass.response_width;
         let (logprob, entropy) = (pass.logprob.shallow_clone(), pass.entropy.as_ref().map(Tensor::shallow_clone));

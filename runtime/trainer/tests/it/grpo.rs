@@ -3,7 +3,7 @@ use tch::{Kind, Tensor};
 use trinity_algorithm::Batch;
 use trinity_algorithm::registry::{self, Kind as Component};
 use trinity_config::algorithm::OptimizerConfig;
-use trinity_trainer::{Components, MicroBatching, TrainRow, Trainer, TrainerOptions};
+use trinity_trainer::{ActivationRecompute, Components, MicroBatching, TrainRow, Trainer, TrainerOptions};
 
 use crate::{algorithm, max_param_diff, next_token_probs, tiny_model, trainer};
 
@@ -211,4 +211,42 @@ fn micro_batches_in_one_pass_train_as_they_do_one_at_a_time() {
     let (whole, _) = run(MicroBatching::TokenBudget(1 << 20), None);
     let whole_diff = max_param_diff(apart.policy(), whole.policy());
     assert!(whole_diff > 1e-4, "{whole_diff}");
+}
+
+/// Layers recomputed in the backward (`enable_gradient_checkpointing`, forced on for every pass) train exactly as
+/// layers kept: the same metrics and the same parameters after a step, in fp32 and in bf16 (whose attention
+/// takes its training path in both runs of a recomputed layer).
+#[test]
+fn recomputed_layers_train_as_kept_layers() {
+    let alg = algorithm("grpo", |a| {
+        a.entropy_loss_fn_args = crate::args(json!({"entropy_coef": 0.01}));
+    });
+    let mut rows = Vec::new();
+    for k in 0..8usize {
+        let prompt: Vec<i64> = if k % 2 == 0 { vec![1, 2, 3] } else { vec![4, 5, 6, 7] };
+        let response: Vec<i64> = (0..2 + k % 3).map(|t| ((k + 5 * t) % 15) as i64 + 1).collect();
+        let mut row = TrainRow::sft(&prompt, &response);
+        row.logprobs = vec![-1.5; response.len()];
+        row.advantages = Some(vec![if k % 3 == 0 { 1.0 } else { -0.4 }; response.len()]);
+        rows.push(row);
+    }
+    for kind in [Kind::Float, Kind::BFloat16] {
+        let run = |activation_recompute: ActivationRecompute| {
+            let options = TrainerOptions { activation_recompute, ..TrainerOptions::default() };
+            let adam = OptimizerConfig { lr: 0.1, eps: 1.0, weight_decay: 0.0, ..OptimizerConfig::default() };
+            let components = Components::from_config(&alg).unwrap();
+            let mut t = Trainer::new(tiny_model(6, kind), components, &adam, options).unwrap();
+            let m = t.train_step(&rows).unwrap();
+            (t, m)
+        };
+        let (kept, m_kept) = run(ActivationRecompute::Never);
+        let (recomputed, m_recomputed) = run(ActivationRecompute::Always);
+        assert!(recomputed.policy().recomputes_activations() && !kept.policy().recomputes_activations());
+        for key in ["actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/loss", "actor/grad_norm"] {
+            let (a, b) = (m_kept[key], m_recomputed[key]);
+            assert!((a - b).abs() <= 1e-6 * a.abs().max(1e-3), "{kind:?} {key}: {a} kept, {b} recomputed");
+        }
+        let diff = max_param_diff(kept.policy(), recomputed.policy());
+        assert!(diff < 1e-7, "{kind:?}: {diff}");
+    }
 }

@@ -1,7 +1,7 @@
 use tch::Kind;
-use trinity_trainer::{TrainRow, TrainerOptions};
+use trinity_trainer::{ActivationRecompute, TrainRow, TrainerOptions};
 
-use crate::{algorithm, tiny_model, trainer};
+use crate::{algorithm, max_param_diff, tiny_model, trainer};
 
 fn rows() -> Vec<TrainRow> {
     (0..6)
@@ -62,4 +62,25 @@ fn the_value_head_is_drawn_from_the_seed() {
     assert!(!a.equal(&c), "another seed, another head");
     let std = f64::try_from(a.std(true)).unwrap();
     assert!((0.01..0.03).contains(&std), "normal(0, 0.02) weights, got std {std}");
+}
+
+/// The critic honours its own `enable_gradient_checkpointing`: recomputed, its backbone trains as kept.
+#[test]
+fn a_recomputed_critic_trains_as_a_kept_one() {
+    let alg = algorithm("ppo", |_| {});
+    let run = |critic_activation_recompute: ActivationRecompute| {
+        let options = TrainerOptions { critic_activation_recompute, ..TrainerOptions::default() };
+        let mut t = trainer(tiny_model(4, Kind::Float), &alg, 5e-3, options);
+        let m = t.train_step(&rows()).unwrap();
+        (t, m)
+    };
+    let (kept, m_kept) = run(ActivationRecompute::Never);
+    let (recomputed, m_recomputed) = run(ActivationRecompute::Always);
+    let (a, b) = (kept.critic().unwrap(), recomputed.critic().unwrap());
+    assert!(b.decoder().recomputes_activations() && !a.decoder().recomputes_activations());
+    let (ka, kb) = (m_kept["critic/vf_loss"], m_recomputed["critic/vf_loss"]);
+    assert!((ka - kb).abs() <= 1e-6 * ka.abs(), "vf_loss {ka} kept, {kb} recomputed");
+    let diff = max_param_diff(a.decoder(), b.decoder());
+    assert!(diff < 1e-7 && diff.is_finite(), "{diff}");
+    assert!(max_param_diff(a.decoder(), &tiny_model(4, Kind::Float)) > 0.0, "the critic must have trained");
 }
