@@ -146,6 +146,13 @@ enum Bench {
         /// (trinity's at 9–14 GB), so 8 need more memory than a 24 GB machine has.
         #[arg(long, default_value_t = 8)]
         batch: usize,
+        /// Tokens per sequence.
+        #[arg(long, default_value_t = 164)]
+        seq: usize,
+        /// Recompute layer activations in the backward on both sides (veRL's `enable_gradient_checkpointing`;
+        /// transformers' `gradient_checkpointing_enable()`), trading time for the activations' memory.
+        #[arg(long)]
+        recompute: bool,
     },
     /// GRPO end to end, whole processes: `trinity run` vs TRL's GRPOTrainer, SmolLM2-135M, 2 prompts × 4 samples ×
     /// 64 forced tokens per step, no reference model, at bf16 mixed precision and in fp32 (installs TRL on first use).
@@ -370,7 +377,7 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
                 run(&mut command)
             })
         }
-        Bench::Train { threads, shape, batch } => {
+        Bench::Train { threads, shape, batch, seq, recompute } => {
             cargo(
                 root,
                 &deps,
@@ -383,19 +390,20 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
                 Shape::Smollm2 => deps.smollm2_gguf(),
                 _ => shapes::qwen_gguf(root, &deps, &python, shape, "F32")?,
             };
-            let threads = threads.to_string();
-            let batch = batch.to_string();
+            let (threads, batch, seq) = (threads.to_string(), batch.to_string(), seq.to_string());
+            let common = |dtype: &'static str| {
+                let mut args = vec!["--dtype", dtype, "--threads", &threads, "--batch", &batch, "--seq", &seq];
+                args.extend(recompute.then_some("--recompute"));
+                args
+            };
             for dtype in ["f32", "bf16"] {
                 step(&format!("bench train: trinity {dtype}"), || {
-                    run(peak_memory(&bench)
-                        .args(["--dtype", dtype, "--threads", &threads, "--batch", &batch])
-                        .arg("--model")
-                        .arg(&model))
+                    run(peak_memory(&bench).args(common(dtype)).arg("--model").arg(&model))
                 })?;
                 step(&format!("bench train: PyTorch {dtype}"), || {
                     run(peak_memory(&python)
                         .arg(root.join("runtime/trainer/bench/bench_train.py"))
-                        .args(["--dtype", dtype, "--threads", &threads, "--batch", &batch])
+                        .args(common(dtype))
                         .arg("--model")
                         .arg(&model))
                 })?;

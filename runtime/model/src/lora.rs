@@ -110,6 +110,19 @@ pub struct LoraSpec {
 }
 
 impl LoraSpec {
+    /// Adapters of rank `rank` on every projection (PEFT's `all-linear`), scaled by `alpha / rank`, without
+    /// dropout: Trinity-RFT's `lora_configs` defaults but for the two numbers every use chooses.
+    pub fn all_linear(rank: i64, alpha: f64) -> Self {
+        LoraSpec {
+            rank,
+            alpha,
+            target_modules: ModuleSelector::AllLinear,
+            exclude_modules: None,
+            dropout: 0.0,
+            use_rslora: false,
+        }
+    }
+
     /// The factor on `B A`.
     pub fn scale(&self) -> f64 {
         if self.use_rslora { self.alpha / (self.rank as f64).sqrt() } else { self.alpha / self.rank as f64 }
@@ -542,14 +555,7 @@ mod tests {
     }
 
     fn spec(targets: ModuleSelector) -> LoraSpec {
-        LoraSpec {
-            rank: 4,
-            alpha: 8.0,
-            target_modules: targets,
-            exclude_modules: None,
-            dropout: 0.0,
-            use_rslora: false,
-        }
+        LoraSpec { target_modules: targets, ..LoraSpec::all_linear(4, 8.0) }
     }
 
     fn ids() -> Tensor {

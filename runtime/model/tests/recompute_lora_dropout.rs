@@ -4,7 +4,7 @@
 //! compared here.
 
 use tch::{Device, Kind, Tensor};
-use trinity_model::{Decoder, LoraSpec, ModelConfig, ModuleSelector, RandomWeights};
+use trinity_model::{Decoder, LoraSpec, ModelConfig, RandomWeights};
 
 fn tiny() -> Decoder {
     let config = ModelConfig::from_json(&serde_json::json!({
@@ -42,14 +42,7 @@ fn run(m: &Decoder, seed: i64) -> (f64, Vec<(String, Tensor)>) {
 #[test]
 fn recomputed_lora_dropout_replays_the_forwards_masks() {
     let mut m = tiny();
-    let spec = LoraSpec {
-        rank: 4,
-        alpha: 8.0,
-        target_modules: ModuleSelector::AllLinear,
-        exclude_modules: None,
-        dropout: 0.3,
-        use_rslora: false,
-    };
+    let spec = LoraSpec { dropout: 0.3, ..LoraSpec::all_linear(4, 8.0) };
     m.add_lora(&spec, 3).unwrap();
     tch::no_grad(|| {
         for (name, t) in m.lora_parameters() {

@@ -5,7 +5,10 @@ model `cargo xtask bench train --shape` writes), 8 x 164 random tokens, loss = -
 fp32 and bf16 autocast (torch.autocast("cpu", torch.bfloat16)).
 
     python runtime/trainer/bench/bench_train.py [--model FILE.gguf] [--dtype f32|bf16|both]
-        [--batch 8] [--seq 164] [--iters 3] [--threads 2]
+        [--batch 8] [--seq 164] [--iters 3] [--threads 2] [--recompute]
+
+--recompute turns on transformers' gradient checkpointing (each decoder layer recomputed in the backward), the
+counterpart of bench_train.rs's --recompute.
 
 The model defaults to $TRINITY_SMOLLM2_GGUF; transformers dequantizes the GGUF file to fp32.
 """
@@ -47,6 +50,8 @@ def run(model, dtype, batch, seq, iters):
     best, mean = min(times), sum(times) / len(times)
     tokens = batch * seq
     name = "fp32" if dtype == "f32" else "bf16 autocast"
+    if model.is_gradient_checkpointing:
+        name += " [layers recomputed]"
     print(
         f"pytorch {name} {batch}x{seq} tokens: best {best:.2f} s, mean {mean:.2f} s -> "
         f"{tokens / best:.0f} tokens/s (best), {tokens / mean:.0f} tokens/s (mean); cpu {cpu:.2f} s/iter",
@@ -62,6 +67,7 @@ def main():
     p.add_argument("--seq", type=int, default=164)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--recompute", action="store_true")
     a = p.parse_args()
     if not a.model:
         raise SystemExit("no model: pass --model FILE or set TRINITY_SMOLLM2_GGUF")
@@ -70,6 +76,8 @@ def main():
         os.path.dirname(a.model) or ".", gguf_file=os.path.basename(a.model), dtype=torch.float32
     )
     model.train()
+    if a.recompute:
+        model.gradient_checkpointing_enable()
     for dtype in ["f32", "bf16"] if a.dtype == "both" else [a.dtype]:
         run(model, dtype, a.batch, a.seq, a.iters)
 

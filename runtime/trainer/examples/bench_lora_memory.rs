@@ -26,7 +26,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use tch::{Device, Kind};
 use trinity_config::algorithm::{AlgorithmConfig, LossAggMode, OptimizerConfig};
-use trinity_model::{Decoder, LoraSpec, ModelConfig, ModuleSelector, RandomWeights};
+use trinity_model::{Decoder, LoraSpec, ModelConfig, RandomWeights};
 use trinity_trainer::{ActivationRecompute, Components, TrainRow, Trainer, TrainerOptions};
 
 /// `config.json` values Qwen publishes for the two models (architecture only). `runtime/model/bench/shape_gguf.py`
@@ -208,14 +208,7 @@ fn child(args: &Args, shape: &str, mode: &str) -> Result<(), String> {
         Decoder::load(config.clone(), &mut RandomWeights, Kind::Float, Device::Cpu).map_err(|e| e.to_string())?;
     let (base, activation_recompute) = split_mode(mode)?;
     if base == "lora" {
-        let spec = LoraSpec {
-            rank: args.rank,
-            alpha: args.alpha,
-            target_modules: ModuleSelector::AllLinear,
-            exclude_modules: None,
-            dropout: 0.0,
-            use_rslora: false,
-        };
+        let spec = LoraSpec::all_linear(args.rank, args.alpha);
         policy.add_lora(&spec, 42).map_err(|e| e.to_string())?;
     }
     let trainable: i64 =

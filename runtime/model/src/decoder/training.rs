@@ -269,7 +269,7 @@ mod tests {
 
     use crate::config::Family;
     use crate::decoder::Decoder;
-    use crate::lora::{LoraSpec, ModuleSelector};
+    use crate::lora::LoraSpec;
     use crate::testing::tiny_config;
     use crate::weights::RandomWeights;
 
@@ -323,14 +323,7 @@ mod tests {
     /// from in parallel, is tested in a process of its own (`tests/recompute_lora_dropout.rs`).
     #[test]
     fn recomputed_layers_give_the_kept_layers_values_and_gradients() {
-        let lora = LoraSpec {
-            rank: 4,
-            alpha: 8.0,
-            target_modules: ModuleSelector::AllLinear,
-            exclude_modules: None,
-            dropout: 0.0,
-            use_rslora: false,
-        };
+        let lora = LoraSpec::all_linear(4, 8.0);
         let cases = [
             (Family::Llama, Kind::Float, false),
             (Family::Qwen2, Kind::Float, false),

@@ -12,7 +12,7 @@ use tch::{Kind, Tensor};
 use trinity_collective::testing::{assert_all_succeeded, run_ranks, var};
 use trinity_collective::{GroupOptions, ProcessGroup, Store, WeightReceiver, WeightSender, WeightSyncOptions};
 use trinity_config::algorithm::AlgorithmConfig;
-use trinity_model::{LoraSpec, ModuleSelector};
+use trinity_model::LoraSpec;
 use trinity_trainer::{MicroBatching, TrainRow, Trainer, TrainerOptions, share_rows};
 
 use crate::{algorithm, tiny_model, trainer};
@@ -78,14 +78,7 @@ fn scenario(name: &str) -> Scenario {
 fn model(name: &str, seed: i64) -> trinity_model::Decoder {
     let mut model = tiny_model(seed, Kind::Float);
     if name == "grpo_lora" {
-        let spec = LoraSpec {
-            rank: 4,
-            alpha: 8.0,
-            target_modules: ModuleSelector::AllLinear,
-            exclude_modules: None,
-            dropout: 0.0,
-            use_rslora: false,
-        };
+        let spec = LoraSpec::all_linear(4, 8.0);
         model.add_lora(&spec, seed as u64).unwrap();
     }
     model

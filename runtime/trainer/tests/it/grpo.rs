@@ -170,24 +170,35 @@ fn recomputed_old_logprobs_replace_the_rollout_ones() {
     assert!(on.abs() < 1e-5, "the policy against itself gives ppo_kl {on}");
 }
 
+/// GRPO with an entropy term, so that a comparison of two ways to train covers the entropy's gradient too.
+fn grpo_with_entropy() -> trinity_config::algorithm::AlgorithmConfig {
+    algorithm("grpo", |a| {
+        a.entropy_loss_fn_args = crate::args(json!({"entropy_coef": 0.01}));
+    })
+}
+
+/// Twelve rows over two prompts of 3 and 5 tokens, with responses of 1 to 4 tokens and advantages of both signs.
+fn two_prompt_rows() -> Vec<TrainRow> {
+    (0..12usize)
+        .map(|k| {
+            let prompt: Vec<i64> = if k % 3 == 0 { vec![1, 2, 3] } else { vec![4, 5, 6, 7, 8] };
+            let response: Vec<i64> = (0..1 + k % 4).map(|t| ((k + 3 * t) % 15) as i64 + 1).collect();
+            let mut row = TrainRow::sft(&prompt, &response);
+            row.logprobs = vec![-1.5; response.len()];
+            row.advantages = Some(vec![if k % 2 == 0 { 1.0 } else { -0.7 }; response.len()]);
+            row
+        })
+        .collect()
+}
+
 /// Micro-batches run together in one pass ([`TrainerOptions::pass_tokens`]) train exactly as they do one at a
 /// time: each keeps its own token-mean loss and row weight, entropy and KL terms included, and the metrics are
 /// the same means over micro-batches. One micro-batch of all rows weights tokens differently, which shows the
 /// comparison can tell.
 #[test]
 fn micro_batches_in_one_pass_train_as_they_do_one_at_a_time() {
-    let alg = algorithm("grpo", |a| {
-        a.entropy_loss_fn_args = crate::args(json!({"entropy_coef": 0.01}));
-    });
-    let mut rows = Vec::new();
-    for k in 0..12usize {
-        let prompt: Vec<i64> = if k % 3 == 0 { vec![1, 2, 3] } else { vec![4, 5, 6, 7, 8] };
-        let response: Vec<i64> = (0..1 + k % 4).map(|t| ((k + 3 * t) % 15) as i64 + 1).collect();
-        let mut row = TrainRow::sft(&prompt, &response);
-        row.logprobs = vec![-1.5; response.len()];
-        row.advantages = Some(vec![if k % 2 == 0 { 1.0 } else { -0.7 }; response.len()]);
-        rows.push(row);
-    }
+    let alg = grpo_with_entropy();
+    let rows = two_prompt_rows();
     let run = |micro_batching: MicroBatching, pass_tokens: Option<usize>| {
         let options = TrainerOptions { micro_batching, pass_tokens, ..TrainerOptions::default() };
         // eps 1 makes AdamW's first update ≈ lr · gradient: the parameters then compare the gradients themselves,
@@ -218,18 +229,7 @@ fn micro_batches_in_one_pass_train_as_they_do_one_at_a_time() {
 /// takes its training path in both runs of a recomputed layer).
 #[test]
 fn recomputed_layers_train_as_kept_layers() {
-    let alg = algorithm("grpo", |a| {
-        a.entropy_loss_fn_args = crate::args(json!({"entropy_coef": 0.01}));
-    });
-    let mut rows = Vec::new();
-    for k in 0..8usize {
-        let prompt: Vec<i64> = if k % 2 == 0 { vec![1, 2, 3] } else { vec![4, 5, 6, 7] };
-        let response: Vec<i64> = (0..2 + k % 3).map(|t| ((k + 5 * t) % 15) as i64 + 1).collect();
-        let mut row = TrainRow::sft(&prompt, &response);
-        row.logprobs = vec![-1.5; response.len()];
-        row.advantages = Some(vec![if k % 3 == 0 { 1.0 } else { -0.4 }; response.len()]);
-        rows.push(row);
-    }
+    let (alg, rows) = (grpo_with_entropy(), two_prompt_rows());
     for kind in [Kind::Float, Kind::BFloat16] {
         let run = |activation_recompute: ActivationRecompute| {
             let options = TrainerOptions { activation_recompute, ..TrainerOptions::default() };
