@@ -163,14 +163,16 @@ pub(crate) struct LoraBranch {
 }
 
 impl LoraBranch {
-    /// A copy sharing the adapter's tensors and switch.
+    /// A copy sharing the adapter's tensors, with the decoder's switch as it is now: a recomputed layer
+    /// ([`crate::checkpoint`]) must compute in the backward what its forward did, even when the adapters are
+    /// switched off in between (scoring the base model).
     pub(crate) fn share(&self) -> LoraBranch {
         LoraBranch {
             a: self.a.shallow_clone(),
             b: self.b.shallow_clone(),
             scale: self.scale,
             dropout: self.dropout,
-            on: self.on.clone(),
+            on: Arc::new(AtomicBool::new(self.on.load(Ordering::Relaxed))),
         }
     }
 

@@ -373,6 +373,33 @@ mod tests {
         }
     }
 
+    /// A recomputed layer computes with the adapters as the forward had them, even when they are switched off
+    /// before the backward.
+    #[test]
+    fn recomputation_uses_the_adapters_as_the_forward_had_them() {
+        let mut m = Decoder::load(tiny_config(Family::Qwen2), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
+        m.add_lora(&LoraSpec::all_linear(4, 8.0), 3).unwrap();
+        tch::no_grad(|| {
+            for (name, t) in m.lora_parameters() {
+                if name.contains("lora_B") {
+                    t.shallow_clone().copy_(&(Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.1));
+                }
+            }
+        });
+        let mut run = |recompute: bool| {
+            m.set_recompute_activations(recompute).unwrap();
+            let l = loss(&m);
+            m.without_lora(|| l.backward());
+            grads(&m)
+        };
+        let (kept, recomputed) = (run(false), run(true));
+        assert_eq!(kept.len(), recomputed.len());
+        for ((name, want), (_, got)) in kept.iter().zip(&recomputed) {
+            let scale = want.abs().max().double_value(&[]).max(1e-6);
+            assert!(max_diff(want, got) / scale < 1e-5, "gradient of {name}");
+        }
+    }
+
     /// Without autograd nothing is recomputed or kept: the plain forward's values.
     #[test]
     fn recomputation_leaves_a_forward_without_autograd_alone() {
