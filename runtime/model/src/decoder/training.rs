@@ -316,6 +316,25 @@ mod tests {
         (a.to_kind(Kind::Float) - b.to_kind(Kind::Float)).abs().max().double_value(&[])
     }
 
+    /// Rank-4 adapters on every projection whose B is not zero, so that they change the outputs and gradients.
+    fn add_live_adapters(m: &mut Decoder) {
+        m.add_lora(&LoraSpec::all_linear(4, 8.0), 3).unwrap();
+        tch::no_grad(|| {
+            for (name, t) in m.lora_parameters() {
+                if name.contains("lora_B") {
+                    t.shallow_clone().copy_(&(Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.1));
+                }
+            }
+        });
+    }
+
+    fn assert_same_gradients(want: &[(String, Tensor)], got: &[(String, Tensor)], case: &str) {
+        for ((name, w), (_, g)) in want.iter().zip(got) {
+            let scale = w.abs().max().double_value(&[]).max(1e-6);
+            assert!(max_diff(w, g) / scale < 1e-5, "{case}: gradient of {name}");
+        }
+    }
+
     /// Kept or recomputed, the layers give the same loss and the same gradients, in every family and dtype (bf16
     /// takes attention's training path, which the recomputed layer's first run must take too), and with LoRA
     /// adapters on a frozen base (whose embedding output needs no gradient, so the recomputed layers need an input
@@ -323,7 +342,6 @@ mod tests {
     /// from in parallel, is tested in a process of its own (`tests/recompute_lora_dropout.rs`).
     #[test]
     fn recomputed_layers_give_the_kept_layers_values_and_gradients() {
-        let lora = LoraSpec::all_linear(4, 8.0);
         let cases = [
             (Family::Llama, Kind::Float, false),
             (Family::Qwen2, Kind::Float, false),
@@ -335,14 +353,7 @@ mod tests {
             tch::manual_seed(0);
             let mut m = Decoder::load(tiny_config(family), &mut RandomWeights, kind, Device::Cpu).unwrap();
             if with_lora {
-                m.add_lora(&lora, 3).unwrap();
-                tch::no_grad(|| {
-                    for (name, t) in m.lora_parameters() {
-                        if name.contains("lora_B") {
-                            t.shallow_clone().copy_(&(Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.1));
-                        }
-                    }
-                });
+                add_live_adapters(&mut m);
             }
             let layers = m.config().num_hidden_layers as usize;
             let mut run = |recompute: bool| {
@@ -366,10 +377,7 @@ mod tests {
                 "{case}: the same tensors get gradients"
             );
             assert!(kept.len() > 10, "{case}: {} gradients", kept.len());
-            for ((name, want), (_, got)) in kept.iter().zip(&recomputed) {
-                let scale = want.abs().max().double_value(&[]).max(1e-6);
-                assert!(max_diff(want, got) / scale < 1e-5, "{case}: gradient of {name}");
-            }
+            assert_same_gradients(&kept, &recomputed, &case);
         }
     }
 
@@ -378,14 +386,7 @@ mod tests {
     #[test]
     fn recomputation_uses_the_adapters_as_the_forward_had_them() {
         let mut m = Decoder::load(tiny_config(Family::Qwen2), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
-        m.add_lora(&LoraSpec::all_linear(4, 8.0), 3).unwrap();
-        tch::no_grad(|| {
-            for (name, t) in m.lora_parameters() {
-                if name.contains("lora_B") {
-                    t.shallow_clone().copy_(&(Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.1));
-                }
-            }
-        });
+        add_live_adapters(&mut m);
         let mut run = |recompute: bool| {
             m.set_recompute_activations(recompute).unwrap();
             let l = loss(&m);
@@ -394,10 +395,7 @@ mod tests {
         };
         let (kept, recomputed) = (run(false), run(true));
         assert_eq!(kept.len(), recomputed.len());
-        for ((name, want), (_, got)) in kept.iter().zip(&recomputed) {
-            let scale = want.abs().max().double_value(&[]).max(1e-6);
-            assert!(max_diff(want, got) / scale < 1e-5, "gradient of {name}");
-        }
+        assert_same_gradients(&kept, &recomputed, "adapters switched off for the backward");
     }
 
     /// Without autograd nothing is recomputed or kept: the plain forward's values.
