@@ -142,7 +142,7 @@ enum Bench {
         /// first use).
         #[arg(long, value_enum, default_value = "smollm2-135m")]
         shape: Shape,
-        /// Sequences per iteration (each 164 tokens). At 1.5B with 2 of them PyTorch's side peaked at 17–19 GB
+        /// Sequences per iteration (each `--seq` tokens). At 1.5B with 2 of 164 tokens PyTorch's side peaked at 17–19 GB
         /// (trinity's at 9–14 GB), so 8 need more memory than a 24 GB machine has.
         #[arg(long, default_value_t = 8)]
         batch: usize,
@@ -337,9 +337,8 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
     match which {
         Bench::Generate { shape, threads, batch_sizes, prompt_tokens, new_tokens, repeat, no_transformers } => {
             let llama = llama_cpp::install(&deps)?;
-            let model = |ty: &str| match shape {
-                Shape::Smollm2 => Ok(llama.model(ty)),
-                _ => shapes::qwen_gguf(root, &deps, &python, shape, ty),
+            let model = |ty: &str| -> Result<PathBuf> {
+                Ok(shapes::qwen_gguf(root, &deps, &python, shape, ty)?.unwrap_or_else(|| llama.model(ty)))
             };
             let ggufs = llama_cpp::DTYPES
                 .iter()
@@ -386,10 +385,7 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
             )?;
             let bench = target_dir(root).join("release").join("examples").join("bench_train");
             // SmolLM2: its Q4_1 file, which both sides dequantize to the same fp32 values; a Qwen shape: its F32 file.
-            let model = match shape {
-                Shape::Smollm2 => deps.smollm2_gguf(),
-                _ => shapes::qwen_gguf(root, &deps, &python, shape, "F32")?,
-            };
+            let model = shapes::qwen_gguf(root, &deps, &python, shape, "F32")?.unwrap_or_else(|| deps.smollm2_gguf());
             let (threads, batch, seq) = (threads.to_string(), batch.to_string(), seq.to_string());
             let common = |dtype: &'static str| {
                 let mut args = vec!["--dtype", dtype, "--threads", &threads, "--batch", &batch, "--seq", &seq];

@@ -41,12 +41,20 @@ impl Shape {
     }
 }
 
-/// The F32 and BF16 GGUF files of a Qwen shape, written unless the marker says they were. `ty` as llama.cpp spells
-/// it (`F32`, `BF16`). Panics on SmolLM2, whose files are `Deps::smollm2_gguf` and `LlamaCpp::model`.
-pub(crate) fn qwen_gguf(root: &Path, deps: &Deps, reference_python: &Path, shape: Shape, ty: &str) -> Result<PathBuf> {
-    let name = shape.qwen_name().expect("a Qwen shape");
+/// The `ty` GGUF file (`F32` or `BF16`, as llama.cpp spells it) of a Qwen shape, with both written first unless
+/// the marker says they were; `None` for SmolLM2, whose files the caller picks (`Deps::smollm2_gguf`,
+/// `LlamaCpp::model`).
+pub(crate) fn qwen_gguf(
+    root: &Path,
+    deps: &Deps,
+    reference_python: &Path,
+    shape: Shape,
+    ty: &str,
+) -> Result<Option<PathBuf>> {
+    let Some(name) = shape.qwen_name() else {
+        return Ok(None);
+    };
     let dir = deps.dir().join("models").join("shapes");
-    let file = |ty: &str| dir.join(format!("{name}-random.{ty}.gguf"));
     let marker = dir.join(format!(".written-{name}"));
     if !marker.exists() {
         step(&format!("setup: {name}-shaped model with random weights (F32 and BF16 GGUF)"), || {
@@ -60,5 +68,5 @@ pub(crate) fn qwen_gguf(root: &Path, deps: &Deps, reference_python: &Path, shape
             Ok(())
         })?;
     }
-    Ok(file(ty))
+    Ok(Some(dir.join(format!("{name}-random.{ty}.gguf"))))
 }

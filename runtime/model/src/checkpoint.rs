@@ -61,6 +61,10 @@ pub(crate) fn recomputed() -> usize {
 /// Whether recomputation can run in this build: it needs libtorch's headers at build time (`LIBTORCH` set).
 pub(crate) const AVAILABLE: bool = cfg!(torch_shim);
 
+/// Why recomputation is refused in a build where it is not [`AVAILABLE`].
+pub(crate) const UNAVAILABLE: &str =
+    "activation recomputation needs trinity built against libtorch's headers (LIBTORCH set at build time)";
+
 /// Whether computing on `t` is part of a forward that a backward will use: `t` requires grad, or this is the
 /// first run of a recomputed layer (autograd off, but its recomputation will record).
 pub(crate) fn recording(t: &Tensor) -> bool {
@@ -105,10 +109,7 @@ pub(crate) fn segment(x: &Tensor, run: Box<Run>) -> Result<Tensor> {
     #[cfg(not(torch_shim))]
     {
         let _ = (x, run);
-        Err(ModelError::InvalidInput(
-            "activation recomputation needs trinity built against libtorch's headers (LIBTORCH set at build time)"
-                .into(),
-        ))
+        Err(ModelError::InvalidInput(UNAVAILABLE.into()))
     }
 }
 

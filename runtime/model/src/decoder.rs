@@ -694,10 +694,11 @@ impl Decoder {
         let hidden = tch::no_grad(|| -> Result<Tensor> {
             let (cos, sin) = rope::cos_sin(&self.inv_freq, &pos, kind)?;
             let mut x = self.embed(&input_ids.f_to_device(device)?)?.f_to_kind(kind)?;
+            let dims = self.dims();
             for (i, layer) in self.layers.iter().enumerate() {
                 let fast = self.fast_layer(i, &x);
-                let h = self.rms_norm(&x, fast.map_or(&layer.input_norm, |f| &f.input_norm))?;
-                let (q, k, v) = self.dims().qkv(layer, fast, &h, &cos, &sin)?;
+                let h = dims.rms_norm(&x, fast.map_or(&layer.input_norm, |f| &f.input_norm))?;
+                let (q, k, v) = dims.qkv(layer, fast, &h, &cos, &sin)?;
                 let kc = &mut cache.keys[i];
                 let _ = kc.f_index_put_(&[Some(&slot_rows), None, Some(&write)], &k, false)?;
                 let vc = &mut cache.values[i];
@@ -736,7 +737,7 @@ impl Decoder {
                 } else {
                     Tensor::f_scaled_dot_product_attention(&q, &keys, &values, Some(&mask), 0.0, false, None, true)?
                 };
-                x = self.dims().finish_layer(layer, fast, x, &merge_heads(&attn)?)?;
+                x = dims.finish_layer(layer, fast, x, &merge_heads(&attn)?)?;
             }
             self.rms_norm(&x, self.fast.as_ref().map_or(&self.norm, |f| &f.norm))
         })?;

@@ -56,12 +56,6 @@ mod weights;
 pub use chat_template::{ChatMessage, ChatTemplate, civil_from_days};
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use decoder::Decoder;
-
-/// Whether this build can recompute layer activations in the backward ([`Decoder::set_recompute_activations`]):
-/// it needs libtorch's headers at build time.
-pub fn activation_recompute_available() -> bool {
-    checkpoint::AVAILABLE
-}
 pub use dequant::GgmlType;
 pub use device::{DeviceRequest, cuda_devices, fast_bf16, hand_over_threads, select_device};
 pub use error::{ModelError, Result};
@@ -78,6 +72,12 @@ pub use safetensors_io::{SafetensorsWeights, write_safetensors};
 pub use score::{ScoreRequest, ScoredSequence, score};
 pub use tokenizer::Tokenizer;
 pub use weights::{ParamSpec, RandomWeights, WeightSource, param_specs};
+
+/// Whether this build can recompute layer activations in the backward ([`Decoder::set_recompute_activations`]):
+/// it needs libtorch's headers at build time.
+pub fn activation_recompute_available() -> bool {
+    checkpoint::AVAILABLE
+}
 
 /// Parses a dtype name as configs and the CLI spell it (`f32`, `float32`, `bf16`, `bfloat16`, `f16`, `float16`).
 pub fn parse_kind(name: &str) -> Result<tch::Kind> {

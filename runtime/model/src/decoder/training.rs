@@ -17,11 +17,7 @@ impl Decoder {
     /// ([`checkpoint::AVAILABLE`]).
     pub fn set_recompute_activations(&mut self, on: bool) -> Result<()> {
         if on && !checkpoint::AVAILABLE {
-            return Err(ModelError::InvalidInput(
-                "activation recomputation needs trinity built against libtorch's headers (LIBTORCH set at build \
-                 time)"
-                    .into(),
-            ));
+            return Err(ModelError::InvalidInput(checkpoint::UNAVAILABLE.into()));
         }
         self.recompute = on;
         Ok(())
