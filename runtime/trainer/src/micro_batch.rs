@@ -185,10 +185,7 @@ mod tests {
         seen.sort();
         assert_eq!(seen, (0..rows.len()).collect::<Vec<_>>());
         for m in micro.iter().filter(|m| m.len() > 1) {
-            let p = m.iter().map(|&i| rows[i].prompt_length).max().unwrap();
-            let r = m.iter().map(|&i| rows[i].response_length()).max().unwrap();
-            let prompts: HashSet<&[i64]> = m.iter().map(|&i| rows[i].prompt()).collect();
-            assert!(layout_tokens(prompts.len(), m.len(), p, r).0 <= budget, "{micro:?}");
+            assert!(rows_layout_tokens(rows, m) <= budget, "{micro:?}");
         }
     }
 
