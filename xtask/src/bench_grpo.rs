@@ -20,7 +20,14 @@ const TRL_PACKAGES: [&str; 2] = ["trl==1.16.0", "datasets==5.2.0"];
 
 /// Makes sure the TRL environment exists, builds trinity, and runs the side-by-side script (setup first, like
 /// every other xtask command, so a broken build does not hide a broken environment).
-pub(crate) fn bench(root: &Path, deps: &Deps, reference_python: &Path, threads: usize, steps: usize) -> Result<()> {
+pub(crate) fn bench(
+    root: &Path,
+    deps: &Deps,
+    reference_python: &Path,
+    threads: usize,
+    steps: usize,
+    reward: &str,
+) -> Result<()> {
     let python = layered_venv(reference_python, "trl-venv", &TRL_PACKAGES, "TRL")?;
     cargo(root, deps, "release build", &["build", "--release", "--locked", "--bin", "trinity"])?;
     let trinity = target_dir(root).join("release").join("trinity");
@@ -31,7 +38,7 @@ pub(crate) fn bench(root: &Path, deps: &Deps, reference_python: &Path, threads: 
             .arg(&trinity)
             .arg("--gguf")
             .arg(deps.smollm2_gguf())
-            .args(["--threads", &threads.to_string(), "--steps", &steps.to_string()]))
+            .args(["--threads", &threads.to_string(), "--steps", &steps.to_string(), "--reward", reward]))
     })
 }
 

@@ -163,6 +163,10 @@ enum Bench {
         /// Training steps of each run.
         #[arg(long, default_value_t = 6)]
         steps: usize,
+        /// The reward: `accuracy` (the quickstart's; most rows get zero advantages and trinity runs them forward
+        /// only) or `equation` (a format reward under which nearly every row trains on both sides).
+        #[arg(long, default_value = "accuracy", value_parser = ["accuracy", "equation"])]
+        reward: String,
     },
     /// LoRA: peak memory and step time of GRPO train steps at Qwen2.5-0.5B and -1.5B shapes (random weights),
     /// LoRA against full fine-tuning; then Python's peft loads a trinity adapter and matches `trinity convert
@@ -406,7 +410,7 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
             }
             Ok(())
         }
-        Bench::Grpo { threads, steps } => bench_grpo::bench(root, &deps, &python, threads, steps),
+        Bench::Grpo { threads, steps, reward } => bench_grpo::bench(root, &deps, &python, threads, steps, &reward),
         Bench::Lora { threads, adapter } => bench_lora::bench(root, &deps, &python, threads, adapter),
         Bench::Async { .. } => unreachable!("handled above: it needs no Python reference"),
     }

@@ -3,7 +3,7 @@ work, at bf16 mixed precision (both sides' default) and in fp32.
 
     .deps/trl-venv/bin/python runtime/rft/bench/bench_grpo.py --trinity target/release/trinity \
         [--gguf .deps/models/SmolLM2-135M-Instruct.Q4_1.gguf] [--work-dir .deps/bench-grpo] [--steps 6] \
-        [--threads 2] [--precision fp32 bf16]
+        [--threads 2] [--precision fp32 bf16] [--reward accuracy|equation]
 
 `cargo xtask bench grpo` builds trinity, installs the TRL environment and runs this.
 
@@ -13,9 +13,17 @@ The work, identical on both sides:
 - Tasks: the first 2 × --steps questions of examples/quickstart/train.jsonl (two-digit additions), so each step
   sees 2 new prompts, rendered with the model's chat template (user turn, no system prompt).
 - Per step: 2 prompts × 4 samples = 8 completions of exactly 64 new tokens (sampling at temperature 1.0; EOS is
-  held off until token 64), a reward (1 when the expected answer appears in the completion), group-normalised
-  advantages, one forward + backward over the 8 sequences and one AdamW step at lr 1e-6, constant schedule. No
-  reference model and no KL term, one policy update per generation, no evaluation, no checkpoints.
+  held off until token 64), a reward (--reward, below), group-normalised advantages, one forward + backward over
+  the 8 sequences and one AdamW step at lr 1e-6, constant schedule. No reference model and no KL term, one policy
+  update per generation, no evaluation, no checkpoints.
+- --reward accuracy (the default, the quickstart's reward): 1 when the expected answer appears in the completion.
+  SmolLM2 rarely writes it in 64 sampled tokens, so most groups score all 0 and their advantages are all 0. The
+  update is the same either way, but trinity runs such rows forward only (their gradient is 0) while TRL
+  backpropagates them, so this reading is the end-to-end time of this work, not of a train step.
+- --reward equation: +0.1 when the completion's first line contains "=", else -0.1 (trinity's built-in
+  format_reward with reward_fn_args.pattern `^[^\n]*=`; Python's re.match with DOTALL | MULTILINE on TRL's side).
+  About half of SmolLM2's completions do, so nearly every group has mixed rewards, every row of such a group has a
+  non-zero advantage, and both sides backpropagate all of them: this reading times the train step as well.
 - Threads: OMP_NUM_THREADS / MKL_NUM_THREADS = --threads for both processes, and torch.set_num_threads in TRL's.
 - Timing: wall time of each whole process (interpreter or binary start-up, imports, model loading, all steps,
   exit), measured here with perf_counter around the subprocess. Per-step time: TRL's from a TrainerCallback
@@ -35,13 +43,14 @@ TRL (trl==1.16.0, transformers 5, torch 2.11 CPU build) as GRPOConfig:
     and, since GRPOTrainer loads the model in float32 unless model_init_kwargs says otherwise, it is autocast
     mixed precision: fp32 master weights and AdamW state, bf16 compute.
     fp32: bf16=False.
-    gradient_checkpointing is TRL's default (True) turned off: trinity does not recompute activations, and
-    recomputation would cost TRL about 20% of its backward for memory this model does not need.
+    gradient_checkpointing is TRL's default (True) turned off: trinity's own default
+    (enable_gradient_checkpointing true) recomputes activations only when they would not fit in memory, which
+    they do here, and recomputation would cost TRL about 20% of its backward for memory this model does not need.
 
 trinity, a temporary YAML run with `trinity run --config`:
     mode both, algorithm_type grpo, repeat_times 4, buffer.batch_size 2, total_steps --steps, optimizer.lr 1e-6,
     kl_loss_fn none, rollout_args {temperature 1.0, max_tokens 64, min_tokens 64}, simple_workflow +
-    accuracy_reward, model.max_response_tokens 64, max_model_len 128, eval_on_startup false and no eval tasksets,
+    accuracy_reward (or format_reward with reward_fn_args.pattern), model.max_response_tokens 64, max_model_len 128, eval_on_startup false and no eval tasksets,
     sync_method memory, sync_interval 1, trainer.save_interval 1000 (> total_steps) and save_hf_checkpoint never
     (trinity always writes its final checkpoint — optimizer state and metadata — which cannot be disabled),
     trainer.max_token_len_per_gpu 1024 (all 8 sequences in one micro-batch, as TRL's batch of 8), monitor jsonl.
@@ -55,6 +64,7 @@ trinity, a temporary YAML run with `trinity run --config`:
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -78,6 +88,15 @@ PRECISIONS = {
 }
 # What issue 20 asks of trinity: TRL wall time / trinity wall time at least this much.
 TARGETS = {"bf16": 5.0, "fp32": 3.0}
+# --reward equation: the first line of the completion contains "=". Rust's `regex` (trinity's format_reward,
+# which anchors the match at the start) and Python's re.match read this pattern the same way.
+EQUATION_PATTERN = r"^[^\n]*="
+# --reward: (trinity's default_reward_fn_type, its reward_fn_args as YAML lines, what the header says)
+REWARDS = {
+    "accuracy": ("accuracy_reward", "", "1 when the answer appears"),
+    "equation": ("format_reward", f"      reward_fn_args:\n        pattern: '{EQUATION_PATTERN}'\n",
+                 "+0.1 when the first line contains '=', else -0.1"),
+}
 
 
 def thread_env(threads: int) -> dict:
@@ -149,6 +168,10 @@ def trl_worker(args) -> None:
     def accuracy_reward(completions, answer, **_):
         return [1.0 if a in c[0]["content"] else 0.0 for c, a in zip(completions, answer)]
 
+    def equation_reward(completions, **_):
+        flags = re.DOTALL | re.MULTILINE
+        return [0.1 if re.match(EQUATION_PATTERN, c[0]["content"], flags) else -0.1 for c in completions]
+
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.begin = 0.0
@@ -189,7 +212,8 @@ def trl_worker(args) -> None:
     )
     timer = StepTimer()
     trainer = GRPOTrainer(
-        model=args.model, reward_funcs=accuracy_reward, args=config, train_dataset=dataset, callbacks=[timer]
+        model=args.model, reward_funcs={"accuracy": accuracy_reward, "equation": equation_reward}[args.reward],
+        args=config, train_dataset=dataset, callbacks=[timer]
     )
     trainer.train()
     result = {
@@ -202,11 +226,11 @@ def trl_worker(args) -> None:
     Path(args.result).write_text(json.dumps(result))
 
 
-def run_trl(model: Path, tasks: Path, run_dir: Path, steps: int, threads: int, bf16: bool) -> dict:
+def run_trl(model: Path, tasks: Path, run_dir: Path, steps: int, threads: int, bf16: bool, reward: str) -> dict:
     result = run_dir / "result.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "trl-worker", "--model", str(model), "--tasks", str(tasks),
            "--output-dir", str(run_dir / "out"), "--steps", str(steps), "--threads", str(threads),
-           "--result", str(result)] + (["--bf16"] if bf16 else [])
+           "--result", str(result), "--reward", reward] + (["--bf16"] if bf16 else [])
     wall, cpu = timed(cmd, run_dir / "trl.log", thread_env(threads))
     report = json.loads(result.read_text())
     report["wall"], report["cpu"] = wall, cpu
@@ -247,8 +271,8 @@ buffer:
         temperature: 1.0
         max_tokens: {new_tokens}
         min_tokens: {new_tokens}
-    default_workflow_type: simple_workflow
-    default_reward_fn_type: accuracy_reward
+{reward_fn_args}    default_workflow_type: simple_workflow
+    default_reward_fn_type: {reward_fn}
 explorer:
   eval_on_startup: false
   rollout_model:
@@ -266,8 +290,10 @@ trainer:
 
 
 def trinity_config(run_dir: Path, model: Path, tasks: Path, steps: int, name: str, rollout_dtype: str,
-                   trainer_dtype) -> str:
+                   trainer_dtype, reward: str) -> str:
+    reward_fn, reward_fn_args, _ = REWARDS[reward]
     return TRINITY_CONFIG.format(
+        reward_fn=reward_fn, reward_fn_args=reward_fn_args,
         name=name, checkpoints=run_dir / "checkpoints", samples=SAMPLES_PER_PROMPT, lr=LEARNING_RATE, model=model,
         new_tokens=NEW_TOKENS, prompts=PROMPTS_PER_STEP, steps=steps, tasks=tasks, rollout_dtype=rollout_dtype,
         trainer_dtype=f"  dtype: {trainer_dtype}\n" if trainer_dtype else "",
@@ -284,14 +310,15 @@ def trinity_knows_trainer_dtype(trinity: Path, config: Path) -> bool:
     raise SystemExit(f"trinity rejects the bench config {config}:\n{check.stderr}")
 
 
-def run_trinity(trinity: Path, model: Path, tasks: Path, run_dir: Path, steps: int, threads: int, precision: str):
+def run_trinity(trinity: Path, model: Path, tasks: Path, run_dir: Path, steps: int, threads: int, precision: str,
+                reward: str):
     _, _, trainer_dtype, rollout_dtype = PRECISIONS[precision]
     name = f"trinity-{precision}"
     config = run_dir / "trinity.yaml"
-    config.write_text(trinity_config(run_dir, model, tasks, steps, name, rollout_dtype, trainer_dtype))
+    config.write_text(trinity_config(run_dir, model, tasks, steps, name, rollout_dtype, trainer_dtype, reward))
     note = ""
     if not trinity_knows_trainer_dtype(trinity, config):
-        config.write_text(trinity_config(run_dir, model, tasks, steps, name, rollout_dtype, None))
+        config.write_text(trinity_config(run_dir, model, tasks, steps, name, rollout_dtype, None, reward))
         note = f"this trinity build does not accept trainer.dtype yet: trainer at its built-in precision, " \
                f"rollout engine {rollout_dtype}"
     wall, cpu = timed([str(trinity), "run", "--config", str(config)], run_dir / "trinity.log", thread_env(threads))
@@ -306,6 +333,7 @@ def run_trinity(trinity: Path, model: Path, tasks: Path, run_dir: Path, steps: i
         "wall": wall,
         "cpu": cpu,
         "steps": [row.get("time/explore_s", 0) + row["time/train_s"] + row.get("time/sync_s", 0) for row in rows],
+        "train": [row["time/train_s"] for row in rows],
         "mean_completion_length": [row.get("rollout/response_length_mean") for row in rows],
         # Rows whose advantages were all 0 (a group with equal rewards) run forward only: their gradient is 0.
         "forward_only_rows": sum(row.get("train/perf/forward_only_rows", 0) for row in rows),
@@ -333,22 +361,23 @@ def bench(args) -> None:
     write_tasks(tasks, args.steps)
     print(f"bench grpo: SmolLM2-135M-Instruct, {args.steps} steps of {PROMPTS_PER_STEP} prompts x "
           f"{SAMPLES_PER_PROMPT} samples x {NEW_TOKENS} forced tokens, lr {LEARNING_RATE}, no reference model, "
-          f"{args.threads} threads, whole processes", flush=True)
+          f"{args.threads} threads, whole processes; reward: {REWARDS[args.reward][2]}", flush=True)
     summary = []
     for precision in args.precision:
         label, bf16, _, _ = PRECISIONS[precision]
         trl_dir, trinity_dir = runs / f"trl-{precision}", runs / f"trinity-{precision}"
         trl_dir.mkdir()
         trinity_dir.mkdir()
-        trl = run_trl(model, tasks, trl_dir, args.steps, args.threads, bf16)
+        trl = run_trl(model, tasks, trl_dir, args.steps, args.threads, bf16, args.reward)
         trl_step = sum(trl["steps"]) / len(trl["steps"])
         print(f"  {label:<10}  TRL      wall {trl['wall']:7.1f} s   per step {trl_step:6.2f} s   cpu {trl['cpu']:7.1f} s   "
               f"(completion lengths {fmt_lengths(trl['mean_completion_length'])}, bf16={trl['bf16']}, "
               f"weights {trl['model_dtype']})", flush=True)
-        ours = run_trinity(args.trinity, model, tasks, trinity_dir, args.steps, args.threads, precision)
+        ours = run_trinity(args.trinity, model, tasks, trinity_dir, args.steps, args.threads, precision, args.reward)
         our_step = sum(ours["steps"]) / len(ours["steps"])
+        our_train = sum(ours["train"]) / len(ours["train"])
         print(f"  {label:<10}  trinity  wall {ours['wall']:7.1f} s   per step {our_step:6.2f} s   cpu {ours['cpu']:7.1f} s   "
-              f"(completion lengths {fmt_lengths(ours['mean_completion_length'])}; "
+              f"(train {our_train:.2f} s a step; completion lengths {fmt_lengths(ours['mean_completion_length'])}; "
               f"{ours['forward_only_rows']:.0f} of {ours['rows']:.0f} rows had all-zero advantages and ran forward only, "
               f"which TRL backpropagates)", flush=True)
         if ours["note"]:
@@ -377,6 +406,7 @@ def main() -> None:
     worker.add_argument("--steps", type=int, required=True)
     worker.add_argument("--threads", type=int, required=True)
     worker.add_argument("--bf16", action="store_true")
+    worker.add_argument("--reward", choices=sorted(REWARDS), required=True)
     p.add_argument("--trinity", type=Path, default=ROOT / "target/release/trinity")
     p.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
     p.add_argument("--work-dir", type=Path, default=ROOT / ".deps/bench-grpo",
@@ -387,6 +417,9 @@ def main() -> None:
                    help="precisions, run in this order; fp32 comes first by default because on CPUs without "
                         "native bf16 TRL's bf16 autocast is emulated and can take ten times as long, and a run cut "
                         "short should still leave the fp32 figure")
+    p.add_argument("--reward", choices=sorted(REWARDS), default="accuracy",
+                   help="accuracy: the quickstart's reward, under which most rows have zero advantages; equation: "
+                        "a format reward under which nearly every row trains on both sides (see the docstring)")
     args = p.parse_args()
     if args.command == "trl-worker":
         trl_worker(args)
