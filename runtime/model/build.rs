@@ -25,6 +25,7 @@ fn main() {
         "csrc/grad.cpp",
         "csrc/checkpoint.cpp",
         "csrc/train_ops.cpp",
+        "csrc/error_message.h",
         "csrc/simd_avx512.inc",
         "csrc/simd_avx2.inc",
         "csrc/train_kernels.inc",

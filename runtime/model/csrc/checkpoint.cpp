@@ -2,9 +2,9 @@
 // and recomputation are a Rust closure (`src/checkpoint.rs`).
 //
 // Why: the backward of a layer needs what its forward computed: the normed inputs, q/k/v, the attention weights,
-// the MLP's gate, up and product. Kept for every layer, that is ~3 MB a token for SmolLM2-135M (measured, see
-// `micro_batch::memory_token_cap`), so Trinity-RFT's token budgets (16384 tokens a micro-batch) ask a CPU machine for
-// tens of GB. Recomputed, a layer keeps only its input (`hidden` values a token) until the backward reaches it,
+// the MLP's gate, up and product. Kept for every layer, that is ~1.2 MB a token for SmolLM2-135M in fp32 (measured,
+// see `micro_batch::kept_activations_token_cap`), so Trinity-RFT's token budgets (16384 tokens a micro-batch) ask a
+// CPU machine for tens of GB. Recomputed, a layer keeps only its input (`hidden` values a token) until the backward reaches it,
 // and then runs its forward again with autograd: one more forward of the layers for a fraction of the memory, as
 // PyTorch's reentrant `torch.utils.checkpoint` does and veRL's `enable_gradient_checkpointing` asks.
 //
@@ -32,6 +32,8 @@
 #include <mutex>
 #include <string>
 #include <utility>
+
+#include "error_message.h"
 
 extern "C" {
 // Runs the segment on `x` (a handle the callee takes over) in `mode` (see `Mode`), storing a new handle the caller
@@ -141,7 +143,7 @@ int trinity_checkpoint(at::Tensor* x, void* state, trinity_segment_run run, trin
     segment = c10::make_intrusive<Segment>(state, run, drop);
   } catch (const std::exception& e) {
     drop(state);
-    last_error = e.what();
+    last_error = error_message(e);
     return -1;
   }
   try {
@@ -152,11 +154,8 @@ int trinity_checkpoint(at::Tensor* x, void* state, trinity_segment_run run, trin
     TORCH_CHECK(x->requires_grad(), "a recomputed segment's input must require grad, or nothing inside it would get one");
     *out = new at::Tensor(Checkpoint::apply(*x, std::move(segment)));
     return 0;
-  } catch (const c10::Error& e) {
-    last_error = e.what_without_backtrace();
-    return -1;
   } catch (const std::exception& e) {
-    last_error = e.what();
+    last_error = error_message(e);
     return -1;
   }
 }

@@ -20,6 +20,8 @@
 #include <exception>
 #include <string>
 
+#include "error_message.h"
+
 namespace {
 thread_local std::string last_error;
 }
@@ -41,7 +43,7 @@ extern "C" int trinity_backward(at::Tensor* root, at::Tensor* grad) {
     root->backward(*grad);
     return 0;
   } catch (const std::exception& e) {
-    last_error = e.what();
+    last_error = error_message(e);
     return -1;
   }
 }
@@ -62,7 +64,7 @@ extern "C" int trinity_accumulate_grad(at::Tensor* leaf, at::Tensor* grad) {
       current = *grad;
     return 0;
   } catch (const std::exception& e) {
-    last_error = e.what();
+    last_error = error_message(e);
     return -1;
   }
 }

@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "error_message.h"
 #include "packed_gemm.h"
 
 namespace {
@@ -352,7 +353,7 @@ int run(at::Tensor** out, Op op) {
     *out = new at::Tensor(op());
     return 0;
   } catch (const std::exception& e) {
-    last_error = e.what();
+    last_error = error_message(e);
     return -1;
   }
 }
@@ -377,7 +378,7 @@ int run_status(Op op) {
     op();
     return 0;
   } catch (const std::exception& e) {
-    last_error = e.what();
+    last_error = error_message(e);
     return -1;
   }
 }
