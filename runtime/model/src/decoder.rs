@@ -32,6 +32,7 @@ use crate::lora::LoraBranch;
 use crate::packed::{self, PackedLinear};
 use crate::rope;
 use crate::train_ops;
+use crate::weight_arena::WeightArena;
 use crate::weights::{ParamSpec, WeightSource, param_specs};
 
 mod training;
@@ -175,9 +176,9 @@ struct FastLayer {
 }
 
 impl FastLayer {
-    /// Packs `layer`'s projections for `isa`.
-    fn pack(isa: packed::Isa, layer: &Layer) -> Result<Self> {
-        let [qkv, o, gate_up, down] = layer.packed_groups().map(|group| pack(isa, &group));
+    /// Packs `layer`'s projections for `isa`, into memory from `arena`.
+    fn pack(arena: &mut WeightArena, isa: packed::Isa, layer: &Layer) -> Result<Self> {
+        let [qkv, o, gate_up, down] = layer.packed_groups().map(|group| pack(arena, isa, &group));
         let (input_norm, post_norm, q_norm, k_norm) = fp32_norms(layer)?;
         Ok(FastLayer { qkv: qkv?, o: o?, gate_up: gate_up?, down: down?, input_norm, post_norm, q_norm, k_norm })
     }
@@ -225,9 +226,9 @@ fn fp32(t: &Tensor) -> Result<Tensor> {
     Ok(if t.kind() == Kind::Float { t.shallow_clone() } else { t.f_to_kind(Kind::Float)? })
 }
 
-fn pack(isa: packed::Isa, linears: &[&Linear]) -> Result<Option<PackedLinear>> {
+fn pack(arena: &mut WeightArena, isa: packed::Isa, linears: &[&Linear]) -> Result<Option<PackedLinear>> {
     let (weights, biases) = weights_and_biases(linears);
-    PackedLinear::pack_for(isa, &weights, &biases)
+    PackedLinear::pack_for(arena, isa, &weights, &biases)
 }
 
 /// The weights and biases of `linears`, as [`PackedLinear`] takes them.
@@ -429,8 +430,11 @@ impl Decoder {
         if self.device() != Device::Cpu || !isa.runs(self.kind) || self.has_lora() {
             return Ok(false);
         }
-        let layers = self.layers.iter().map(|layer| FastLayer::pack(isa, layer)).collect::<Result<Vec<_>>>()?;
-        let lm_head = PackedLinear::pack_for(isa, &[&self.lm_head], &[None])?;
+        // One arena for the whole model, so that its projections fill whole huge pages together.
+        let mut arena = WeightArena::default();
+        let layers =
+            self.layers.iter().map(|layer| FastLayer::pack(&mut arena, isa, layer)).collect::<Result<Vec<_>>>()?;
+        let lm_head = PackedLinear::pack_for(&mut arena, isa, &[&self.lm_head], &[None])?;
         let bf16 = self.kind == Kind::BFloat16;
         // An fp32 model falls back to its own weights for a projection the kernel cannot take; a bf16 model
         // computing in fp32 cannot, so it is packed completely or not at all.

@@ -51,6 +51,7 @@ mod score;
 mod tokenizer;
 mod train_ops;
 pub mod vocab_softmax;
+mod weight_arena;
 mod weights;
 
 pub use chat_template::{ChatMessage, ChatTemplate, civil_from_days};

@@ -30,6 +30,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{ModelError, Result};
+use crate::weight_arena::{Buffer, WeightArena};
 
 const PANEL: i64 = 16;
 
@@ -120,6 +121,9 @@ pub struct PackedLinear {
     /// fp32 `n·k` elements, or bf16 `n·2·⌈k/2⌉` (k in pairs), in the grouped panel layout that
     /// `csrc/packed_gemm.cpp`'s `pack_panels` writes; the shape only sizes the buffer.
     packed: Tensor,
+    /// The memory `packed` views, in huge pages ([`crate::weight_arena`]); `None` when `packed` owns its own.
+    /// Declared after `packed`, so the view is dropped first.
+    _memory: Option<Buffer>,
     bias: Option<Tensor>,
     n: i64,
     k: i64,
@@ -128,10 +132,16 @@ pub struct PackedLinear {
 
 impl PackedLinear {
     /// Packs `weights` (each `[n_i, k]`, all fp32 or all bf16, CPU) stacked along the output dimension, for
-    /// `isa` (the decoder passes [`Isa::best`] for the weights' dtype). `biases` are all present or all absent.
+    /// `isa` (the decoder passes [`Isa::best`] for the weights' dtype), into memory from `arena` (one per model,
+    /// so its projections share huge pages). `biases` are all present or all absent.
     /// Returns `None` when the kernel cannot serve these weights (another dtype or device, a CPU without `isa`
     /// for this dtype, or a total output size that is not a multiple of 16).
-    pub fn pack_for(isa: Isa, weights: &[&Tensor], biases: &[Option<&Tensor>]) -> Result<Option<Self>> {
+    pub(crate) fn pack_for(
+        arena: &mut WeightArena,
+        isa: Isa,
+        weights: &[&Tensor],
+        biases: &[Option<&Tensor>],
+    ) -> Result<Option<Self>> {
         let Some(kind) = weights.first().map(|w| w.kind()) else { return Ok(None) };
         if !isa.runs(kind) {
             return Ok(None);
@@ -142,13 +152,13 @@ impl PackedLinear {
         }
         let sources: Vec<Tensor> = weights.iter().map(|w| w.f_contiguous()).collect::<std::result::Result<_, _>>()?;
         let shape = if kind == Kind::Float { [n / PANEL, k, PANEL] } else { [n / PANEL, (k + 1) / 2, 2 * PANEL] };
-        let packed = Tensor::f_empty(shape, (kind, Device::Cpu))?;
+        let (packed, memory) = empty_in(arena, shape, kind)?;
         fill_panels(&sources, k, &packed)?;
         let bias = match biases.iter().copied().collect::<Option<Vec<&Tensor>>>() {
             Some(b) if !b.is_empty() => Some(tch::no_grad(|| Tensor::f_cat(&b, 0))?.f_to_kind(Kind::Float)?),
             _ => None,
         };
-        Ok(Some(PackedLinear { packed, bias, n, k, isa }))
+        Ok(Some(PackedLinear { packed, _memory: memory, bias, n, k, isa }))
     }
 
     /// Rewrites the packed copy in place from `weights` and `biases`, which must have the dtype and stacked shape it
@@ -251,6 +261,18 @@ impl PackedLinear {
     }
 }
 
+/// An uninitialised contiguous CPU tensor of `shape` and `kind` in memory from `arena`, with the buffer it views;
+/// an ordinary tensor (and `None`) where the arena has no memory to give.
+fn empty_in(arena: &mut WeightArena, shape: [i64; 3], kind: Kind) -> Result<(Tensor, Option<Buffer>)> {
+    let bytes = shape.iter().product::<i64>() as usize * kind.elt_size_in_bytes();
+    let Some(buffer) = arena.alloc(bytes) else { return Ok((Tensor::f_empty(shape, (kind, Device::Cpu))?, None)) };
+    // SAFETY: `buffer` is `bytes` of zeroed, 64-byte-aligned memory (valid values of any dtype), exactly the
+    // contiguous `shape` of `kind`; the tensor only views it, and the `PackedLinear` that keeps the tensor keeps the
+    // buffer too, dropping the view first.
+    let tensor = unsafe { Tensor::f_from_blob(buffer.ptr(), &shape, &[], kind, Device::Cpu)? };
+    Ok((tensor, Some(buffer)))
+}
+
 /// `(n, k)` of `weights` stacked along n, when every one is a 2-D `kind` CPU tensor of the same k.
 fn stacked_shape(weights: &[&Tensor], kind: Kind) -> Option<(i64, i64)> {
     let k = weights.first()?.size().get(1).copied()?;
@@ -303,6 +325,7 @@ mod tests {
         let bs: Vec<Option<Tensor>> =
             ns.iter().map(|&n| bias.then(|| Tensor::randn([n], (Kind::Float, Device::Cpu)))).collect();
         let packed = PackedLinear::pack_for(
+            &mut WeightArena::default(),
             isa,
             &ws.iter().collect::<Vec<_>>(),
             &bs.iter().map(Option::as_ref).collect::<Vec<_>>(),
@@ -390,7 +413,8 @@ mod tests {
         for isa in sets_to_test(Kind::BFloat16) {
             // Identity weights (padded to 16 outputs) read back the rounded input.
             let w = Tensor::eye_m(16, k, (Kind::BFloat16, Device::Cpu));
-            let packed = PackedLinear::pack_for(isa, &[&w], &[None]).unwrap().expect("eligible");
+            let packed =
+                PackedLinear::pack_for(&mut WeightArena::default(), isa, &[&w], &[None]).unwrap().expect("eligible");
             let got = packed.forward(&x).unwrap().narrow(1, 0, k);
             let want = x.to_kind(Kind::BFloat16).to_kind(Kind::Float);
             let (got, want) =
@@ -426,19 +450,53 @@ mod tests {
         }
     }
 
+    /// Copies packed from one arena share its memory and each keeps it mapped: the arena and the other copies
+    /// can go first.
+    #[test]
+    fn copies_from_one_arena_outlive_it_and_each_other() {
+        tch::manual_seed(1);
+        for kind in [Kind::Float, Kind::BFloat16] {
+            for isa in sets_to_test(kind) {
+                let ws = [Tensor::randn([32, 24], (kind, Device::Cpu)), Tensor::randn([16, 24], (kind, Device::Cpu))];
+                let mut arena = WeightArena::default();
+                let mut pack = |w: &Tensor| PackedLinear::pack_for(&mut arena, isa, &[w], &[None]).unwrap().unwrap();
+                let (first, second) = (pack(&ws[0]), pack(&ws[1]));
+                drop(arena);
+                if cfg!(target_os = "linux") {
+                    let (a, b) = (first.weight_ptr() as usize, second.weight_ptr() as usize);
+                    assert_eq!(a % (2 << 20), 0, "{isa:?} {kind:?}: the chunk starts on a huge page");
+                    assert_eq!(b - a, (32 * 24 * kind.elt_size_in_bytes()).next_multiple_of(64), "back to back");
+                }
+                drop(first);
+                let x = Tensor::randn([3, 24], (Kind::Float, Device::Cpu));
+                let x_in = if kind == Kind::Float { x.shallow_clone() } else { x.to_kind(kind).to_kind(Kind::Float) };
+                let want = x_in.linear::<Tensor>(&ws[1].to_kind(Kind::Float), None);
+                assert!(max_diff(&second.forward(&x).unwrap(), &want) < 1e-3, "{isa:?} {kind:?}");
+            }
+        }
+    }
+
     #[test]
     fn ineligible_weights_and_inputs_are_refused() {
         let odd = Tensor::randn([24, 8], (Kind::Float, Device::Cpu));
         assert!(
-            PackedLinear::pack_for(Isa::Avx2, &[&odd], &[None]).unwrap().is_none(),
+            PackedLinear::pack_for(&mut WeightArena::default(), Isa::Avx2, &[&odd], &[None]).unwrap().is_none(),
             "24 outputs is not a multiple of 16"
         );
         let half = Tensor::randn([16, 8], (Kind::Half, Device::Cpu));
-        assert!(PackedLinear::pack_for(Isa::Avx2, &[&half], &[None]).unwrap().is_none());
+        assert!(PackedLinear::pack_for(&mut WeightArena::default(), Isa::Avx2, &[&half], &[None]).unwrap().is_none());
         let (f, b) = (Tensor::randn([16, 8], (Kind::Float, Device::Cpu)), half.to_kind(Kind::BFloat16));
-        assert!(PackedLinear::pack_for(Isa::Avx2, &[&f, &b], &[None, None]).unwrap().is_none(), "mixed dtypes");
-        if let Some(p) =
-            PackedLinear::pack_for(Isa::Avx2, &[&Tensor::randn([16, 8], (Kind::Float, Device::Cpu))], &[None]).unwrap()
+        assert!(
+            PackedLinear::pack_for(&mut WeightArena::default(), Isa::Avx2, &[&f, &b], &[None, None]).unwrap().is_none(),
+            "mixed dtypes"
+        );
+        if let Some(p) = PackedLinear::pack_for(
+            &mut WeightArena::default(),
+            Isa::Avx2,
+            &[&Tensor::randn([16, 8], (Kind::Float, Device::Cpu))],
+            &[None],
+        )
+        .unwrap()
         {
             let err = p.forward(&Tensor::randn([2, 9], (Kind::Float, Device::Cpu))).unwrap_err();
             assert!(err.to_string().contains("[..., 8]"), "{err}");
