@@ -2,11 +2,12 @@
 // and recomputation are a Rust closure (`src/checkpoint.rs`).
 //
 // Why: the backward of a layer needs what its forward computed: the normed inputs, q/k/v, the attention weights,
-// the MLP's gate, up and product. Kept for every layer, that is ~1.2 MB a token for SmolLM2-135M in fp32 (measured,
-// see `micro_batch::kept_activations_token_cap`), so Trinity-RFT's token budgets (16384 tokens a micro-batch) ask a
-// CPU machine for tens of GB. Recomputed, a layer keeps only its input (`hidden` values a token) until the backward reaches it,
-// and then runs its forward again with autograd: one more forward of the layers for a fraction of the memory, as
-// PyTorch's reentrant `torch.utils.checkpoint` does and veRL's `enable_gradient_checkpointing` asks.
+// the MLP's gate, up and product. Kept for every layer, that is ~1.2 MB a token for SmolLM2-135M in fp32
+// (measured, see `micro_batch::kept_activations_token_cap`), so Trinity-RFT's token budgets (16384 tokens a
+// micro-batch) ask a CPU machine for tens of GB. Recomputed, a layer keeps only its input (`hidden` values a token)
+// until the backward reaches it, and then runs its forward again with autograd: one more forward of the layers for
+// a fraction of the memory, as PyTorch's reentrant `torch.utils.checkpoint` does and veRL's
+// `enable_gradient_checkpointing` asks.
 //
 // The forward runs with autograd off and saves the input and the random generator's state; the backward restores
 // that state (so a LoRA dropout draws the same mask), runs the closure again with autograd on a detached copy of the
@@ -151,7 +152,8 @@ int trinity_checkpoint(at::Tensor* x, void* state, trinity_segment_run run, trin
       *out = new at::Tensor(segment->call(*x, kPlain));
       return 0;
     }
-    TORCH_CHECK(x->requires_grad(), "a recomputed segment's input must require grad, or nothing inside it would get one");
+    TORCH_CHECK(x->requires_grad(),
+                "a recomputed segment's input must require grad, or nothing inside it would get one");
     *out = new at::Tensor(Checkpoint::apply(*x, std::move(segment)));
     return 0;
   } catch (const std::exception& e) {

@@ -50,7 +50,8 @@ TRL (trl==1.16.0, transformers 5, torch 2.11 CPU build) as GRPOConfig:
 trinity, a temporary YAML run with `trinity run --config`:
     mode both, algorithm_type grpo, repeat_times 4, buffer.batch_size 2, total_steps --steps, optimizer.lr 1e-6,
     kl_loss_fn none, rollout_args {temperature 1.0, max_tokens 64, min_tokens 64}, simple_workflow +
-    accuracy_reward (or format_reward with reward_fn_args.pattern), model.max_response_tokens 64, max_model_len 128, eval_on_startup false and no eval tasksets,
+    accuracy_reward (or format_reward with reward_fn_args.pattern), model.max_response_tokens 64,
+    max_model_len 128, eval_on_startup false and no eval tasksets,
     sync_method memory, sync_interval 1, trainer.save_interval 1000 (> total_steps) and save_hf_checkpoint never
     (trinity always writes its final checkpoint — optimizer state and metadata — which cannot be disabled),
     trainer.max_token_len_per_gpu 1024 (all 8 sequences in one micro-batch, as TRL's batch of 8), monitor jsonl.
