@@ -31,8 +31,13 @@ fn libtorch_version(root: &Path) -> Option<String> {
     let build_version = root.join("build-version");
     let version_py = root.join("version.py");
     let header = root.join("include/torch/headeronly/version.h");
+    // Only files that exist are watched: cargo counts a watched path that is missing as changed, so naming all
+    // three (a libtorch has one or two of them) reran this script, and rebuilt every crate above the SDK, on every
+    // build. A libtorch swapped for another at a new path arrives through DEP_TCH_LIBTORCH_LIB instead.
     for file in [&build_version, &version_py, &header] {
-        println!("cargo:rerun-if-changed={}", file.display());
+        if file.exists() {
+            println!("cargo:rerun-if-changed={}", file.display());
+        }
     }
     if let Ok(text) = std::fs::read_to_string(&build_version) {
         return text.lines().next().map(|l| l.trim().to_owned()).filter(|l| !l.is_empty());
