@@ -8,11 +8,20 @@
 //! ```text
 //! cargo run --release -p trinity-trainer --example bench_train -- [--model FILE] [--dtype f32|bf16|both]
 //!     [--batch 8] [--seq 164] [--iters 3] [--threads 2] [--chunk 1024] [--head keep|recompute] [--phases]
-//!     [--recompute]
+//!     [--recompute] [--step-memory]
 //! ```
 //! `--recompute` recomputes each layer's activations in the backward (`Decoder::set_recompute_activations`, veRL's
 //! `enable_gradient_checkpointing`); the FLOPs line still counts the model's work only, so it reads what the
 //! recomputation costs. Each line ends with the process's peak resident memory so far.
+//!
+//! `--step-memory` adds what one iteration holds at its peak above what the process held when it began: before
+//! each iteration the kernel's high-water mark is reset to the current resident size (`/proc/self/clear_refs`),
+//! and after it the mark is read. The process-wide peak cannot tell a step's memory apart from the model load's
+//! (at Qwen2.5-0.5B's shape, 1 to 6 sequences of 512 tokens peaked at 4.8-6.0 GB in no order). Pages freed by one
+//! iteration must go back to the kernel for this to see the next one's, so the flag needs jemalloc told to return
+//! them at once: `MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0` (the binary otherwise keeps them, see
+//! runtime/cli/src/allocator.rs). Taken at two batch sizes, the difference over the difference in tokens is the
+//! activation memory a token costs, the figure `micro_batch`'s token caps are sized by.
 //! The model defaults to `$TRINITY_SMOLLM2_GGUF`. Prints one line per dtype: wall seconds per iteration (best
 //! and mean of `--iters` after one warm-up), tokens/s, and the process CPU seconds per iteration (user + system,
 //! all threads), which is less sensitive than wall time to other processes competing for the cores.
@@ -49,6 +58,7 @@ struct Args {
     head: HeadMode,
     phases: bool,
     recompute: bool,
+    step_memory: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -63,12 +73,14 @@ fn parse() -> Result<Args, String> {
         head: TrainerOptions::default().head_mode,
         phases: false,
         recompute: false,
+        step_memory: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--phases" || flag == "--recompute" {
+        if matches!(flag.as_str(), "--phases" | "--recompute" | "--step-memory") {
             args.phases |= flag == "--phases";
             args.recompute |= flag == "--recompute";
+            args.step_memory |= flag == "--step-memory";
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -101,6 +113,12 @@ fn parse() -> Result<Args, String> {
     if args.model.as_os_str().is_empty() {
         return Err("no model: pass --model FILE or set TRINITY_SMOLLM2_GGUF".into());
     }
+    let conf = std::env::var("MALLOC_CONF").unwrap_or_default();
+    if args.step_memory && !(conf.contains("dirty_decay_ms:0") && conf.contains("muzzy_decay_ms:0")) {
+        return Err("--step-memory needs freed pages returned to the kernel at once: run with \
+                    MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0"
+            .into());
+    }
     Ok(args)
 }
 
@@ -115,11 +133,13 @@ fn run(args: &Args, kind: Kind) -> Result<(), Box<dyn std::error::Error>> {
     let targets = ids.f_narrow(1, 1, n)?;
     let grad = Tensor::f_full([args.batch, n], -1.0 / (args.batch * n) as f64, (Kind::Float, Device::Cpu))?;
     let mut times = Vec::new();
+    let mut step_bytes = 0u64;
     let mut cpu_start = 0.0;
     for i in 0..=args.iters {
         if i == 1 {
             cpu_start = cpu_seconds();
         }
+        let resident_before = if args.step_memory { reset_peak_rss()? } else { 0 };
         let start = Instant::now();
         let mut phases = Vec::new();
         let mut mark = |name: &'static str| phases.push((name, start.elapsed().as_secs_f64(), cpu_seconds()));
@@ -132,6 +152,9 @@ fn run(args: &Args, kind: Kind) -> Result<(), Box<dyn std::error::Error>> {
         logprobs::backward(decoder, pass, &hidden, &targets, 1.0, args.chunk, &grad, None)?;
         mark("backward");
         let secs = start.elapsed().as_secs_f64();
+        if args.step_memory && i > 0 {
+            step_bytes = step_bytes.max(peak_rss_bytes().saturating_sub(resident_before));
+        }
         if args.phases {
             let line: Vec<String> = phases
                 .windows(2)
@@ -170,6 +193,14 @@ fn run(args: &Args, kind: Kind) -> Result<(), Box<dyn std::error::Error>> {
         tokens / mean,
         peak_rss_bytes() as f64 / 1e9
     );
+    if args.step_memory {
+        println!(
+            "  an iteration's peak above its start: {:.3} GB ({:.3} MB a token over all {} tokens)",
+            step_bytes as f64 / 1e9,
+            step_bytes as f64 / 1e6 / tokens,
+            tokens
+        );
+    }
     println!(
         "  {:.3} TFLOP of matmuls per iteration -> {:.1} GFLOP/s (best) = {:.0}% of this CPU's {name} matmul rate, {:.1} GFLOP/s (2048^3, {} threads)",
         flops / 1e12,
@@ -226,9 +257,22 @@ fn cpu_seconds() -> f64 {
 
 /// The process's peak resident memory (`VmHWM` of `/proc/self/status`), in bytes; 0 where unreadable.
 fn peak_rss_bytes() -> u64 {
+    status_bytes("VmHWM:")
+}
+
+/// A `/proc/self/status` line's size (kB there), in bytes; 0 where unreadable.
+fn status_bytes(key: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap_or("");
+    let line = status.lines().find(|l| l.starts_with(key)).unwrap_or("");
     line.split_whitespace().nth(1).and_then(|k| k.parse::<u64>().ok()).unwrap_or(0) * 1024
+}
+
+/// Resets the kernel's peak resident size of this process to its current one (Linux's `clear_refs` value 5) and
+/// returns that size, so a later [`peak_rss_bytes`] reads the peak since now.
+fn reset_peak_rss() -> Result<u64, String> {
+    std::fs::write("/proc/self/clear_refs", "5")
+        .map_err(|e| format!("--step-memory: cannot reset the peak resident size (/proc/self/clear_refs): {e}"))?;
+    Ok(status_bytes("VmRSS:"))
 }
 
 fn main() {

@@ -146,16 +146,21 @@ pub fn recomputed_activations_token_cap(
     token_cap(layers * hidden + 8 * hidden + 3 * intermediate, available_bytes)
 }
 
-/// How much more than the counted values (at 4 bytes) a pass holds per token, with room to spare. Measured as the
-/// slope of peak resident memory over tokens with `bench_train --dtype f32 --seq 512` (2 cores of an EPYC Zen 4;
-/// the slope is taken between passes that both fill the head's logit chunk, whose size is fixed, and that are big
-/// enough that the training step, not loading, sets the peak): SmolLM2-135M, 2 → 8 sequences, 1.15 MB a token
-/// kept against 1.10 MB counted (1.04×) and 0.14 MB recomputed against 0.106 (1.32×); Qwen2.5-0.5B's shape,
-/// 4 → 6 sequences, 2.45 MB kept against 2.09 MB counted (1.17×). Sequences longer than the attention's
-/// spelled-out path ([`trinity_model`]'s 192 keys) run libtorch's flash kernel, which keeps no per-key values, so
-/// the count does not grow with length. bf16 passes keep most of these values in 2 bytes, half the count. The
-/// factor was 3.5 until these measurements, which made `enable_gradient_checkpointing: true` recompute, and
-/// `false` cut micro-batches, at a third of the tokens that fit.
+/// How much more than the counted values (at 4 bytes) a pass holds per token, with room to spare. Measured as the slope
+/// of peak resident memory over tokens with `bench_train --dtype f32 --seq 512` (2 cores of an EPYC Zen 4; the slope is
+/// taken between passes that both fill the head's logit chunk, whose size is fixed, and that are big enough that the
+/// training step, not loading, sets the peak): SmolLM2-135M, 2 → 8 sequences, 1.15 MB a token kept against 1.10 MB
+/// counted (1.04×) and 0.14 MB recomputed against 0.106 (1.32×); Qwen2.5-0.5B's shape, 4 → 6 sequences, 2.45 MB kept
+/// against 2.09 MB counted (1.17×). What one pass itself holds at its peak (`bench_train --step-memory`, the process's
+/// high-water mark reset before each pass, freed pages returned at once) is at or below the count: kept 1.04 MB
+/// (SmolLM2, 2 → 8) and 2.00 MB (0.5B, 4 → 6) a token; recomputed, the peak hardly grows with tokens (0.04 and 0.02 MB
+/// a token), because it comes in the backward, where the parameters' gradients and the head's logit chunk (2.6 GB at
+/// 0.5B, the measured peak) outweigh the layer inputs still held. The margin is for the allocator's reuse of freed
+/// blocks, which the resident slopes above include. Sequences longer than the attention's spelled-out path
+/// ([`trinity_model`]'s 192 keys) run libtorch's flash kernel, which keeps no per-key values, so the count does not
+/// grow with length. bf16 passes keep most of these values in 2 bytes, half the count. The factor was 3.5 until these
+/// measurements, which made `enable_gradient_checkpointing: true` recompute, and `false` cut micro-batches, at a third
+/// of the tokens that fit.
 const MARGIN: f64 = 2.0;
 
 /// Tokens whose `values_per_token` fp32 values (times [`MARGIN`]) fit in half of `available_bytes`.
