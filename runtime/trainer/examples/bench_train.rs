@@ -40,6 +40,7 @@
 mod allocator;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
@@ -114,7 +115,8 @@ fn parse() -> Result<Args, String> {
         return Err("no model: pass --model FILE or set TRINITY_SMOLLM2_GGUF".into());
     }
     let conf = std::env::var("MALLOC_CONF").unwrap_or_default();
-    if args.step_memory && !(conf.contains("dirty_decay_ms:0") && conf.contains("muzzy_decay_ms:0")) {
+    let set = |option: &str| conf.split(',').any(|o| o.trim() == option);
+    if args.step_memory && !(set("dirty_decay_ms:0") && set("muzzy_decay_ms:0")) {
         return Err("--step-memory needs freed pages returned to the kernel at once: run with \
                     MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0"
             .into());
@@ -153,7 +155,7 @@ fn run(args: &Args, kind: Kind) -> Result<(), Box<dyn std::error::Error>> {
         mark("backward");
         let secs = start.elapsed().as_secs_f64();
         if args.step_memory && i > 0 {
-            step_bytes = step_bytes.max(peak_rss_bytes().saturating_sub(resident_before));
+            step_bytes = step_bytes.max(status_bytes("VmHWM:").saturating_sub(resident_before));
         }
         if args.phases {
             let line: Vec<String> = phases
@@ -255,9 +257,13 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// The process's peak resident memory (`VmHWM` of `/proc/self/status`), in bytes; 0 where unreadable.
+/// The highest `VmHWM` seen before [`reset_peak_rss`] last reset it, so the process's peak survives the resets.
+static PEAK_BEFORE_RESETS: AtomicU64 = AtomicU64::new(0);
+
+/// The process's peak resident memory (`VmHWM` of `/proc/self/status`, or higher before a reset), in bytes; 0
+/// where unreadable.
 fn peak_rss_bytes() -> u64 {
-    status_bytes("VmHWM:")
+    status_bytes("VmHWM:").max(PEAK_BEFORE_RESETS.load(Ordering::Relaxed))
 }
 
 /// A `/proc/self/status` line's size (kB there), in bytes; 0 where unreadable.
@@ -268,8 +274,10 @@ fn status_bytes(key: &str) -> u64 {
 }
 
 /// Resets the kernel's peak resident size of this process to its current one (Linux's `clear_refs` value 5) and
-/// returns that size, so a later [`peak_rss_bytes`] reads the peak since now.
+/// returns that size, so a later `status_bytes("VmHWM:")` reads the peak since now; [`peak_rss_bytes`] keeps the
+/// process's.
 fn reset_peak_rss() -> Result<u64, String> {
+    PEAK_BEFORE_RESETS.fetch_max(status_bytes("VmHWM:"), Ordering::Relaxed);
     std::fs::write("/proc/self/clear_refs", "5")
         .map_err(|e| format!("--step-memory: cannot reset the peak resident size (/proc/self/clear_refs): {e}"))?;
     Ok(status_bytes("VmRSS:"))
