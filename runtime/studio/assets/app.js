@@ -29,9 +29,14 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// The session's token, which the studio wrote into this page: a POST carries it (and JSON, and the page's Origin),
+// so that only this page, not one from another site, can validate or save configs.
+const STUDIO_TOKEN = document.querySelector('meta[name="studio-token"]')?.content ?? "";
+
 async function api(path, body) {
   const options = body === undefined ? {} : {
-    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
+    method: "POST", headers: { "content-type": "application/json", "x-studio-token": STUDIO_TOKEN },
+    body: JSON.stringify(body),
   };
   const response = await fetch(path, options);
   const data = await response.json().catch(() => ({ error: response.statusText }));

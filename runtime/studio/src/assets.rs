@@ -7,7 +7,15 @@ pub(crate) struct Asset {
     pub(crate) body: &'static [u8],
 }
 
-pub(crate) const INDEX_HTML: &str = include_str!("../assets/index.html");
+const INDEX_HTML: &str = include_str!("../assets/index.html");
+
+/// Where `index.html` carries the studio's per-session token (see `request_guard`).
+const TOKEN_PLACEHOLDER: &str = "{{studio-token}}";
+
+/// The page, with this session's token in it.
+pub(crate) fn index_html(token: &str) -> String {
+    INDEX_HTML.replace(TOKEN_PLACEHOLDER, token)
+}
 
 const ASSETS: &[Asset] = &[
     Asset { name: "app.js", content_type: "text/javascript; charset=utf-8", body: include_bytes!("../assets/app.js") },

@@ -1,9 +1,12 @@
 //! The config page's API: validate (through the binary's `--dry-run` path), the JSON Schema for completion, the
 //! example configs to start from, and saving.
 //!
-//! Saving writes only below the studio's working directory (a relative path without `..`) and only YAML files,
-//! through a temporary file and a rename, so a failed save never leaves half a config behind.
+//! Saving writes only below the studio's working directory (a relative path without `..`, in a folder whose
+//! canonical path is below it, to a file that is not a symlink) and only YAML files, through a temporary file and a
+//! rename, so a failed save never leaves half a config behind. Examples are read the same way: only YAML files
+//! whose canonical path is below the examples folder. Who may save at all is `request_guard`'s concern.
 
+use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -59,34 +62,70 @@ pub(crate) async fn save(
     blocking(move || {
         let wanted = request.path.unwrap_or_default();
         let target = save_target(&state.workdir, &wanted)?;
-        let parent = target.parent().unwrap_or(&state.workdir);
-        let partial = parent.join(format!(
-            ".{}.partial",
-            target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
-        ));
-        let fail = |e: std::io::Error| StudioError::Save { path: wanted.clone(), message: e.to_string() };
-        std::fs::write(&partial, &request.text).map_err(fail)?;
-        std::fs::rename(&partial, &target).map_err(fail)?;
+        write_through_partial(&target, &request.text)
+            .map_err(|e| StudioError::Save { path: wanted.clone(), message: e.to_string() })?;
         Ok(axum::Json(json!({ "saved": target.display().to_string() })))
     })
     .await
 }
 
-/// Where a save of `wanted` goes: below `workdir`, a `.yaml`/`.yml` file in an existing folder.
+/// Writes `text` to a hidden file beside `target`, then renames it over `target`, so a failed save never leaves half
+/// a config behind. The partial file is created anew (a stale one, or a symlink planted under its name, is removed
+/// first, never written through).
+fn write_through_partial(target: &Path, text: &str) -> std::io::Result<()> {
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let partial = target.with_file_name(format!(".{name}.partial"));
+    if let Err(e) = std::fs::remove_file(&partial)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        return Err(e);
+    }
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&partial)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .and_then(|()| std::fs::rename(&partial, target));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written
+}
+
+/// Where a save of `wanted` goes: a `.yaml`/`.yml` file in an existing folder that is, once every symlink is
+/// resolved, below `workdir`. The path names are checked first (relative, no `..`), then the folder's canonical
+/// path, since a symlinked folder below `workdir` can point anywhere; the file itself must not be a symlink
+/// (whatever it points to, a save replaces what the user sees under that name, not where it points).
 fn save_target(workdir: &Path, wanted: &str) -> Result<PathBuf, StudioError> {
     let refuse = |message: &str| StudioError::Save { path: wanted.to_owned(), message: message.to_owned() };
     let relative = Path::new(wanted);
     if wanted.is_empty() || !relative.components().all(|c| matches!(c, Component::Normal(_))) {
         return Err(refuse("give a relative path below the studio's working directory, without `..`"));
     }
-    if !relative.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+    if !is_yaml(relative) {
         return Err(refuse("a config is saved as a .yaml or .yml file"));
     }
-    let target = workdir.join(relative);
-    if !target.parent().is_some_and(Path::is_dir) {
-        return Err(refuse("its folder does not exist"));
+    let (Some(parent), Some(name)) = (workdir.join(relative).parent().map(Path::to_owned), relative.file_name()) else {
+        return Err(refuse("give a file name"));
+    };
+    let workdir = std::fs::canonicalize(workdir).map_err(|_| refuse("the studio's working directory is gone"))?;
+    let folder = match std::fs::canonicalize(&parent) {
+        Ok(folder) if folder.is_dir() => folder,
+        _ => return Err(refuse("its folder does not exist")),
+    };
+    if !folder.starts_with(&workdir) {
+        return Err(refuse("its folder is a symlink to outside the studio's working directory"));
     }
-    Ok(target)
+    let target = folder.join(name);
+    match std::fs::symlink_metadata(&target) {
+        Ok(meta) if meta.file_type().is_symlink() => Err(refuse("it is a symlink; save to the file it points to")),
+        Ok(meta) if !meta.is_file() => Err(refuse("it exists and is not a file")),
+        _ => Ok(target),
+    }
+}
+
+fn is_yaml(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "yaml" || e == "yml")
 }
 
 pub(crate) async fn examples(State(state): State<Arc<AppState>>) -> Result<axum::Json<Value>, StudioError> {
@@ -101,16 +140,39 @@ pub(crate) async fn examples(State(state): State<Arc<AppState>>) -> Result<axum:
     .await
 }
 
+/// The examples below `dir` that [`example_file`] serves. Symlinked folders are not entered.
 fn collect_yaml(root: &Path, dir: &Path, depth: usize, found: &mut Vec<String>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         let path = entry.path();
-        if path.is_dir() && depth + 1 < EXAMPLE_DEPTH {
+        let Ok(kind) = entry.file_type() else { continue };
+        let relative = path.strip_prefix(root).unwrap_or(&path).display().to_string();
+        if kind.is_dir() && depth + 1 < EXAMPLE_DEPTH {
             collect_yaml(root, &path, depth + 1, found);
-        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
-            found.push(path.strip_prefix(root).unwrap_or(&path).display().to_string());
+        } else if is_yaml(&path) && example_file(root, &relative).is_ok() {
+            found.push(relative);
         }
     }
+}
+
+/// The file an example read of `wanted` (relative to the examples folder `dir`) serves: a `.yaml`/`.yml` file
+/// whose canonical path is below `dir`'s and is itself YAML, so a symlink named `x.yaml` serves neither a file
+/// outside the examples nor one of another type.
+fn example_file(dir: &Path, wanted: &str) -> Result<PathBuf, StudioError> {
+    let relative = Path::new(wanted);
+    if wanted.is_empty() || !relative.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(StudioError::query("path", "give a path as /api/examples lists it"));
+    }
+    if !is_yaml(relative) {
+        return Err(StudioError::query("path", "examples are .yaml or .yml files"));
+    }
+    let root = std::fs::canonicalize(dir).map_err(StudioError::io(dir))?;
+    let joined = dir.join(relative);
+    let path = std::fs::canonicalize(&joined).map_err(StudioError::io(&joined))?;
+    if !path.starts_with(&root) || !is_yaml(&path) || !path.is_file() {
+        return Err(StudioError::query("path", format!("`{wanted}` is a link to outside the examples' YAML files")));
+    }
+    Ok(path)
 }
 
 /// One example's text (`path` relative to the examples folder, as `/api/examples` lists it).
@@ -122,13 +184,10 @@ pub(crate) async fn example(
         let query = Query::parse(raw.as_deref());
         let wanted = query.require("path")?.to_owned();
         let dir = state.examples.as_ref().ok_or_else(|| StudioError::query("path", "the studio has no examples"))?;
-        let relative = Path::new(&wanted);
-        if !relative.components().all(|c| matches!(c, Component::Normal(_))) {
-            return Err(StudioError::query("path", "give a path as /api/examples lists it"));
-        }
-        let path = dir.join(relative);
-        let text = std::fs::read_to_string(&path).map_err(StudioError::io(&path))?;
+        let file = example_file(dir, &wanted)?;
+        let text = std::fs::read_to_string(&file).map_err(StudioError::io(&file))?;
         // The path the config is validated and saved under: the example's path from the working directory.
+        let path = dir.join(&wanted);
         let shown = path.strip_prefix(&state.workdir).unwrap_or(&path).display().to_string();
         Ok(axum::Json(json!({ "path": shown, "text": text })))
     })
@@ -138,14 +197,85 @@ pub(crate) async fn example(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::symlink;
 
     #[test]
     fn saves_only_yaml_below_the_working_directory() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("configs")).unwrap();
-        assert_eq!(save_target(dir.path(), "configs/a.yaml").unwrap(), dir.path().join("configs/a.yaml"));
-        for bad in ["", "/etc/a.yaml", "../a.yaml", "configs/../../a.yaml", "a.txt", "missing/a.yaml"] {
+        let canonical = std::fs::canonicalize(dir.path()).unwrap();
+        assert_eq!(save_target(dir.path(), "configs/a.yaml").unwrap(), canonical.join("configs/a.yaml"));
+        for bad in ["", "/etc/a.yaml", "../a.yaml", "configs/../../a.yaml", "a.txt", "missing/a.yaml", "configs"] {
             assert!(matches!(save_target(dir.path(), bad), Err(StudioError::Save { .. })), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_save_through_a_symlink_is_refused_and_writes_nothing() {
+        let work = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("victim.yaml"), "kept: 1\n").unwrap();
+        // A symlinked folder that leads outside, and a symlinked file (to outside, and to a file inside).
+        symlink(outside.path(), work.path().join("linked")).unwrap();
+        symlink(outside.path().join("victim.yaml"), work.path().join("file.yaml")).unwrap();
+        std::fs::write(work.path().join("real.yaml"), "inside: 1\n").unwrap();
+        symlink(work.path().join("real.yaml"), work.path().join("alias.yaml")).unwrap();
+        let refused = |wanted: &str| match save_target(work.path(), wanted) {
+            Err(StudioError::Save { message, .. }) => message,
+            other => panic!("{wanted}: {other:?}"),
+        };
+        assert!(refused("linked/victim.yaml").contains("outside"));
+        assert!(refused("linked/new.yaml").contains("outside"));
+        assert!(refused("file.yaml").contains("symlink"));
+        assert!(refused("alias.yaml").contains("symlink"));
+        assert_eq!(std::fs::read_to_string(outside.path().join("victim.yaml")).unwrap(), "kept: 1\n");
+        assert!(!outside.path().join("new.yaml").exists());
+        // A symlinked folder that stays inside the working directory is still inside it.
+        std::fs::create_dir(work.path().join("configs")).unwrap();
+        symlink(work.path().join("configs"), work.path().join("also")).unwrap();
+        let canonical = std::fs::canonicalize(work.path()).unwrap();
+        assert_eq!(save_target(work.path(), "also/a.yaml").unwrap(), canonical.join("configs/a.yaml"));
+    }
+
+    #[test]
+    fn a_save_replaces_the_file_and_a_planted_partial_link_is_not_followed() {
+        let work = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("victim"), "kept").unwrap();
+        symlink(outside.path().join("victim"), work.path().join(".a.yaml.partial")).unwrap();
+        let target = save_target(work.path(), "a.yaml").unwrap();
+        write_through_partial(&target, "new: 1\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "new: 1\n");
+        assert_eq!(std::fs::read_to_string(outside.path().join("victim")).unwrap(), "kept");
+        assert!(!work.path().join(".a.yaml.partial").exists());
+    }
+
+    #[test]
+    fn examples_serve_yaml_inside_their_folder_only() {
+        let examples = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let dir = examples.path();
+        std::fs::create_dir(dir.join("quick")).unwrap();
+        std::fs::write(dir.join("quick/quick.yaml"), "project: q\n").unwrap();
+        std::fs::write(dir.join("quick/notes.txt"), "not a config").unwrap();
+        std::fs::write(outside.path().join("secret.yaml"), "token: x\n").unwrap();
+        std::fs::write(outside.path().join("id_rsa"), "key").unwrap();
+        symlink(outside.path().join("secret.yaml"), dir.join("quick/secret.yaml")).unwrap();
+        symlink(outside.path().join("id_rsa"), dir.join("quick/key.yaml")).unwrap();
+        symlink(dir.join("quick/notes.txt"), dir.join("quick/notes.yaml")).unwrap();
+        symlink(dir.join("quick/quick.yaml"), dir.join("quick/alias.yml")).unwrap();
+        symlink(outside.path(), dir.join("away")).unwrap();
+        assert_eq!(
+            example_file(dir, "quick/quick.yaml").unwrap(),
+            std::fs::canonicalize(dir.join("quick/quick.yaml")).unwrap()
+        );
+        assert!(example_file(dir, "quick/alias.yml").is_ok());
+        for bad in ["quick/notes.txt", "quick/secret.yaml", "quick/key.yaml", "quick/notes.yaml", "away/secret.yaml"] {
+            assert!(matches!(example_file(dir, bad), Err(StudioError::BadQuery { .. })), "{bad}");
+        }
+        let mut listed = Vec::new();
+        collect_yaml(dir, dir, 0, &mut listed);
+        listed.sort();
+        assert_eq!(listed, ["quick/alias.yml", "quick/quick.yaml"]);
     }
 }

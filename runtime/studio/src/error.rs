@@ -22,6 +22,12 @@ pub enum StudioError {
     BadBody(String),
     #[error("cannot save {path}: {message}")]
     Save { path: String, message: String },
+    /// The request's `Host` is not a name the studio listens as: a DNS-rebinding page, or a mistyped address.
+    #[error("the studio does not answer for host `{host}`: open it at the address it listens on ({listen})")]
+    ForeignHost { host: String, listen: String },
+    /// A request that would change something did not come from the studio's own page.
+    #[error("request refused: {0}")]
+    Refused(String),
     #[error("cannot listen on {address}: {source}")]
     Bind { address: String, source: std::io::Error },
     #[error("the studio server stopped: {0}")]
@@ -45,6 +51,8 @@ impl StudioError {
             StudioError::BadQuery { .. } | StudioError::BadBody(_) | StudioError::Save { .. } => {
                 StatusCode::BAD_REQUEST
             }
+            StudioError::ForeignHost { .. } => StatusCode::MISDIRECTED_REQUEST,
+            StudioError::Refused(_) => StatusCode::FORBIDDEN,
             StudioError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => StatusCode::NOT_FOUND,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -9,7 +9,9 @@
 //! Pieces: [`runs`] finds runs under the root, [`metrics`], [`rollouts`] and [`failed_tasks`] read their files
 //! incrementally (a growing file is read from where the last request stopped; a huge experiences file is indexed,
 //! never held),
-//! `server` answers the JSON API and serves the page (`assets/`, with uPlot embedded at build time).
+//! `server` answers the JSON API and serves the page (`assets/`, with uPlot embedded at build time), behind
+//! `request_guard`, which answers only requests addressed to the studio by its own name and lets only its own page
+//! change anything (validate or save a config).
 
 mod assets;
 mod config_api;
@@ -18,6 +20,7 @@ pub mod failed_tasks;
 pub mod host;
 pub mod metrics;
 mod query;
+mod request_guard;
 pub mod rollouts;
 pub mod run_record;
 pub mod runs;
@@ -37,7 +40,8 @@ pub use crate::run_record::{RunRecord, RunStatus};
 pub struct StudioOptions {
     /// The checkpoint root the runs are under (`checkpoint_root_dir`).
     pub root: PathBuf,
-    /// `HOST:PORT`; port 0 picks a free one.
+    /// `HOST:PORT`; port 0 picks a free one. Requests must name the studio by this address in their `Host`
+    /// header (on loopback also `localhost`; on `0.0.0.0` any IP literal), which is what defeats DNS rebinding.
     pub listen: String,
     /// Where configs are saved, and relative paths in them resolve.
     pub workdir: PathBuf,
@@ -58,7 +62,9 @@ impl Studio {
         let listener = tokio::net::TcpListener::bind(&options.listen)
             .await
             .map_err(|source| StudioError::Bind { address: options.listen.clone(), source })?;
-        Ok(Studio { listener, router: router(options, host) })
+        let address = listener.local_addr().map_err(StudioError::Serve)?;
+        let router = router_at(options, host, address)?;
+        Ok(Studio { listener, router })
     }
 
     /// The address it listens on (with the port picked when 0 was asked for).
@@ -72,10 +78,22 @@ impl Studio {
     }
 }
 
-/// The studio's routes over `options.root`, for embedding or testing without a socket.
-pub fn router(options: StudioOptions, host: Arc<dyn Host>) -> axum::Router {
-    let state = server::AppState::new(options.root, options.workdir, options.examples, host);
-    server::router(Arc::new(state))
+/// The studio's routes over `options.root`, for embedding or testing without a socket. `options.listen` must be
+/// the `IP:PORT` the requests are addressed to (their `Host`), since no socket says where it listens.
+pub fn router(options: StudioOptions, host: Arc<dyn Host>) -> Result<axum::Router, StudioError> {
+    let address = options.listen.parse::<SocketAddr>().map_err(|e| StudioError::Bind {
+        address: options.listen.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("give it as IP:PORT ({e})")),
+    })?;
+    router_at(options, host, address)
+}
+
+/// The routes of a studio whose requests arrive at `address`, with a fresh token for its page.
+fn router_at(options: StudioOptions, host: Arc<dyn Host>, address: SocketAddr) -> Result<axum::Router, StudioError> {
+    let guard = request_guard::RequestGuard::new(address, &options.listen)?;
+    let page = assets::index_html(guard.token());
+    let state = server::AppState::new(options.root, options.workdir, options.examples, host, page);
+    Ok(server::router(Arc::new(state), Arc::new(guard)))
 }
 
 #[cfg(test)]

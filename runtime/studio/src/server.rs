@@ -2,15 +2,17 @@
 //!
 //! Every handler that touches files runs on a blocking thread, so a slow disk never stalls the others. Files are
 //! read through per-file caches ([`MetricsLog`], [`ExperienceIndex`]) that only read what was appended since the
-//! last request. A run deleted while viewed answers 404 naming it; the caches drop it.
+//! last request. A run deleted while viewed answers 404 naming it; the caches drop it. Every request passes the
+//! `request_guard` first, which refuses foreign `Host`s and changes from other pages before a body is read.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::Router;
-use axum::extract::{RawQuery, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::{StatusCode, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -22,6 +24,7 @@ use crate::failed_tasks::{FailedFilter, FailedTaskIndex};
 use crate::host::Host;
 use crate::metrics::{MetricsLog, series};
 use crate::query::Query;
+use crate::request_guard::{self, RequestGuard};
 use crate::rollouts::{ExperienceIndex, Filter};
 use crate::run_record::RunRecord;
 use crate::runs::{self, RunSummary};
@@ -29,6 +32,10 @@ use crate::tail::{IndexEntry, LineIndex};
 
 /// Rows a rollouts page may ask for at once.
 const MAX_PAGE: usize = 200;
+
+/// The largest request body read (a config to validate or save, as JSON). Configs are a few KiB; this is far above
+/// any, and below axum's 2 MB default, which would apply anyway.
+const MAX_BODY: usize = 1 << 20;
 
 /// Everything the handlers share.
 pub(crate) struct AppState {
@@ -38,6 +45,8 @@ pub(crate) struct AppState {
     /// Example configs offered as starting points.
     pub(crate) examples: Option<PathBuf>,
     pub(crate) host: Arc<dyn Host>,
+    /// `index.html` with this session's token in it.
+    page: String,
     metrics: Mutex<HashMap<PathBuf, MetricsLog>>,
     experiences: Mutex<HashMap<PathBuf, ExperienceIndex>>,
     failed: Mutex<HashMap<PathBuf, FailedTaskIndex>>,
@@ -46,12 +55,19 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    pub(crate) fn new(root: PathBuf, workdir: PathBuf, examples: Option<PathBuf>, host: Arc<dyn Host>) -> AppState {
+    pub(crate) fn new(
+        root: PathBuf,
+        workdir: PathBuf,
+        examples: Option<PathBuf>,
+        host: Arc<dyn Host>,
+        page: String,
+    ) -> AppState {
         AppState {
             root,
             workdir,
             examples,
             host,
+            page,
             metrics: Mutex::default(),
             experiences: Mutex::default(),
             failed: Mutex::default(),
@@ -66,7 +82,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-pub(crate) fn router(state: Arc<AppState>) -> Router {
+pub(crate) fn router(state: Arc<AppState>, guard: Arc<RequestGuard>) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/assets/{file}", get(asset))
@@ -83,6 +99,9 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/api/config/validate", post(config_api::validate))
         .route("/api/config/save", post(config_api::save))
         .with_state(state)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        // The outermost layer: a refused request reaches no handler and no body extractor.
+        .layer(middleware::from_fn_with_state(guard, request_guard::guard))
 }
 
 /// Runs `work` on a blocking thread.
@@ -92,8 +111,10 @@ pub(crate) async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work).await.map_err(|e| StudioError::Host(format!("a studio task failed: {e}")))?
 }
 
-async fn index() -> Response {
-    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], assets::INDEX_HTML).into_response()
+async fn index(State(state): State<Arc<AppState>>) -> Response {
+    // Not cached: the page carries this session's token, and a studio started again has a new one.
+    let headers = [(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-store")];
+    (headers, state.page.clone()).into_response()
 }
 
 async fn asset(axum::extract::Path(file): axum::extract::Path<String>) -> Response {

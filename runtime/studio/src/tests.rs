@@ -4,9 +4,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use axum::body::Body;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
 use axum::http::{Request, StatusCode};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Full};
 use serde_json::{Map, Value, json};
 use tower::ServiceExt;
 use trinity_config::{Catalog, ComponentKind, ExperienceSchema, LoadOptions, Preset};
@@ -105,22 +108,37 @@ fn root_with_a_run() -> tempfile::TempDir {
     root
 }
 
-async fn call(root: &Path, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+/// Where the test studio says it listens; requests name it in their `Host`.
+const LISTEN: &str = "127.0.0.1:8765";
+const ORIGIN: &str = "http://127.0.0.1:8765";
+
+fn app(root: &Path) -> Router {
     let options = StudioOptions {
         root: root.to_owned(),
-        listen: String::new(),
+        listen: LISTEN.into(),
         workdir: root.to_owned(),
         examples: Some(root.join("examples")),
     };
-    let app = router(options, Arc::new(TestHost));
-    let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
-    let request = Request::builder().method(method).uri(uri).body(body).unwrap();
-    let response = app.oneshot(request).await.unwrap();
+    router(options, Arc::new(TestHost)).unwrap()
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Value) {
+    let response = app.clone().oneshot(request).await.unwrap();
     let status = response.status();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     let value =
         serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
     (status, value)
+}
+
+/// A request as the studio's own page sends it: to its address, and a POST as JSON from its origin.
+async fn call(root: &Path, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(uri).header("host", LISTEN);
+    if method == "POST" {
+        request = request.header("origin", ORIGIN).header("content-type", "application/json");
+    }
+    let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+    send(&app(root), request.body(body).unwrap()).await
 }
 
 async fn get(root: &Path, uri: &str) -> (StatusCode, Value) {
@@ -247,6 +265,18 @@ async fn schema_examples_plugins_and_the_page_are_served() {
         (body["path"].as_str(), body["text"].as_str()),
         (Some("examples/quick/quick.yaml"), Some("project: q\n"))
     );
+    // Only YAML is served, and not through a link to outside the examples.
+    std::fs::write(root.path().join("examples/quick/notes.txt"), "not a config").unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.yaml"), "token: x\n").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret.yaml"), root.path().join("examples/quick/s.yaml")).unwrap();
+    for bad in ["quick%2Fnotes.txt", "quick%2Fs.yaml"] {
+        let (status, body) = get(root.path(), &format!("/api/example?path={bad}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert!(!body.to_string().contains("token: x"), "{body}");
+    }
+    let (_, body) = get(root.path(), "/api/examples").await;
+    assert_eq!(body["examples"], json!(["quick/quick.yaml"]));
     let (_, body) = get(root.path(), "/api/schema").await;
     assert!(body["properties"]["algorithm"].is_object(), "{body}");
     let (_, body) = get(root.path(), "/api/plugins").await;
@@ -258,4 +288,156 @@ async fn schema_examples_plugins_and_the_page_are_served() {
     assert_eq!(status, StatusCode::OK);
     let (status, _) = get(root.path(), "/assets/nothing.js").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// A body that records whether anything read it.
+fn watched_body(text: &str) -> (Body, Arc<AtomicBool>) {
+    let read = Arc::new(AtomicBool::new(false));
+    let flag = read.clone();
+    let body = Full::new(Bytes::from(text.to_owned())).map_frame(move |frame| {
+        flag.store(true, Ordering::SeqCst);
+        frame
+    });
+    (Body::new(body), read)
+}
+
+fn post(uri: &str, headers: &[(&str, &str)], body: Body) -> Request<Body> {
+    let mut request = Request::builder().method("POST").uri(uri);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(body).unwrap()
+}
+
+#[tokio::test]
+async fn a_post_from_another_origin_is_refused_unread_and_saves_nothing() {
+    let root = root_with_a_run();
+    let app = app(root.path());
+    let target = root.path().join("target.yaml");
+    std::fs::write(&target, "project: mine\n").unwrap();
+    let attack = json!({ "text": "project: pwned\n", "path": "target.yaml" }).to_string();
+    let foreign = "http://127.0.0.1:9999";
+    // A "simple" request (no preflight) as a form or `fetch(.., {mode: "no-cors"})` sends it, a JSON one (which a
+    // browser would preflight), one from a page whose Origin is opaque, and one marked cross-site by the browser.
+    let attempts: [&[(&str, &str)]; 5] = [
+        &[("host", LISTEN), ("origin", foreign), ("content-type", "text/plain;charset=UTF-8")],
+        &[("host", LISTEN), ("origin", foreign), ("content-type", "application/json")],
+        &[("host", LISTEN), ("origin", "null"), ("content-type", "application/json")],
+        &[("host", LISTEN), ("origin", foreign), ("content-type", "application/x-www-form-urlencoded")],
+        &[("host", LISTEN), ("sec-fetch-site", "cross-site"), ("content-type", "application/json")],
+    ];
+    for uri in ["/api/config/save", "/api/config/validate"] {
+        for headers in attempts {
+            let (body, read) = watched_body(&attack);
+            let (status, answer) = send(&app, post(uri, headers, body)).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{uri} {headers:?}: {answer}");
+            assert!(answer["error"].as_str().unwrap().starts_with("request refused: "), "{answer}");
+            assert!(!read.load(Ordering::SeqCst), "{uri} {headers:?}: the refused body was read");
+        }
+    }
+    // Same origin, but not JSON: refused too (a simple request cannot send JSON).
+    let (body, read) = watched_body(&attack);
+    let headers = [("host", LISTEN), ("origin", ORIGIN), ("content-type", "text/plain")];
+    let (status, answer) = send(&app, post("/api/config/save", &headers, body)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert!(answer["error"].as_str().unwrap().contains("application/json"), "{answer}");
+    assert!(!read.load(Ordering::SeqCst));
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "project: mine\n");
+    // The studio's own page, as a browser sends its request: saved.
+    let (body, read) = watched_body(&attack);
+    let headers = [("host", LISTEN), ("origin", ORIGIN), ("content-type", "application/json")];
+    let (status, answer) = send(&app, post("/api/config/save", &headers, body)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(read.load(Ordering::SeqCst));
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "project: pwned\n");
+    // Opened as localhost: its origin is then http://localhost:8765.
+    let headers =
+        [("host", "localhost:8765"), ("origin", "http://localhost:8765"), ("content-type", "application/json")];
+    let (status, answer) = send(&app, post("/api/config/validate", &headers, Body::from(attack.clone()))).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}
+
+#[tokio::test]
+async fn a_foreign_host_is_refused_on_every_route() {
+    let root = root_with_a_run();
+    let app = app(root.path());
+    for host in ["rebind.example:8765", "127.0.0.1:9999", "localhost", "evil.localhost:8765"] {
+        for uri in ["/", "/assets/app.js", "/api/runs", "/api/example?path=quick%2Fquick.yaml", "/nothing"] {
+            let request = Request::builder().uri(uri).header("host", host).body(Body::empty()).unwrap();
+            let (status, body) = send(&app, request).await;
+            assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{host}{uri}: {body}");
+            assert!(body["error"].as_str().unwrap().contains(&format!("host `{host}`")), "{body}");
+            assert!(!body.to_string().contains("p/n"), "{body}");
+        }
+        let origin = format!("http://{host}");
+        let headers = [("host", host), ("origin", origin.as_str()), ("content-type", "application/json")];
+        let (body, read) = watched_body(&json!({ "text": "x: 1\n", "path": "host.yaml" }).to_string());
+        let (status, answer) = send(&app, post("/api/config/save", &headers, body)).await;
+        assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{host}: {answer}");
+        assert!(!read.load(Ordering::SeqCst) && !root.path().join("host.yaml").exists());
+    }
+    let request = Request::builder().uri("/api/runs").body(Body::empty()).unwrap();
+    assert_eq!(send(&app, request).await.0, StatusCode::MISDIRECTED_REQUEST, "no Host at all");
+    for host in [LISTEN, "localhost:8765", "[::1]:8765"] {
+        let request = Request::builder().uri("/api/runs").header("host", host).body(Body::empty()).unwrap();
+        let (status, body) = send(&app, request).await;
+        assert_eq!((status, body["runs"][0]["id"].as_str()), (StatusCode::OK, Some("p/n")), "{host}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn the_page_carries_the_token_a_post_without_origin_needs() {
+    let root = root_with_a_run();
+    let app = app(root.path());
+    let request = Request::builder().uri("/").header("host", LISTEN).body(Body::empty()).unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.headers()["x-frame-options"], "DENY");
+    assert_eq!(response.headers()["cache-control"], "no-store");
+    let page = String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    let token = page
+        .split_once(r#"<meta name="studio-token" content=""#)
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(token, _)| token.to_owned())
+        .unwrap_or_else(|| panic!("no token in the page: {page}"));
+    assert_eq!(token.len(), 64, "{token}");
+    // A second studio (or a restart) has another token.
+    let other = Request::builder().uri("/").header("host", LISTEN).body(Body::empty()).unwrap();
+    let (_, other) = send(&self::app(root.path()), other).await;
+    assert!(!other.as_str().unwrap().contains(&token));
+    let save = json!({ "text": "project: t\n", "path": "token.yaml" }).to_string();
+    for (presented, want) in [(None, StatusCode::FORBIDDEN), (Some("0".repeat(64)), StatusCode::FORBIDDEN)] {
+        let mut headers = vec![("host", LISTEN), ("content-type", "application/json")];
+        if let Some(presented) = &presented {
+            headers.push(("x-studio-token", presented.as_str()));
+        }
+        let (status, answer) = send(&app, post("/api/config/save", &headers, Body::from(save.clone()))).await;
+        assert_eq!(status, want, "{presented:?}: {answer}");
+        assert!(answer["error"].as_str().unwrap().contains("x-studio-token"), "{answer}");
+    }
+    assert!(!root.path().join("token.yaml").exists());
+    let headers = [("host", LISTEN), ("content-type", "application/json"), ("x-studio-token", token.as_str())];
+    let (status, answer) = send(&app, post("/api/config/save", &headers, Body::from(save))).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(std::fs::read_to_string(root.path().join("token.yaml")).unwrap(), "project: t\n");
+}
+
+#[tokio::test]
+async fn bodies_are_bounded_and_saves_through_symlinks_are_refused() {
+    let root = root_with_a_run();
+    let huge = json!({ "text": "#".repeat(2 << 20), "path": "huge.yaml" });
+    let (status, _) = call(root.path(), "POST", "/api/config/save", Some(huge)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(!root.path().join("huge.yaml").exists());
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("victim.yaml"), "kept: 1\n").unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.path().join("linked")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("victim.yaml"), root.path().join("file.yaml")).unwrap();
+    for path in ["linked/victim.yaml", "linked/new.yaml", "file.yaml"] {
+        let save = json!({ "text": "pwned: 1\n", "path": path });
+        let (status, body) = call(root.path(), "POST", "/api/config/save", Some(save)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("symlink"), "{body}");
+    }
+    assert_eq!(std::fs::read_to_string(outside.path().join("victim.yaml")).unwrap(), "kept: 1\n");
+    assert!(!outside.path().join("new.yaml").exists());
 }
