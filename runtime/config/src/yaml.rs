@@ -31,6 +31,11 @@ pub struct SyntaxError {
     pub message: String,
 }
 
+/// The most nodes a document may hold once its aliases are expanded. Trinity-RFT's largest shipped config has
+/// a few hundred; the bound is far above any real config and far below what an alias bomb (a few hundred bytes
+/// whose aliases of aliases expand to billions of nodes) would need before it is refused.
+pub const MAX_NODES: usize = 100_000;
+
 /// Parses one YAML document. An empty document yields `Value::Null`.
 pub fn parse(text: &str) -> Result<(Value, Positions), SyntaxError> {
     let mut builder = TreeBuilder::default();
@@ -121,12 +126,27 @@ enum Frame {
     Sequence { items: Vec<Value>, anchor: usize },
 }
 
+/// An anchored node, kept so that its aliases can copy it.
+struct Anchored {
+    value: Value,
+    /// Nodes in `value`, counting what its own aliases expanded to: what one more alias adds.
+    nodes: usize,
+    /// Where the anchor was defined, for the refusal of an expansion past [`MAX_NODES`].
+    position: Position,
+}
+
 #[derive(Default)]
 struct TreeBuilder {
-    stack: Vec<(Frame, String)>,
+    /// Open collections, each with its key path and the node count when it opened (for its anchor's size).
+    stack: Vec<(Frame, String, usize)>,
     root: Option<Value>,
     positions: Positions,
-    anchors: HashMap<usize, Value>,
+    anchors: HashMap<usize, Anchored>,
+    /// Nodes of the document so far, aliases counted as the copies they become. Counted before an alias is
+    /// copied, so an expansion past [`MAX_NODES`] is refused without being built.
+    nodes: usize,
+    /// Where each open collection started, for an anchor on it.
+    starts: Vec<Position>,
     error: Option<SyntaxError>,
 }
 
@@ -137,31 +157,49 @@ impl TreeBuilder {
         }
     }
 
+    /// Counts `nodes` more nodes into the document; false (with the error set) past [`MAX_NODES`].
+    fn count(&mut self, nodes: usize, mark: Marker, alias_of: Option<Position>) -> bool {
+        self.nodes = self.nodes.saturating_add(nodes);
+        if self.nodes <= MAX_NODES {
+            return true;
+        }
+        let message = match alias_of {
+            Some(anchor) => format!(
+                "aliases expand the document past {MAX_NODES} nodes (this alias copies {nodes} nodes of the anchor \
+                 defined at line {}); write the repeated values out or use fewer nested aliases",
+                anchor.line
+            ),
+            None => format!("the document has more than {MAX_NODES} nodes"),
+        };
+        self.fail(mark, message);
+        false
+    }
+
     /// The key path a new node at the current point would get.
     fn child_path(&self) -> String {
         match self.stack.last() {
             None => String::new(),
-            Some((Frame::Mapping { pending_key, .. }, path)) => {
+            Some((Frame::Mapping { pending_key, .. }, path, _)) => {
                 join_key(path, pending_key.as_deref().unwrap_or_default())
             }
-            Some((Frame::Sequence { items, .. }, path)) => join_index(path, items.len()),
+            Some((Frame::Sequence { items, .. }, path, _)) => join_index(path, items.len()),
         }
     }
 
     /// Whether the next scalar is a mapping key rather than a value.
     fn expects_key(&self) -> bool {
-        matches!(self.stack.last(), Some((Frame::Mapping { pending_key: None, .. }, _)))
+        matches!(self.stack.last(), Some((Frame::Mapping { pending_key: None, .. }, _, _)))
     }
 
     fn push_value(&mut self, value: Value, mark: Marker) {
         match self.stack.last_mut() {
             None => self.root = Some(value),
-            Some((Frame::Mapping { map, pending_key, .. }, _)) => {
+            Some((Frame::Mapping { map, pending_key, .. }, _, _)) => {
                 if let Some(key) = pending_key.take() {
                     map.insert(key, value);
                 }
             }
-            Some((Frame::Sequence { items, .. }, path)) => {
+            Some((Frame::Sequence { items, .. }, path, _)) => {
                 let path = join_index(path, items.len());
                 self.positions.entry(path).or_insert(position(mark));
                 items.push(value);
@@ -171,17 +209,17 @@ impl TreeBuilder {
 
     fn set_key(&mut self, key: String, mark: Marker) {
         let duplicate = match self.stack.last() {
-            Some((Frame::Mapping { map, .. }, _)) => map.contains_key(&key),
+            Some((Frame::Mapping { map, .. }, _, _)) => map.contains_key(&key),
             _ => false,
         };
         if duplicate {
             let path = match self.stack.last() {
-                Some((_, path)) => join_key(path, &key),
+                Some((_, path, _)) => join_key(path, &key),
                 None => key.clone(),
             };
             self.fail(mark, format!("duplicate key `{path}`"));
         }
-        if let Some((Frame::Mapping { pending_key, .. }, path)) = self.stack.last_mut() {
+        if let Some((Frame::Mapping { pending_key, .. }, path, _)) = self.stack.last_mut() {
             let path = join_key(path, &key);
             self.positions.insert(path, position(mark));
             *pending_key = Some(key);
@@ -211,8 +249,11 @@ impl MarkedEventReceiver for TreeBuilder {
                 } else {
                     Value::String(text)
                 };
+                if !self.count(1, mark, None) {
+                    return;
+                }
                 if anchor > 0 {
-                    self.anchors.insert(anchor, value.clone());
+                    self.anchors.insert(anchor, Anchored { value: value.clone(), nodes: 1, position: position(mark) });
                 }
                 self.push_value(value, mark);
             }
@@ -225,15 +266,20 @@ impl MarkedEventReceiver for TreeBuilder {
                 if !path.is_empty() {
                     self.positions.entry(path.clone()).or_insert(position(mark));
                 }
+                if !self.count(1, mark, None) {
+                    return;
+                }
                 let frame = if matches!(event, Event::MappingStart(..)) {
                     Frame::Mapping { map: Map::new(), pending_key: None, anchor }
                 } else {
                     Frame::Sequence { items: Vec::new(), anchor }
                 };
-                self.stack.push((frame, path));
+                // The collection's own node is counted; its size is what the count grows by until it closes.
+                self.stack.push((frame, path, self.nodes - 1));
+                self.starts.push(position(mark));
             }
             Event::MappingEnd | Event::SequenceEnd => {
-                let Some((frame, _)) = self.stack.pop() else {
+                let (Some((frame, _, opened_at)), Some(start)) = (self.stack.pop(), self.starts.pop()) else {
                     return;
                 };
                 let (value, anchor) = match frame {
@@ -241,7 +287,8 @@ impl MarkedEventReceiver for TreeBuilder {
                     Frame::Sequence { items, anchor } => (Value::Array(items), anchor),
                 };
                 if anchor > 0 {
-                    self.anchors.insert(anchor, value.clone());
+                    let nodes = self.nodes - opened_at;
+                    self.anchors.insert(anchor, Anchored { value: value.clone(), nodes, position: start });
                 }
                 self.push_value(value, mark);
             }
@@ -250,10 +297,15 @@ impl MarkedEventReceiver for TreeBuilder {
                     self.fail(mark, "an alias cannot be a mapping key".to_owned());
                     return;
                 }
-                match self.anchors.get(&anchor).cloned() {
-                    Some(value) => self.push_value(value, mark),
-                    None => self.fail(mark, "alias to an unknown anchor".to_owned()),
+                let Some((nodes, defined)) = self.anchors.get(&anchor).map(|a| (a.nodes, a.position)) else {
+                    self.fail(mark, "alias to an unknown anchor".to_owned());
+                    return;
+                };
+                if !self.count(nodes, mark, Some(defined)) {
+                    return;
                 }
+                let value = self.anchors[&anchor].value.clone();
+                self.push_value(value, mark);
             }
             Event::Nothing | Event::StreamStart | Event::StreamEnd | Event::DocumentStart | Event::DocumentEnd => {}
         }
@@ -340,6 +392,34 @@ mod tests {
     fn resolves_anchors_and_aliases() {
         let (value, _) = parse("base: &b {lr: 1}\ncopy: *b\n").unwrap();
         assert_eq!(value["copy"], json!({"lr": 1}));
+    }
+
+    #[test]
+    fn an_alias_bomb_is_refused_at_its_alias_with_the_anchors_line() {
+        // Nine levels of ten aliases each: 10^9 nodes expanded, 300 bytes written.
+        let mut text = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n".to_owned();
+        for level in 1..=9 {
+            let previous = format!("*a{}", level - 1);
+            let items = [previous.as_str(); 10].join(", ");
+            text.push_str(&format!("a{level}: &a{level} [{items}]\n"));
+        }
+        let started = std::time::Instant::now();
+        let error = parse(&text).unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "took {:?}", started.elapsed());
+        assert!(error.message.contains("past 100000 nodes"), "{}", error.message);
+        // Levels 0-3 hold 12,345 nodes; level 4's aliases copy 11,111 each, so its eighth crosses the bound.
+        assert_eq!(error.position.map(|p| p.line), Some(5), "{}", error.message);
+        assert!(error.message.contains("copies 11111 nodes of the anchor defined at line 4"), "{}", error.message);
+    }
+
+    #[test]
+    fn aliases_within_the_bound_still_expand() {
+        let (value, _) = parse("a: &a [1, 2]\nb: &b [*a, *a]\nc: [*b, *b]\n").unwrap();
+        assert_eq!(value["c"], json!([[[1, 2], [1, 2]], [[1, 2], [1, 2]]]));
+        let mut builder = TreeBuilder::default();
+        Parser::new_from_str("a: &a [1, 2]\nb: &b [*a, *a]\nc: [*b, *b]\n").load(&mut builder, false).unwrap();
+        // 1 root + 3 keys' values: a = 3, b = 1 + 2·3 = 7, c = 1 + 2·7 = 15.
+        assert_eq!(builder.nodes, 1 + 3 + 7 + 15);
     }
 
     #[test]
