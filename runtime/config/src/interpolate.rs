@@ -197,6 +197,19 @@ fn resolve(expression: &str, key: &str, context: &Context<'_>, depth: usize) -> 
         return Ok(Resolved { text: value, quoted: false, node: None });
     }
     match default {
+        Some(default) if default.contains("${") => {
+            // OmegaConf resolves a default that is itself an interpolation (`${oc.env:X,${oc.env:Y,d}}`); the
+            // inner value keeps the type it resolved to.
+            if depth >= MAX_DEPTH {
+                return Err(invalid(format!("`${{{expression}}}` nests too deeply")));
+            }
+            let node = interpolate_in(default, key, context, depth + 1)?;
+            let text = match &node {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            Ok(Resolved { text, quoted: false, node: Some(node) })
+        }
         Some(default) => {
             let unquoted = default
                 .strip_prefix('\'')
@@ -284,6 +297,19 @@ mod tests {
         assert_eq!(interpolate_string("${oc.decode:${oc.env:NOPE,null}}", "x", lookup).unwrap(), Value::Null);
         assert_eq!(interpolate_string("${oc.decode:${oc.env:MAP}}", "x", lookup).unwrap(), json!({"a": 1}));
         assert_eq!(interpolate_string("${oc.decode:${oc.env:LR}}", "x", lookup).unwrap(), json!(2e-6));
+    }
+
+    #[test]
+    fn resolves_a_default_that_is_itself_an_interpolation() {
+        let lookup: EnvLookup<'_> = &env;
+        assert_eq!(interpolate_string("${oc.env:NOPE,${oc.env:ALSO_NOPE,d}}", "x", lookup).unwrap(), json!("d"));
+        assert_eq!(interpolate_string("${oc.env:NOPE,${oc.env:ROOT,d}}", "x", lookup).unwrap(), json!("/data"));
+        assert_eq!(interpolate_string("${oc.env:ROOT,${oc.env:NOPE,d}}", "x", lookup).unwrap(), json!("/data"));
+        assert_eq!(interpolate_string("${oc.env:NOPE,${oc.env:LR,1}}", "x", lookup).unwrap(), json!(2e-6));
+        assert_eq!(interpolate_string("${oc.env:NOPE,${oc.env:N,'8'}}", "x", lookup).unwrap(), json!("8"));
+        assert_eq!(interpolate_string("p/${oc.env:NOPE,${oc.env:N,7}}/q", "x", lookup).unwrap(), json!("p/7/q"));
+        let error = interpolate_string("${oc.env:NOPE,${oc.env:MISSING}}", "k", lookup).unwrap_err();
+        assert_eq!(error, InterpolationError::MissingEnv { key: "k".into(), var: "MISSING".into() });
     }
 
     #[test]
