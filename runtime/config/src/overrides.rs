@@ -8,6 +8,10 @@ use serde_json::{Map, Value};
 use crate::error::ConfigError;
 use crate::yaml::{self, plain_scalar};
 
+/// The deepest key path an override may write. Trinity-RFT's deepest keys have about eight segments; a bound
+/// keeps a pathological argument from building a tree whose depth every later walk recurses through.
+const MAX_SEGMENTS: usize = 64;
+
 /// One parsed override.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Override {
@@ -26,7 +30,11 @@ impl Override {
         let fail = |message: &str| ConfigError::Override { arg: arg.to_owned(), message: message.to_owned() };
         let (key, raw) = arg.split_once('=').ok_or_else(|| fail("expected KEY.PATH=VALUE"))?;
         let mut segments = Vec::new();
-        for part in key.trim().split('.') {
+        let parts = key.trim().split('.');
+        if parts.clone().count() > MAX_SEGMENTS {
+            return Err(fail(&format!("a key path has at most {MAX_SEGMENTS} segments; no config key is that deep")));
+        }
+        for part in parts {
             // `tasksets[0]` and `tasksets.0` both address a list item.
             let (name, indexes) = match part.find('[') {
                 Some(i) => (&part[..i], &part[i..]),
@@ -68,7 +76,8 @@ impl Override {
         let mut node = tree;
         for (depth, segment) in self.segments.iter().enumerate() {
             let last = depth + 1 == self.segments.len();
-            let here = display_key(&self.segments[..depth]);
+            // Built only for a message: per segment it would make a long key quadratic.
+            let here = || display_key(&self.segments[..depth]);
             node = match node {
                 Value::Object(map) => {
                     let child = map.entry(segment.clone()).or_insert(Value::Null);
@@ -79,14 +88,14 @@ impl Override {
                 }
                 Value::Array(items) => {
                     let index: usize =
-                        segment.parse().map_err(|_| fail(format!("`{here}` is a list; index it with [N]")))?;
+                        segment.parse().map_err(|_| fail(format!("`{}` is a list; index it with [N]", here())))?;
                     let len = items.len();
                     items
                         .get_mut(index)
-                        .ok_or_else(|| fail(format!("`{here}` has {len} items; index {index} is out of range")))?
+                        .ok_or_else(|| fail(format!("`{}` has {len} items; index {index} is out of range", here())))?
                 }
                 _ => {
-                    return Err(fail(format!("`{here}` is a plain value, it has no key `{segment}`")));
+                    return Err(fail(format!("`{}` is a plain value, it has no key `{segment}`", here())));
                 }
             };
         }
@@ -101,13 +110,19 @@ fn quoted(raw: &str) -> Option<&str> {
         .or_else(|| raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')))
 }
 
+/// The key path in the form errors use, written in one pass (`join_key` per segment would copy it each time).
 fn display_key(segments: &[String]) -> String {
     let mut key = String::new();
     for segment in segments {
         if segment.parse::<usize>().is_ok() {
-            key = yaml::join_index(&key, segment.parse().unwrap_or_default());
+            key.push('[');
+            key.push_str(segment);
+            key.push(']');
         } else {
-            key = yaml::join_key(&key, segment);
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(segment);
         }
     }
     key
@@ -152,5 +167,17 @@ mod tests {
         let mut tree = json!({"project": "p"});
         let error = Override::parse("project.x=1").unwrap().apply(&mut tree).unwrap_err();
         assert!(error.to_string().contains("plain value"), "{error}");
+    }
+
+    #[test]
+    fn a_pathologically_deep_key_is_refused_before_any_tree_is_built() {
+        let deep = format!("{}=1", vec!["a"; 10_000].join("."));
+        let error = Override::parse(&deep).unwrap_err();
+        assert!(error.to_string().contains("at most 64 segments"), "{error}");
+        let ok = format!("{}=1", vec!["a"; 64].join("."));
+        let set = Override::parse(&ok).unwrap();
+        let mut tree = Value::Null;
+        set.apply(&mut tree).unwrap();
+        assert_eq!(set.key.len(), 64 * 2 - 1);
     }
 }
