@@ -40,7 +40,22 @@ impl Resolver<'_> {
                     ),
                 ));
             }
-            buffer.train_batch_size = buffer.batch_size * repeat_times;
+            // Both factors come from the user's file: a product past u32 is refused by the keys that make it,
+            // instead of wrapping to a value that fails later under a key the user never set.
+            match buffer.batch_size.checked_mul(repeat_times) {
+                Some(product) => buffer.train_batch_size = product,
+                None => {
+                    return Err(self.invalid(
+                        "buffer.batch_size",
+                        format!(
+                            "batch_size {} × algorithm.repeat_times {repeat_times} (the derived train_batch_size) \
+                             exceeds {}",
+                            buffer.batch_size,
+                            u32::MAX
+                        ),
+                    ));
+                }
+            }
         }
         self.resolve_explorer_input(config, schema, repeat_times)?;
         // Trinity-RFT skips the trainer's inputs in mode bench: nothing trains.
@@ -427,6 +442,14 @@ mod tests {
         // Mode both still derives it from one explore step.
         let both = loaded(&format!("algorithm:\n  repeat_times: 4\n{MODEL}buffer:\n  batch_size: 3\n{TASKSET}"));
         assert_eq!(both.config.buffer.train_batch_size, 12);
+    }
+
+    #[test]
+    fn a_derived_train_batch_size_past_u32_is_refused_by_the_keys_that_make_it() {
+        let text = format!("algorithm:\n  repeat_times: 2\n{MODEL}buffer:\n  batch_size: 2147483648\n{TASKSET}");
+        let error = refusal(&text);
+        assert_names(&error, "buffer.batch_size", &["2147483648", "repeat_times 2", "exceeds 4294967295"]);
+        assert!(!error.to_string().contains("train_batch_size`"), "{error}");
     }
 
     #[test]
