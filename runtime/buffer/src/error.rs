@@ -18,6 +18,8 @@ pub enum BufferError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("`{path}` line {line}: not UTF-8 text (invalid byte at column {column}); JSON text must be UTF-8")]
+    NotUtf8Line { path: PathBuf, line: usize, column: usize },
     #[error("`{path}`: invalid JSON: {source}")]
     Json {
         path: PathBuf,

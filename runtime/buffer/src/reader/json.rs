@@ -9,7 +9,18 @@ use crate::error::{BufferError, Result, json_kind};
 use crate::task::Row;
 
 pub fn read(path: &Path) -> Result<Vec<Row>> {
-    let text = std::fs::read_to_string(path).map_err(|source| BufferError::Io { path: path.to_owned(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| BufferError::Io { path: path.to_owned(), source })?;
+    let text = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(error) => {
+            // Name the line of the first bad byte, as the JSON Lines reader does.
+            let bytes = error.as_bytes();
+            let bad = error.utf8_error().valid_up_to();
+            let line = bytes[..bad].iter().filter(|&&b| b == b'\n').count() + 1;
+            let start = bytes[..bad].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            return Err(BufferError::NotUtf8Line { path: path.to_owned(), line, column: bad - start + 1 });
+        }
+    };
     let value: Value = match serde_json::from_str(&text) {
         Ok(value) => value,
         // Several top-level objects: JSON Lines under a `.json` name.
@@ -53,6 +64,15 @@ mod tests {
         let path = dir.path().join(name);
         std::fs::write(&path, text).unwrap();
         (dir, path)
+    }
+
+    #[test]
+    fn a_bad_utf8_byte_names_its_line_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bytes.json");
+        std::fs::write(&path, b"[\n  {\"q\": \"a\"},\n  {\"q\": \"\xfe\"}\n]\n").unwrap();
+        let text = read(&path).unwrap_err().to_string();
+        assert!(text.contains("bytes.json") && text.contains("line 3") && text.contains("column 10"), "{text}");
     }
 
     #[test]
