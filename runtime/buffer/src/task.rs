@@ -52,6 +52,10 @@ impl Task {
             .or_else(|| config.default_workflow_type.clone());
         let reward_fn = row_override(config, index, &raw, &config.format.reward_fn_key)?
             .or_else(|| config.default_reward_fn_type.clone());
+        check_text(config, index, &raw, &config.format.prompt_key)?;
+        if let Some(key) = &config.format.system_prompt_key {
+            check_text(config, index, &raw, key)?;
+        }
         Ok(Task {
             taskset: config.name.clone(),
             taskset_id,
@@ -69,7 +73,8 @@ impl Task {
         })
     }
 
-    /// The user prompt (`raw[format.prompt_key]`) as text: strings as they are, other values as JSON.
+    /// The user prompt (`raw[format.prompt_key]`) as text: strings as they are, numbers in their JSON form
+    /// ([`Task::from_row`] refuses other kinds).
     pub fn prompt(&self) -> Option<String> {
         self.raw.get(&self.format.prompt_key).and_then(value_text)
     }
@@ -102,6 +107,24 @@ fn value_text(value: &Value) -> Option<String> {
         Value::Null => None,
         Value::String(s) => Some(s.clone()),
         other => Some(other.to_string()),
+    }
+}
+
+/// A prompt field, when the row has it, must be text: a number reads as its digits, but a mapping, list or
+/// boolean would reach the model as JSON source text that nobody wrote as a prompt.
+fn check_text(config: &TasksetConfig, index: usize, raw: &Row, key: &str) -> Result<()> {
+    match raw.get(key) {
+        None | Some(Value::Null | Value::String(_) | Value::Number(_)) => Ok(()),
+        Some(other) => Err(BufferError::BadField {
+            taskset: config.name.clone(),
+            row: index,
+            key: key.to_owned(),
+            problem: format!(
+                "is the prompt's text and must be a string, found {}; point `format.prompt_key` (or \
+                 `system_prompt_key`) at a text field",
+                crate::error::json_kind(other)
+            ),
+        }),
     }
 }
 
@@ -171,6 +194,23 @@ mod tests {
         let err = Task::from_row(&config(), 0, 3, row(json!({"question": "q", "rf": 5})), false).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("row 3") && text.contains("`rf`") && text.contains("gsm8k"), "{text}");
+    }
+
+    #[test]
+    fn a_prompt_that_is_not_text_is_an_error_naming_the_row_and_key() {
+        for bad in [json!({"a": 1}), json!(["x"]), json!(true)] {
+            let raw = row(json!({"question": bad, "answer": 1}));
+            let text = Task::from_row(&config(), 0, 4, raw, false).unwrap_err().to_string();
+            assert!(text.contains("row 4") && text.contains("`question`") && text.contains("gsm8k"), "{text}");
+            assert!(text.contains("must be a string"), "{text}");
+        }
+        let mut with_key = config();
+        with_key.format.system_prompt_key = Some("sys".into());
+        let raw = row(json!({"question": "q", "sys": {"role": "system"}}));
+        let text = Task::from_row(&with_key, 0, 2, raw, false).unwrap_err().to_string();
+        assert!(text.contains("`sys`"), "{text}");
+        let number = Task::from_row(&config(), 0, 0, row(json!({"question": 12})), false).unwrap();
+        assert_eq!(number.prompt().as_deref(), Some("12"));
     }
 
     #[test]
