@@ -3,11 +3,18 @@
 //! draws two curves, pages through and filters the rollouts, shows the task that failed, validates a config with
 //! two mistakes (each marked at its line) and completes values, lists the plugins, and watches a run that is still
 //! writing (its step in the runs table and its chart grow without a reload) until it is deleted under the page,
-//! taking a screenshot of each page (kept under the target directory; the paths are printed).
+//! taking a screenshot of each page (kept under the target directory; the paths are printed). It also plays the
+//! attacks the studio must refuse: a page from another origin (a second server on another loopback port) that
+//! tries to save over a config with a form and with `fetch`, which must leave the file unchanged while the
+//! studio's own page can still save it, and a DNS-rebound name for the studio's address, which must be refused.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::support::{grpo_run_config, stderr, tiny_model_dir, trinity};
@@ -19,6 +26,95 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// A page on another origin that tries every way a site the user visits could send the studio a save without
+/// reading the answer: a `text/plain` form (whose body is JSON), `no-cors` fetches, and a CORS fetch of JSON (which
+/// needs a preflight the studio never grants). `__STUDIO__` is the studio's URL, `__TARGET__` the file to overwrite.
+/// The outcome of each fetch lands in `body[data-done]`.
+const OTHER_SITE_PAGE: &str = r#"<!doctype html>
+<html><head><meta charset="utf-8"><title>another site</title></head>
+<body>
+<iframe name="sink"></iframe>
+<form id="form" method="POST" enctype="text/plain" target="sink" action="__STUDIO__api/config/save">
+<input type="hidden" name='{"path": "__TARGET__", "text": "project: pwned by a form\n", "pad": "' value='"}'>
+</form>
+<script>
+const body = JSON.stringify({ path: "__TARGET__", text: "project: pwned by fetch\n" });
+const results = {};
+async function attempt(name, path, init) {
+  try { const r = await fetch("__STUDIO__" + path, init); results[name] = `${r.type} ${r.status}`; }
+  catch (error) { results[name] = `failed: ${error.name}`; }
+}
+(async () => {
+  const simple = { method: "POST", mode: "no-cors", headers: { "Content-Type": "text/plain" }, body };
+  await attempt("no-cors text/plain save", "api/config/save", simple);
+  await attempt("no-cors text/plain validate", "api/config/validate", simple);
+  await attempt("no-cors json save", "api/config/save",
+    { method: "POST", mode: "no-cors", headers: { "Content-Type": "application/json" }, body });
+  await attempt("cors json save", "api/config/save",
+    { method: "POST", headers: { "Content-Type": "application/json" }, body });
+  await Promise.race([
+    new Promise((resolve) => {
+      document.querySelector("iframe").addEventListener("load", resolve, { once: true });
+      document.getElementById("form").submit();
+    }),
+    new Promise((resolve) => setTimeout(resolve, 5000)),
+  ]);
+  results["text/plain form save"] = "submitted";
+  document.body.dataset.done = JSON.stringify(results);
+})();
+</script>
+</body></html>
+"#;
+
+/// Another origin: a one-page HTTP server on its own loopback port, stopped when dropped.
+struct OtherSite {
+    url: String,
+    address: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl OtherSite {
+    /// Serves `page` for every request (the browser also asks for a favicon) on a free port of 127.0.0.1.
+    fn serve(page: String) -> OtherSite {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        let address = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if stopped.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(stream) = stream else { continue };
+                let mut reader = BufReader::new(&stream);
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    line.clear();
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n",
+                    page.len()
+                );
+                let _ = (&stream).write_all(head.as_bytes()).and_then(|()| (&stream).write_all(page.as_bytes()));
+            }
+        });
+        OtherSite { url: format!("http://{address}/"), address, stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for OtherSite {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the accept loop so it sees the flag.
+        let _ = TcpStream::connect(self.address);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -92,7 +188,13 @@ fn the_studio_shows_a_real_run_in_chromium() {
     assert_eq!((failed[0]["step"].as_u64(), failed[0]["index"].as_u64()), (Some(2), Some(3)), "{failed:?}");
     assert_eq!(failed[0]["row"]["question"], "ab3");
 
+    // The config another site tries to overwrite, and the studio's own page then saves.
+    let target = dir.path().join("target.yaml");
+    let original = "project: mine\n";
+    std::fs::write(&target, original).unwrap();
     let (server, url) = start_studio(dir.path(), "ckpt");
+    let other_site = OtherSite::serve(OTHER_SITE_PAGE.replace("__STUDIO__", &url).replace("__TARGET__", "target.yaml"));
+    let saved = "project: saved by the studio's page\n";
     // A run still writing: its record names a live `trinity` process (the studio itself) and the browser drive
     // appends steps 4 and 5 to its metrics while the page is open, then deletes the run.
     let live = dir.path().join("ckpt/p/live");
@@ -113,6 +215,10 @@ fn the_studio_shows_a_real_run_in_chromium() {
         "shots": shots, "metrics": ["rollout/reward_mean", "train/pg_loss"], "points": 3,
         "experiences": rewards.len(), "rewardMin": reward_min, "aboveMin": above_min,
         "failed": { "task": failed[0]["task"], "step": 2, "error": "no prompt field `prompt`" },
+        "otherSite": {
+            "url": other_site.url, "target": target, "path": "target.yaml", "original": original, "saved": saved,
+            "rebound": url.replace("127.0.0.1", "rebind.test"),
+        },
         "live": {
             "run": "p/live", "dir": live, "metrics": live.join("monitor/metrics.jsonl"), "metric": "rollout/reward_mean",
             "lines": ["{\"step\": 4, \"rollout/reward_mean\": 0.5}\n", "{\"step\": 5, \"rollout/reward_mean\": 0.75}\n"],
@@ -142,4 +248,7 @@ fn the_studio_shows_a_real_run_in_chromium() {
     for page in ["runs", "curves", "rollouts", "failed", "config", "plugins", "live"] {
         assert!(shots.join(format!("{page}.png")).is_file(), "screenshot of {page}");
     }
+    drop(other_site);
+    // The other site's attempts left it alone (the drive checked right after them); the studio's page saved it.
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), saved);
 }
