@@ -93,6 +93,16 @@ impl Sink for CsvSink {
         file.write_all(line.as_bytes()).map_err(MonitorError::io(path))?;
         file.flush().map_err(MonitorError::io(path))
     }
+
+    fn rewind(&mut self, step: u64) -> Result<usize, MonitorError> {
+        let before = self.rows.len();
+        self.rows.retain(|(s, _)| *s <= step);
+        let dropped = before - self.rows.len();
+        if dropped > 0 {
+            self.rewrite()?;
+        }
+        Ok(dropped)
+    }
 }
 
 fn header_line(columns: &[String]) -> String {

@@ -28,6 +28,13 @@ pub type Metrics = BTreeMap<String, f64>;
 pub trait Sink: Send {
     /// Records the metrics of one step and makes them durable before returning.
     fn record(&mut self, step: u64, metrics: &Metrics) -> Result<(), MonitorError>;
+
+    /// Forgets every step after `step`: a resumed run redoes them from its checkpoint, and the history must hold
+    /// each step once. Returns how many records were dropped. Sinks whose readers show the newest record of a
+    /// step anyway (TensorBoard) keep theirs.
+    fn rewind(&mut self, _step: u64) -> Result<usize, MonitorError> {
+        Ok(0)
+    }
 }
 
 /// The file beside `metrics.jsonl` that holds a run's planned steps (`{"total_steps": N}`, `null` when the run
@@ -64,7 +71,16 @@ impl Monitor {
 
     /// Records the run's plan: `total_steps` (`None` when it cannot know) with `done` of them done before this
     /// process started. Written to a temporary file and renamed, so a reader never sees half of it.
+    ///
+    /// Steps after `done` that a killed process had recorded are dropped ([`Sink::rewind`]): this process redoes
+    /// them from the checkpoint at `done`, and would otherwise leave each of them twice in the history.
     pub fn plan(&mut self, total_steps: Option<u64>, done: u64) -> Result<(), MonitorError> {
+        for sink in &mut self.sinks {
+            let dropped = sink.rewind(done)?;
+            if dropped > 0 {
+                tracing::info!("monitor: dropped {dropped} record(s) after step {done}, which this run redoes");
+            }
+        }
         let path = self.dir.join(PLAN_FILE);
         let partial = self.dir.join(format!(".{PLAN_FILE}.partial"));
         let text = serde_json::json!({ "total_steps": total_steps, "resumed_at": done }).to_string();
@@ -105,6 +121,23 @@ mod tests {
         assert!(dir.path().join("metrics.csv").exists());
         let error = Monitor::open(dir.path(), "wandb").unwrap_err().to_string();
         assert!(error.contains("wandb"), "{error}");
+    }
+
+    #[test]
+    fn a_resumed_plan_drops_the_steps_the_run_redoes_from_every_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut monitor = Monitor::open(dir.path(), "csv").unwrap();
+        for step in 1..=3 {
+            monitor.record(step, &Metrics::from([("a".to_owned(), step as f64)])).unwrap();
+        }
+        drop(monitor);
+        let mut resumed = Monitor::open(dir.path(), "csv").unwrap();
+        resumed.plan(Some(5), 1).unwrap();
+        resumed.record(2, &Metrics::from([("a".to_owned(), 20.0)])).unwrap();
+        let jsonl = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+        assert_eq!(jsonl, "{\"step\":1,\"a\":1.0}\n{\"step\":2,\"a\":20.0}\n");
+        let csv = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+        assert_eq!(csv, "step,a\n1,1\n2,20\n");
     }
 
     /// Every event reaches the installed observer, and the plan is on disk for readers.
