@@ -13,6 +13,7 @@ mod openmp;
 mod plugins;
 mod progress;
 mod registry;
+mod report;
 mod run;
 mod score;
 mod studio;
@@ -45,7 +46,7 @@ fn main() -> ExitCode {
             // editor or a reader finds each at its line.
             match error.downcast_ref::<trinity_config::ConfigErrors>() {
                 Some(errors) => errors.iter().for_each(|error| eprintln!("error: {error}")),
-                None => eprintln!("error: {error:#}"),
+                None => eprintln!("error: {}", report::chain(&error)),
             }
             ExitCode::FAILURE
         }

@@ -72,7 +72,7 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
     crate::progress::install();
     let result = run_job(&loaded, &args, &job_dir, &registry, launched.as_ref());
     crate::progress::finish();
-    if let Err(error) = record.finish(&job_dir, result.as_ref().err().map(|error| format!("{error:#}"))) {
+    if let Err(error) = record.finish(&job_dir, result.as_ref().err().map(crate::report::chain)) {
         tracing::warn!("the studio will not see how this run ended: {error}");
     }
     result

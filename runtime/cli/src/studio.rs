@@ -85,7 +85,7 @@ impl Host for CliHost {
             Ok(()) => Vec::new(),
             Err(error) => match error.downcast_ref::<trinity_config::ConfigError>() {
                 Some(config_error) => vec![Problem::from_config_error(config_error)],
-                None => vec![Problem::general(format!("{error:#}"))],
+                None => vec![Problem::general(crate::report::chain(&error))],
             },
         };
         Validation { problems, notes, resolved: Some(loaded.dry_run_yaml()) }
@@ -99,7 +99,7 @@ impl Host for CliHost {
     }
 
     fn token_texts(&self, model_path: &Path, ids: &[u32]) -> Result<Vec<String>, String> {
-        let tokenizer = self.tokenizer(model_path).map_err(|e| format!("{e:#}"))?;
+        let tokenizer = self.tokenizer(model_path).map_err(|e| crate::report::chain(&e))?;
         ids.iter().map(|id| tokenizer.decode(&[*id], false).map_err(|e| format!("token {id}: {e}"))).collect()
     }
 }
