@@ -120,11 +120,11 @@ fn kill_9_mid_run_then_the_same_command_resumes_without_losing_experiences() {
         .expect("the rerun resumes from a checkpoint");
     assert!(resumed + 2 <= killed_at, "resumed from {resumed}, killed after step {killed_at}");
 
-    // Step numbers continue from the checkpoint: the first run's steps, then resumed+1 ..= STEPS.
-    let steps = metric_steps(&job);
-    let (first, second) = steps.split_at(before.len());
-    assert_eq!(first, &before[..]);
-    assert_eq!(second, (resumed + 1..=STEPS).collect::<Vec<_>>());
+    // Step numbers continue from the checkpoint, each once: the steps the first run recorded after it were
+    // dropped when the rerun started over from there.
+    assert!(before.iter().any(|&s| s > resumed), "{before:?}");
+    assert_eq!(metric_steps(&job), (1..=STEPS).collect::<Vec<_>>());
+    assert!(log.contains(&format!("after step {resumed}, which this run redoes")), "{log}");
     // Every checkpoint is complete.
     for step in checkpoints(&job) {
         let ckpt = job.join(format!("global_step_{step}"));
@@ -139,6 +139,28 @@ fn kill_9_mid_run_then_the_same_command_resumes_without_losing_experiences() {
     assert_eq!(count("SELECT COUNT(*) FROM experiences WHERE consumed != 1"), 0);
     assert_eq!(count("SELECT COUNT(DISTINCT train_step) FROM experiences"), STEPS as i64);
     assert_eq!(count("SELECT COUNT(DISTINCT uid) FROM experiences"), 4 * STEPS as i64);
+}
+
+#[test]
+fn a_damaged_latest_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before() {
+    let dir = tiny_run_dir(3, "", "trainer:\n  save_interval: 1\n");
+    let job = dir.path().join("ckpt/p/n");
+    let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(checkpoints(&job), [1, 2, 3]);
+    let weights = job.join("global_step_3/hf/model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+
+    let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let log = std::fs::read_to_string(job.join("log/trinity.log")).unwrap();
+    assert!(log.contains("skipping checkpoint global_step_3") && log.contains("hf/model.safetensors has"), "{log}");
+    assert!(log.contains("global_step_2"), "{log}");
+    assert_eq!(checkpoints(&job), [1, 2, 3], "step 3 was trained and saved again");
+    assert_eq!(std::fs::read(job.join("global_step_3.damaged-0/hf/model.safetensors")).unwrap().len(), bytes.len() / 2);
+    assert_eq!(std::fs::read(&weights).unwrap().len(), bytes.len());
+    assert_eq!(metric_steps(&job), [1, 2, 3]);
 }
 
 #[test]

@@ -7,8 +7,11 @@
 //! temporary directory, and only directories that have it count as complete — a second line of defence for
 //! file systems where rename is not atomic.
 //!
-//! On resume, [`CheckpointDir::latest`] returns the highest complete step; leftover temporary directories of
-//! killed runs are removed by [`CheckpointDir::open`].
+//! On resume, [`CheckpointDir::latest_intact`] returns the highest complete step whose files are as they were
+//! saved (`verify.rs`), setting newer damaged ones aside; leftover temporary directories of killed runs are
+//! removed by [`CheckpointDir::open`].
+
+mod verify;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -31,6 +34,26 @@ pub enum CheckpointError {
     Exists { dir: PathBuf, step: u64 },
     #[error("writing checkpoint global_step_{step} failed: {reason}")]
     Write { step: u64, reason: String },
+    #[error("{path}: damaged checkpoint: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+/// The checkpoint a run resumes from, and the newer ones it could not.
+#[derive(Debug)]
+pub struct ResumePoint {
+    /// The newest checkpoint that verified, if any.
+    pub checkpoint: Option<Checkpoint>,
+    /// Newer checkpoints that failed [`Checkpoint::verify`], newest first: each with why, and where it was
+    /// moved so that the resumed run can write its step again while the damaged files stay for inspection.
+    pub skipped: Vec<Skipped>,
+}
+
+/// A damaged checkpoint, set aside.
+#[derive(Debug)]
+pub struct Skipped {
+    pub step: u64,
+    pub error: CheckpointError,
+    pub moved_to: PathBuf,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -100,6 +123,27 @@ impl CheckpointDir {
         Ok(self.list()?.pop())
     }
 
+    /// The newest complete checkpoint that verifies, setting each newer damaged one aside as
+    /// `global_step_<N>.damaged-<k>` (which [`CheckpointDir::list`] does not count).
+    pub fn latest_intact(&self) -> Result<ResumePoint, CheckpointError> {
+        let mut skipped = Vec::new();
+        let mut all = self.list()?;
+        while let Some(checkpoint) = all.pop() {
+            match checkpoint.verify() {
+                Ok(()) => return Ok(ResumePoint { checkpoint: Some(checkpoint), skipped }),
+                Err(error) => {
+                    let moved_to = (0u32..)
+                        .map(|k| self.dir.join(format!("{PREFIX}{}.damaged-{k}", checkpoint.step)))
+                        .find(|path| !path.exists())
+                        .unwrap_or_else(|| self.dir.join(format!("{PREFIX}{}.damaged", checkpoint.step)));
+                    fs::rename(&checkpoint.path, &moved_to).map_err(io(&moved_to))?;
+                    skipped.push(Skipped { step: checkpoint.step, error, moved_to });
+                }
+            }
+        }
+        Ok(ResumePoint { checkpoint: None, skipped })
+    }
+
     /// Writes checkpoint `step`: `fill` writes its files into a fresh directory, then `meta` is written, the
     /// directory synced and renamed into place. On any error the temporary directory is removed.
     pub fn save<M, F>(&self, step: u64, meta: &M, fill: F) -> Result<Checkpoint, CheckpointError>
@@ -119,6 +163,10 @@ impl CheckpointDir {
         let result = (|| {
             fs::create_dir_all(&temp).map_err(io(&temp))?;
             fill(&temp).map_err(|reason| CheckpointError::Write { step, reason })?;
+            let manifest_path = temp.join(verify::MANIFEST);
+            let manifest = serde_json::to_string_pretty(&verify::manifest(&temp)?)
+                .map_err(|e| CheckpointError::Meta { path: manifest_path.clone(), reason: e.to_string() })?;
+            fs::write(&manifest_path, manifest).map_err(io(&manifest_path))?;
             let meta_path = temp.join(META);
             let text = serde_json::to_string_pretty(meta)
                 .map_err(|e| CheckpointError::Meta { path: meta_path.clone(), reason: e.to_string() })?;
@@ -168,6 +216,7 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verify::tests as verify_tests;
     use serde::Deserialize;
 
     #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -210,6 +259,55 @@ mod tests {
         assert_eq!(fs::read_dir(root.path()).unwrap().count(), 2, "global_step_1 and the incomplete global_step_4");
         dir.save(4, &Meta { explorer_step: 4 }, |_| Ok(())).unwrap();
         assert_eq!(dir.latest().unwrap().unwrap().step, 4, "the incomplete directory was replaced");
+    }
+
+    #[test]
+    fn resumes_from_the_newest_intact_checkpoint_and_sets_damaged_ones_aside() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::open(root.path()).unwrap();
+        for step in 1..=4 {
+            dir.save(step, &Meta { explorer_step: step }, |path| {
+                fs::create_dir_all(path.join("hf")).map_err(|e| e.to_string())?;
+                fs::write(path.join("hf/model.safetensors"), verify_tests::safetensors(8))
+                    .map_err(|e| e.to_string())?;
+                fs::write(path.join("state.bin"), [step as u8; 16]).map_err(|e| e.to_string())
+            })
+            .unwrap();
+        }
+        let intact = dir.latest_intact().unwrap();
+        assert_eq!((intact.checkpoint.unwrap().step, intact.skipped.len()), (4, 0));
+        // Step 4's weights truncated, step 3's other file shortened, step 2's meta.json garbled.
+        let weights = root.path().join("global_step_4/hf/model.safetensors");
+        let bytes = fs::read(&weights).unwrap();
+        fs::write(&weights, &bytes[..bytes.len() - 4]).unwrap();
+        fs::write(root.path().join("global_step_3/state.bin"), [0u8; 3]).unwrap();
+        fs::write(root.path().join("global_step_2/meta.json"), "{\"explorer_st").unwrap();
+        let resume = dir.latest_intact().unwrap();
+        assert_eq!(resume.checkpoint.as_ref().map(|c| c.step), Some(1));
+        let skipped: Vec<(u64, String)> = resume.skipped.iter().map(|s| (s.step, s.error.to_string())).collect();
+        assert_eq!(skipped.iter().map(|s| s.0).collect::<Vec<_>>(), [4, 3, 2]);
+        assert!(skipped[0].1.contains("hf/model.safetensors has 91 bytes, saved with 95"), "{skipped:?}");
+        assert!(skipped[1].1.contains("state.bin has 3 bytes, saved with 16"), "{skipped:?}");
+        assert!(skipped[2].1.contains("meta.json is not valid JSON"), "{skipped:?}");
+        assert!(resume.skipped[0].moved_to.ends_with("global_step_4.damaged-0"));
+        assert!(resume.skipped[0].moved_to.join("hf/model.safetensors").is_file(), "the damaged files are kept");
+        assert_eq!(dir.list().unwrap().iter().map(|c| c.step).collect::<Vec<_>>(), [1]);
+        // The resumed run writes step 2 again.
+        dir.save(2, &Meta { explorer_step: 2 }, |_| Ok(())).unwrap();
+        assert_eq!(dir.latest_intact().unwrap().checkpoint.unwrap().step, 2);
+    }
+
+    #[test]
+    fn a_deleted_file_fails_verification_and_an_old_checkpoint_without_manifest_is_checked_by_structure() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::open(root.path()).unwrap();
+        let saved = dir
+            .save(1, &Meta { explorer_step: 1 }, |path| fs::write(path.join("a.bin"), [1]).map_err(|e| e.to_string()))
+            .unwrap();
+        fs::remove_file(saved.path.join("a.bin")).unwrap();
+        assert!(saved.verify().unwrap_err().to_string().contains("a.bin is missing"));
+        fs::remove_file(saved.path.join("manifest.json")).unwrap();
+        saved.verify().unwrap();
     }
 
     #[test]

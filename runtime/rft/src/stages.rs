@@ -71,10 +71,10 @@ pub fn run_stages(loaded: &Loaded, job_dir: &Path, catalog: &dyn Catalog) -> Res
     Ok(summaries)
 }
 
-/// The Hugging Face weights of the latest complete checkpoint in `dir`.
+/// The Hugging Face weights of the latest intact checkpoint in `dir`.
 fn latest_weights(dir: &Path) -> Result<Option<PathBuf>, RftError> {
     if !dir.exists() {
         return Ok(None);
     }
-    Ok(CheckpointDir::open(dir)?.latest()?.map(|c| c.path.join("hf")))
+    Ok(crate::trainer::intact_latest(&CheckpointDir::open(dir)?)?.map(|c| c.path.join("hf")))
 }

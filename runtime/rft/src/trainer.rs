@@ -111,7 +111,7 @@ impl Trainer {
         dp: Option<Rank0>,
     ) -> Result<Started, RftError> {
         let checkpoints = CheckpointDir::open(job_dir)?;
-        let latest = if config.continue_from_checkpoint { checkpoints.latest()? } else { None };
+        let latest = if config.continue_from_checkpoint { intact_latest(&checkpoints)? } else { None };
         let resumed = match latest {
             Some(checkpoint) => {
                 tracing::info!("resuming from {}", checkpoint.path.display());
@@ -331,6 +331,22 @@ pub(crate) fn follower_engine(
 }
 
 /// `max_staleness` of sample strategy `staleness_control`; `None` for other strategies or no limit.
+/// The checkpoint a resumed run starts from: the newest one whose files verify. Each newer damaged one is set
+/// aside (kept, renamed) with a warning naming it, what is wrong with it and where it went, so the run goes on
+/// from the last good state instead of failing the same way on every restart.
+pub(crate) fn intact_latest(checkpoints: &CheckpointDir) -> Result<Option<Checkpoint>, RftError> {
+    let resume = checkpoints.latest_intact()?;
+    for skipped in &resume.skipped {
+        tracing::warn!(
+            "skipping checkpoint global_step_{}: {}; moved to {}",
+            skipped.step,
+            skipped.error,
+            skipped.moved_to.display()
+        );
+    }
+    Ok(resume.checkpoint)
+}
+
 fn max_staleness(config: &Config) -> Option<u64> {
     if config.algorithm.sample_strategy.as_deref() != Some("staleness_control") {
         return None;
