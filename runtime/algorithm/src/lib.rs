@@ -39,7 +39,7 @@ pub mod registry;
 #[cfg(test)]
 mod testing;
 
-pub use aggregation::LossAggMode;
+pub use aggregation::{AggCounts, LossAggMode};
 pub use batch::Batch;
 pub use error::AlgorithmError;
 pub use eval::{EvalInput, EvalOutput, eval, eval_str};

@@ -41,6 +41,15 @@ pub trait PolicyLossFn: fmt::Debug + Send {
     fn reads_ref_logprob(&self) -> bool {
         false
     }
+
+    /// The aggregation the loss is a sum of per-row parts under, over all the batch's rows: the trainer then
+    /// weighs a micro-batch's loss by [`LossAggMode::part_weight`](crate::LossAggMode::part_weight), so that
+    /// micro-batches and data-parallel ranks add up to the whole mini-batch's loss. `None` (the default): the loss
+    /// is a mean over the batch's rows (DPO's over its pairs) or of a form the host does not know (`mix`'s own
+    /// bookkeeping, a library's loss), and micro-batches are weighted by their rows, Trinity-RFT's scale.
+    fn loss_agg_mode(&self) -> Option<crate::LossAggMode> {
+        None
+    }
 }
 
 /// A registered policy loss.

@@ -82,6 +82,11 @@ fn build(args: &Args) -> Result<Box<dyn PolicyLossFn>, AlgorithmError> {
 inventory::submit! { PolicyLossFnEntry { name: NAME, args: ARGS, build } }
 
 impl PolicyLossFn for Rec {
+    /// REC ignores `loss_agg_mode` (as Trinity-RFT does): token-mean, seq-mean-token-mean for `gspo-one-side`.
+    fn loss_agg_mode(&self) -> Option<LossAggMode> {
+        Some(if self.clip_mode == "gspo-one-side" { LossAggMode::SeqMeanTokenMean } else { LossAggMode::TokenMean })
+    }
+
     fn loss(&self, batch: &Batch) -> Result<(Tensor, Metrics), AlgorithmError> {
         let Inputs { logprob, mask } = Inputs::new(batch, NAME)?;
         let old = old_logprob(batch, NAME)?;

@@ -30,6 +30,10 @@ fn build(args: &Args) -> Result<Box<dyn PolicyLossFn>, AlgorithmError> {
 inventory::submit! { PolicyLossFnEntry { name: NAME, args: ARGS, build } }
 
 impl PolicyLossFn for Sppo {
+    fn loss_agg_mode(&self) -> Option<LossAggMode> {
+        Some(self.loss_agg_mode)
+    }
+
     fn loss(&self, batch: &Batch) -> Result<(Tensor, Metrics), AlgorithmError> {
         let Inputs { logprob, mask } = Inputs::new(batch, NAME)?;
         let old = old_logprob(batch, NAME)?;
