@@ -9,18 +9,20 @@
 //! V̂ = clip(V, V_old − c, V_old + c);  L = ½·agg(max((V − R)², (V̂ − R)²), m)
 //! vf_clipfrac = masked_mean((V̂ − R)² > (V − R)²)
 //! ```
-//! Micro-batch losses are scaled like the actor's (rows in micro / rows in step) and accumulated; one
-//! optimizer step per train step with its own gradient clipping and learning-rate schedule.
+//! Micro-batch losses are weighted like the actor's terms ([`crate::loss_weight`]: by their share of the whole
+//! step's denominator under the aggregation) and accumulated, so that micro-batches and ranks' shares add up to the
+//! one-process loss; one optimizer step per train step with its own gradient clipping and learning-rate schedule.
 
 use tch::{Device, Kind, Tensor};
-use trinity_algorithm::LossAggMode;
 use trinity_algorithm::masked::masked_mean;
 use trinity_algorithm::metrics::Metrics;
+use trinity_algorithm::{AggCounts, LossAggMode};
 use trinity_model::Decoder;
 
 use crate::batch::{PaddedInputs, TrainRow};
 use crate::data_parallel::DataParallel;
 use crate::error::Result;
+use crate::loss_weight::{RowCounts, Weight};
 use crate::lr_schedule::LrSchedule;
 use crate::micro_batch::rows_layout_tokens;
 use crate::optimizer::{AdamW, AdamWSettings};
@@ -165,9 +167,10 @@ impl Critic {
     }
 
     /// One critic update over `micro_batches` (lists of indices into `rows`). `returns`, `old_values` and
-    /// `mask` are `[N, width]` CPU tensors indexed by row (`N = rows.len()`); `active` is the number of rows in
-    /// the step (the loss-scale denominator). With `dp`, `micro_batches` are this rank's, gradients are summed
-    /// over the ranks before clipping and the metrics are pooled.
+    /// `mask` are `[N, width]` CPU tensors indexed by row (`N = rows.len()`); `whole` counts the rows and trained
+    /// tokens of the step (the loss denominators, over every rank's share), `counts` each row's. With `dp`,
+    /// `micro_batches` are this rank's, gradients are summed over the ranks before clipping and the metrics are
+    /// pooled.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn update(
         &mut self,
@@ -177,13 +180,15 @@ impl Critic {
         old_values: &Tensor,
         mask: &Tensor,
         agg: LossAggMode,
-        active: usize,
+        counts: &RowCounts,
+        whole: AggCounts,
         step: u64,
         dp: Option<&DataParallel>,
     ) -> Result<CriticUpdate> {
         self.optimizer.zero_grad();
         let width = mask.size()[1];
-        let (mut vf_loss, mut clipfrac, mut vpred) = (0.0, 0.0, 0.0);
+        // `vf_loss` sums the weighted micro-batch losses; the token means are weighted by the tokens' share.
+        let (mut vf_loss, mut clipfrac, mut vpred, mut token_share) = (0.0, 0.0, 0.0, 0.0);
         for micro in micro_batches {
             let idx = Tensor::from_slice(&micro.iter().map(|&i| i as i64).collect::<Vec<_>>());
             let recompute = match &mut self.recompute {
@@ -199,24 +204,27 @@ impl Critic {
                 v.f_clamp_tensor(Some(&(&old - self.cliprange_value)), Some(&(&old + self.cliprange_value)))?;
             let l1 = (&v - &ret).f_square()?;
             let l2 = (clipped - &ret).f_square()?;
-            let loss = agg.aggregate(&l1.f_maximum(&l2)?, &m, None) * 0.5;
-            clipfrac += masked_mean(&l2.f_gt_tensor(&l1)?.f_to_kind(Kind::Float)?, &m, None).f_double_value(&[])?;
-            vpred += masked_mean(&v.f_detach()?, &m, None).f_double_value(&[])?;
+            let part = counts.of(micro, false);
+            let weight = Weight::new(Some(agg), part, whole).loss;
+            let tokens = Weight::new(Some(LossAggMode::TokenMean), part, whole).share;
+            let loss = agg.aggregate(&l1.f_maximum(&l2)?, &m, None) * (0.5 * weight);
+            let fraction = masked_mean(&l2.f_gt_tensor(&l1)?.f_to_kind(Kind::Float)?, &m, None);
+            clipfrac += tokens * fraction.f_double_value(&[])?;
+            vpred += tokens * masked_mean(&v.f_detach()?, &m, None).f_double_value(&[])?;
+            token_share += tokens;
             vf_loss += loss.f_double_value(&[])?;
-            let scale = micro.len() as f64 / active as f64;
             if loss.requires_grad() {
-                (loss * scale).f_backward()?;
+                loss.f_backward()?;
             }
         }
-        let mut n = micro_batches.len() as f64;
         if let Some(dp) = dp {
             dp.reduce_gradients(&self.optimizer.param_vars())?;
-            let mut sums = Tensor::from_slice(&[vf_loss, clipfrac, vpred, n]);
+            let mut sums = Tensor::from_slice(&[vf_loss, clipfrac, vpred, token_share]);
             dp.sum(&mut sums)?;
             let sums = Vec::<f64>::try_from(&sums)?;
-            (vf_loss, clipfrac, vpred, n) = (sums[0], sums[1], sums[2], sums[3]);
+            (vf_loss, clipfrac, vpred, token_share) = (sums[0], sums[1], sums[2], sums[3]);
         }
-        let n = n.max(1.0);
+        let n = if token_share > 0.0 { token_share } else { 1.0 };
         let grad_norm = self.optimizer.clip_grad_norm(self.grad_clip)?;
         let lr = self.schedule.lr(step);
         if grad_norm.is_finite() {
@@ -224,7 +232,7 @@ impl Critic {
         }
         self.optimizer.zero_grad();
         let metrics = Metrics::from([
-            ("vf_loss".to_owned(), vf_loss / n),
+            ("vf_loss".to_owned(), vf_loss),
             ("vf_clipfrac".to_owned(), clipfrac / n),
             ("vpred_mean".to_owned(), vpred / n),
             ("grad_norm".to_owned(), grad_norm),

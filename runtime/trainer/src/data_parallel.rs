@@ -15,21 +15,22 @@
 //! - Each mini-batch is cut into contiguous shares (`⌈n/world⌉` or `⌊n/world⌋` rows; DPO pairs stay together), each
 //!   rank forms its micro-batches from its share.
 //!
-//! **Averaging rule.** A micro-batch's loss is scaled by `rows in the micro-batch / rows in the whole mini-batch`
-//! (the global count, on every rank), exactly as in one process (Trinity's `micro_bsz / ppo_mini_batch_size`), and
-//! the ranks' gradients are **summed**. The result is the one-process gradient of the mini-batch whose micro-batches
-//! are the union of the ranks' micro-batches, whatever the shares: uneven shares need no extra weighting, and with
-//! `token-mean` aggregation each micro-batch's token mean is weighted by its rows, as veRL weighs it. (Averaging
-//! the ranks' gradients instead, as DDP does, is right only for equal shares.) With a fixed micro-batch size that
-//! divides each share the micro-batches are the one-process ones, and so is the step; with a token budget they are
-//! packed per share, which changes a token-mean loss slightly, as a different budget would.
+//! **Averaging rule.** Each term of a micro-batch's loss is weighted by the micro-batch's share of the whole
+//! mini-batch's denominator under the term's aggregation: its trained tokens over the mini-batch's for
+//! `token-mean`, its rows over the mini-batch's for the seq-mean modes, 1 for `seq-mean-token-sum-norm`
+//! ([`crate::loss_weight`]). The denominators are global: every rank holds the whole step's rows and counts them
+//! itself, so this needs no collective. The ranks' gradients are then **summed**, and the result is the gradient
+//! of the one-process loss over the whole mini-batch in one micro-batch, whatever the world size, the shares or the
+//! micro-batches (a token budget packs them per share), up to the order of floating-point sums. (Averaging the
+//! ranks' gradients instead, as DDP does, would be right only for equal shares; veRL's newer actors multiply by
+//! `dp_size` for it.) The logged loss is the sum of the weighted contributions, so it is the one-process value too.
 //!
 //! Gradients are reduced in fp32 (bf16 gradients are widened first, as FSDP's `reduce_dtype=fp32` in veRL) in
 //! buckets of [`DataParallel::bucket_bytes`], after every micro-batch of the mini-batch and before clipping: the
 //! gradient norm, the clipping and the AdamW update then see identical gradients on every rank, so parameters stay
 //! bit-identical. A parameter that has a gradient on any rank gets one on every rank (zeros where it had none), so
 //! a rank with an empty share still takes the same optimizer step. Metric means are pooled over all ranks'
-//! micro-batches.
+//! micro-batches, with their weights.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -157,16 +158,17 @@ impl DataParallel {
         })
     }
 
-    /// Pools per-rank metric sums and counts (name → (sum, count)) into the same totals on every rank.
-    pub fn pool_metrics(&self, local: &BTreeMap<String, (f64, usize)>) -> Result<BTreeMap<String, (f64, usize)>> {
+    /// Pools per-rank weighted metric sums and weights (name → (Σ weight · value, Σ weight)) into the same totals
+    /// on every rank.
+    pub fn pool_metrics(&self, local: &BTreeMap<String, (f64, f64)>) -> Result<BTreeMap<String, (f64, f64)>> {
         let mut bytes = Vec::new();
-        for (name, (sum, count)) in local {
+        for (name, (sum, weight)) in local {
             bytes.extend_from_slice(&(name.len() as u32).to_le_bytes());
             bytes.extend_from_slice(name.as_bytes());
             bytes.extend_from_slice(&sum.to_le_bytes());
-            bytes.extend_from_slice(&(*count as u64).to_le_bytes());
+            bytes.extend_from_slice(&weight.to_le_bytes());
         }
-        let mut pooled: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+        let mut pooled: BTreeMap<String, (f64, f64)> = BTreeMap::new();
         for part in self.group.allgather_bytes(&bytes)? {
             let mut rest = &part[..];
             while !rest.is_empty() {
@@ -182,10 +184,10 @@ impl DataParallel {
                 let len = u32::from_le_bytes(take(&mut rest, 4)?.try_into().map_err(|_| bad())?) as usize;
                 let name = String::from_utf8(take(&mut rest, len)?).map_err(|_| bad())?;
                 let sum = f64::from_le_bytes(take(&mut rest, 8)?.try_into().map_err(|_| bad())?);
-                let count = u64::from_le_bytes(take(&mut rest, 8)?.try_into().map_err(|_| bad())?) as usize;
+                let weight = f64::from_le_bytes(take(&mut rest, 8)?.try_into().map_err(|_| bad())?);
                 let e = pooled.entry(name).or_default();
                 e.0 += sum;
-                e.1 += count;
+                e.1 += weight;
             }
         }
         Ok(pooled)

@@ -36,6 +36,7 @@ pub mod critic;
 pub mod data_parallel;
 pub mod error;
 pub mod logprobs;
+pub(crate) mod loss_weight;
 pub mod lr_schedule;
 pub mod micro_batch;
 pub mod optimizer;

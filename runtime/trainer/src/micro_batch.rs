@@ -14,14 +14,15 @@
 //!
 //! With a fixed size (`use_dynamic_bsz: false`), consecutive rows form micro-batches of that many rows.
 //!
-//! Either way the loss of a micro-batch is scaled by `rows_in_micro / rows_in_step` (Trinity-RFT's
-//! `micro_bsz / ppo_mini_batch_size`), so the accumulated gradient is the row-weighted mean of micro-batch
-//! losses — see [`crate::trainer`].
+//! Either way each term of a micro-batch's loss is weighted by the micro-batch's share of the mini-batch's
+//! denominator under the term's aggregation (trained tokens for `token-mean`, rows for the seq-mean modes;
+//! [`crate::loss_weight`]), so the accumulated gradient is the one of the whole mini-batch as one micro-batch,
+//! whatever the partition — see [`crate::trainer`].
 //!
 //! A micro-batch is the unit of that weighting, not of the work: on the CPU, consecutive micro-batches run
 //! together in one forward/backward *pass* ([`passes`]) while the pass's layout tokens stay within
 //! [`TrainerOptions::pass_tokens`](crate::TrainerOptions::pass_tokens). Each micro-batch still gets its own loss,
-//! scaled by its own rows, on its own slice of the pass's logprobs; the pass backpropagates the sum of those
+//! weighted by its own share, on its own slice of the pass's logprobs; the pass backpropagates the sum of those
 //! gradients at once, which is what accumulating them one micro-batch at a time computes (rows never attend to
 //! each other). Trinity's budget of 2 × `max_model_len` makes GRPO groups of a few hundred tokens; every one of
 //! them would otherwise read, reorder and accumulate the model's full weights and gradients for matmuls a few

@@ -14,23 +14,28 @@
 //!    default the whole step is one). Per mini-batch: micro-batches
 //!    ([`crate::micro_batch`]); per micro-batch the current logprobs with the rollout temperature (and entropy
 //!    when a coefficient or the metric needs it), `loss = pg_loss − entropy_coef·H + kl_coef·KL` from
-//!    trinity-algorithm's components, scaled by `rows_in_micro / rows_in_mini_batch` (Trinity's
-//!    `micro_bsz / ppo_mini_batch_size`) and backpropagated through the chunked head ([`crate::logprobs`]);
+//!    trinity-algorithm's components, each term weighted by the micro-batch's share of the whole mini-batch's
+//!    denominator under its aggregation (its trained tokens for `token-mean`, its rows for the seq-mean modes;
+//!    [`crate::loss_weight`]), so that the micro-batches add up to the loss of the mini-batch as one micro-batch
+//!    (veRL's global token count; Trinity's `micro_bsz / ppo_mini_batch_size` is the seq-mean case), and
+//!    backpropagated through the chunked head ([`crate::logprobs`]);
 //!    on the CPU consecutive micro-batches share one forward/backward pass ([`TrainerOptions::pass_tokens`]),
-//!    each still with its own loss and scale, which changes the work and not the gradient; rows whose
+//!    each still with its own loss and weight, which changes the work and not the gradient; rows whose
 //!    advantages are all 0 under a loss without entropy or KL term run forward only (`forward_only`), checked
 //!    against the loss's gradient, which again changes the work and not the gradient;
 //!    then one optimizer step: global grad-norm clipping (a non-finite norm skips the update, as veRL does),
 //!    AdamW with the train step's scheduled learning rate. `actor/grad_norm` is the mean over these steps.
 //!
 //! Metrics use Trinity's names: component metrics under `actor/` (`actor/pg_loss`, `actor/pg_clipfrac`,
-//! `actor/ppo_kl`, `actor/kl_loss`, …; the mean over micro-batches, as veRL reduces them), `actor/entropy`,
+//! `actor/ppo_kl`, `actor/kl_loss`, …; losses summed with their weights, other metrics weighted by each
+//! micro-batch's share, so both are the one-micro-batch values; the mean over mini-batches), `actor/entropy`,
 //! `actor/grad_norm`, `actor/lr`, `critic/*` for the critic, trainer-side advantage metrics under
 //! `advantage/`, and `perf/*` (`perf/tokens_per_s` counts prompt + response tokens of the trained rows,
 //! `perf/forward_only_rows` the rows that ran forward only).
 //!
 //! Data parallel ([`Trainer::with_process_group`]): every rank runs the step on the same rows and trains its
-//! share; gradients are summed over the ranks before clipping; see [`crate::data_parallel`] for the rule.
+//! share with the whole mini-batch's denominators; gradients are summed over the ranks before clipping, so a step
+//! does not depend on the world size; see [`crate::data_parallel`] for the rule.
 //!
 //! Precision follows the policy's dtype: fp32 parameters train in fp32; bf16 parameters compute in bf16 while
 //! the optimizer keeps fp32 master weights and moments (FSDP `MixedPrecision(param_dtype=bf16)`, which is what
@@ -54,6 +59,7 @@ use crate::critic::Critic;
 use crate::data_parallel::DataParallel;
 use crate::error::{Result, TrainerError};
 use crate::logprobs::HeadMode;
+use crate::loss_weight::{RowCounts, Weight};
 use crate::lr_schedule::LrSchedule;
 use crate::micro_batch::{MicroBatching, passes, split};
 use crate::optimizer::{AdamW, AdamWSettings};
@@ -233,19 +239,27 @@ pub struct Trainer {
 
 /// Sums of per-micro-batch metrics, reduced to means at the end (veRL's `reduce_metrics`).
 #[derive(Default)]
-pub(crate) struct MetricMeans(pub(crate) BTreeMap<String, (f64, usize)>);
+/// Weighted metric means: name → (Σ weight · value, Σ share), see [`crate::loss_weight`].
+pub(crate) struct MetricMeans(pub(crate) BTreeMap<String, (f64, f64)>);
 
 impl MetricMeans {
+    /// Adds values that are already the whole step's (the critic's pooled metrics).
     fn add(&mut self, prefix: &str, metrics: impl IntoIterator<Item = (String, f64)>) {
+        self.add_weighted(prefix, metrics, Weight::WHOLE);
+    }
+
+    /// Adds one micro-batch's values of a term weighted by `weight`.
+    fn add_weighted(&mut self, prefix: &str, metrics: impl IntoIterator<Item = (String, f64)>, weight: Weight) {
         for (k, v) in metrics {
+            let w = weight.of_metric(&k);
             let e = self.0.entry(format!("{prefix}{k}")).or_default();
-            e.0 += v;
-            e.1 += 1;
+            e.0 += w * v;
+            e.1 += weight.share;
         }
     }
 
     fn into_metrics(self, out: &mut Metrics) {
-        out.extend(self.0.into_iter().map(|(k, (s, n))| (k, s / n as f64)));
+        out.extend(self.0.into_iter().map(|(k, (s, n))| (k, if n > 0.0 { s / n } else { 0.0 })));
     }
 }
 
@@ -616,6 +630,8 @@ impl Trainer {
         let unit = if dpo { 2 } else { 1 };
         let micro_batches_of = |mini: &[usize]| split(rows, mini, how);
         let critic_share = share_of(self.dp.as_ref(), &active, unit);
+        // Every rank counts the whole step's rows and tokens itself: the loss denominators are global.
+        let counts = RowCounts::new(&batch.action_mask, batch.expert_mask.as_deref().unwrap_or(&[]))?;
         // veRL updates the critic first, over the whole step (Trinity-RFT sets its mini-batch to the train batch),
         // `critic.ppo_epochs` times (unset: the actor's epochs).
         if let Some(critic) = &mut self.critic {
@@ -632,7 +648,8 @@ impl Trainer {
                     values,
                     &batch.action_mask,
                     self.components.loss_agg_mode,
-                    active.len(),
+                    &counts,
+                    counts.of(&active, false),
                     self.global_step,
                     self.dp.as_ref(),
                 )?;
@@ -643,7 +660,8 @@ impl Trainer {
             for mini in &mini_batches {
                 let micro_batches = micro_batches_of(&share_of(self.dp.as_ref(), mini, unit))?;
                 micro_count += micro_batches.len();
-                let mini = actor::MiniBatch { rows, batch: &batch, active: mini.len() };
+                let (whole, usual) = (counts.of(mini, false), counts.of(mini, true));
+                let mini = actor::MiniBatch { rows, batch: &batch, counts: &counts, whole, usual };
                 forward_only += self.update_actor(&mini, &micro_batches, &mut means)?;
                 if let Some(dp) = &self.dp {
                     dp.reduce_gradients(&self.optimizer.param_vars())?;

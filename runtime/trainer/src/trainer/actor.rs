@@ -1,20 +1,27 @@
 //! The actor's update over one mini-batch (step 4 of [`crate::trainer`]'s docs): micro-batches, run in passes.
 
 use tch::{Device, Kind, Tensor};
-use trinity_algorithm::Batch;
+use trinity_algorithm::entropy::EntropyKind;
+use trinity_algorithm::{AggCounts, Batch, LossAggMode};
 
 use super::{MetricMeans, Trainer, pad_to};
 use crate::batch::TrainRow;
 use crate::error::Result;
+use crate::loss_weight::{RowCounts, Weight};
 use crate::micro_batch::{passes, rows_layout_tokens};
 
-/// What every pass of one mini-batch's update reads: the step's rows, their batch fields, and the mini-batch's
-/// row count (the loss-scale denominator).
+/// What every pass of one mini-batch's update reads: the step's rows, their batch fields, their trained tokens, and
+/// the whole mini-batch's counts (the denominators of its loss terms, over every rank's share; see
+/// [`crate::loss_weight`]).
 #[derive(Clone, Copy)]
 pub(super) struct MiniBatch<'a> {
     pub(super) rows: &'a [TrainRow],
     pub(super) batch: &'a Batch,
-    pub(super) active: usize,
+    pub(super) counts: &'a RowCounts,
+    /// All the mini-batch's rows.
+    pub(super) whole: AggCounts,
+    /// Its usual (non-expert) rows: the denominators of the `mix` entropy bonus.
+    pub(super) usual: AggCounts,
 }
 
 impl Trainer {
@@ -35,10 +42,12 @@ impl Trainer {
     }
 
     /// One forward/backward pass over the rows of consecutive `micro_batches` ([`crate::micro_batch::passes`]):
-    /// each micro-batch's loss on its slice of the pass's logprobs, scaled by its rows, and the sum of their
-    /// gradients backpropagated once. Returns how many rows ran forward only.
+    /// each micro-batch's loss terms on its slice of the pass's logprobs, each weighted by the micro-batch's share
+    /// of the mini-batch's denominator ([`crate::loss_weight`]), and the sum of their gradients backpropagated
+    /// once. Returns how many rows ran forward only.
     fn actor_pass(&mut self, mini: &MiniBatch, micro_batches: &[Vec<usize>], means: &mut MetricMeans) -> Result<usize> {
-        let MiniBatch { rows, batch, active } = *mini;
+        let MiniBatch { rows, batch, counts, whole, usual } = *mini;
+        let mode = self.components.loss_agg_mode;
         let width = batch.len() as i64;
         let c = &self.components;
         let entropy_coef = c.entropy_coef();
@@ -70,38 +79,51 @@ impl Trainer {
             };
             mb.entropy = ent_leaf.as_ref().map(Tensor::shallow_clone);
 
+            // Each term weighs by this micro-batch's share of its own denominator over the whole mini-batch.
+            let part = counts.of(micro, false);
+            let all_rows = Weight::new(Some(mode), part, whole);
             let (pg_loss, m) = c.policy_loss.f.loss(&mb)?;
-            means.add("actor/", m);
-            let entropy_term = match &c.entropy {
-                Some(e) if mb.entropy.is_some() => {
-                    let (scaled, _, m) = e.f.loss(&mb, c.loss_agg_mode, &e.name)?;
-                    means.add("actor/", m);
-                    scaled
+            let pg_weight = Weight::new(c.policy_loss.f.loss_agg_mode(), part, whole);
+            means.add_weighted("actor/", m, pg_weight);
+            let mut loss = pg_loss * pg_weight.loss;
+            if let Some(e) = &c.entropy
+                && mb.entropy.is_some()
+            {
+                let (scaled, _, m) = e.f.loss(&mb, mode, &e.name)?;
+                let weight = match e.f.kind {
+                    EntropyKind::Mix => {
+                        let usual_part = counts.of(micro, true);
+                        // No usual row: no bonus (a seq-mean over no rows would be NaN).
+                        (usual_part.rows > 0.0).then(|| Weight::new(Some(mode), usual_part, usual))
+                    }
+                    _ => Some(all_rows),
+                };
+                if let Some(weight) = weight {
+                    means.add_weighted("actor/", m, weight);
+                    loss = &loss - scaled * weight.loss;
                 }
-                _ => Tensor::from(0f32),
-            };
-            let kl_term = match &c.kl_loss {
-                Some(k) => {
-                    let (scaled, _, m) = k.f.loss(&mb, c.loss_agg_mode, &k.name)?;
-                    means.add("actor/", m);
-                    scaled
-                }
-                None => Tensor::from(0f32),
-            };
-            let loss = pg_loss - entropy_term + kl_term;
+            }
+            if let Some(k) = &c.kl_loss {
+                let (scaled, _, m) = k.f.loss(&mb, mode, &k.name)?;
+                means.add_weighted("actor/", m, all_rows);
+                loss = &loss + scaled * all_rows.loss;
+            }
             if let Some(e) = &mb.entropy {
                 let h = trinity_algorithm::masked::masked_mean(e, &mb.action_mask, None);
-                means.add("actor/", [("entropy".to_owned(), h.f_double_value(&[])?)]);
+                let tokens = Weight::new(Some(LossAggMode::TokenMean), part, whole);
+                means.add_weighted("actor/", [("entropy".to_owned(), h.f_double_value(&[])?)], tokens);
             }
-            means.add("actor/", [("loss".to_owned(), loss.f_double_value(&[])?)]);
-            let scaled = loss * (micro.len() as f64 / active as f64);
-            if scaled.requires_grad() {
+            // `loss` is already this micro-batch's weighted contribution: the mini-batch's is their sum.
+            let rows_share = Weight::new(None, part, whole).share;
+            let contribution = Weight { loss: 1.0, share: rows_share };
+            means.add_weighted("actor/", [("loss".to_owned(), loss.f_double_value(&[])?)], contribution);
+            if loss.requires_grad() {
                 any_grad = true;
                 let mut leaves = vec![lp_leaf.shallow_clone()];
                 if let (Some(_), Some(e)) = (&grad_ent, &ent_leaf) {
                     leaves.push(e.shallow_clone());
                 }
-                let grads = Tensor::f_run_backward(&[&scaled], &leaves, false, false)?;
+                let grads = Tensor::f_run_backward(&[&loss], &leaves, false, false)?;
                 grad_lp.f_narrow(0, offset, k)?.f_copy_(&grads[0].f_narrow(1, 0, r)?)?;
                 if let (Some(g), Some(d)) = (&grad_ent, grads.get(1)) {
                     g.f_narrow(0, offset, k)?.f_copy_(&d.f_narrow(1, 0, r)?)?;

@@ -15,7 +15,7 @@ use trinity_config::algorithm::AlgorithmConfig;
 use trinity_model::LoraSpec;
 use trinity_trainer::{MicroBatching, TrainRow, Trainer, TrainerOptions, share_rows};
 
-use crate::{algorithm, tiny_model, trainer};
+use crate::{algorithm, tiny_model, trainer, uneven_rows};
 
 const STEPS: usize = 3;
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -69,6 +69,21 @@ fn scenario(name: &str) -> Scenario {
         }
         // 3 ranks on 8 rows: shares 3/3/2.
         "grpo3" => Scenario { algorithm: algorithm("grpo", |_| {}), options: options(1, None), rows: rows(8, true) },
+        // Rows of unequal length: one process trains each step as one micro-batch, each rank its share as one
+        // (13 and 16 response tokens): the ranks' token means must weigh as the whole batch's.
+        "sft_uneven" => {
+            Scenario { algorithm: algorithm("sft", |_| {}), options: options(8, None), rows: uneven_rows(8, false) }
+        }
+        // GRPO with entropy and KL terms on rows of unequal length, micro-batches of 3 rows: one process cuts
+        // {0,1,2} {3,4,5} {6,7}, the ranks {0,1,2} {3} and {4,5,6} {7}.
+        "grpo_uneven" => Scenario {
+            algorithm: algorithm("grpo", |a| {
+                a.entropy_loss_fn_args = crate::args(serde_json::json!({"entropy_coef": 0.01}));
+                a.kl_loss_fn_args = crate::args(serde_json::json!({"kl_coef": 0.1}));
+            }),
+            options: options(3, None),
+            rows: uneven_rows(8, true),
+        },
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -259,6 +274,55 @@ fn check(dir: &Path, world: usize) {
     let moved =
         start.iter().zip(&end).map(|((_, a), (_, b))| (a - b).abs().max().double_value(&[])).fold(0.0, f64::max);
     assert!(moved > 1e-3, "parameters moved only {moved}");
+}
+
+/// Checks bit-identical ranks and, against one process, step 1's loss (within 1e-6) and the final weights (within 2%
+/// of what training moved them): the tolerance of runs whose micro-batches differ, where gradients sum in another
+/// order.
+fn check_uneven(dir: &Path, world: usize, loss_metric: &str) {
+    for step in 0..STEPS {
+        let zero = load(dir, &format!("rank0_step{step}"));
+        for rank in 1..world {
+            let other = load(dir, &format!("rank{rank}_step{step}"));
+            for ((name, a), (_, b)) in zero.iter().zip(&other) {
+                assert!(a.equal(b), "step {step}: `{name}` differs between rank 0 and rank {rank}");
+            }
+            assert_eq!(metrics(dir, &format!("rank0_step{step}")), metrics(dir, &format!("rank{rank}_step{step}")));
+        }
+    }
+    let (dp, one) = (metrics(dir, "rank0_step0"), metrics(dir, "single_step0"));
+    let last = STEPS - 1;
+    let (start, end, single) =
+        (load(dir, "single_init"), load(dir, &format!("rank0_step{last}")), load(dir, &format!("single_step{last}")));
+    let max_diff = |a: &BTreeMap<String, Tensor>, b: &BTreeMap<String, Tensor>| {
+        a.iter().zip(b).map(|((_, x), (_, y))| (x - y).abs().max().double_value(&[])).fold(0.0, f64::max)
+    };
+    let (moved, apart) = (max_diff(&start, &single), max_diff(&end, &single));
+    println!(
+        "step-1 loss {:.8} on {world} ranks vs {:.8} in one process (diff {:.2e}); final weights differ by {apart:.2e}, \
+         {:.2}% of the {moved:.2e} training moved them",
+        dp["actor/loss"],
+        one["actor/loss"],
+        (dp["actor/loss"] - one["actor/loss"]).abs(),
+        100.0 * apart / moved
+    );
+    for key in ["actor/loss", loss_metric] {
+        assert!((dp[key] - one[key]).abs() <= 1e-6, "step 1: {key} {} on {world} ranks vs {}", dp[key], one[key]);
+    }
+    assert!(moved > 1e-3, "parameters moved only {moved}");
+    assert!(apart <= 0.02 * moved, "final weights differ by {apart}, more than 2% of the {moved} training moved them");
+}
+
+#[test]
+fn two_ranks_match_one_process_for_sft_on_rows_of_unequal_length() {
+    let dir = run("sft_uneven", 2);
+    check_uneven(dir.path(), 2, "actor/sft_loss");
+}
+
+#[test]
+fn two_ranks_match_one_process_for_grpo_on_rows_of_unequal_length() {
+    let dir = run("grpo_uneven", 2);
+    check_uneven(dir.path(), 2, "actor/pg_loss");
 }
 
 #[test]

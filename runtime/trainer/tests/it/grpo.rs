@@ -192,23 +192,25 @@ fn two_prompt_rows() -> Vec<TrainRow> {
 }
 
 /// Micro-batches run together in one pass ([`TrainerOptions::pass_tokens`]) train exactly as they do one at a
-/// time: each keeps its own token-mean loss and row weight, entropy and KL terms included, and the metrics are
-/// the same means over micro-batches. One micro-batch of all rows weights tokens differently, which shows the
-/// comparison can tell.
+/// time: each keeps its own token-mean loss and weight, entropy and KL terms included, and the metrics are the
+/// same. One micro-batch of all rows trains the same too (the weights make every micro-batch count its tokens in
+/// the whole batch's token mean), while a step without one of the rows does not, which shows the comparison can
+/// tell.
 #[test]
 fn micro_batches_in_one_pass_train_as_they_do_one_at_a_time() {
     let alg = grpo_with_entropy();
     let rows = two_prompt_rows();
-    let run = |micro_batching: MicroBatching, pass_tokens: Option<usize>| {
+    let run_on = |rows: &[TrainRow], micro_batching: MicroBatching, pass_tokens: Option<usize>| {
         let options = TrainerOptions { micro_batching, pass_tokens, ..TrainerOptions::default() };
         // eps 1 makes AdamW's first update ≈ lr · gradient: the parameters then compare the gradients themselves,
         // where a small eps would blow the rounding of near-zero entries up to ± lr.
         let adam = OptimizerConfig { lr: 0.1, eps: 1.0, weight_decay: 0.0, ..OptimizerConfig::default() };
         let components = Components::from_config(&alg).unwrap();
         let mut t = Trainer::new(tiny_model(6, Kind::Float), components, &adam, options).unwrap();
-        let m = t.train_step(&rows).unwrap();
+        let m = t.train_step(rows).unwrap();
         (t, m)
     };
+    let run = |micro_batching: MicroBatching, pass_tokens: Option<usize>| run_on(&rows, micro_batching, pass_tokens);
     let (apart, m_apart) = run(MicroBatching::TokenBudget(16), None);
     let (joined, m_joined) = run(MicroBatching::TokenBudget(16), Some(1 << 20));
     assert!(m_apart["perf/micro_batches"] >= 4.0, "{m_apart:?}");
@@ -219,9 +221,17 @@ fn micro_batches_in_one_pass_train_as_they_do_one_at_a_time() {
     }
     let diff = max_param_diff(apart.policy(), joined.policy());
     assert!(diff < 1e-7, "{diff}");
-    let (whole, _) = run(MicroBatching::TokenBudget(1 << 20), None);
+    let (whole, m_whole) = run(MicroBatching::TokenBudget(1 << 20), None);
+    assert_eq!(m_whole["perf/micro_batches"], 1.0);
+    for key in ["actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/loss", "actor/grad_norm"] {
+        let (a, b) = (m_apart[key], m_whole[key]);
+        assert!((a - b).abs() <= 1e-5 * a.abs().max(1e-3), "{key}: {a} apart, {b} as one micro-batch");
+    }
     let whole_diff = max_param_diff(apart.policy(), whole.policy());
-    assert!(whole_diff > 1e-4, "{whole_diff}");
+    assert!(whole_diff < 1e-7, "{whole_diff}");
+    let (fewer, _) = run_on(&rows[..rows.len() - 1], MicroBatching::TokenBudget(16), None);
+    let fewer_diff = max_param_diff(apart.policy(), fewer.policy());
+    assert!(fewer_diff > 1e-4, "{fewer_diff}");
 }
 
 /// Layers recomputed in the backward (`enable_gradient_checkpointing`, forced on for every pass) train exactly as

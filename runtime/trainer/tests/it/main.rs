@@ -1,5 +1,6 @@
 //! Integration tests of the training engine on tiny random models (seconds on the CPU, fixed seeds).
 
+mod aggregation;
 mod checkpoint;
 mod data_parallel;
 mod forward_only;
@@ -12,7 +13,7 @@ use tch::{Device, Kind, Tensor};
 use trinity_algorithm::registry;
 use trinity_config::algorithm::{AlgorithmConfig, LossAggMode, OptimizerConfig};
 use trinity_model::{Decoder, Family, ModelConfig, RandomWeights, RopeScaling};
-use trinity_trainer::{Components, Trainer, TrainerOptions};
+use trinity_trainer::{Components, TrainRow, Trainer, TrainerOptions};
 
 pub(crate) const VOCAB: i64 = 16;
 
@@ -81,6 +82,27 @@ pub(crate) fn trainer(policy: Decoder, algorithm: &AlgorithmConfig, lr: f64, opt
 /// A map from a JSON object literal.
 pub(crate) fn args(v: serde_json::Value) -> Option<Map<String, serde_json::Value>> {
     v.as_object().cloned()
+}
+
+/// `n` rows whose responses differ in length (1 to 7 tokens, some masked), so that micro-batches and ranks' shares
+/// hold different numbers of trained tokens; with advantages (GRPO) or without (SFT).
+pub(crate) fn uneven_rows(n: usize, with_advantages: bool) -> Vec<TrainRow> {
+    (0..n)
+        .map(|i| {
+            let prompt: Vec<i64> = (0..2 + i % 2).map(|j| 1 + ((i + j) % 5) as i64).collect();
+            let response: Vec<i64> = (0..1 + (i * 5) % 7).map(|j| 3 + ((i * 7 + j * 3) % 11) as i64).collect();
+            let mut r = TrainRow::sft(&prompt, &response);
+            r.logprobs = (0..response.len()).map(|j| -2.0 - 0.1 * j as f32 - 0.05 * i as f32).collect();
+            if response.len() > 2 {
+                r.action_mask[1] = false;
+            }
+            if with_advantages {
+                r.advantages = Some((0..response.len()).map(|j| (i as f32 - 3.5) * 0.3 + 0.1 * j as f32).collect());
+            }
+            r.group_id = Some(format!("task-{}", i / 4));
+            r
+        })
+        .collect()
 }
 
 /// Largest absolute difference between the parameters of two models.
