@@ -1,7 +1,9 @@
 //! Data-parallel training across processes on loopback: ranks agree bit for bit after every step, and their step
 //! equals the one-process step on the whole batch (within 1e-5 relative) for GRPO and PPO with token-mean loss
-//! aggregation, even and uneven shares. Each test runs the ranks and a one-process reference as separate processes
-//! (this binary started again, entering `dp_child`), so every process draws the same random weights. With LoRA
+//! aggregation, even and uneven shares; on rows of unequal length whose ranks' micro-batches are not one process's
+//! (SFT and GRPO), step 1's loss within 1e-6 and the final weights within 2% of what training moved them. Each
+//! test runs the ranks and a one-process reference as separate processes (this binary started again, entering
+//! `dp_child`), so every process draws the same random weights. With LoRA
 //! adapters the same holds for the adapters, and the frozen base weights stay rank 0's on every rank.
 
 use std::collections::BTreeMap;
