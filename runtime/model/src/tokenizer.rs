@@ -7,6 +7,18 @@
 //!
 //! Added tokens (ChatML `<|im_start|>` etc.) are always matched whole in the text, whether or not special tokens
 //! are "added": `add_special_tokens` only controls the post-processor (BOS/EOS insertion).
+//!
+//! [`Tokenizer::max_text_bytes`] bounds how long a text of at most so many tokens can be, so a caller can refuse
+//! a text far over a token limit without tokenizing it (tokenizing costs about 100 bytes of memory a byte of
+//! text: a 5 MB prompt took 534 MB). The bound is `tokens × B`, where `B` is the most bytes of input one token can
+//! stand for. It holds when no step of the pipeline can make text vanish, so every input byte ends up in some
+//! token: a BPE model that knows every byte (byte-level, or byte fallback) or maps each unknown character to its
+//! own unknown token; pre-tokenizers that only split (none that remove whitespace); added tokens that absorb no
+//! whitespace; normalizers that are the identity, prepend text, or (Unicode normal forms, lowercasing) shrink a
+//! text at most 4-fold, since they never delete a character and a character is at most 4 bytes (a composition
+//! joins at most 3 characters of at least 2 bytes, or 3 Hangul jamo of 3 bytes, into one of 2–3 bytes). Then `B`
+//! is the longest token (in bytes of the text it matches: one byte per character of a byte-level vocabulary
+//! entry) times that 4. Any other tokenizer has no bound, and callers tokenize the whole text.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -27,6 +39,8 @@ pub struct Tokenizer {
     add_bos_token: bool,
     add_eos_token: bool,
     model_max_length: Option<u64>,
+    /// The most bytes of input one token stands for, when the pipeline bounds it (see the module docs).
+    bytes_per_token: Option<usize>,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
@@ -63,7 +77,6 @@ impl Tokenizer {
         let empty = serde_json::Map::new();
         let cfg = tokenizer_config.and_then(Value::as_object).unwrap_or(&empty);
         Ok(Self {
-            inner,
             bos_token: special(cfg.get("bos_token")),
             eos_token: special(cfg.get("eos_token")),
             pad_token: special(cfg.get("pad_token")),
@@ -71,6 +84,8 @@ impl Tokenizer {
             add_bos_token: cfg.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false),
             add_eos_token: cfg.get("add_eos_token").and_then(Value::as_bool).unwrap_or(false),
             model_max_length: cfg.get("model_max_length").and_then(Value::as_u64),
+            bytes_per_token: bytes_per_token(&inner),
+            inner,
         })
     }
 
@@ -155,6 +170,7 @@ impl Tokenizer {
         });
         let inner: tokenizers::Tokenizer = serde_json::from_value(json).map_err(tok_err)?;
         Ok(Self {
+            bytes_per_token: bytes_per_token(&inner),
             inner,
             bos_token,
             eos_token,
@@ -170,6 +186,13 @@ impl Tokenizer {
     /// in the text are single ids either way.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         Ok(self.inner.encode_fast(text, add_special_tokens).map_err(tok_err)?.get_ids().to_vec())
+    }
+
+    /// The most bytes a text that encodes to at most `tokens` tokens can have; a longer text has more tokens, so
+    /// it can be refused without being tokenized. `None` when this tokenizer's pipeline gives no such bound (see
+    /// the module docs).
+    pub fn max_text_bytes(&self, tokens: usize) -> Option<usize> {
+        self.bytes_per_token.map(|per_token| tokens.saturating_mul(per_token))
     }
 
     /// Text of `ids`, optionally without special tokens.
@@ -261,6 +284,81 @@ impl Tokenizer {
     }
 }
 
+/// The most bytes of input one token can stand for, when no step of `tokenizer`'s pipeline can drop text (see
+/// the module docs); `None` otherwise.
+fn bytes_per_token(tokenizer: &tokenizers::Tokenizer) -> Option<usize> {
+    let shrink = match tokenizer.get_normalizer() {
+        None => 1,
+        Some(normalizer) => normalizer_shrink(&serde_json::to_value(normalizer).ok()?)?,
+    };
+    let byte_level = match tokenizer.get_pre_tokenizer() {
+        None => false,
+        Some(pre) => splits_only(&serde_json::to_value(pre).ok()?)?,
+    };
+    let tokenizers::models::ModelWrapper::BPE(bpe) = tokenizer.get_model() else { return None };
+    let vocab = bpe.get_vocab();
+    let knows_every_byte = if byte_level {
+        byte_alphabet().iter().all(|c| vocab.contains_key(&c.to_string()))
+    } else {
+        bpe.byte_fallback && (0..=255u8).all(|b| vocab.contains_key(&format!("<0x{b:02X}>")))
+    };
+    // An unknown character becomes one unknown token (unless unknowns are fused), so it stands for at most 4 bytes.
+    let unknown_bytes = match (&bpe.unk_token, bpe.fuse_unk) {
+        _ if knows_every_byte => 0,
+        (Some(_), false) => 4,
+        _ => return None,
+    };
+    // A byte-level entry writes each byte as one character; other entries are text (prefixes and `▁` only make
+    // them longer than what they match).
+    let entry_bytes = |token: &str| if byte_level { token.chars().count() } else { token.len() };
+    let longest_entry = vocab.keys().map(|t| entry_bytes(t)).max().unwrap_or(0);
+    let mut longest_added = 0;
+    for added in tokenizer.get_added_tokens_decoder().values() {
+        // A token that strips the whitespace beside it stands for any run of whitespace.
+        if added.lstrip || added.rstrip {
+            return None;
+        }
+        longest_added = longest_added.max(added.content.len());
+    }
+    let longest = longest_entry.max(longest_added).max(unknown_bytes).max(1);
+    Some(longest.saturating_mul(shrink))
+}
+
+/// How many times shorter a normalizer (as `tokenizer.json` writes it) can make a text; `None` when it can
+/// delete text.
+fn normalizer_shrink(normalizer: &Value) -> Option<usize> {
+    match normalizer.get("type")?.as_str()? {
+        "Prepend" | "ByteLevel" => Some(1),
+        // No character vanishes; at most 4 bytes become 1 (see the module docs).
+        "NFC" | "NFD" | "NFKC" | "NFKD" | "Lowercase" => Some(4),
+        "Replace" => {
+            let pattern = normalizer.get("pattern")?.get("String")?.as_str()?;
+            let content = normalizer.get("content")?.as_str()?;
+            (!content.is_empty()).then(|| pattern.len().div_ceil(content.len()).max(1))
+        }
+        "Sequence" => normalizer
+            .get("normalizers")?
+            .as_array()?
+            .iter()
+            .try_fold(1usize, |shrink, n| Some(shrink.saturating_mul(normalizer_shrink(n)?))),
+        _ => None,
+    }
+}
+
+/// Whether a pre-tokenizer (as `tokenizer.json` writes it) is byte-level, when it only splits text and never
+/// removes any; `None` when it can remove text (whitespace splitters, a `Removed` split).
+fn splits_only(pre: &Value) -> Option<bool> {
+    match pre.get("type")?.as_str()? {
+        "ByteLevel" => Some(true),
+        "Metaspace" | "Digits" | "UnicodeScripts" => Some(false),
+        "Split" | "Punctuation" => (pre.get("behavior")?.as_str()? != "Removed").then_some(false),
+        "Sequence" => {
+            pre.get("pretokenizers")?.as_array()?.iter().try_fold(false, |any, p| Some(any | splits_only(p)?))
+        }
+        _ => None,
+    }
+}
+
 /// `TemplateProcessing` that adds the given BOS/EOS (token, id) around each sequence.
 fn post_processor(bos: Option<(&str, Value)>, eos: Option<(&str, Value)>) -> Value {
     let mut single = Vec::new();
@@ -340,6 +438,71 @@ mod tests {
         let err = Tokenizer::from_files(&path, None).unwrap_err();
         assert!(matches!(err, ModelError::Json { ref path, .. } if path.ends_with("tokenizer.json")), "{err}");
         assert!(err.to_string().contains("tokenizer.json") && err.to_string().contains("line 1"), "{err}");
+    }
+
+    /// The fixture's `tokenizer.json`; its vocabulary has 48 entries, not every byte.
+    fn tiny_json() -> Value {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny/llama_tied");
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap()).unwrap()
+    }
+
+    fn from_json(json: &Value) -> Tokenizer {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("tokenizer.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        Tokenizer::from_files(&path, None).unwrap()
+    }
+
+    /// The fixture with every byte in its vocabulary, and this normalizer and pre-tokenizer.
+    fn tiny_with(normalizer: Value, pre_tokenizer: Value) -> Tokenizer {
+        let mut json = tiny_json();
+        let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+        for c in byte_alphabet() {
+            let next = vocab.len() + 3;
+            vocab.entry(c.to_string()).or_insert(json!(next));
+        }
+        json["normalizer"] = normalizer;
+        json["pre_tokenizer"] = pre_tokenizer;
+        from_json(&json)
+    }
+
+    fn byte_level() -> Value {
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
+    }
+
+    #[test]
+    fn a_text_longer_than_the_bound_has_more_tokens() {
+        let tokenizer = tiny_with(Value::Null, byte_level());
+        // The longest entry is the added token `<|endoftext|>`: 13 bytes.
+        assert_eq!(tokenizer.max_text_bytes(10), Some(130));
+        let texts = [
+            "<|endoftext|><|endoftext|><|im_start|>".to_owned(),
+            "ab1 ".repeat(300),
+            "           ".repeat(50),
+            "é😀\n\u{0}".repeat(40),
+            "abababababab".repeat(100),
+        ];
+        for text in texts {
+            let tokens = tokenizer.encode(&text, true).unwrap().len();
+            let bound = tokenizer.max_text_bytes(tokens).unwrap();
+            assert!(text.len() <= bound, "{} bytes in {tokens} tokens, bound {bound}: {text:?}", text.len());
+        }
+    }
+
+    #[test]
+    fn pipelines_that_can_drop_text_have_no_bound() {
+        let bound = |normalizer: Value, pre: Value| tiny_with(normalizer, pre).max_text_bytes(1);
+        assert_eq!(bound(Value::Null, byte_level()), Some(13));
+        assert_eq!(bound(json!({"type": "NFC"}), byte_level()), Some(52));
+        let sequence = json!({"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]});
+        assert_eq!(bound(sequence, byte_level()), Some(208));
+        assert_eq!(bound(json!({"type": "Strip", "strip_left": true, "strip_right": true}), byte_level()), None);
+        let whitespace = json!({"type": "Sequence", "pretokenizers": [{"type": "WhitespaceSplit"}, byte_level()]});
+        assert_eq!(bound(Value::Null, whitespace), None);
+        let removed = json!({"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": false});
+        assert_eq!(bound(Value::Null, json!({"type": "Sequence", "pretokenizers": [removed, byte_level()]})), None);
+        // A byte-level vocabulary without every byte drops the bytes it lacks (the fixture as it is).
+        assert_eq!(from_json(&tiny_json()).max_text_bytes(1), None);
     }
 
     #[test]
