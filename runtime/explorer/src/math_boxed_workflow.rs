@@ -81,8 +81,7 @@ impl Workflow for MathBoxed {
                 let text = base_prompt(Some(&system), &question);
                 let tokens = ctx
                     .model
-                    .tokenizer()
-                    .encode(&text, true)
+                    .encode_prompt(&text, true)
                     .map_err(|source| ExplorerError::Model { task: describe(task), source })?;
                 sample_prompt(task, ctx, tokens, params).await?
             } else {

@@ -243,7 +243,7 @@ async fn sample_external(
 /// `limit - 1` tokens and one masked response token (the trainer needs a response position to exist).
 pub(crate) fn prompt_truncated(task: &Task, ctx: &WorkflowContext, prompt: &[u32], limit: usize) -> Vec<Experience> {
     tracing::warn!(
-        "task {}: prompt of {} tokens exceeds {limit} (model.max_prompt_tokens); its {} rollouts are masked placeholders",
+        "task {}: prompt of at least {} tokens exceeds {limit} (model.max_prompt_tokens); its {} rollouts are masked placeholders",
         describe(task),
         prompt.len(),
         ctx.repeat_times

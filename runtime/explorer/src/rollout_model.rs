@@ -182,13 +182,46 @@ impl RolloutModel {
     }
 
     /// Renders `messages` with the chat template and a generation prompt, appends `reply_prefix` (a pre-filled
-    /// start of the assistant's turn), and tokenizes without adding special tokens (the template has them).
+    /// start of the assistant's turn), and tokenizes without adding special tokens (the template has them), as
+    /// [`RolloutModel::encode_prompt`] does.
     pub fn chat_prompt(&self, messages: &[ChatMessage], reply_prefix: Option<&str>) -> Result<Vec<u32>, ModelError> {
         let mut text = self.render_chat(messages, true)?;
         if let Some(prefix) = reply_prefix {
             text.push_str(prefix);
         }
-        self.local()?.1.encode(&text, false)
+        self.encode_prompt(&text, false)
+    }
+
+    /// Tokenizes a prompt for the engine; a text provably longer than the engine's prompt limit (`limit` =
+    /// `max_prompt_tokens`; see [`Tokenizer::max_text_bytes`]) is not tokenized whole: the result is the first
+    /// `limit + 1` tokens of a head of it, which [`RolloutModel::prompt_over_limit`] reports as over the limit
+    /// (placeholders, with `enable_prompt_truncation`) and the engine refuses (without). Tokenizing costs about
+    /// 100 bytes of memory a byte of text, so a 10 MB task prompt tokenized whole doubled a run's peak memory;
+    /// this way it costs about as much as the longest prompt that fits (typically far less: the head starts at 8
+    /// bytes a token and doubles until it holds `limit + 1` tokens).
+    pub fn encode_prompt(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError> {
+        let (engine, tokenizer, _) = self.local()?;
+        let limit = engine.info().max_prompt_tokens;
+        let Some(most) = tokenizer.max_text_bytes(limit).filter(|&most| text.len() > most) else {
+            return tokenizer.encode(text, add_special_tokens);
+        };
+        // A head longer than `most` bytes has more than `limit` tokens too, so the loop ends there at the latest.
+        let cap = most.saturating_add(4);
+        let mut head_bytes = limit.saturating_add(1).saturating_mul(8).min(cap);
+        loop {
+            let head = &text[..text.floor_char_boundary(head_bytes.min(text.len()))];
+            let mut tokens = tokenizer.encode(head, add_special_tokens)?;
+            if tokens.len() > limit || head.len() == text.len() || head_bytes >= cap {
+                tracing::debug!(
+                    "a prompt of {} bytes is longer than {limit} tokens can be ({most} bytes); tokenized its first {} bytes",
+                    text.len(),
+                    head.len()
+                );
+                tokens.truncate(limit.saturating_add(1));
+                return Ok(tokens);
+            }
+            head_bytes = head_bytes.saturating_mul(2).min(cap);
+        }
     }
 
     /// The text the model sees for `messages`: the chat template, or plain `Role:` lines for a model without
@@ -230,5 +263,66 @@ fn capitalize(role: &str) -> String {
     match chars.next() {
         Some(first) => first.to_uppercase().chain(chars).collect(),
         None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use trinity_engine::{EngineConfig, EngineModel};
+
+    use super::*;
+
+    /// The tiny fixture with prompts of at most 31 tokens (`max_model_len` 32), its tokenizer's vocabulary
+    /// completed with every byte (as it lacks some, its tokenizer bounds no text; the prompts here use only
+    /// tokens it has).
+    fn tiny_model() -> RolloutModel {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied");
+        let mut loaded = trinity_model::load_model(&dir, tch::Kind::Float, tch::Device::Cpu).unwrap();
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap()).unwrap();
+        let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+        // GPT-2's byte alphabet: printable Latin-1 bytes as themselves, the others from U+0100 up in byte order.
+        let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let mut shifted = 256;
+        for byte in 0..256u32 {
+            let c = if printable(byte) {
+                byte
+            } else {
+                shifted += 1;
+                shifted - 1
+            };
+            // The three added tokens follow the 48 entries.
+            let next = vocab.len() + 3;
+            vocab.entry(char::from_u32(c).unwrap().to_string()).or_insert(next.into());
+        }
+        let path = std::env::temp_dir().join(format!("trinity-explorer-tokenizer-{}.json", std::process::id()));
+        std::fs::write(&path, json.to_string()).unwrap();
+        let tokenizer = Tokenizer::from_files(&path, None).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(tokenizer.max_text_bytes(1).is_some());
+        let template = loaded.chat_template.take();
+        let config = EngineConfig { max_model_len: 32, max_num_seqs: 2, ..EngineConfig::default() };
+        RolloutModel::new(Arc::new(Engine::start(EngineModel::from(loaded), config).unwrap()), tokenizer, template)
+    }
+
+    #[test]
+    fn a_prompt_far_over_the_limit_is_tokenized_only_as_far_as_the_limit() {
+        let model = tiny_model();
+        let limit = model.engine().info().max_prompt_tokens;
+        // 10 MB: tokenized whole it would be ~2.5 M tokens and ~1 GB of the tokenizer's working memory.
+        let huge = "ab1 ".repeat(2_500_000);
+        let tokens = model.encode_prompt(&huge, false).unwrap();
+        assert_eq!(tokens.len(), limit + 1);
+        assert_eq!(model.prompt_over_limit(tokens.len()), Some(limit));
+        assert_eq!(tokens[..8], model.tokenizer().encode(&huge[..64], false).unwrap()[..8]);
+        let chat = model.chat_prompt(&[ChatMessage::new("user", huge)], None).unwrap();
+        assert_eq!(chat.len(), limit + 1);
+        // A prompt that may fit is tokenized whole, exactly as the tokenizer does.
+        let short = "ab1 ab";
+        assert_eq!(model.encode_prompt(short, true).unwrap(), model.tokenizer().encode(short, true).unwrap());
+        let near = "ab1 ".repeat(40);
+        assert_eq!(model.encode_prompt(&near, false).unwrap(), model.tokenizer().encode(&near, false).unwrap());
     }
 }
