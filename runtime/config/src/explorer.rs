@@ -126,7 +126,9 @@ impl Default for ExplorerConfig {
             eval_on_startup: true,
             bench_on_latest_checkpoint: false,
             rollout_model: RolloutModelConfig::default(),
-            listen_address: "0.0.0.0".to_owned(),
+            // Trinity-RFT listens on every interface by default; an unauthenticated server that generates and
+            // takes rewards is loopback-only unless the config asks otherwise.
+            listen_address: "127.0.0.1".to_owned(),
             proxy_port: 8010,
             runner_num: None,
             concurrent_mode: "sequential".to_owned(),
