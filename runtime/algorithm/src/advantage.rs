@@ -17,6 +17,8 @@ use crate::metrics::Metrics;
 
 pub mod asymre;
 pub mod asymre_verl;
+pub mod clipb;
+pub mod clipv;
 pub mod grpo;
 pub mod grpo_verl;
 pub mod jsd;
@@ -43,6 +45,9 @@ pub struct AdvantageOutput {
     /// The rows that go on to training, as indices into the input, in Trinity-RFT's output order (grouped);
     /// rows of dropped groups are absent and duplicated groups repeat. `None`: every row, in input order.
     pub rows: Option<Vec<i64>>,
+    /// The narrowed training mask (rows × tokens, input row order) when the function filters tokens out of the
+    /// losses, as Trinity-RFT's clipb and clipv rewrite `response_mask`; `None`: the batch's `action_mask`.
+    pub action_mask: Option<Tensor>,
 }
 
 /// An advantage function built from its arguments.
@@ -99,5 +104,6 @@ pub(crate) fn group_output(
         advantages,
         metrics: crate::metrics::aggregate_groups(per_group, "group_advantages"),
         rows: Some(rows),
+        action_mask: None,
     }
 }

@@ -30,6 +30,9 @@ pub struct Batch {
     pub entropy: Option<Tensor>,
     /// The teacher's logprobs of the sampled tokens (on-policy distillation, JSD).
     pub teacher_logprob: Option<Tensor>,
+    /// A per-token quantity the Clip_V advantage compares with e^ℓ·(H + ℓ) (Trinity's `necs`, which its entropy
+    /// example's patched actor computes; see [`crate::advantage::clipv`]).
+    pub necs: Option<Tensor>,
     /// One scalar reward per row.
     pub reward: Option<Vec<f64>>,
     /// The task group of each row (Trinity's `eid.tid`).
@@ -61,6 +64,7 @@ pub struct BatchJson {
     pub values: Option<Vec<Vec<f64>>>,
     pub entropy: Option<Vec<Vec<f64>>>,
     pub teacher_logprob: Option<Vec<Vec<f64>>>,
+    pub necs: Option<Vec<Vec<f64>>>,
     pub expert_mask: Option<Vec<bool>>,
     pub reward_baselines: Option<Vec<f64>>,
 }
@@ -138,6 +142,7 @@ impl Batch {
             values: token("values", &json.values)?,
             entropy: token("entropy", &json.entropy)?,
             teacher_logprob: token("teacher_logprob", &json.teacher_logprob)?,
+            necs: token("necs", &json.necs)?,
             action_mask,
             reward: per_row("reward", json.reward.as_ref(), rows)?,
             group_id: ids("group_id", json.group_id.as_ref(), rows)?,
@@ -160,6 +165,7 @@ impl Batch {
             values: None,
             entropy: None,
             teacher_logprob: None,
+            necs: None,
             reward: None,
             group_id: None,
             run_id: None,
@@ -211,6 +217,7 @@ impl Batch {
             values: t(&self.values),
             entropy: t(&self.entropy),
             teacher_logprob: t(&self.teacher_logprob),
+            necs: t(&self.necs),
             reward: pick(&self.reward, index),
             group_id: pick(&self.group_id, index),
             run_id: pick(&self.run_id, index),

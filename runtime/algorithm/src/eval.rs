@@ -11,6 +11,8 @@
 //!    (`token_level_rewards`, or each `reward` on the row's last action token); the penalty has no effect on
 //!    explorer-side (group) advantages, as in Trinity-RFT. Rows a group advantage drops (std_threshold) get
 //!    zero advantages and leave the loss; duplicated groups enter it twice (draws use `seed` when given).
+//!    A function that filters tokens (clipb, clipv) narrows the mask every loss term then trains on; the output
+//!    shows that mask as `action_mask`.
 //! 2. Losses on the resulting rows, all with the same `loss_agg_mode`. Without `algorithm_type`, the policy
 //!    loss keeps its own `loss_agg_mode` argument unless the top-level `loss_agg_mode` is given; with
 //!    `algorithm_type` the top-level one (default `token-mean`) overrides it, as Trinity-RFT's config
@@ -63,6 +65,10 @@ pub struct EvalOutput {
     pub advantages: Option<Vec<Vec<f64>>>,
     /// Per-token returns from the advantage function; `null` when none ran.
     pub returns: Option<Vec<Vec<f64>>>,
+    /// The training mask the losses used when the advantage function narrowed it (clipb, clipv), input row
+    /// order; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action_mask: Option<Vec<Vec<f64>>>,
     pub pg_loss: f64,
     /// The KL loss's unscaled aggregate.
     pub kl: f64,
@@ -190,6 +196,7 @@ pub fn eval(input: &EvalInput) -> Result<EvalOutput, AlgorithmError> {
     let mut metrics = Metrics::new();
     let mut returns = None;
     let mut rows: Option<Vec<i64>> = None;
+    let mut narrowed_mask = None;
     if batch.advantages.is_none()
         && let Some((name, f, in_trainer)) = &advantage
     {
@@ -207,6 +214,10 @@ pub fn eval(input: &EvalInput) -> Result<EvalOutput, AlgorithmError> {
         metrics.extend(out.metrics.into_iter().map(|(k, v)| (format!("{prefix}{k}"), v)));
         returns = Some(tensor_to_rows(&out.returns));
         batch.advantages = Some(out.advantages);
+        if let Some(mask) = out.action_mask {
+            narrowed_mask = Some(tensor_to_rows(&mask));
+            batch.action_mask = mask;
+        }
         rows = out.rows;
     }
     let advantages = batch.advantages.as_ref().map(tensor_to_rows);
@@ -256,6 +267,7 @@ pub fn eval(input: &EvalInput) -> Result<EvalOutput, AlgorithmError> {
     Ok(EvalOutput {
         advantages,
         returns,
+        action_mask: narrowed_mask,
         pg_loss: scalar(&pg_loss),
         kl: scalar(&kl_raw),
         kl_loss: scalar(&kl_scaled),

@@ -330,7 +330,13 @@ impl AdvantageFn for LibraryAdvantage {
         {
             return Err(c.error(format!("returned row index {bad} for a batch of {} rows", batch.rows())));
         }
-        Ok(AdvantageOutput { advantages: out.advantages, returns: out.returns, metrics: out.metrics, rows: out.rows })
+        Ok(AdvantageOutput {
+            advantages: out.advantages,
+            returns: out.returns,
+            metrics: out.metrics,
+            rows: out.rows,
+            action_mask: None,
+        })
     }
 }
 

@@ -28,9 +28,6 @@ const NEEDS: &[(&str, &str)] = &[
 const NOT_PORTED: &[&str] = &[
     // Trinity-RFT's synthetic long-context workflow of scripts/context_length_test.
     "synthetic_workflow",
-    // The advantage functions of Trinity-RFT's entropy-control example (examples/entropy).
-    "clipb",
-    "clipv",
 ];
 
 /// What a Trinity-RFT workflow or reward named `name` needs from outside trinity, when trinity knows it:

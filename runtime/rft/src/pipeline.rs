@@ -127,6 +127,7 @@ pub fn apply_group_advantage(
         values: None,
         entropy: None,
         teacher_logprob: None,
+        necs: None,
         reward: Some(experiences.iter().map(|e| e.reward).collect()),
         group_id: Some(experiences.iter().map(|e| e.eid.tid()).collect()),
         run_id: Some(experiences.iter().map(|e| format!("{}/{}", e.eid.tid(), e.eid.run)).collect()),

@@ -36,7 +36,13 @@ impl AdvantageFn for AsymReVerl {
             }
         }
         let advantages = broadcast_rows(&scores, &batch.action_mask);
-        Ok(AdvantageOutput { returns: advantages.copy(), advantages, metrics: Metrics::new(), rows: None })
+        Ok(AdvantageOutput {
+            returns: advantages.copy(),
+            advantages,
+            metrics: Metrics::new(),
+            rows: None,
+            action_mask: None,
+        })
     }
 }
 

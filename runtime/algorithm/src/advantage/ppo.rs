@@ -50,7 +50,7 @@ impl AdvantageFn for Gae {
         let adv = Tensor::from_slice(&adv).view([rows as i64, len as i64]);
         let returns = &adv + values_t;
         let advantages = masked_whiten(&adv, &batch.action_mask, "advantages")?;
-        Ok(AdvantageOutput { advantages, returns, metrics: Metrics::new(), rows: None })
+        Ok(AdvantageOutput { advantages, returns, metrics: Metrics::new(), rows: None, action_mask: None })
     }
 }
 

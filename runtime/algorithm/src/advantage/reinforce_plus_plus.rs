@@ -41,7 +41,7 @@ impl AdvantageFn for ReinforcePlusPlus {
         }
         let returns = Tensor::from_slice(&returns).view([rows as i64, len as i64]);
         let advantages = masked_whiten(&returns, &batch.action_mask, "returns")? * &batch.action_mask;
-        Ok(AdvantageOutput { advantages, returns, metrics: Metrics::new(), rows: None })
+        Ok(AdvantageOutput { advantages, returns, metrics: Metrics::new(), rows: None, action_mask: None })
     }
 }
 

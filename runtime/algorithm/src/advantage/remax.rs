@@ -34,7 +34,7 @@ impl AdvantageFn for Remax {
         let m = &batch.action_mask;
         let returns = (&scores * m).flip([-1]).cumsum(-1, Kind::Float).flip([-1]);
         let advantages = &returns - Tensor::from_slice(&b).unsqueeze(-1) * m;
-        Ok(AdvantageOutput { advantages, returns, metrics: Metrics::new(), rows: None })
+        Ok(AdvantageOutput { advantages, returns, metrics: Metrics::new(), rows: None, action_mask: None })
     }
 }
 
