@@ -19,6 +19,7 @@ pub mod asymre;
 pub mod asymre_verl;
 pub mod clipb;
 pub mod clipv;
+pub mod gigpo;
 pub mod grpo;
 pub mod grpo_verl;
 pub mod jsd;

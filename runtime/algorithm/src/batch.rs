@@ -5,7 +5,7 @@
 //! the tensor code after it never sees a ragged or mismatched input.
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::AlgorithmError;
@@ -41,6 +41,11 @@ pub struct Batch {
     pub run_id: Option<Vec<String>>,
     /// The training step of each row (MIX-CHORD's μ schedule).
     pub step: Option<Vec<i64>>,
+    /// The step of each row within its run (Trinity's `eid.step`), for multi-step advantages (gigpo).
+    pub run_step: Option<Vec<i64>>,
+    /// Each row's experience `info` (Trinity's `experience.info`), for advantages that read keys a workflow
+    /// writes there (gigpo's step reward and anchor state).
+    pub info: Option<Vec<Map<String, Value>>>,
     /// Rows that come from the expert (SFT) dataset in MIX algorithms.
     pub expert_mask: Option<Vec<bool>>,
     /// Per-row reward baselines (ReMax).
@@ -54,6 +59,8 @@ pub struct BatchJson {
     pub group_id: Option<Vec<Value>>,
     pub run_id: Option<Vec<Value>>,
     pub step: Option<Vec<i64>>,
+    pub run_step: Option<Vec<i64>>,
+    pub info: Option<Vec<Map<String, Value>>>,
     pub reward: Option<Vec<f64>>,
     pub logprob: Option<Vec<Vec<f64>>>,
     pub old_logprob: Option<Vec<Vec<f64>>>,
@@ -148,6 +155,8 @@ impl Batch {
             group_id: ids("group_id", json.group_id.as_ref(), rows)?,
             run_id: ids("run_id", json.run_id.as_ref(), rows)?,
             step: per_row("step", json.step.as_ref(), rows)?,
+            run_step: per_row("run_step", json.run_step.as_ref(), rows)?,
+            info: per_row("info", json.info.as_ref(), rows)?,
             expert_mask: per_row("expert_mask", json.expert_mask.as_ref(), rows)?,
             reward_baselines: per_row("reward_baselines", json.reward_baselines.as_ref(), rows)?,
         })
@@ -170,6 +179,8 @@ impl Batch {
             group_id: None,
             run_id: None,
             step: None,
+            run_step: None,
+            info: None,
             expert_mask: None,
             reward_baselines: None,
         }
@@ -222,6 +233,8 @@ impl Batch {
             group_id: pick(&self.group_id, index),
             run_id: pick(&self.run_id, index),
             step: pick(&self.step, index),
+            run_step: pick(&self.run_step, index),
+            info: pick(&self.info, index),
             expert_mask: pick(&self.expert_mask, index),
             reward_baselines: pick(&self.reward_baselines, index),
         }

@@ -94,6 +94,23 @@ fn rec() -> Preset {
 fn multi_step_grpo() -> Preset {
     rl(8, "step_wise_grpo", "ppo", "k2", "default")
 }
+/// GiGPO's `default_config()` (0.6.0): its advantage and PPO clip arguments are written out as the class does.
+fn gigpo() -> Preset {
+    Preset {
+        advantage_fn_args: args(&[
+            ("omega", Value::from(1.0)),
+            ("gamma", Value::from(1.0)),
+            ("fnorm", Value::from("none")),
+            ("epsilon", Value::from(1e-6)),
+        ]),
+        policy_loss_fn_args: args(&[
+            ("clip_range_low", Value::from(0.2)),
+            ("clip_range_high", Value::from(0.2)),
+            ("loss_agg_mode", Value::from("token-mean")),
+        ]),
+        ..rl(8, "gigpo", "ppo", "k2", "default")
+    }
+}
 /// MIX and MIX-CHORD leave the KL functions to the global fallback.
 fn mix_like(policy_loss: &str) -> Preset {
     Preset {
@@ -172,6 +189,7 @@ inventory::submit! { PresetEntry { name: "sapo", preset: sapo } }
 inventory::submit! { PresetEntry { name: "sppo", preset: sppo } }
 inventory::submit! { PresetEntry { name: "rec", preset: rec } }
 inventory::submit! { PresetEntry { name: "multi_step_grpo", preset: multi_step_grpo } }
+inventory::submit! { PresetEntry { name: "gigpo", preset: gigpo } }
 inventory::submit! { PresetEntry { name: "mix", preset: mix } }
 inventory::submit! { PresetEntry { name: "mix_chord", preset: mix_chord } }
 inventory::submit! { PresetEntry { name: "sft", preset: sft } }
@@ -213,5 +231,11 @@ mod tests {
         assert_eq!(p("dpo").repeat_times, Some(2));
         assert!(!p("asymre").use_reference && p("asymre").entropy_loss_fn.as_deref() == Some("none"));
         assert_eq!(p("jsd").advantage_fn_args.unwrap()["lambda_coef"], 0.5);
+        // GiGPO (0.6.0's `GiGPOAlgorithm`): explorer-side advantage, reference model, 8 runs per task.
+        let g = p("gigpo");
+        assert!(g.use_reference && !g.use_critic && !g.compute_advantage_in_trainer && g.repeat_times == Some(8));
+        assert_eq!(g.advantage_fn_args.unwrap()["fnorm"], "none");
+        assert_eq!(g.policy_loss_fn_args.unwrap()["clip_range_high"], 0.2);
+        assert_eq!((g.kl_loss_fn.as_deref(), g.sample_strategy.as_deref()), (Some("k2"), Some("default")));
     }
 }

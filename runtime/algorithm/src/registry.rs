@@ -307,6 +307,9 @@ mod tests {
                 "remax",
                 "on_policy_distill",
                 "jsd",
+                "clipb",
+                "clipv",
+                "gigpo",
             ],
         );
         has(
@@ -355,6 +358,7 @@ mod tests {
                 "jsd",
                 "grpo_verl",
                 "raft",
+                "gigpo",
             ],
         );
     }

@@ -132,6 +132,8 @@ pub fn apply_group_advantage(
         group_id: Some(experiences.iter().map(|e| e.eid.tid()).collect()),
         run_id: Some(experiences.iter().map(|e| format!("{}/{}", e.eid.tid(), e.eid.run)).collect()),
         step: Some(experiences.iter().map(|e| e.eid.batch as i64).collect()),
+        run_step: Some(experiences.iter().map(|e| e.eid.step as i64).collect()),
+        info: Some(experiences.iter().map(|e| e.info.clone()).collect()),
         expert_mask: None,
         reward_baselines: None,
     };
@@ -249,6 +251,31 @@ mod tests {
         for (task, run, value) in kept {
             assert_eq!(task, 1, "only the surviving group, twice");
             assert_eq!(value > 0.0, run == 1, "run {run}: {value}");
+        }
+    }
+
+    #[test]
+    fn gigpo_reads_each_experience_step_and_info() {
+        // Task 0, two runs of two steps given in reverse step order, rewards only on run 0's step 1; the step-0
+        // experiences share anchor state `s`. Sorted by `eid.step`, run 0's last step has reward 1 (episode returns
+        // 1, 0 → A_E = ±0.5) and both its steps return 1 (anchor `s`: 1 vs 0 → A_S = ±0.5), as 0.6.0's
+        // `GiGPOAdvantageFn` computes; in batch order run 0 would end on reward 0.
+        let mut experiences = Vec::new();
+        for (run, step, reward) in [(0, 1, 1.0), (0, 0, 0.0), (1, 1, 0.0), (1, 0, 0.0)] {
+            let mut e = experience(0, run, 2, reward);
+            e.eid.step = step;
+            if step == 0 {
+                e.info.insert("env_state_hash".to_owned(), json!("s"));
+            }
+            experiences.push(e);
+        }
+        let args = registry::resolve_args(ComponentKind::AdvantageFn, "gigpo", None).unwrap();
+        let gigpo = registry::advantage_fn("gigpo", &args).unwrap().0;
+        let kept = kept_advantages(&experiences, gigpo.as_ref());
+        let want = [0.5, 1.0, -0.5, -1.0];
+        assert_eq!(kept.len(), 4);
+        for ((_, _, got), want) in kept.iter().zip(want) {
+            assert!((f64::from(*got) - want).abs() < 1e-5, "{kept:?}");
         }
     }
 }
