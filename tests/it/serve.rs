@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{openai_python, spawn_run, stderr, tiny_model_dir, trinity, workspace_root};
+use crate::support::{openai_python, spawn_run, stderr, stdout, tiny_model_dir, trinity, workspace_root};
 use crate::tool_model::write_tool_model;
 
 fn config(mode: &str) -> String {
@@ -230,4 +230,157 @@ fn the_openai_client_drives_mode_serve_and_a_trainer_trains_on_what_it_received(
     let db = rusqlite::Connection::open(job.join("buffer/exp.db")).unwrap();
     let count = |sql: &str| db.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
     assert_eq!(count("SELECT COUNT(*) FROM experiences WHERE consumed = 1 AND train_step = 1"), 4);
+}
+
+/// The server's resident memory, from `/proc`.
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in {status}"));
+    kib * 1024
+}
+
+/// One raw HTTP/1.1 request with `headers`; the status and the body as text.
+fn raw_post(address: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+}
+
+/// Prompts far over the limit are refused by their length, before the tokenizer (which costs ~100 bytes of
+/// memory a byte of text, kept by the allocator) sees them: three 900 KB prompts used to add ~300 MB.
+#[test]
+fn oversized_prompts_are_refused_without_growing_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    // The tool model's byte-level vocabulary has every byte, so its tokenizer bounds a prompt's length in bytes
+    // (the tiny fixture's lacks some, and gets no bound).
+    let model = dir.path().join("tool-model");
+    write_tool_model(&model);
+    std::fs::write(dir.path().join("serve.yaml"), config_for("serve", &model, 512, 12, 4)).unwrap();
+    let job = dir.path().join("ckpt/p/served");
+    let mut server = spawn_run(dir.path(), "serve.yaml");
+    let address = server_address(&job);
+    let (status, reply) = post(
+        &address,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "ab1"}], "max_tokens": 2}),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let before = resident_bytes(server.id());
+    let huge = "ab1 ".repeat(225_000);
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                let (status, reply) =
+                    post(&address, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": huge}]}));
+                assert_eq!((status, &reply["error"]["code"]), (400, &json!("context_length_exceeded")), "{reply}");
+            });
+        }
+    });
+    let (status, reply) = post(&address, "/v1/completions", &json!({"prompt": huge}));
+    assert_eq!(status, 400, "{reply}");
+    let grown = resident_bytes(server.id()).saturating_sub(before);
+    println!(
+        "resident memory: {:.1} MB before, {:.1} MB more after four 900 KB prompts",
+        before as f64 / 1e6,
+        grown as f64 / 1e6
+    );
+    assert!(grown < 40_000_000, "the server grew by {grown} bytes");
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
+
+/// SIGTERM commits what was rewarded and not yet committed; unset, `listen_address` is loopback.
+#[test]
+fn sigterm_commits_every_rewarded_experience_and_the_default_bind_is_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config("serve").replace("  listen_address: 127.0.0.1\n", "");
+    assert!(!config.contains("listen_address"));
+    std::fs::write(dir.path().join("serve.yaml"), config).unwrap();
+    let job = dir.path().join("ckpt/p/served");
+    let server = spawn_run(dir.path(), "serve.yaml");
+    let address = server_address(&job);
+    assert!(address.starts_with("127.0.0.1:"), "{address}");
+    let chat = json!({"messages": [{"role": "user", "content": "ab1"}], "n": 2, "max_tokens": 3});
+    let (_, rewarded) = post(&address, "/v1/chat/completions", &chat);
+    let (_, unrewarded) = post(&address, "/v1/chat/completions", &chat);
+    let id = rewarded["id"].as_str().unwrap().to_owned();
+    let (status, body) = post(&address, "/feedback", &json!({"msg_ids": [id, format!("{id}#0")], "reward": 1.0}));
+    assert_eq!((status, &body["updated"]), (200, &json!(2)), "{body}");
+    assert!(Command::new("kill").args(["-TERM", &server.id().to_string()]).status().unwrap().success());
+    let served = server.wait_with_output().unwrap();
+    let log = stderr(&served);
+    assert!(served.status.success(), "{log}");
+    let stored: Vec<Value> = std::fs::read_to_string(job.join("explorer_experiences.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(stored.len(), 2, "{log}");
+    assert!(stored.iter().all(|e| e["info"]["response_id"] == json!(id)), "{stored:?}");
+    // The unrewarded reply is named as lost.
+    let unrewarded = unrewarded["id"].as_str().unwrap();
+    assert!(log.contains("never committed") && log.contains(unrewarded), "{log}");
+    let db = rusqlite::Connection::open(job.join("buffer/exp.db")).unwrap();
+    let count: i64 = db.query_row("SELECT COUNT(*) FROM experiences", [], |r| r.get(0)).unwrap();
+    assert_eq!(count, 2);
+}
+
+/// With `TRINITY_SERVE_API_KEY`, the official client needs the key; a page's text/plain POST is refused.
+#[test]
+fn the_openai_client_needs_the_api_key_and_a_cross_site_post_is_refused() {
+    let python = openai_python();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("serve.yaml"), config("serve")).unwrap();
+    let job = dir.path().join("ckpt/p/served");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_trinity"))
+        .current_dir(dir.path())
+        .args(["run", "--config", "serve.yaml"])
+        .env_remove("RUST_LOG")
+        .env("TRINITY_SERVE_API_KEY", "s3cret")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let address = server_address(&job);
+    let script = r#"
+import sys, openai
+base = sys.argv[1]
+good = openai.OpenAI(base_url=base, api_key="s3cret")
+reply = good.chat.completions.create(model=good.models.list().data[0].id, messages=[{"role": "user", "content": "ab1"}], max_tokens=2)
+assert reply.choices, reply
+for key in ["wrong", "EMPTY"]:
+    try:
+        openai.OpenAI(base_url=base, api_key=key, max_retries=0).models.list()
+    except openai.AuthenticationError as error:
+        assert error.status_code == 401 and error.code == "invalid_api_key", (error, error.code)
+    else:
+        raise SystemExit(f"key {key!r} was accepted")
+print("ok")
+"#;
+    let client = Command::new(python).args(["-c", script, &format!("http://{address}/v1")]).output().unwrap();
+    assert!(client.status.success(), "{}\n{}", stdout(&client), stderr(&client));
+    let body = r#"{"messages": [{"role": "user", "content": "ab1"}], "max_tokens": 2}"#;
+    let key = "Authorization: Bearer s3cret\r\n";
+    let (status, reply) =
+        raw_post(&address, "/v1/chat/completions", &format!("{key}Content-Type: text/plain\r\n"), body);
+    assert_eq!(status, 415, "{reply}");
+    let page = format!("{key}Content-Type: application/json\r\nOrigin: https://evil.example\r\n");
+    let (status, reply) = raw_post(&address, "/v1/chat/completions", &page, body);
+    assert_eq!(status, 403, "{reply}");
+    let (status, reply) = raw_post(&address, "/v1/chat/completions", "Content-Type: application/json\r\n", body);
+    assert_eq!(status, 401, "{reply}");
+    server.kill().unwrap();
+    server.wait().unwrap();
 }

@@ -309,6 +309,7 @@ fn render_prompt(
     }
     .map_err(|e| ApiError::invalid(Some("messages".to_owned()), format!("the chat template failed: {e}")))?;
     let text = if continue_final { continued(&text, messages)? } else { text };
+    crate::prompt_length::check_untokenized(rollout, &text, "messages")?;
     let prompt = rollout.tokenizer().encode(&text, false).map_err(|e| ApiError::internal(e.to_string()))?;
     if prompt.is_empty() {
         return Err(ApiError::invalid_param("messages", "the rendered prompt is empty"));

@@ -111,7 +111,10 @@ fn prepare(
     }
     let tokenizer = target.model.tokenizer();
     let special = fields.add_special_tokens.unwrap_or(true);
-    let encode = |text: &str| tokenizer.encode(text, special).map_err(|e| ApiError::internal(e.to_string()));
+    let encode = |text: &str| {
+        crate::prompt_length::check_untokenized(&target.model, text, "prompt")?;
+        tokenizer.encode(text, special).map_err(|e| ApiError::internal(e.to_string()))
+    };
     let prompts: Vec<Vec<u32>> = match fields.prompt {
         Prompt::Text(text) => vec![encode(&text)?],
         Prompt::Tokens(tokens) => vec![tokens],

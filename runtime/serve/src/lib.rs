@@ -32,6 +32,11 @@
 //! - `POST /commit`: hands every rewarded experience to the sink, grouped (see [`ExperienceSink`]); unrewarded
 //!   ones stay pending.
 //!
+//! Every endpoint is behind the request guard (`request_guard.rs`): on loopback a `Host` that is not `localhost`
+//! or a loopback IP is a 421 (DNS rebinding), a POST body must be `application/json` (415) and a POST from a web
+//! page of another origin is a 403, and with [`ServeOptions::api_keys`] every request needs
+//! `Authorization: Bearer <key>` (401).
+//!
 //! Errors are OpenAI-style bodies with the status the clients expect; an unknown field is a 400, as are
 //! parameters the engine cannot honour (penalties, logit bias, forced tool choice, structured output).
 //!
@@ -41,6 +46,9 @@
 //!   next decode step while requests are in flight.
 //! - The recorder is bounded (`ServeOptions::max_pending_experiences`): a request that would overflow it is
 //!   refused with 429 before it generates.
+//! - A prompt provably longer than the model accepts is refused before it is tokenized, and a body longer than
+//!   such a prompt's JSON can be is refused unread (`prompt_length.rs`).
+//! - [`ServerHandle::shutdown`] commits every rewarded experience left, and logs what it cannot hand over.
 //! - A recorded experience's response tokens and logprobs are exactly the `token_ids` and logprobs the client
 //!   received.
 
@@ -52,8 +60,10 @@ mod ids;
 mod logprobs;
 mod metrics;
 mod params;
+mod prompt_length;
 mod reasoning;
 mod recorder;
+mod request_guard;
 mod server;
 mod sse;
 mod target;

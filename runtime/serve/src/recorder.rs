@@ -10,6 +10,9 @@
 //! - A commit takes only rewarded experiences; unrewarded ones stay. A commit the sink refuses puts everything
 //!   it took back, rewards included, so nothing is lost.
 //! - Commits run one at a time, so experiences are never handed over twice.
+//! - At shutdown every rewarded experience is committed; what is left (never rewarded, or refused by the sink) is
+//!   logged with its count and response ids, never dropped silently.
+//! - `/feedback`'s `updated` counts each experience once, however many of the ids name it.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -270,13 +273,14 @@ impl Recorder {
                 Some("msg_ids"),
             ));
         }
-        let mut updated = 0;
+        // An experience named twice (`id` and `id#0`, or one id repeated) is one update.
+        let mut updated = std::collections::HashSet::new();
         for (key, choice) in targets {
             let Some(pending) = store.responses.get_mut(&key) else { continue };
             for (i, reward) in pending.rewards.iter_mut().enumerate() {
                 if choice.is_none_or(|c| c == i) {
                     *reward = Some(feedback.reward);
-                    updated += 1;
+                    updated.insert((key.clone(), i));
                 }
             }
             if let Some(task) = &feedback.task_id {
@@ -286,7 +290,40 @@ impl Recorder {
                 pending.run_id = Some(id_text(run));
             }
         }
-        Ok(updated)
+        Ok(updated.len())
+    }
+
+    /// The last commit, when the server stops: hands every rewarded experience to the sink and logs what stays
+    /// behind (unrewarded experiences, or all of them when the sink refuses), naming the responses.
+    pub(crate) async fn commit_at_shutdown(&self) {
+        let rewarded = self.stats().rewarded;
+        if rewarded > 0 {
+            match self.commit().await {
+                Ok(report) => tracing::info!(
+                    experiences = rewarded,
+                    step = %report["step"],
+                    "serve: committed the rewarded experiences left at shutdown"
+                ),
+                // `commit` put them back; they are listed below as lost.
+                Err(error) => tracing::warn!("serve: the commit at shutdown failed: {}", error.message),
+            }
+        }
+        let store = self.lock();
+        if store.held == 0 {
+            return;
+        }
+        let rewarded = store.responses.values().flat_map(|p| &p.rewards).filter(|r| r.is_some()).count();
+        let ids: Vec<&str> = store.responses.keys().map(String::as_str).collect();
+        let shown = ids.len().min(20);
+        tracing::warn!(
+            "serve: {} recorded experiences were never committed and are lost ({rewarded} rewarded, {} never \
+             rewarded), from {} responses: {}{}",
+            store.held,
+            store.held - rewarded,
+            ids.len(),
+            ids[..shown].join(", "),
+            if shown < ids.len() { ", ..." } else { "" }
+        );
     }
 
     /// Hands every rewarded experience to the sink, grouped; returns the `/commit` body.

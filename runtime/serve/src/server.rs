@@ -24,15 +24,20 @@ use crate::ids::IdGenerator;
 use crate::metrics::{Metrics, Snapshot};
 use crate::reasoning::ReasoningParser;
 use crate::recorder::{ExperienceSink, Feedback, Recorder};
+use crate::request_guard::RequestGuard;
 use crate::target::Recording;
 use crate::{chat, completions, params};
 
 /// How the server listens and what it accepts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServeOptions {
-    /// Where to listen: `explorer.listen_address:explorer.proxy_port` in Trinity's config (its defaults are
-    /// `0.0.0.0:8010`); port 0 picks a free port (see [`ServerHandle::local_addr`]).
+    /// Where to listen: `explorer.listen_address:explorer.proxy_port` in Trinity's config (`127.0.0.1:8010` by
+    /// default here; Trinity-RFT's `0.0.0.0` must be asked for); port 0 picks a free port (see
+    /// [`ServerHandle::local_addr`]).
     pub address: SocketAddr,
+    /// Bearer keys a request may carry (`Authorization: Bearer <key>`, as OpenAI's API takes them); when any is
+    /// set, every request on every endpoint needs one (401 otherwise). Empty: no key is asked for.
+    pub api_keys: Vec<String>,
     /// The model name `/v1/models` lists; a request naming another model gets 404 (one that names none gets
     /// this one).
     pub model_name: String,
@@ -43,7 +48,9 @@ pub struct ServeOptions {
     /// Most recorded experiences held until committed (a request that would exceed it gets 429 before it
     /// generates anything).
     pub max_pending_experiences: usize,
-    /// Largest request body accepted, in bytes (413 above).
+    /// Largest request body accepted, in bytes (413 above). The server lowers it to what the longest prompt its
+    /// models accept can take (8 bytes a byte of it, at least 1 MiB), so a body far over any prompt is refused
+    /// unread.
     pub max_request_bytes: usize,
     /// Whether `tool_choice: "auto"` (the default when a request has `tools`) parses hermes `<tool_call>` blocks
     /// into `tool_calls`; without it such a request is refused, as vLLM refuses it without
@@ -58,6 +65,7 @@ impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             address: SocketAddr::from(([127, 0, 0, 1], 8010)),
+            api_keys: Vec::new(),
             model_name: "trinity".into(),
             temperature: None,
             max_pending_experiences: 100_000,
@@ -75,6 +83,7 @@ pub(crate) struct AppState {
     pub(crate) recording: Recording,
     pub(crate) metrics: Metrics,
     pub(crate) ids: IdGenerator,
+    guard: RequestGuard,
     shutting_down: AtomicBool,
     created: u64,
 }
@@ -85,8 +94,8 @@ impl std::fmt::Debug for AppState {
     }
 }
 
-/// A running server. Dropping it shuts the server down gracefully in the background; [`ServerHandle::shutdown`]
-/// does the same and waits.
+/// A running server. Dropping it shuts the server down gracefully in the background (without a last commit);
+/// [`ServerHandle::shutdown`] does the same, commits what was rewarded, and waits.
 #[derive(Debug)]
 pub struct ServerHandle {
     address: SocketAddr,
@@ -148,17 +157,35 @@ pub fn serve_workflows(
 
 fn start(
     listener: tokio::net::TcpListener,
-    options: ServeOptions,
+    mut options: ServeOptions,
     rollout: Arc<RolloutModel>,
     recording: Recording,
 ) -> Result<ServerHandle, ServeError> {
     let address = listener.local_addr()?;
+    options.max_request_bytes = options.max_request_bytes.min(request_limit(&rollout));
+    if matches!(recording, Recording::Feedback(_)) {
+        if address.ip().is_unspecified() && options.api_keys.is_empty() {
+            tracing::warn!(
+                %address,
+                "serve listens on every network interface without an API key: anyone who can reach this machine \
+                 can generate, reward and commit experiences (set TRINITY_SERVE_API_KEY, or listen_address 127.0.0.1)"
+            );
+        }
+        tracing::info!(
+            %address,
+            api_key = !options.api_keys.is_empty(),
+            max_request_bytes = options.max_request_bytes,
+            "serve listens"
+        );
+    }
+    let guard = RequestGuard::new(address, options.api_keys.clone());
     let state = Arc::new(AppState {
         rollout,
         recording,
         options,
         metrics: Metrics::default(),
         ids: IdGenerator::new(),
+        guard,
         shutting_down: AtomicBool::new(false),
         created: crate::ids::unix_seconds(),
     });
@@ -188,13 +215,20 @@ impl ServerHandle {
     }
 
     /// Stops accepting connections, answers new requests on open connections with 503, lets requests in
-    /// flight finish (streams included), and returns when the server has stopped.
+    /// flight finish (streams included), commits every rewarded experience not yet committed (as `POST /commit`
+    /// would), and returns when the server has stopped. What cannot be handed over (never rewarded, or refused by
+    /// the sink) is counted in a warning that names the responses.
     pub async fn shutdown(mut self) -> Result<(), ServeError> {
         self.state.shutting_down.store(true, Ordering::SeqCst);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        self.join().await
+        let state = Arc::clone(&self.state);
+        let served = self.join().await;
+        if let Recording::Feedback(recorder) = &state.recording {
+            recorder.commit_at_shutdown().await;
+        }
+        served
     }
 
     /// Serves until `signal` completes (Ctrl-C, the end of a run), then shuts down as
@@ -237,7 +271,32 @@ fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), refuse_while_stopping))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), guard))
         .with_state(state)
+}
+
+/// The largest body worth reading: 8 bytes (a JSON escape is at most 6) for each byte the longest prompt any
+/// served model accepts can have (its tokenizer's [`trinity_model::Tokenizer::max_text_bytes`] of its
+/// `max_model_len`), at least 1 MiB for the rest of a request (tools, a batch of prompts). `usize::MAX` (no
+/// lower limit) when a tokenizer gives no such bound.
+pub(crate) fn request_limit(rollout: &RolloutModel) -> usize {
+    let longest = |model: &RolloutModel| {
+        model.tokenizer().max_text_bytes(model.engine().info().max_model_len).map(|bytes| bytes.saturating_mul(8))
+    };
+    let mut limit = longest(rollout);
+    for aux in rollout.auxiliary_models() {
+        limit = limit.zip(longest(aux.model().as_ref())).map(|(a, b)| a.max(b));
+    }
+    limit.map_or(usize::MAX, |bytes| bytes.max(1 << 20))
+}
+
+/// Refuses what the [`RequestGuard`] refuses (foreign `Host`, no key, cross-site, not JSON) before any handler
+/// reads the body.
+async fn guard(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    match state.guard.check(request.method(), request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refusal.into_response(),
+    }
 }
 
 /// The recorder of mode `serve`; the workflows' view has none (404 for `/feedback` and `/commit`).

@@ -4,10 +4,13 @@
 //! `explorer.name`, where a trainer in another process (mode `train`) trains on it. The weights that trainer
 //! publishes are loaded as they appear, between decode steps, without dropping a request in flight.
 //!
-//! The server listens on `explorer.listen_address:explorer.proxy_port` and writes its base URL to
-//! `<job>/<explorer.name>_server_url.txt` (as Trinity-RFT does). Sampling uses `model.temperature` whatever a
-//! request asks, as Trinity-RFT's proxy does, so the recorded logprobs are the ones the trainer recomputes. It runs
-//! until Ctrl-C or SIGTERM, then finishes the requests in flight and marks its producer finished.
+//! The server listens on `explorer.listen_address:explorer.proxy_port` (loopback unless the config names another
+//! address; Trinity-RFT listens on all interfaces by default) and writes its base URL to
+//! `<job>/<explorer.name>_server_url.txt` (as Trinity-RFT does). With `TRINITY_SERVE_API_KEY` set in its
+//! environment every request needs `Authorization: Bearer <that key>` (the `openai` clients' `api_key`). Sampling
+//! uses `model.temperature` whatever a request asks, as Trinity-RFT's proxy does, so the recorded logprobs are the
+//! ones the trainer recomputes. It runs until Ctrl-C or SIGTERM, then finishes the requests in flight, commits
+//! every rewarded experience not yet committed, and marks its producer finished.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -28,6 +31,9 @@ use crate::modes::shared_buffer;
 use crate::pipeline::ExperiencePipeline;
 use crate::run::RunSummary;
 use crate::synchronizer::{WeightStore, take_named};
+
+/// The environment variable holding the bearer key requests must carry (unset or empty: none).
+const API_KEY_ENV: &str = "TRINITY_SERVE_API_KEY";
 
 /// How often the server looks for newly published weights.
 const WEIGHT_POLL: Duration = Duration::from_secs(2);
@@ -51,8 +57,11 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
         next_step: AtomicU64::new(next_step),
     });
     let address = listen_address(config)?;
+    let api_keys: Vec<String> =
+        std::env::var(API_KEY_ENV).ok().map(|k| k.trim().to_owned()).filter(|k| !k.is_empty()).into_iter().collect();
     let options = ServeOptions {
         address,
+        api_keys,
         model_name: config.model.model_path.clone(),
         temperature: Some(config.model.temperature as f32),
         auto_tool_choice: crate::explorer::auto_tool_choice(config),

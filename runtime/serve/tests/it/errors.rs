@@ -142,3 +142,24 @@ async fn requests_during_shutdown_get_503_while_streams_in_flight_finish() {
     stopping.await.unwrap().unwrap();
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "no longer listening");
 }
+
+/// A prompt far over the limit is refused by its length in bytes, before it is tokenized (the engine's own
+/// refusal, which counts tokens, says "too long"), and a body far over the longest prompt is refused unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_far_over_the_limit_is_refused_untokenized() {
+    // The tool model's vocabulary has every byte, and its longest entry is 50 bytes (the fixture's lacks bytes, so
+    // its tokenizer gives no bound).
+    let (server, _) = start(tool_rollout(), options("tool")).await;
+    let addr = server.local_addr();
+    // 700 KB of text: 700 k tokens, against 1023 (at most 51,150 bytes).
+    let huge = "ab1 ".repeat(175_000);
+    let (s, b) = post(addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": huge}]})).await;
+    assert_error(s, &b, 400, Some("messages"), "longer than any prompt of 1023 tokens");
+    assert_eq!(b["error"]["code"], "context_length_exceeded");
+    let (s, b) = post(addr, "/v1/completions", &json!({"prompt": ["ab", huge]})).await;
+    assert_error(s, &b, 400, Some("prompt"), "has more than 1023 tokens");
+    // The body limit follows the model (1 MiB at least), not the 16 MiB default.
+    let (s, b) = post(addr, "/v1/completions", &json!({"prompt": "ab1 ".repeat(300_000)})).await;
+    assert_error(s, &b, 413, None, "larger than 1048576 bytes");
+    server.shutdown().await.unwrap();
+}

@@ -7,5 +7,6 @@ mod errors;
 mod helpers;
 mod openai_client;
 mod recording;
+mod request_guard;
 mod streaming;
 mod tools;

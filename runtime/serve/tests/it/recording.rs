@@ -165,3 +165,38 @@ async fn weights_synced_mid_request_keep_it_going_and_are_stamped() {
     assert!(!experiences[1].info.contains_key("model_version_end"));
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feedback_counts_each_experience_once_however_often_it_is_named() {
+    let (server, _) = start(tiny_rollout(4, 64), options("tiny")).await;
+    let addr = server.local_addr();
+    let chat = json!({"messages": [{"role": "user", "content": "hello"}], "n": 2, "max_tokens": 3});
+    let (_, reply) = post(addr, "/v1/chat/completions", &chat).await;
+    let id = reply["id"].as_str().unwrap();
+    let ids = json!([id, id, format!("{id}#0"), format!("{id}#1"), format!("{id}#1")]);
+    let (s, b) = post(addr, "/feedback", &json!({"msg_ids": ids, "reward": 1.0})).await;
+    assert_eq!((s, b["updated"].clone(), b["rewarded"].clone()), (200, json!(2), json!(2)), "{b}");
+    let (s, b) =
+        post(addr, "/feedback", &json!({"msg_ids": [format!("{id}#0"), format!("{id}#0")], "reward": 0.0})).await;
+    assert_eq!((s, b["updated"].clone()), (200, json!(1)), "{b}");
+    server.shutdown().await.unwrap();
+}
+
+/// Shutdown (what SIGTERM does in mode serve) commits what was rewarded and not yet committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_commits_every_rewarded_experience() {
+    let (server, sink) = start(tiny_rollout(4, 64), options("tiny")).await;
+    let addr = server.local_addr();
+    let chat = json!({"messages": [{"role": "user", "content": "hello"}], "n": 2, "max_tokens": 3});
+    let (_, rewarded) = post(addr, "/v1/chat/completions", &chat).await;
+    let (_, unrewarded) = post(addr, "/v1/chat/completions", &chat).await;
+    let id = rewarded["id"].as_str().unwrap();
+    let (s, b) = post(addr, "/feedback", &json!({"msg_ids": [id], "reward": 1.0, "task_id": "t"})).await;
+    assert_eq!(s, 200, "{b}");
+    server.shutdown().await.unwrap();
+    let commits = sink.all();
+    assert_eq!(commits.len(), 1, "{commits:?}");
+    assert_eq!(commits[0].len(), 2);
+    assert!(commits[0].iter().all(|e| e.reward == 1.0 && e.info["response_id"] == id));
+    assert!(!commits[0].iter().any(|e| e.info["response_id"] == unrewarded["id"]));
+}

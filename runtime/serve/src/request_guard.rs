@@ -1,0 +1,211 @@
+//! Which requests the server answers: addressed to it by a name it listens as, carrying the API key when one is
+//! set, and, for a POST, JSON sent by something other than a web page of another site.
+//!
+//! Every HTTP surface on the user's machine is reachable from any web page the user opens, so three attacks are
+//! closed here before a handler (or the body reader) runs:
+//!
+//! - **Cross-site requests.** A page can make the browser send a "simple" POST (`text/plain` body, a form,
+//!   `fetch(..., {mode: "no-cors"})`) to `127.0.0.1:8010` without a CORS preflight; it cannot read the answer,
+//!   but it could reward and commit experiences or make the engine generate. So a POST with a body must carry
+//!   `Content-Type: application/json` (which a simple request cannot), and a POST from a browser (it sends
+//!   `Origin`, and `Sec-Fetch-Site` where it has fetch metadata) must come from this server's own origin, which
+//!   serves no pages: in effect, browsers are refused and agents (the `openai` clients, `curl`), which send no
+//!   `Origin`, are not. CORS is never granted.
+//! - **DNS rebinding.** A name the attacker controls can be made to resolve to 127.0.0.1, making the server
+//!   same-origin with the attacker's page; the only trace is the `Host` header, which then names the attacker's
+//!   domain. So on loopback every request needs a `Host` that is `localhost` or a loopback IP, with the port
+//!   listened on (421 otherwise). Listening on another address the server is meant to be reached by any name
+//!   the network gives it (a container name, a host name), and the API key is what protects it.
+//! - **Anyone on the network.** With an API key (`TRINITY_SERVE_API_KEY` in mode `serve`) every request, on
+//!   every endpoint, must carry `Authorization: Bearer <key>`, as OpenAI's API does (401 otherwise).
+//!
+//! Refusals are OpenAI-style JSON errors: 421 for a foreign `Host`, 401 without the key, 403 for a cross-site
+//! request, 415 for a body that is not JSON.
+
+use std::net::{IpAddr, SocketAddr};
+
+use axum::http::{HeaderMap, Method, StatusCode, header};
+
+use crate::error::ApiError;
+
+/// What the server accepts.
+#[derive(Debug, Clone)]
+pub(crate) struct RequestGuard {
+    /// The address bound (with the port picked when 0 was asked for).
+    listen: SocketAddr,
+    /// The bearer keys accepted; none means no key is needed.
+    api_keys: Vec<String>,
+}
+
+impl RequestGuard {
+    pub(crate) fn new(listen: SocketAddr, api_keys: Vec<String>) -> RequestGuard {
+        RequestGuard { listen, api_keys }
+    }
+
+    /// Checks a request's method and headers; `Err` is the refusal to answer with.
+    pub(crate) fn check(&self, method: &Method, headers: &HeaderMap) -> Result<(), ApiError> {
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+        if self.listen.ip().is_loopback() && !self.loopback_host(host) {
+            return Err(refusal(
+                StatusCode::MISDIRECTED_REQUEST,
+                "misdirected_request",
+                format!(
+                    "this server listens on {} and answers only requests addressed to it as localhost or a loopback IP (Host `{host}`)",
+                    self.listen
+                ),
+            ));
+        }
+        if !self.api_keys.is_empty() {
+            let presented = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+                .map(str::trim);
+            let known =
+                presented.is_some_and(|key| self.api_keys.iter().any(|k| same_bytes(key.as_bytes(), k.as_bytes())));
+            if !known {
+                let message = match presented {
+                    None => {
+                        "missing API key: send it as `Authorization: Bearer <key>` (the server's TRINITY_SERVE_API_KEY)"
+                    }
+                    Some(_) => "incorrect API key provided (the server's TRINITY_SERVE_API_KEY)",
+                };
+                return Err(ApiError {
+                    status: StatusCode::UNAUTHORIZED,
+                    message: message.into(),
+                    kind: "invalid_request_error",
+                    param: None,
+                    code: Some("invalid_api_key"),
+                });
+            }
+        }
+        if method == Method::GET || method == Method::HEAD {
+            return Ok(());
+        }
+        let forbidden = |message: String| Err(refusal(StatusCode::FORBIDDEN, "cross_site_request", message));
+        if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok())
+            && (site.eq_ignore_ascii_case("cross-site") || site.eq_ignore_ascii_case("same-site"))
+        {
+            return forbidden(format!("a {site} request from a web page is not answered"));
+        }
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            let origin = origin.to_str().unwrap_or("");
+            let own = origin.strip_prefix("http://").is_some_and(|o| o.eq_ignore_ascii_case(host));
+            if !own {
+                return forbidden(format!(
+                    "cross-origin request: Origin `{origin}` is not this server (http://{host}), which serves no web pages"
+                ));
+            }
+        }
+        if has_body(headers) {
+            let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            let media_type = content_type.split(';').next().unwrap_or("").trim();
+            if !media_type.eq_ignore_ascii_case("application/json") {
+                return Err(refusal(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    format!("send the body as Content-Type: application/json, not `{content_type}`"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `host` (a `Host` header) is `localhost` or a loopback IP with the port listened on.
+    fn loopback_host(&self, host: &str) -> bool {
+        let host = host.to_ascii_lowercase();
+        let (name, port) = match host.strip_prefix('[') {
+            Some(rest) => match rest.split_once("]:") {
+                Some((ip, port)) => (ip, port),
+                None => return false,
+            },
+            None => match host.split_once(':') {
+                Some(parts) => parts,
+                None => return false,
+            },
+        };
+        let loopback = name == "localhost" || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        loopback && port.parse::<u16>().ok() == Some(self.listen.port())
+    }
+}
+
+/// Whether the request has a body to parse: a nonzero `Content-Length`, or a chunked one.
+fn has_body(headers: &HeaderMap) -> bool {
+    let length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).map(str::trim);
+    length.is_some_and(|l| l != "0") || headers.contains_key(header::TRANSFER_ENCODING)
+}
+
+fn refusal(status: StatusCode, code: &'static str, message: String) -> ApiError {
+    ApiError { status, message, kind: "invalid_request_error", param: None, code: Some(code) }
+}
+
+/// Compares a presented key with a real one in time that does not depend on where they differ.
+fn same_bytes(presented: &[u8], real: &[u8]) -> bool {
+    presented.len() == real.len() && presented.iter().zip(real).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    fn status(guard: &RequestGuard, method: Method, pairs: &[(&'static str, &str)]) -> u16 {
+        guard.check(&method, &headers(pairs)).map_or_else(|e| e.status.as_u16(), |()| 200)
+    }
+
+    #[test]
+    fn loopback_answers_loopback_names_on_its_port_only() {
+        let g = RequestGuard::new("127.0.0.1:8010".parse().unwrap(), Vec::new());
+        for ok in ["127.0.0.1:8010", "localhost:8010", "LOCALHOST:8010", "[::1]:8010", "127.0.0.2:8010"] {
+            assert_eq!(status(&g, Method::GET, &[("host", ok)]), 200, "{ok}");
+        }
+        for bad in ["evil.example:8010", "127.0.0.1:8011", "127.0.0.1", "192.168.1.5:8010", ""] {
+            assert_eq!(status(&g, Method::GET, &[("host", bad)]), 421, "{bad}");
+        }
+        // Another address is reached by whatever name the network gives it.
+        let g = RequestGuard::new("0.0.0.0:8010".parse().unwrap(), Vec::new());
+        assert_eq!(status(&g, Method::GET, &[("host", "trainer-box:8010")]), 200);
+    }
+
+    #[test]
+    fn a_key_is_needed_on_every_request_when_one_is_set() {
+        let g = RequestGuard::new("127.0.0.1:8010".parse().unwrap(), vec!["s3cret".into()]);
+        let host = ("host", "127.0.0.1:8010");
+        assert_eq!(status(&g, Method::GET, &[host]), 401);
+        assert_eq!(status(&g, Method::GET, &[host, ("authorization", "Bearer s3cres")]), 401);
+        assert_eq!(status(&g, Method::GET, &[host, ("authorization", "Basic s3cret")]), 401);
+        assert_eq!(status(&g, Method::GET, &[host, ("authorization", "Bearer s3cret")]), 200);
+        let refused = g.check(&Method::GET, &headers(&[host])).unwrap_err();
+        assert_eq!(refused.body()["error"]["code"], "invalid_api_key");
+        // Without a key, none is asked for.
+        let open = RequestGuard::new("127.0.0.1:8010".parse().unwrap(), Vec::new());
+        assert_eq!(status(&open, Method::GET, &[host, ("authorization", "Bearer anything")]), 200);
+    }
+
+    #[test]
+    fn posts_need_json_and_no_foreign_origin() {
+        let g = RequestGuard::new("127.0.0.1:8010".parse().unwrap(), Vec::new());
+        let host = ("host", "127.0.0.1:8010");
+        let json = ("content-type", "application/json; charset=utf-8");
+        let body = ("content-length", "12");
+        assert_eq!(status(&g, Method::POST, &[host, json, body]), 200);
+        assert_eq!(status(&g, Method::POST, &[host, ("content-type", "text/plain"), body]), 415);
+        assert_eq!(status(&g, Method::POST, &[host, body]), 415);
+        assert_eq!(status(&g, Method::POST, &[host, ("transfer-encoding", "chunked")]), 415);
+        // An empty POST (`/commit`) has nothing to parse.
+        assert_eq!(status(&g, Method::POST, &[host, ("content-length", "0")]), 200);
+        assert_eq!(status(&g, Method::POST, &[host, json, body, ("origin", "https://evil.example")]), 403);
+        assert_eq!(status(&g, Method::POST, &[host, json, body, ("origin", "null")]), 403);
+        assert_eq!(status(&g, Method::POST, &[host, json, body, ("sec-fetch-site", "cross-site")]), 403);
+        assert_eq!(status(&g, Method::POST, &[host, json, body, ("origin", "http://127.0.0.1:8010")]), 200);
+    }
+}
