@@ -1,8 +1,9 @@
 //! `gigpo`: Group-in-Group Policy Optimization (Trinity-RFT 0.6.0's `GiGPOAdvantageFn`, arXiv:2505.10978) for
 //! multi-step agents, run on the explorer side.
 //!
-//! Each row is one step of a run (`run_id`) of a task (`group_id`); `run_step` orders a run's rows (Trinity's
-//! `eid.step`; without it, batch order, ties keep batch order). Per run, the immediate rewards r_t are the rows'
+//! Each row is one step of a run (`run_id`) of a task (`group_id`); `run_step` (Trinity's `eid.step`) orders a
+//! run's rows, ties in batch order. It is required: a batch without it (the trainer's rows) does not say which
+//! step ends a run. `info` is optional (absent: every row's info is empty). Per run, the immediate rewards r_t are the rows'
 //! `info[step_reward_key]` when any row of the run has that key (0 for rows without it), else 0 on every step
 //! but the last, which gets the row's `reward`. The discounted return of step t is R_t = Σ_{k≥t} γ^{k−t}·r_k.
 //!
@@ -106,6 +107,10 @@ impl AdvantageFn for Gigpo {
         let tasks = batch.groups(NAME)?;
         let runs =
             batch.run_id.as_deref().ok_or(AlgorithmError::MissingField { component: NAME.into(), field: "run_id" })?;
+        let order = batch
+            .run_step
+            .as_deref()
+            .ok_or(AlgorithmError::MissingField { component: NAME.into(), field: "run_step" })?;
         let info = |i: usize| batch.info.as_ref().map(|v| &v[i]);
         let n = batch.rows();
 
@@ -119,9 +124,7 @@ impl AdvantageFn for Gigpo {
             let mut episode_returns = Vec::with_capacity(task_runs.len());
             for run in &task_runs {
                 let mut steps = run.clone();
-                if let Some(order) = &batch.run_step {
-                    steps.sort_by_key(|&i| order[i]);
-                }
+                steps.sort_by_key(|&i| order[i]);
                 let has_key = steps.iter().any(|&i| info(i).is_some_and(|m| m.contains_key(&self.step_reward_key)));
                 let r: Vec<f64> = if has_key {
                     steps.iter().map(|&i| self.step_reward(info(i), i)).collect::<Result<_, _>>()?
@@ -280,12 +283,10 @@ mod tests {
     }
 
     #[test]
-    fn without_info_or_steps_it_is_the_episode_level_alone() {
-        // No `info`: no anchors, A = A_E; no `run_step`: batch order, so run t1/0's last row is row 1 (reward 1).
+    fn without_info_it_is_the_episode_level_alone() {
+        // No `info`: no anchors, A = A_E (sparse rewards: run t1/0 ends on its step 1, row 0, reward 1).
         let mut b = batch();
-        let obj = b.as_object_mut().unwrap();
-        obj.remove("info");
-        obj.remove("run_step");
+        b.as_object_mut().unwrap().remove("info");
         let out = run(json!({}), b);
         let want = [0.499_999_5, 0.499_999_5, -0.499_999_5, 0.0, 0.0, 1.999_998];
         for (got, want) in first_tokens(&out).iter().zip(want) {
@@ -303,8 +304,10 @@ mod tests {
         b["info"][0] = json!({"step_reward": "lots"});
         let err = eval_err(json!({"advantage_fn": "gigpo", "batch": b}));
         assert!(err.contains("row 0") && err.contains("step_reward"), "{err}");
-        let mut b = batch();
-        b.as_object_mut().unwrap().remove("run_id");
-        assert!(eval_err(json!({"advantage_fn": "gigpo", "batch": b})).contains("run_id"));
+        for field in ["run_id", "run_step"] {
+            let mut b = batch();
+            b.as_object_mut().unwrap().remove(field);
+            assert!(eval_err(json!({"advantage_fn": "gigpo", "batch": b})).contains(field), "{field}");
+        }
     }
 }
