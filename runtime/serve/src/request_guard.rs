@@ -13,9 +13,11 @@
 //!   `Origin`, are not. CORS is never granted.
 //! - **DNS rebinding.** A name the attacker controls can be made to resolve to 127.0.0.1, making the server
 //!   same-origin with the attacker's page; the only trace is the `Host` header, which then names the attacker's
-//!   domain. So on loopback every request needs a `Host` that is `localhost` or a loopback IP, with the port
-//!   listened on (421 otherwise). Listening on another address the server is meant to be reached by any name
-//!   the network gives it (a container name, a host name), and the API key is what protects it.
+//!   domain. So on loopback every request needs a `Host` whose name is `localhost` or a loopback IP (421
+//!   otherwise). Its port is not checked: a rebinding attacker cannot choose the name, whatever the port, while
+//!   an SSH tunnel (`-L 9000:127.0.0.1:8010`) or a local proxy in front of the server legitimately sends its
+//!   own. Listening on another address the server is meant to be reached by any name the network gives it (a
+//!   container name, a host name), and the API key is what protects it.
 //! - **Anyone on the network.** With an API key (`TRINITY_SERVE_API_KEY` in mode `serve`) every request, on
 //!   every endpoint, must carry `Authorization: Bearer <key>`, as OpenAI's API does (401 otherwise).
 //!
@@ -111,21 +113,25 @@ impl RequestGuard {
         Ok(())
     }
 
-    /// Whether `host` (a `Host` header) is `localhost` or a loopback IP with the port listened on.
+    /// Whether `host` (a `Host` header, with or without a port) names `localhost` or a loopback IP.
     fn loopback_host(&self, host: &str) -> bool {
         let host = host.to_ascii_lowercase();
         let (name, port) = match host.strip_prefix('[') {
-            Some(rest) => match rest.split_once("]:") {
-                Some((ip, port)) => (ip, port),
+            Some(rest) => match rest.split_once(']') {
+                Some((ip, "")) => (ip, None),
+                Some((ip, rest)) => match rest.strip_prefix(':') {
+                    Some(port) => (ip, Some(port)),
+                    None => return false,
+                },
                 None => return false,
             },
             None => match host.split_once(':') {
-                Some(parts) => parts,
-                None => return false,
+                Some((name, port)) => (name, Some(port)),
+                None => (host.as_str(), None),
             },
         };
         let loopback = name == "localhost" || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
-        loopback && port.parse::<u16>().ok() == Some(self.listen.port())
+        loopback && port.is_none_or(|p| p.parse::<u16>().is_ok())
     }
 }
 
@@ -163,12 +169,16 @@ mod tests {
     }
 
     #[test]
-    fn loopback_answers_loopback_names_on_its_port_only() {
+    fn loopback_answers_loopback_names_only() {
         let g = RequestGuard::new("127.0.0.1:8010".parse().unwrap(), Vec::new());
-        for ok in ["127.0.0.1:8010", "localhost:8010", "LOCALHOST:8010", "[::1]:8010", "127.0.0.2:8010"] {
+        // A tunnel or a local proxy in front of the server sends its own port.
+        let ok =
+            ["127.0.0.1:8010", "localhost:8010", "LOCALHOST:8010", "[::1]:8010", "127.0.0.2:8010", "127.0.0.1:9000"];
+        for ok in ok.into_iter().chain(["localhost", "[::1]"]) {
             assert_eq!(status(&g, Method::GET, &[("host", ok)]), 200, "{ok}");
         }
-        for bad in ["evil.example:8010", "127.0.0.1:8011", "127.0.0.1", "192.168.1.5:8010", ""] {
+        let bad = ["evil.example:8010", "evil.example", "localhost.evil.example:8010", "127.0.0.1:x", "[::1]x"];
+        for bad in bad.into_iter().chain(["192.168.1.5:8010", ""]) {
             assert_eq!(status(&g, Method::GET, &[("host", bad)]), 421, "{bad}");
         }
         // Another address is reached by whatever name the network gives it.

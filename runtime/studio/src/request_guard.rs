@@ -16,7 +16,8 @@
 //!   `Host` the studio listens as: the listen address itself; on loopback also `localhost` and any loopback IP;
 //!   when listening on all interfaces (`0.0.0.0`/`[::]`, "share it") any IP literal and `localhost`, but never
 //!   another DNS name, because a name is exactly what rebinding needs and an IP literal cannot be rebound. A name
-//!   given to `--listen` itself is accepted too: the user chose it. The port must always be the one listened on.
+//!   given to `--listen` itself is accepted too: the user chose it. The port is not checked: rebinding needs the
+//!   name, whatever the port, while an SSH tunnel (`ssh -L 9000:127.0.0.1:8765`) legitimately sends its own.
 //!
 //! The token is 256 random bits drawn when the studio starts and written into the page it serves (a `<meta>`
 //! element), from where its script sends it as a header. Only a page that can read the studio's own `index.html`
@@ -74,9 +75,6 @@ impl RequestGuard {
 
     /// Whether `authority` (a `Host` header) names this studio.
     fn accepts_host(&self, authority: &Authority) -> bool {
-        if authority.port != self.listen.port() {
-            return false;
-        }
         let ip = self.listen.ip();
         match &authority.host {
             HostName::Name(name) if self.listen_name.as_ref() == Some(name) => true,
@@ -240,12 +238,15 @@ mod tests {
     }
 
     #[test]
-    fn loopback_accepts_loopback_names_on_its_port_only() {
+    fn loopback_accepts_loopback_names_on_any_port() {
         let g = guard("127.0.0.1:8765");
-        for ok in ["127.0.0.1:8765", "localhost:8765", "LOCALHOST:8765", "[::1]:8765", "127.0.0.2:8765"] {
+        // A tunnel's local port (`ssh -L 9000:127.0.0.1:8765`) is another port than the one listened on.
+        let ok =
+            ["127.0.0.1:8765", "localhost:8765", "LOCALHOST:8765", "[::1]:8765", "127.0.0.2:8765", "localhost:9000"];
+        for ok in ok.into_iter().chain(["127.0.0.1"]) {
             assert!(host_ok(&g, ok), "{ok}");
         }
-        for bad in ["evil.example:8765", "127.0.0.1:8766", "127.0.0.1", "192.168.1.5:8765", "localhost.:8765"] {
+        for bad in ["evil.example:8765", "192.168.1.5:8765", "localhost.:8765", "localhost.evil.example:8765"] {
             assert!(!host_ok(&g, bad), "{bad}");
         }
     }
@@ -256,7 +257,7 @@ mod tests {
         for ok in ["192.168.1.5:8080", "10.0.0.2:8080", "[fe80::1]:8080", "localhost:8080", "127.0.0.1:8080"] {
             assert!(host_ok(&g, ok), "{ok}");
         }
-        for bad in ["mybox.lan:8080", "rebind.example:8080", "192.168.1.5:8765"] {
+        for bad in ["mybox.lan:8080", "rebind.example:8080", "rebind.example:8765"] {
             assert!(!host_ok(&g, bad), "{bad}");
         }
         let g = guard("192.168.1.5:8080");

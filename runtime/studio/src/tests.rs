@@ -361,7 +361,7 @@ async fn a_post_from_another_origin_is_refused_unread_and_saves_nothing() {
 async fn a_foreign_host_is_refused_on_every_route() {
     let root = root_with_a_run();
     let app = app(root.path());
-    for host in ["rebind.example:8765", "127.0.0.1:9999", "localhost", "evil.localhost:8765"] {
+    for host in ["rebind.example:8765", "rebind.example:9999", "192.168.1.5:8765", "evil.localhost:8765"] {
         for uri in ["/", "/assets/app.js", "/api/runs", "/api/example?path=quick%2Fquick.yaml", "/nothing"] {
             let request = Request::builder().uri(uri).header("host", host).body(Body::empty()).unwrap();
             let (status, body) = send(&app, request).await;
