@@ -151,12 +151,14 @@ impl Session {
         let model = Arc::clone(self.model()?);
         let messages: Vec<ChatMessage> = messages.into_iter().map(|m| ChatMessage::new(m.role, m.content)).collect();
         let rendered = model.render_chat(&messages, true).map_err(|e| e.to_string())?;
+        // `encode_prompt` stops tokenizing a text provably longer than the prompt limit: a guest that sends
+        // megabytes costs what the longest prompt that fits costs, and the engine refuses it.
         let prefix = match continued(&self.turns, &messages, &rendered) {
             Some(turn) => {
                 let delta = &rendered[turn.text.as_deref().map_or(0, str::len)..];
-                Prefix::continuing(turn, model.tokenizer().encode(delta, false).map_err(|e| e.to_string())?)
+                Prefix::continuing(turn, model.encode_prompt(delta, false).map_err(|e| e.to_string())?)
             }
-            None => Prefix::fresh(model.tokenizer().encode(&rendered, false).map_err(|e| e.to_string())?),
+            None => Prefix::fresh(model.encode_prompt(&rendered, false).map_err(|e| e.to_string())?),
         };
         let params = self.params(&params);
         let version = model.model_version();
