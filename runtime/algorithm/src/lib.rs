@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod policy_loss;
 pub mod preset;
 pub mod registry;
+pub mod rollout_correction;
 
 #[cfg(test)]
 mod testing;

@@ -48,8 +48,9 @@ pub struct AlgorithmConfig {
     /// Use the rollout engine's logprobs as the old logprobs (newer Trinity-RFT's spelling of
     /// `trainer.trainer_config.algorithm.rollout_correction.bypass_mode`).
     pub bypass_old_logprobs: bool,
-    /// Off-policy corrections (importance weights, rejection sampling) of newer Trinity-RFT.
-    pub rollout_correction: Option<Map<String, Value>>,
+    /// Off-policy corrections (importance weights, rejection sampling), Trinity-RFT 0.6.0's spelling of
+    /// `trainer.trainer_config.algorithm.rollout_correction`, which it sets when given.
+    pub rollout_correction: Option<crate::verl::RolloutCorrection>,
 }
 
 impl Default for AlgorithmConfig {

@@ -118,12 +118,7 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
         "mixture-of-experts routing replay; trinity's models are dense, so no effect here",
     ),
     ("AlgorithmConfig", "bypass_old_logprobs", H, ""),
-    (
-        "AlgorithmConfig",
-        "rollout_correction",
-        R,
-        "importance-weight and rejection-sampling corrections are not implemented in trinity; remove it (trainer.trainer_config.algorithm.rollout_correction.bypass_mode is honoured)",
-    ),
+    ("AlgorithmConfig", "rollout_correction", H, ""),
     ("OptimizerConfig", "lr", H, ""),
     ("OptimizerConfig", "lr_warmup_steps", H, ""),
     ("OptimizerConfig", "lr_warmup_steps_ratio", H, ""),

@@ -549,19 +549,211 @@ pub struct VerlAlgorithm {
     pub kl_ctrl: KlCtrl,
 }
 
-/// `algorithm.rollout_correction`.
+/// `algorithm.rollout_correction`: veRL's `RolloutCorrectionConfig` (Trinity-RFT 0.6.0 also takes it as the
+/// top-level `algorithm.rollout_correction`). The trainer compares the rollout engine's logprobs with the old
+/// logprobs: importance-sampling weights (`rollout_is`) multiply the policy loss per token, rejection sampling
+/// (`rollout_rs`) takes tokens or whole responses out of the loss, and `rollout_corr/*` metrics are logged. Only
+/// with `bypass_mode: false` do the two differ; in bypass mode the old logprobs are the rollout's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RolloutCorrection {
     /// `true`: the rollout engine's logprobs are the old logprobs of the PPO ratio (Trinity-RFT's default).
-    /// `false`: the trainer recomputes old logprobs before the update.
+    /// `false`: the trainer recomputes old logprobs before the update (veRL's decoupled mode) and corrects for
+    /// their difference from the rollout's.
     pub bypass_mode: bool,
+    /// Importance-sampling weights π_old/π_rollout: `token` (one per token), `sequence` (the product over the
+    /// response, veRL's default) or `null` (none; the metrics are still logged).
+    pub rollout_is: Option<String>,
+    /// Upper bound the weights are truncated to (truncated importance sampling).
+    pub rollout_is_threshold: f64,
+    /// Divide the weights by their mean over the step's batch (over tokens for `token`, over responses for
+    /// `sequence`), after truncation.
+    pub rollout_is_batch_normalize: bool,
+    /// Rejection sampling: a comma-separated list of criteria, each `token_k1|k2|k3`, `seq_sum_k1|k2|k3`,
+    /// `seq_mean_k1|k2|k3` or `seq_max_k2|k3` (k1 = −log r, k2 = ½(log r)², k3 = r − 1 − log r of the ratio
+    /// r = π_old/π_rollout, per token or summed / averaged / maximised over the response); a token, or a whole
+    /// response for the `seq_*` criteria, that fails one leaves the loss. `null`: none.
+    pub rollout_rs: Option<String>,
+    /// Thresholds of `rollout_rs`, one per criterion (comma-separated) or one for all: `lower_upper` ratio
+    /// bounds for the k1 criteria (a single number u means 1/u to u), an upper bound for k2 and k3.
+    pub rollout_rs_threshold: Option<NumberOrText>,
+    /// veRL's loss in bypass mode; `ppo_clip` is the configured policy loss.
+    pub loss_type: String,
 }
 
 impl Default for RolloutCorrection {
     fn default() -> Self {
-        RolloutCorrection { bypass_mode: true }
+        RolloutCorrection {
+            bypass_mode: true,
+            rollout_is: Some("sequence".to_owned()),
+            rollout_is_threshold: 2.0,
+            rollout_is_batch_normalize: false,
+            rollout_rs: None,
+            rollout_rs_threshold: None,
+            loss_type: "ppo_clip".to_owned(),
+        }
     }
+}
+
+/// A value YAML may give as a number or as a string (`2.0`, `"0.5_2.0"`, `"2.0,0.01"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum NumberOrText {
+    Number(f64),
+    Text(String),
+}
+
+impl NumberOrText {
+    /// The text veRL parses (`str(x)` of a number).
+    pub fn text(&self) -> String {
+        match self {
+            NumberOrText::Number(x) => x.to_string(),
+            NumberOrText::Text(s) => s.clone(),
+        }
+    }
+}
+
+/// Importance-sampling weight level (`rollout_is`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IsLevel {
+    Token,
+    Sequence,
+}
+
+/// The statistic of one rejection criterion (`rollout_rs`), veRL's `SUPPORTED_ROLLOUT_RS_OPTIONS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RsAggregate {
+    Token,
+    SeqSum,
+    SeqMean,
+    SeqMax,
+}
+
+/// One rejection criterion: its statistic (k1, k2 or k3 of the log ratio, `estimator`), how it is aggregated,
+/// and its bounds: for k1 `lower ≤ k1 ≤ upper` is compared in log space (`ln lower ≤ stat ≤ ln upper`), for k2
+/// and k3 `stat ≤ upper`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RsCriterion {
+    /// The option's name, e.g. `seq_mean_k1` (metrics are named after it).
+    pub name: String,
+    pub aggregate: RsAggregate,
+    /// 1, 2 or 3.
+    pub estimator: u8,
+    /// The k1 criteria's lower ratio bound.
+    pub lower: Option<f64>,
+    pub upper: f64,
+}
+
+/// `rollout_correction` checked and parsed, for the trainer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutCorrectionSettings {
+    pub is_level: Option<IsLevel>,
+    pub is_threshold: f64,
+    pub is_batch_normalize: bool,
+    pub rs: Vec<RsCriterion>,
+}
+
+impl RolloutCorrection {
+    /// Checks and parses the IS and RS keys (veRL's `compute_rollout_correction_weights` and
+    /// `_parse_rollout_rs_thresholds` rules); the error names the key and says why.
+    pub fn settings(&self) -> Result<RolloutCorrectionSettings, (&'static str, String)> {
+        let is_level = match self.rollout_is.as_deref() {
+            None => None,
+            Some("token") => Some(IsLevel::Token),
+            Some("sequence") => Some(IsLevel::Sequence),
+            Some(other) => {
+                return Err(("rollout_is", format!("`{other}` is not an IS level: use token, sequence or null")));
+            }
+        };
+        let t = self.rollout_is_threshold;
+        if !(t.is_finite() && t > 0.0) {
+            return Err(("rollout_is_threshold", format!("must be positive, got {t}")));
+        }
+        let rs = match &self.rollout_rs {
+            None => Vec::new(),
+            Some(modes) => parse_rs(modes, self.rollout_rs_threshold.as_ref())?,
+        };
+        Ok(RolloutCorrectionSettings {
+            is_level,
+            is_threshold: t,
+            is_batch_normalize: self.rollout_is_batch_normalize,
+            rs,
+        })
+    }
+}
+
+/// `rollout_rs` and `rollout_rs_threshold` as veRL parses them: options deduplicated in order, one threshold
+/// for all or one per option.
+fn parse_rs(modes: &str, threshold: Option<&NumberOrText>) -> Result<Vec<RsCriterion>, (&'static str, String)> {
+    let mut names: Vec<&str> = Vec::new();
+    for name in modes.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    if names.is_empty() {
+        return Err(("rollout_rs", "must name at least one criterion (or be null)".into()));
+    }
+    let Some(threshold) = threshold else {
+        return Err(("rollout_rs_threshold", "must be given when rollout_rs is set".into()));
+    };
+    let text = threshold.text();
+    let mut specs: Vec<&str> = text.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    if specs.len() == 1 && names.len() > 1 {
+        specs = vec![specs[0]; names.len()];
+    }
+    if specs.len() != names.len() {
+        let n = names.len();
+        return Err(("rollout_rs_threshold", format!("needs one threshold for all criteria or {n}, got `{text}`")));
+    }
+    let number = |s: &str| -> Result<f64, (&'static str, String)> {
+        match s.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+            _ => Err(("rollout_rs_threshold", format!("`{s}` is not a positive number"))),
+        }
+    };
+    names
+        .into_iter()
+        .zip(specs)
+        .map(|(name, spec)| {
+            let (aggregate, estimator) = match name {
+                "token_k1" => (RsAggregate::Token, 1),
+                "token_k2" => (RsAggregate::Token, 2),
+                "token_k3" => (RsAggregate::Token, 3),
+                "seq_sum_k1" => (RsAggregate::SeqSum, 1),
+                "seq_sum_k2" => (RsAggregate::SeqSum, 2),
+                "seq_sum_k3" => (RsAggregate::SeqSum, 3),
+                "seq_mean_k1" => (RsAggregate::SeqMean, 1),
+                "seq_mean_k2" => (RsAggregate::SeqMean, 2),
+                "seq_mean_k3" => (RsAggregate::SeqMean, 3),
+                "seq_max_k2" => (RsAggregate::SeqMax, 2),
+                "seq_max_k3" => (RsAggregate::SeqMax, 3),
+                other => {
+                    return Err((
+                        "rollout_rs",
+                        format!(
+                            "`{other}` is not a rejection criterion: use token_k1, token_k2, token_k3, seq_sum_k1, \
+                             seq_sum_k2, seq_sum_k3, seq_mean_k1, seq_mean_k2, seq_mean_k3, seq_max_k2 or seq_max_k3"
+                        ),
+                    ));
+                }
+            };
+            let (lower, upper) = if estimator == 1 {
+                match spec.split_once('_') {
+                    Some((l, u)) => (Some(number(l)?), number(u)?),
+                    None => {
+                        let u = number(spec)?;
+                        (Some(1.0 / u), u)
+                    }
+                }
+            } else if spec.contains('_') {
+                return Err(("rollout_rs_threshold", format!("`{name}` takes one upper bound, not `{spec}`")));
+            } else {
+                (None, number(spec)?)
+            };
+            Ok(RsCriterion { name: name.to_owned(), aggregate, estimator, lower, upper })
+        })
+        .collect()
 }
 
 /// `algorithm.kl_ctrl`.

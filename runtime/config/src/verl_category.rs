@@ -290,6 +290,17 @@ pub const VERL_RULES: &[(&str, &str, Category, &str)] = &[
     ("VerlAlgorithm", "kl_penalty", D, "Trinity-RFT uses algorithm.kl_penalty_fn; the value here is replaced"),
     ("VerlAlgorithm", "kl_ctrl", H, ""),
     ("RolloutCorrection", "bypass_mode", H, ""),
+    ("RolloutCorrection", "rollout_is", H, ""),
+    ("RolloutCorrection", "rollout_is_threshold", H, ""),
+    ("RolloutCorrection", "rollout_is_batch_normalize", H, ""),
+    ("RolloutCorrection", "rollout_rs", H, ""),
+    ("RolloutCorrection", "rollout_rs_threshold", H, ""),
+    (
+        "RolloutCorrection",
+        "loss_type",
+        R,
+        "veRL's bypass-mode REINFORCE loss (`reinforce`) is not implemented in trinity; `ppo_clip` runs the configured policy loss (algorithm.policy_loss_fn)",
+    ),
     (
         "KlCtrl",
         "type",

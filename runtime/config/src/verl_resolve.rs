@@ -115,13 +115,111 @@ impl Resolver<'_> {
             }
         }
 
+        self.map_rollout_correction(config);
         if !config.algorithm.bypass_old_logprobs {
+            let top = "algorithm.rollout_correction.bypass_mode";
+            if self.user_set(top) && config.trainer.trainer_config.algorithm.rollout_correction.bypass_mode {
+                let error = self.invalid(top, "is true but algorithm.bypass_old_logprobs is false: give one of them");
+                self.record(Err(error));
+            }
             // Newer Trinity-RFT's spelling of the veRL switch; either `false` asks for recomputed old logprobs.
             config.trainer.trainer_config.algorithm.rollout_correction.bypass_mode = false;
             self.notes.push("algorithm.bypass_old_logprobs `false` sets trainer.trainer_config.algorithm.rollout_correction.bypass_mode to false".into());
         }
         self.map_actor_optim(config, &actor.optim)?;
         Ok(())
+    }
+
+    /// Trinity-RFT 0.6.0's `algorithm.rollout_correction` sets the veRL section's keys it gives; a key both
+    /// spellings give with different values is an error naming both.
+    fn map_rollout_correction(&mut self, config: &mut Config) {
+        let Some(top) = &config.algorithm.rollout_correction else { return };
+        let (Ok(Value::Object(top)), Ok(Value::Object(mut verl))) = (
+            serde_json::to_value(top),
+            serde_json::to_value(&config.trainer.trainer_config.algorithm.rollout_correction),
+        ) else {
+            return;
+        };
+        for (name, value) in top {
+            let top_key = format!("algorithm.rollout_correction.{name}");
+            let verl_key = format!("{AT}.algorithm.rollout_correction.{name}");
+            if !self.user_set(&top_key) {
+                continue;
+            }
+            if self.user_set(&verl_key) && verl.get(&name) != Some(&value) {
+                let error =
+                    self.invalid(&top_key, format!("is {value} but `{verl_key}` is {}: give it once", verl[&name]));
+                self.record(Err(error));
+                continue;
+            }
+            self.notes.push(format!("`{top_key}` ({value}) is used as {verl_key}"));
+            verl.insert(name, value);
+        }
+        match serde_json::from_value(Value::Object(verl)) {
+            Ok(merged) => config.trainer.trainer_config.algorithm.rollout_correction = merged,
+            Err(e) => {
+                let error = self.invalid("algorithm.rollout_correction", e.to_string());
+                self.record(Err(error));
+            }
+        }
+    }
+
+    /// The rollout-correction keys that change the numbers, checked as veRL checks them; the keys trinity cannot
+    /// honour are refused with why, and keys without effect in bypass mode are named in a note.
+    fn check_rollout_correction(&mut self, rc: &crate::verl::RolloutCorrection, top_level: bool) {
+        // Errors name the spelling the user wrote (the top-level one for a key neither gives, when it is there).
+        let key = |r: &Self, name: &str| {
+            let top = format!("algorithm.rollout_correction.{name}");
+            let verl = format!("{AT}.algorithm.rollout_correction.{name}");
+            if r.user_set(&top) || (top_level && !r.user_set(&verl)) { top } else { verl }
+        };
+        let settings = match rc.settings() {
+            Ok(s) => s,
+            Err((name, message)) => {
+                let error = self.invalid(&key(self, name), message);
+                self.record(Err(error));
+                return;
+            }
+        };
+        // `loss_type` other than `ppo_clip` is refused by its category (verl_category.rs).
+        if rc.bypass_mode {
+            let rs = key(self, "rollout_rs");
+            self.check(
+                settings.rs.is_empty(),
+                &rs,
+                "rejection sampling in bypass mode (veRL's bypass_mode loss, which rejects on the current policy's \
+                 logprobs inside the loss) is not implemented in trinity; set bypass_mode (or \
+                 algorithm.bypass_old_logprobs) to false to reject on the recomputed old logprobs",
+            );
+            for name in ["rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize"] {
+                let k = key(self, name);
+                if self.user_set(&k) {
+                    self.notes.push(format!(
+                        "`{k}` has no effect in bypass mode: the old logprobs are the rollout's, so every weight is 1 \
+                         (as in veRL's ppo_clip bypass loss); set bypass_mode to false to weight by the recomputed ones"
+                    ));
+                }
+            }
+            return;
+        }
+        let weights = match settings.is_level {
+            None => "no importance weights".to_owned(),
+            Some(level) => format!(
+                "{} importance weights π_old/π_rollout truncated at {}{}",
+                if level == crate::verl::IsLevel::Token { "per-token" } else { "per-sequence" },
+                settings.is_threshold,
+                if settings.is_batch_normalize { " and normalised to mean 1 over the batch" } else { "" },
+            ),
+        };
+        let rejection = match &rc.rollout_rs {
+            None => "no rejection sampling".to_owned(),
+            Some(rs) => format!("rejection sampling `{rs}`"),
+        };
+        self.notes.push(format!(
+            "`{AT}.algorithm.rollout_correction.bypass_mode` is false: the trainer recomputes the old logprobs \
+             before each update instead of using the rollout engine's, and corrects for their difference with \
+             {weights} and {rejection} (rollout_corr/* metrics)"
+        ));
     }
 
     /// `actor.optim.*` fills the `algorithm.optimizer` values the user did not write.
@@ -158,6 +256,7 @@ impl Resolver<'_> {
     pub(crate) fn resolve_trainer_config(&mut self, config: &mut Config) {
         let train_batch_size = config.buffer.train_batch_size;
         let grad_clip_default = config.trainer.grad_clip.unwrap_or(config.algorithm.optimizer.clip_grad);
+        let top_level = config.algorithm.rollout_correction.is_some();
         let verl = &mut config.trainer.trainer_config;
         let actor = &mut verl.actor_rollout_ref.actor;
         let at = format!("{AT}.actor_rollout_ref.actor");
@@ -211,12 +310,7 @@ impl Resolver<'_> {
             }
         }
 
-        if !verl.algorithm.rollout_correction.bypass_mode {
-            self.notes.push(format!(
-                "`{AT}.algorithm.rollout_correction.bypass_mode` is false: the trainer recomputes the old logprobs \
-                 before each update instead of using the rollout engine's"
-            ));
-        }
+        self.check_rollout_correction(&verl.algorithm.rollout_correction, top_level);
 
         let critic = &mut verl.critic;
         let key = format!("{AT}.critic");
@@ -308,6 +402,82 @@ mod tests {
     use super::*;
     use crate::algorithm::LrScheduler;
     use crate::verl::CriticOptim;
+
+    const BASE: &str = "model:\n  model_path: /m\n  max_model_len: 64\nbuffer:\n  explorer_input:\n    taskset:\n      \
+                        path: /t.jsonl\n";
+
+    /// Trinity-RFT 0.6.0's spelling (`algorithm.rollout_correction`, `algorithm.bypass_old_logprobs`) and veRL's
+    /// under `trainer.trainer_config` load to the same settings, which the dry run prints.
+    #[test]
+    fn both_spellings_of_rollout_correction_load_to_the_same_settings() {
+        let top = crate::testing::loaded(&format!(
+            "{BASE}algorithm:\n  bypass_old_logprobs: false\n  rollout_correction:\n    rollout_is: token\n    \
+             rollout_is_threshold: 3.0\n    rollout_rs: token_k1,seq_max_k3\n    rollout_rs_threshold: 0.5_2.0,0.01\n"
+        ));
+        let verl = crate::testing::loaded(&format!(
+            "{BASE}trainer:\n  trainer_config:\n    algorithm:\n      rollout_correction:\n        bypass_mode: false\n        \
+             rollout_is: token\n        rollout_is_threshold: 3.0\n        rollout_rs: token_k1,seq_max_k3\n        \
+             rollout_rs_threshold: 0.5_2.0,0.01\n"
+        ));
+        let rc = &top.config.trainer.trainer_config.algorithm.rollout_correction;
+        assert_eq!(rc, &verl.config.trainer.trainer_config.algorithm.rollout_correction);
+        assert!(!rc.bypass_mode);
+        let settings = rc.settings().unwrap();
+        assert_eq!(settings.is_level, Some(crate::verl::IsLevel::Token));
+        assert_eq!(settings.is_threshold, 3.0);
+        let bounds: Vec<_> = settings.rs.iter().map(|c| (c.name.as_str(), c.lower, c.upper)).collect();
+        assert_eq!(bounds, [("token_k1", Some(0.5), 2.0), ("seq_max_k3", None, 0.01)]);
+        let printed = top.dry_run_yaml();
+        for line in [
+            "rollout_is: token",
+            "rollout_is_threshold: 3.0",
+            "rollout_rs: \"token_k1,seq_max_k3\"",
+            "bypass_mode: false",
+        ] {
+            assert!(printed.contains(line), "{line} in:\n{printed}");
+        }
+        let note = |l: &crate::Loaded, words: &str| l.notes.iter().any(|n| n.to_string().contains(words));
+        assert!(note(&top, "`algorithm.rollout_correction.rollout_is` (\"token\") is used as"), "{:?}", top.notes);
+        assert!(note(&verl, "per-token importance weights"), "{:?}", verl.notes);
+    }
+
+    #[test]
+    fn rollout_correction_keys_trinity_cannot_honour_are_refused_with_why() {
+        use crate::testing::{assert_names, refusal};
+        let top = "algorithm.rollout_correction";
+        let rc = |body: &str| format!("{BASE}algorithm:\n  rollout_correction:\n{body}");
+        let e = refusal(&rc("    bypass_mode: false\n    rollout_rs: seq_mean_k2\n"));
+        assert_names(&e, &format!("{top}.rollout_rs_threshold"), &["must be given"]);
+        let e = refusal(&rc("    bypass_mode: false\n    rollout_rs: seq_max_k1\n    rollout_rs_threshold: 2.0\n"));
+        assert_names(&e, &format!("{top}.rollout_rs"), &["not a rejection criterion"]);
+        let e = refusal(&rc("    bypass_mode: false\n    rollout_rs: token_k3\n    rollout_rs_threshold: 0.1_2\n"));
+        assert_names(&e, &format!("{top}.rollout_rs_threshold"), &["one upper bound"]);
+        let e = refusal(&rc(
+            "    bypass_mode: false\n    rollout_rs: token_k1,token_k2\n    rollout_rs_threshold: 1,2,3\n",
+        ));
+        assert_names(&e, &format!("{top}.rollout_rs_threshold"), &["or 2"]);
+        let e = refusal(&rc("    rollout_is: geometric\n"));
+        assert_names(&e, &format!("{top}.rollout_is"), &["token, sequence or null"]);
+        let e = refusal(&rc("    rollout_is_threshold: 0\n"));
+        assert_names(&e, &format!("{top}.rollout_is_threshold"), &["must be positive"]);
+        let e = refusal(&rc("    rollout_rs: token_k1\n    rollout_rs_threshold: 2.0\n"));
+        assert_names(&e, &format!("{top}.rollout_rs"), &["bypass mode", "not implemented"]);
+        let e = refusal(&rc("    loss_type: reinforce\n"));
+        assert_names(&e, &format!("{top}.loss_type"), &["not implemented"]);
+        let e = refusal(&rc("    rollout_iss: token\n"));
+        assert!(e.to_string().contains("rollout_iss"), "{e}");
+        let both = format!(
+            "{BASE}algorithm:\n  rollout_correction:\n    rollout_is: token\ntrainer:\n  trainer_config:\n    \
+             algorithm:\n      rollout_correction:\n        rollout_is: sequence\n"
+        );
+        assert_names(&refusal(&both), &format!("{top}.rollout_is"), &["give it once"]);
+        let bypass =
+            format!("{BASE}algorithm:\n  bypass_old_logprobs: false\n  rollout_correction:\n    bypass_mode: true\n");
+        assert_names(&refusal(&bypass), &format!("{top}.bypass_mode"), &["bypass_old_logprobs is false"]);
+        // In bypass mode the weights are all 1: accepted, and a note says so.
+        let loaded = crate::testing::loaded(&rc("    rollout_is: token\n"));
+        assert!(loaded.notes.iter().any(|n| n.to_string().contains("no effect in bypass mode")), "{:?}", loaded.notes);
+    }
 
     #[test]
     fn the_critic_optimizer_starts_from_verl_defaults_not_the_actor_optimizer() {

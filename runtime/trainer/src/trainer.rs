@@ -9,6 +9,10 @@
 //!    `compute_advantage_in_trainer`) after the KL reward penalty; a group (explorer-side) function also runs
 //!    here when the rows arrive without advantages, so a loop without an experience pipeline still trains.
 //!    Rows a group function drops leave the step, duplicated ones count twice.
+//!    3b. With recomputed old logprobs, the rollout correction (`rollout_correction`, veRL's decoupled mode): the
+//!    recomputed old logprobs are compared with the rollout's once for the whole step; rejection sampling sets
+//!    the action mask of rejected tokens (or responses) to 0 for every loss term, and each token's policy-loss
+//!    term is multiplied by its truncated importance weight π_old/π_rollout (see [`trainer::actor`]).
 //! 4. The critic's update (PPO): `critic.ppo_epochs` passes over all rows, one optimizer step each. Then
 //!    `ppo_epochs` passes of the actor over the rows, each cut into mini-batches (`ppo_mini_batch_size`; by
 //!    default the whole step is one). Per mini-batch: micro-batches
@@ -51,6 +55,7 @@ use trinity_algorithm::Batch;
 use trinity_algorithm::metrics::Metrics;
 use trinity_config::ExperienceSchema;
 use trinity_config::algorithm::OptimizerConfig;
+use trinity_config::verl::RolloutCorrectionSettings;
 use trinity_model::Decoder;
 
 use crate::batch::{TrainRow, mask_field, token_field, validate};
@@ -118,6 +123,10 @@ pub struct TrainerOptions {
     /// Recompute `old_logprob` with the policy before the update instead of using the rollout logprobs (veRL's
     /// `rollout_correction.bypass_mode: false`).
     pub recompute_old_logprobs: bool,
+    /// With recomputed old logprobs, how their difference from the rollout's is corrected (veRL's decoupled
+    /// mode: importance weights, rejection sampling, `rollout_corr/*` metrics; see [`crate::trainer`] step 3b);
+    /// `None`: not at all.
+    pub rollout_correction: Option<RolloutCorrectionSettings>,
     /// Seeds what the trainer draws at random (the critic's fresh value head), so that two runs of one config
     /// train the same critic; the run's `explorer.rollout_model.seed`.
     pub seed: u64,
@@ -143,6 +152,7 @@ impl Default for TrainerOptions {
             critic_epochs: None,
             critic_optimizer: None,
             recompute_old_logprobs: false,
+            rollout_correction: None,
             seed: 42,
         }
     }
@@ -191,6 +201,10 @@ impl TrainerOptions {
             critic_epochs: critic.ppo_epochs,
             critic_optimizer: critic.optim_resolved.clone(),
             recompute_old_logprobs: !verl.algorithm.rollout_correction.bypass_mode,
+            // Resolution has checked the keys (and refused what bypass mode cannot do), so `settings` succeeds.
+            rollout_correction: (!verl.algorithm.rollout_correction.bypass_mode)
+                .then(|| verl.algorithm.rollout_correction.settings().ok())
+                .flatten(),
             activation_recompute: ActivationRecompute::from_gradient_checkpointing(
                 verl.actor_rollout_ref.model.enable_gradient_checkpointing,
             ),
@@ -310,6 +324,15 @@ impl Trainer {
         }
         if options.logit_chunk_tokens < 1 {
             return Err(TrainerError::setting("logit_chunk_tokens", "must be at least 1"));
+        }
+        let weighted = options.rollout_correction.as_ref().is_some_and(|rc| rc.is_level.is_some());
+        if weighted && components.policy_loss.name == "dpo" {
+            // DPO's loss is per (chosen, rejected) pair, not a sum of per-token terms the weights could scale.
+            return Err(TrainerError::setting(
+                "rollout_correction.rollout_is",
+                "importance weights scale a policy loss token by token; dpo's loss is per pair of responses, so set \
+                 rollout_is to null",
+            ));
         }
         let mut options = options;
         let available = crate::micro_batch::available_memory();
@@ -617,6 +640,7 @@ impl Trainer {
         }
 
         let (active, returns) = self.advantages(&mut batch, &mut metrics)?;
+        let is_weights = self.rollout_correction(rows, width, &mut batch, &mut metrics)?;
         // veRL's update: `ppo_epochs` passes over the step's rows, each pass one optimizer step per mini-batch,
         // gradients accumulated over the mini-batch's micro-batches. The learning rate is the train step's for
         // every optimizer step in it (the schedule advances once per train step, as veRL's scheduler does).
@@ -661,7 +685,8 @@ impl Trainer {
                 let micro_batches = micro_batches_of(&share_of(self.dp.as_ref(), mini, unit))?;
                 micro_count += micro_batches.len();
                 let (whole, usual) = (counts.of(mini, false), counts.of(mini, true));
-                let mini = actor::MiniBatch { rows, batch: &batch, counts: &counts, whole, usual };
+                let is_weights = is_weights.as_ref();
+                let mini = actor::MiniBatch { rows, batch: &batch, counts: &counts, whole, usual, is_weights };
                 forward_only += self.update_actor(&mini, &micro_batches, &mut means)?;
                 if let Some(dp) = &self.dp {
                     dp.reduce_gradients(&self.optimizer.param_vars())?;
@@ -709,6 +734,31 @@ impl Trainer {
         let pairs = self.components.policy_loss.name == "dpo";
         let size = if pairs { 2 * size.max(1) } else { size.max(1) };
         active.chunks(size).map(<[usize]>::to_vec).collect()
+    }
+
+    /// Step 3b of the module docs: with recomputed old logprobs, compares them with the rollout's
+    /// ([`trinity_algorithm::rollout_correction`]): rejected tokens leave `batch.action_mask` (so every loss term,
+    /// the critic's too, and their denominators skip them), the `rollout_corr/*` metrics are added, and the
+    /// importance weights are returned for the policy loss. As in veRL, nothing happens when a row has no rollout
+    /// logprobs (SFT rows).
+    fn rollout_correction(
+        &self,
+        rows: &[TrainRow],
+        width: usize,
+        batch: &mut Batch,
+        metrics: &mut Metrics,
+    ) -> Result<Option<Tensor>> {
+        let Some(settings) = &self.options.rollout_correction else { return Ok(None) };
+        let (Some(old), false) = (&batch.old_logprob, rows.iter().any(|r| r.logprobs.is_empty())) else {
+            return Ok(None);
+        };
+        let rollout = token_field(rows.iter(), width, |r| Some(&r.logprobs[..]))?;
+        let correction = tch::no_grad(|| {
+            trinity_algorithm::rollout_correction::correct(settings, old, &rollout, &batch.action_mask)
+        });
+        batch.action_mask = correction.mask.f_to_kind(batch.action_mask.kind())?;
+        metrics.extend(correction.metrics);
+        Ok(correction.weights)
     }
 
     /// Step 3 of the module docs: fills `batch.advantages` unless present; returns the rows that train (indices

@@ -4,7 +4,7 @@ use tch::{Device, Kind, Tensor};
 use trinity_algorithm::entropy::EntropyKind;
 use trinity_algorithm::{AggCounts, Batch, LossAggMode};
 
-use super::{MetricMeans, Trainer, pad_to};
+use super::{MetricMeans, Trainer, indices as indices_of, pad_to};
 use crate::batch::TrainRow;
 use crate::error::Result;
 use crate::loss_weight::{RowCounts, Weight};
@@ -22,6 +22,8 @@ pub(super) struct MiniBatch<'a> {
     pub(super) whole: AggCounts,
     /// Its usual (non-expert) rows: the denominators of the `mix` entropy bonus.
     pub(super) usual: AggCounts,
+    /// The step's `[N, R]` rollout-correction importance weights, when `rollout_is` is set.
+    pub(super) is_weights: Option<&'a Tensor>,
 }
 
 impl Trainer {
@@ -46,7 +48,7 @@ impl Trainer {
     /// of the mini-batch's denominator ([`crate::loss_weight`]), and the sum of their gradients backpropagated
     /// once. Returns how many rows ran forward only.
     fn actor_pass(&mut self, mini: &MiniBatch, micro_batches: &[Vec<usize>], means: &mut MetricMeans) -> Result<usize> {
-        let MiniBatch { rows, batch, counts, whole, usual } = *mini;
+        let MiniBatch { rows, batch, counts, whole, usual, is_weights } = *mini;
         let mode = self.components.loss_agg_mode;
         let width = batch.len() as i64;
         let c = &self.components;
@@ -85,7 +87,17 @@ impl Trainer {
             let (pg_loss, m) = c.policy_loss.f.loss(&mb)?;
             let pg_weight = Weight::new(c.policy_loss.f.loss_agg_mode(), part, whole);
             means.add_weighted("actor/", m, pg_weight);
-            let mut loss = pg_loss * pg_weight.loss;
+            let pg_term = pg_loss * pg_weight.loss;
+            // veRL multiplies each token's policy-loss term by its importance weight before aggregating. Every
+            // built-in loss (dpo aside, refused) gets its gradient on a token's logprob from that token's term
+            // only, so the weighted loss's gradient is the loss's gradient times the weight, token by token; the
+            // policy loss is therefore backpropagated on its own and its gradient scaled. Its logged value stays
+            // the unweighted one.
+            let weighted = is_weights.map(|w| w.index_select(0, &indices_of(micro)));
+            let mut loss = match &weighted {
+                Some(_) => pg_term.detach(),
+                None => pg_term.shallow_clone(),
+            };
             if let Some(e) = &c.entropy
                 && mb.entropy.is_some()
             {
@@ -128,6 +140,14 @@ impl Trainer {
                 if let (Some(g), Some(d)) = (&grad_ent, grads.get(1)) {
                     g.f_narrow(0, offset, k)?.f_copy_(&d.f_narrow(1, 0, r)?)?;
                 }
+            }
+            if let Some(w) = &weighted
+                && pg_term.requires_grad()
+            {
+                any_grad = true;
+                let grads = Tensor::f_run_backward(&[&pg_term], &[&lp_leaf], false, false)?;
+                let scaled = (&grads[0] * w.f_to_kind(grads[0].kind())?).f_narrow(1, 0, r)?;
+                let _ = grad_lp.f_narrow(0, offset, k)?.f_add_(&scaled)?;
             }
             offset += k;
         }

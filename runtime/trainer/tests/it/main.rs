@@ -6,6 +6,7 @@ mod data_parallel;
 mod forward_only;
 mod grpo;
 mod ppo;
+mod rollout_correction;
 mod sft;
 
 use serde_json::Map;
