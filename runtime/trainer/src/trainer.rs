@@ -12,7 +12,7 @@
 //!    3b. With recomputed old logprobs, the rollout correction (`rollout_correction`, veRL's decoupled mode): the
 //!    recomputed old logprobs are compared with the rollout's once for the whole step; rejection sampling sets
 //!    the action mask of rejected tokens (or responses) to 0 for every loss term, and each token's policy-loss
-//!    term is multiplied by its truncated importance weight π_old/π_rollout (see [`trainer::actor`]).
+//!    term is multiplied by its truncated importance weight π_old/π_rollout (`trainer/actor.rs`).
 //! 4. The critic's update (PPO): `critic.ppo_epochs` passes over all rows, one optimizer step each. Then
 //!    `ppo_epochs` passes of the actor over the rows, each cut into mini-batches (`ppo_mini_batch_size`; by
 //!    default the whole step is one). Per mini-batch: micro-batches
