@@ -562,7 +562,9 @@ pub struct RolloutCorrection {
     /// their difference from the rollout's.
     pub bypass_mode: bool,
     /// Importance-sampling weights π_old/π_rollout: `token` (one per token), `sequence` (the product over the
-    /// response, veRL's default) or `null` (none; the metrics are still logged).
+    /// response) or `null` (none; the metrics are still logged). Unset it is `null`, where veRL's dataclass says
+    /// `sequence`: Trinity-RFT 0.6.0 computes the weights but its actor never applies them, so a config that
+    /// only sets `bypass_mode: false` trains there, and here, on recomputed old logprobs alone.
     pub rollout_is: Option<String>,
     /// Upper bound the weights are truncated to (truncated importance sampling).
     pub rollout_is_threshold: f64,
@@ -585,7 +587,7 @@ impl Default for RolloutCorrection {
     fn default() -> Self {
         RolloutCorrection {
             bypass_mode: true,
-            rollout_is: Some("sequence".to_owned()),
+            rollout_is: None,
             rollout_is_threshold: 2.0,
             rollout_is_batch_normalize: false,
             rollout_rs: None,
