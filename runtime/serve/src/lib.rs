@@ -57,6 +57,7 @@ mod completions;
 mod error;
 mod generation;
 mod ids;
+mod large_requests;
 mod logprobs;
 mod metrics;
 mod params;

@@ -271,6 +271,8 @@ fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), refuse_while_stopping))
+        // Inside the guard, so a refused request never waits for a permit.
+        .layer(middleware::from_fn_with_state(crate::large_requests::permits(), crate::large_requests::bound))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), guard))
         .with_state(state)
 }
