@@ -1,6 +1,6 @@
 //! `trinity studio` end to end: a tiny-model run writes a run directory, the studio serves it, and headless
-//! Chromium (Debian's, driven by playwright-core from npm; both installed by `cargo xtask setup`) opens the run,
-//! draws two curves, pages through and filters the rollouts, shows the task that failed, validates a config with
+//! Chromium (Debian's, driven by playwright-core from npm; both installed by `cargo xtask setup`) opens the run on
+//! its reward and eval accuracy curves, draws two curves picked by hand, pages through and filters the rollouts, shows the task that failed, validates a config with
 //! two mistakes (each marked at its line) and completes values, lists the plugins, and watches a run that is still
 //! writing (its step in the runs table and its chart grow without a reload) until it is deleted under the page,
 //! taking a screenshot of each page (kept under the target directory; the paths are printed). It also plays the
@@ -163,8 +163,13 @@ fn the_studio_shows_a_real_run_in_chromium() {
         })
         .collect();
     std::fs::write(dir.path().join("tasks.jsonl"), rows).unwrap();
+    // A held-out taskset evaluated once, after the last step (not before the first, which would add a step 0), so
+    // that the run has an eval accuracy for the Curves page to open on.
+    std::fs::write(dir.path().join("eval.jsonl"), "{\"prompt\": \"ab\", \"response\": \"1\"}\n").unwrap();
     let config = format!(
-        "{}    default_workflow_type: simple_workflow\n    default_reward_fn_type: math_reward\nmonitor:\n  monitor_type: jsonl\n",
+        "{}    eval_tasksets:\n      - name: held-out\n        path: eval.jsonl\n    \
+         default_workflow_type: simple_workflow\n    default_reward_fn_type: math_reward\n\
+         explorer:\n  eval_on_startup: false\nmonitor:\n  monitor_type: jsonl\n",
         grpo_run_config(&tiny_model_dir(), 40)
     );
     std::fs::write(dir.path().join("config.yaml"), config).unwrap();
@@ -175,6 +180,10 @@ fn the_studio_shows_a_real_run_in_chromium() {
     let job = dir.path().join("ckpt/p/n");
     let record = std::fs::read_to_string(job.join("status/trinity.json")).unwrap();
     assert!(record.contains("\"status\": \"finished\""), "{record}");
+    let last = std::fs::read_to_string(job.join("monitor/metrics.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
+    assert_eq!(last["step"], 3, "{last}");
+    assert!(last["eval/held-out/accuracy"].is_number(), "evaluated after the last step: {last}");
     let experiences = std::fs::read_to_string(job.join("experiences.jsonl")).unwrap();
     let rewards: Vec<f64> = experiences
         .lines()
@@ -213,6 +222,7 @@ fn the_studio_shows_a_real_run_in_chromium() {
     let want = serde_json::json!({
         "url": url, "run": "p/n", "chromium": chromium, "userDataDir": dir.path().join("chromium-profile"),
         "shots": shots, "metrics": ["rollout/reward_mean", "train/pg_loss"], "points": 3,
+        "preselected": { "metrics": ["rollout/reward_mean", "eval/held-out/accuracy"], "points": [3, 1] },
         "experiences": rewards.len(), "rewardMin": reward_min, "aboveMin": above_min,
         "failed": { "task": failed[0]["task"], "step": 2, "error": "no prompt field `prompt`" },
         "otherSite": {

@@ -145,9 +145,13 @@ function errorRow(error) {
 
 // ---- curves --------------------------------------------------------------------------------------------------
 
+// The metrics drawn are those the URL names; a URL that names none (a run's link on the Runs page) opens on the
+// selected runs' reward and eval accuracies (the server's `preselected`), and the selection follows the runs
+// checked until a metric is picked or dropped by hand.
 async function showCurves(main, params) {
   let runs = params.getAll("run");
   let metrics = params.getAll("metric");
+  let picked = metrics.length > 0;
   const allRuns = (await api("/api/runs")).runs;
   if (runs.length === 0 && allRuns.length) runs = [allRuns[allRuns.length - 1].id];
   const runBox = el("div", { class: "metric-list", id: "curve-runs" });
@@ -169,20 +173,23 @@ async function showCurves(main, params) {
   let names = [];
 
   function update() {
-    history.replaceState(null, "", `#/curves?${qs({ run: runs, metric: metrics })}`);
+    history.replaceState(null, "", `#/curves?${qs({ run: runs, metric: picked ? metrics : [] })}`);
     loadNames().then(draw);
   }
   async function loadNames() {
     const found = new Set();
+    const preselected = new Set();
     const skipped = [];
     for (const run of runs) {
       try {
         const data = await api(`/api/metrics?${qs({ run })}`);
         data.names.forEach((n) => found.add(n));
+        data.preselected.forEach((n) => preselected.add(n));
         for (const s of data.skipped) skipped.push(`${run}: ${s.count} unreadable line(s) in ${s.file} (line ${s.lines.map((l) => l.line).join(", ")})`);
       } catch (error) { skipped.push(`${run}: ${error.message}`); }
     }
     names = [...found].sort();
+    if (!picked) metrics = [...preselected];
     note.textContent = skipped.join("; ");
     renderList();
   }
@@ -192,6 +199,7 @@ async function showCurves(main, params) {
       const box = el("input", { type: "checkbox", checked: metrics.includes(name), "data-metric": name });
       box.addEventListener("change", () => {
         metrics = box.checked ? [...metrics, name] : metrics.filter((m) => m !== name);
+        picked = true;
         update();
       });
       return el("label", { title: name }, box, " ", name);

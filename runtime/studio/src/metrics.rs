@@ -160,6 +160,32 @@ fn identity(_: &std::fs::Metadata) -> Option<(u64, u64)> {
     None
 }
 
+/// The reward metrics a run may have, most telling first: what the explorer's rollouts earned, or for a run that
+/// only trains, the mean reward of the batches it read from the buffer.
+const REWARDS: [&str; 2] = ["rollout/reward_mean", "buffer/reward_mean"];
+
+/// The metrics the Curves page opens on, of a run whose metrics have `names`: its reward (the first of
+/// [`REWARDS`] it has) and every taskset's accuracy, `eval/<taskset>/accuracy` (and `bench/<taskset>/accuracy` of
+/// mode `bench`, whose whole result they are). An accuracy is a whole metric, not a workflow's
+/// `eval/<taskset>/accuracy/mean` reward component, so the taskset is one path segment.
+pub fn headline<S: AsRef<str>>(names: &[S]) -> Vec<String> {
+    let has = |wanted: &str| names.iter().any(|name| name.as_ref() == wanted);
+    let reward = REWARDS.into_iter().find(|name| has(name)).map(str::to_owned);
+    let mut accuracies: Vec<String> = names
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|name| {
+            let Some((prefix, rest)) = name.split_once('/') else { return false };
+            let taskset = rest.strip_suffix("/accuracy").unwrap_or("");
+            matches!(prefix, "eval" | "bench") && !taskset.is_empty() && !taskset.contains('/')
+        })
+        .map(str::to_owned)
+        .collect();
+    accuracies.sort();
+    accuracies.dedup();
+    reward.into_iter().chain(accuracies).collect()
+}
+
 /// Metric series aligned on one step axis, as a chart takes them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Series {
@@ -273,5 +299,24 @@ mod tests {
         assert_eq!(series.values["rollout/reward_mean"], [Some(0.1), Some(0.2), None]);
         assert_eq!(series.values["train/loss"], [None, Some(0.9), Some(0.8)]);
         assert_eq!(series.values["absent"], [None, None, None]);
+    }
+
+    #[test]
+    fn the_headline_is_the_reward_then_each_taskset_accuracy() {
+        let names = [
+            "train/pg_loss",
+            "eval/sums/accuracy",
+            "eval/sums/accuracy/mean",
+            "eval/addition/accuracy",
+            "buffer/reward_mean",
+            "rollout/reward_mean",
+            "eval/accuracy",
+            "eval/a/b/accuracy",
+        ];
+        assert_eq!(headline(&names), ["rollout/reward_mean", "eval/addition/accuracy", "eval/sums/accuracy"]);
+        // A run that only trains has its buffer's reward; a bench run has only accuracies.
+        assert_eq!(headline(&["buffer/reward_mean", "train/pg_loss"]), ["buffer/reward_mean"]);
+        assert_eq!(headline(&["bench/gsm8k/accuracy", "bench/gsm8k/reward_mean"]), ["bench/gsm8k/accuracy"]);
+        assert!(headline(&["train/pg_loss"]).is_empty());
     }
 }

@@ -22,7 +22,7 @@ use crate::config_api;
 use crate::error::StudioError;
 use crate::failed_tasks::{FailedFilter, FailedTaskIndex};
 use crate::host::Host;
-use crate::metrics::{MetricsLog, series};
+use crate::metrics::{MetricsLog, headline, series};
 use crate::query::Query;
 use crate::request_guard::{self, RequestGuard};
 use crate::rollouts::{ExperienceIndex, Filter};
@@ -214,7 +214,8 @@ async fn metric_names(
                     json!({ "file": relative(&dir, file), "count": count, "lines": lines })
                 })
                 .collect();
-            json!({ "run": id, "names": names, "skipped": skipped })
+            let preselected = headline(&names);
+            json!({ "run": id, "names": names, "preselected": preselected, "skipped": skipped })
         });
         Ok(axum::Json(body))
     })

@@ -167,6 +167,8 @@ async fn metrics_list_names_report_bad_lines_and_give_aligned_series() {
     let (status, body) = get(root.path(), "/api/metrics?run=p/n").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["names"], json!(["eval/sums/accuracy", "rollout/reward_mean", "train/loss"]));
+    // The Curves page opens on the reward and the eval accuracy.
+    assert_eq!(body["preselected"], json!(["rollout/reward_mean", "eval/sums/accuracy"]));
     assert_eq!(body["skipped"][0]["lines"][0]["line"], 3);
     let uri = "/api/series?run=p%2Fn&name=train%2Floss&name=eval%2Fsums%2Faccuracy";
     let (status, body) = get(root.path(), uri).await;
