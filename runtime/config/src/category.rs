@@ -504,12 +504,7 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
         P,
         "veRL reorders rows so data-parallel ranks get similar token counts; with one device there is nothing to balance",
     ),
-    (
-        "TrainerConfig",
-        "critic_warmup",
-        R,
-        "training only the critic for the first steps is not implemented in trinity; use 0",
-    ),
+    ("TrainerConfig", "critic_warmup", H, ""),
     ("TrainerConfig", "param_offload", P, OFFLOAD),
     ("TrainerConfig", "optimizer_offload", P, OFFLOAD),
     ("TrainerConfig", "grad_offload", P, OFFLOAD),

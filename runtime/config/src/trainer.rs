@@ -37,7 +37,9 @@ pub struct TrainerConfig {
     pub use_remove_padding: bool,
     /// Balance tokens across data-parallel ranks (newer Trinity-RFT; veRL's `balance_batch`).
     pub balance_batch: bool,
-    /// Train steps during which only the critic is updated (newer Trinity-RFT).
+    /// With a critic (PPO), the actor is updated from train step `critic_warmup` on (1-based; veRL's
+    /// `critic_warmup <= global_steps`), so the first `critic_warmup - 1` steps train only the critic. The veRL
+    /// spelling `trainer.trainer_config.trainer.critic_warmup` sets the same value. No effect without a critic.
     pub critic_warmup: u32,
     /// Offload parameters to host memory (newer Trinity-RFT).
     pub param_offload: bool,

@@ -339,12 +339,7 @@ pub const VERL_RULES: &[(&str, &str, Category, &str)] = &[
         "trinity resumes from the latest checkpoint of this experiment; to start from other weights set model.model_path",
     ),
     ("VerlTrainer", "test_freq", D, "Trinity-RFT sets it from explorer.eval_interval; the value here is replaced"),
-    (
-        "VerlTrainer",
-        "critic_warmup",
-        R,
-        "training only the critic for the first steps is not implemented in trinity; use 0",
-    ),
+    ("VerlTrainer", "critic_warmup", H, ""),
     ("VerlTrainer", "default_hdfs_dir", P, "trinity writes checkpoints under checkpoint_root_dir only; no effect here"),
     ("VerlTrainer", "remove_previous_ckpt_in_save", P, "deprecated in veRL; trainer.max_checkpoints_to_keep decides"),
     ("VerlTrainer", "del_local_ckpt_after_load", P, "trinity keeps local checkpoints; no effect here"),

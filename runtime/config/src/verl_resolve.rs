@@ -312,6 +312,32 @@ impl Resolver<'_> {
 
         self.check_rollout_correction(&verl.algorithm.rollout_correction, top_level);
 
+        // Trinity-RFT 0.6.0 reads `trainer.critic_warmup`, its legacy veRL trainer the veRL spelling; one value
+        // either way, in `trainer.critic_warmup`.
+        let verl_warmup = verl.trainer.critic_warmup;
+        let key = format!("{AT}.trainer.critic_warmup");
+        match (config.trainer.critic_warmup, verl_warmup) {
+            (top, v) if top != 0 && v != 0 && top != v => {
+                let error = self.invalid(
+                    "trainer.critic_warmup",
+                    format!("is {top} but `{key}` is {v}: set one of them (Trinity-RFT reads one or the other)"),
+                );
+                self.record(Err(error));
+            }
+            (0, v) if v != 0 => config.trainer.critic_warmup = v,
+            _ => {}
+        }
+        let warmup = config.trainer.critic_warmup;
+        verl.trainer.critic_warmup = warmup;
+        let use_critic = self.catalog.preset(&config.algorithm.algorithm_type).unwrap_or_default().use_critic;
+        if warmup > 0 && !use_critic {
+            self.notes.push(format!(
+                "trainer.critic_warmup ({warmup}) has no effect: algorithm `{}` trains no critic, so the actor is \
+                 updated from the first step (as Trinity-RFT's veRL trainer does)",
+                config.algorithm.algorithm_type
+            ));
+        }
+
         let critic = &mut verl.critic;
         let key = format!("{AT}.critic");
         self.check(critic.cliprange_value >= 0.0, &format!("{key}.cliprange_value"), "must not be negative");
@@ -405,6 +431,23 @@ mod tests {
 
     const BASE: &str = "model:\n  model_path: /m\n  max_model_len: 64\nbuffer:\n  explorer_input:\n    taskset:\n      \
                         path: /t.jsonl\n";
+
+    #[test]
+    fn critic_warmup_loads_from_either_spelling_and_conflicting_values_are_refused() {
+        let top = crate::testing::loaded(&format!("{BASE}trainer:\n  critic_warmup: 3\n"));
+        assert_eq!(top.config.trainer.critic_warmup, 3);
+        assert_eq!(top.config.trainer.trainer_config.trainer.critic_warmup, 3);
+        // The test catalog's presets train no critic, so the warm-up is noted as having no effect.
+        assert!(top.notes.iter().any(|n| n.to_string().contains("critic_warmup (3) has no effect")), "{:?}", top.notes);
+        let verl = crate::testing::loaded(&format!(
+            "{BASE}trainer:\n  trainer_config:\n    trainer:\n      critic_warmup: 2\n"
+        ));
+        assert_eq!(verl.config.trainer.critic_warmup, 2);
+        let both =
+            format!("{BASE}trainer:\n  critic_warmup: 3\n  trainer_config:\n    trainer:\n      critic_warmup: 2\n");
+        let error = crate::testing::refusal(&both);
+        crate::testing::assert_names(&error, "trainer.critic_warmup", &["is 3", "critic_warmup` is 2"]);
+    }
 
     /// Trinity-RFT 0.6.0's spelling (`algorithm.rollout_correction`, `algorithm.bypass_old_logprobs`) and veRL's
     /// under `trainer.trainer_config` load to the same settings, which the dry run prints.

@@ -127,6 +127,9 @@ pub struct TrainerOptions {
     /// mode: importance weights, rejection sampling, `rollout_corr/*` metrics; see [`crate::trainer`] step 3b);
     /// `None`: not at all.
     pub rollout_correction: Option<RolloutCorrectionSettings>,
+    /// With a critic, the actor is updated from this train step on (1-based, as veRL's `critic_warmup <=
+    /// global_steps`); the steps before it train only the critic. 0 and 1: from the first step.
+    pub critic_warmup: u64,
     /// Seeds what the trainer draws at random (the critic's fresh value head), so that two runs of one config
     /// train the same critic; the run's `explorer.rollout_model.seed`.
     pub seed: u64,
@@ -153,6 +156,7 @@ impl Default for TrainerOptions {
             critic_optimizer: None,
             recompute_old_logprobs: false,
             rollout_correction: None,
+            critic_warmup: 0,
             seed: 42,
         }
     }
@@ -211,6 +215,7 @@ impl TrainerOptions {
             critic_activation_recompute: ActivationRecompute::from_gradient_checkpointing(
                 critic.model.enable_gradient_checkpointing,
             ),
+            critic_warmup: u64::from(config.trainer.critic_warmup),
             seed: config.explorer.rollout_model.seed,
             ..defaults
         }
@@ -680,7 +685,13 @@ impl Trainer {
                 means.add("critic/", update.metrics);
             }
         }
-        for _epoch in 0..self.options.ppo_epochs.max(1) {
+        // Critic warm-up (veRL's `critic_warmup <= global_steps`, this step being `global_step + 1`).
+        let actor_epochs = match self.critic.is_some() && self.options.critic_warmup > self.global_step + 1 {
+            true => 0,
+            false => self.options.ppo_epochs.max(1),
+        };
+        metrics.insert("actor/updated".into(), f64::from(u8::from(actor_epochs > 0)));
+        for _epoch in 0..actor_epochs {
             for mini in &mini_batches {
                 let micro_batches = micro_batches_of(&share_of(self.dp.as_ref(), mini, unit))?;
                 micro_count += micro_batches.len();

@@ -33,6 +33,39 @@ fn ppo_with_critic_runs_and_the_value_loss_falls() {
     }
 }
 
+/// `critic_warmup: 3`: steps 1 and 2 train only the critic (veRL updates the actor once `critic_warmup <=
+/// global_steps`), step 3 trains both, from the critic the warm-up trained.
+#[test]
+fn critic_warmup_trains_only_the_critic_until_its_step() {
+    let alg = algorithm("ppo", |_| {});
+    let options = TrainerOptions { critic_warmup: 3, ..TrainerOptions::default() };
+    let mut t = trainer(tiny_model(4, Kind::Float), &alg, 5e-3, options);
+    let start = tiny_model(4, Kind::Float);
+    let rows = rows();
+    for step in 1..=2 {
+        let head = t.critic().unwrap().value_head().0.copy();
+        let metrics = t.train_step(&rows).unwrap();
+        assert_eq!(max_param_diff(t.policy(), &start), 0.0, "step {step} moved the actor");
+        assert!(!t.critic().unwrap().value_head().0.equal(&head), "step {step} left the critic");
+        assert_eq!(metrics["actor/updated"], 0.0);
+        assert!(!metrics.contains_key("actor/pg_loss"), "{metrics:?}");
+    }
+    let metrics = t.train_step(&rows).unwrap();
+    assert!(max_param_diff(t.policy(), &start) > 0.0, "step 3 updates the actor");
+    assert_eq!(metrics["actor/updated"], 1.0);
+    assert!(metrics["actor/pg_loss"].is_finite());
+    // Without a critic the warm-up has nothing to warm: GRPO updates the actor from the first step.
+    let grpo = algorithm("grpo", |_| {});
+    let options = TrainerOptions { critic_warmup: 3, ..TrainerOptions::default() };
+    let mut g = trainer(tiny_model(4, Kind::Float), &grpo, 5e-3, options);
+    let mut rows = rows;
+    for r in &mut rows {
+        r.advantages = Some(vec![r.reward.unwrap_or(0.0); r.response_length()]);
+    }
+    assert_eq!(g.train_step(&rows).unwrap()["actor/updated"], 1.0);
+    assert!(max_param_diff(g.policy(), &start) > 0.0);
+}
+
 #[test]
 fn critic_state_round_trips() {
     let alg = algorithm("ppo", |_| {});
