@@ -7,8 +7,10 @@ use std::path::PathBuf;
 pub enum MonitorError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("unknown monitor_type `{0}` (jsonl, csv, tensorboard)")]
+    #[error("unknown monitor_type `{0}` (jsonl, csv, tensorboard, wandb, mlflow, swanlab)")]
     UnknownMonitor(String),
+    #[error("monitor `{monitor}`: {message}")]
+    Hosted { monitor: &'static str, message: String },
     #[error("{path}: existing metrics file is not valid: {reason}")]
     Corrupt { path: PathBuf, reason: String },
 }

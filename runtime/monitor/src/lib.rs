@@ -8,6 +8,7 @@
 mod crc32c;
 mod csv_sink;
 mod error;
+mod hosted;
 mod jsonl_sink;
 mod progress;
 mod tensorboard;
@@ -23,6 +24,21 @@ pub use crate::tensorboard::TensorboardSink;
 
 /// One step's metrics, by name (`rollout/reward_mean`, `train/pg_loss`, ...). Sorted, so files are stable.
 pub type Metrics = BTreeMap<String, f64>;
+
+/// What a run tells its monitor: the sink `monitor_type` names and, for a hosted service, who the run is, as
+/// Trinity-RFT names it (`project`, `group`, a run `{name}_{role}` tagged `role`), `monitor.monitor_args`, and
+/// the run's resolved config (logged as the service's run config or parameters).
+#[derive(Debug, Clone, Default)]
+pub struct MonitorSpec {
+    pub monitor_type: String,
+    pub monitor_args: serde_json::Map<String, serde_json::Value>,
+    pub project: String,
+    pub group: String,
+    pub name: String,
+    /// The explorer's or trainer's name (Trinity-RFT's monitor `role`), or `both` for one process doing both.
+    pub role: String,
+    pub config: serde_json::Value,
+}
 
 /// A destination for per-step metrics.
 pub trait Sink: Send {
@@ -54,17 +70,29 @@ impl std::fmt::Debug for Monitor {
 }
 
 impl Monitor {
-    /// Opens `metrics.jsonl` in `dir`, plus the sink `monitor_type` names (`jsonl` adds none).
+    /// Opens `metrics.jsonl` in `dir`, plus the sink `monitor_type` names (`jsonl` adds none), for a run with no
+    /// name (a hosted service then files it under empty names: use [`Monitor::open_run`]).
+    pub fn open(dir: &Path, monitor_type: &str) -> Result<Monitor, MonitorError> {
+        Monitor::open_run(dir, &MonitorSpec { monitor_type: monitor_type.to_owned(), ..MonitorSpec::default() })
+    }
+
+    /// Opens `metrics.jsonl` in `dir`, plus the sink `spec.monitor_type` names. A hosted service's client is
+    /// started here, with `TRINITY_PYTHON` or `python3`; a missing client package or a refused login is an error.
     ///
     /// Appends to existing files, so a resumed run continues its history.
-    pub fn open(dir: &Path, monitor_type: &str) -> Result<Monitor, MonitorError> {
+    pub fn open_run(dir: &Path, spec: &MonitorSpec) -> Result<Monitor, MonitorError> {
         std::fs::create_dir_all(dir).map_err(|source| MonitorError::Io { path: dir.to_owned(), source })?;
         let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(JsonlSink::open(&dir.join("metrics.jsonl"))?)];
-        match monitor_type {
+        match spec.monitor_type.as_str() {
             "jsonl" => {}
             "csv" => sinks.push(Box::new(CsvSink::open(&dir.join("metrics.csv"))?)),
             "tensorboard" => sinks.push(Box::new(TensorboardSink::create(&dir.join("tensorboard"))?)),
-            other => return Err(MonitorError::UnknownMonitor(other.to_owned())),
+            other => {
+                let service =
+                    hosted::Service::named(other).ok_or_else(|| MonitorError::UnknownMonitor(other.to_owned()))?;
+                let limits = hosted::Limits::default();
+                sinks.push(Box::new(hosted::HostedSink::start(service, &hosted::python(), spec, dir, limits)?));
+            }
         }
         Ok(Monitor { dir: dir.to_owned(), sinks })
     }
@@ -119,8 +147,8 @@ mod tests {
         monitor.record(1, &Metrics::from([("a".to_owned(), 1.0)])).unwrap();
         assert!(dir.path().join("metrics.jsonl").exists());
         assert!(dir.path().join("metrics.csv").exists());
-        let error = Monitor::open(dir.path(), "wandb").unwrap_err().to_string();
-        assert!(error.contains("wandb"), "{error}");
+        let error = Monitor::open(dir.path(), "neptune").unwrap_err().to_string();
+        assert!(error.contains("neptune") && error.contains("wandb"), "{error}");
     }
 
     #[test]
