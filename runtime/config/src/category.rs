@@ -513,7 +513,7 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("TrainerConfig", "dtype", H, ""),
     // monitor, synchronizer, log, stages, plugins
     ("MonitorConfig", "monitor_type", H, ""),
-    ("MonitorConfig", "monitor_args", P, "arguments of hosted monitors, which cannot be reached from here; no effect"),
+    ("MonitorConfig", "monitor_args", H, ""),
     (
         "MonitorConfig",
         "detailed_stats",

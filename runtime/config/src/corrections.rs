@@ -1,7 +1,7 @@
 //! Trinity-RFT's validator corrections (`SynchronizerConfigValidator`, `IntervalConfigValidator`,
 //! `MonitorConfigValidator`): values Trinity-RFT fixes instead of refusing are fixed the same way here, each with a
 //! note, because users rely on them (a serve config without `sync_method`, an `eval_interval` that is not a
-//! multiple of `sync_interval`, a hosted monitor).
+//! multiple of `sync_interval`), and the monitor's checks.
 
 use crate::catalog::ExperienceSchema;
 use crate::config::{Config, Mode};
@@ -138,18 +138,36 @@ impl Resolver<'_> {
         }
     }
 
+    /// Trinity-RFT's `MonitorConfigValidator`: the monitor must be one it registers (or one of trinity's local
+    /// sinks), and a hosted monitor's `monitor_args` must be keys it reads, each of the type it takes.
     pub(crate) fn resolve_monitor(&mut self, config: &mut Config) {
         let monitor = config.monitor.monitor_type.clone();
-        if matches!(monitor.as_str(), "wandb" | "mlflow" | "swanlab") {
-            // A hosted service cannot be reached from here; metrics still go to TensorBoard and metrics.jsonl.
-            config.monitor.monitor_type = "tensorboard".to_owned();
-            let args = if config.monitor.monitor_args.is_empty() { "" } else { "; monitor.monitor_args are ignored" };
-            self.notes.push(format!(
-                "monitor.monitor_type `{monitor}` is a hosted service that cannot be reached from here: metrics go to TensorBoard and metrics.jsonl instead{args}"
-            ));
+        let allowed = ["tensorboard", "csv", "jsonl", "wandb", "mlflow", "swanlab"];
+        if !self.one_of("monitor.monitor_type", &monitor, &allowed) {
             return;
         }
-        self.one_of("monitor.monitor_type", &monitor, &["tensorboard", "csv", "jsonl"]);
+        let Some((_, keys)) = crate::monitor::MONITOR_ARGS.iter().find(|(name, _)| *name == monitor) else {
+            if !config.monitor.monitor_args.is_empty() {
+                self.notes.push(format!("monitor.monitor_args are ignored: monitor `{monitor}` takes none"));
+            }
+            return;
+        };
+        for (key, value) in &config.monitor.monitor_args {
+            let key_path = format!("monitor.monitor_args.{key}");
+            match keys.iter().find(|(name, _)| name == key) {
+                Some((_, kind)) => {
+                    self.check(kind.accepts(value), &key_path, format!("must be {}", kind.describe()));
+                }
+                None => {
+                    let known: Vec<&str> = keys.iter().map(|(name, _)| *name).collect();
+                    self.check(
+                        false,
+                        &key_path,
+                        format!("monitor `{monitor}` does not read it; it reads {}", known.join(", ")),
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -222,11 +240,19 @@ mod tests {
     }
 
     #[test]
-    fn hosted_monitors_fall_back_to_tensorboard_with_a_note() {
+    fn hosted_monitors_take_the_monitor_args_trinity_reads_and_refuse_others() {
         let base = format!("{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n");
         let loaded = load(&format!("{base}monitor:\n  monitor_type: mlflow\n  monitor_args:\n    uri: http://x\n"));
-        assert_eq!(loaded.config.monitor.monitor_type, "tensorboard");
-        assert!(loaded.notes.iter().any(|n| n.contains("`mlflow`") && n.contains("monitor_args are ignored")));
+        assert_eq!(loaded.config.monitor.monitor_type, "mlflow");
+        let yaml =
+            format!("{base}monitor:\n  monitor_type: wandb\n  monitor_args:\n    uri: http://x\n    api_key: 3\n");
+        let env = |_: &str| None;
+        let options = LoadOptions { overrides: &[], env: &env, catalog: &AnyName, cwd: Path::new("/work") };
+        let errors = load_str(&yaml, Path::new("c.yaml"), options).unwrap_err().to_string();
+        assert!(errors.contains("monitor.monitor_args.uri") && errors.contains("base_url, api_key"), "{errors}");
+        assert!(errors.contains("monitor.monitor_args.api_key") && errors.contains("a string"), "{errors}");
+        let local = load(&format!("{base}monitor:\n  monitor_type: csv\n  monitor_args:\n    uri: http://x\n"));
+        assert!(local.notes.iter().any(|n| n.contains("monitor_args are ignored")), "{:?}", local.notes);
     }
 
     #[test]
