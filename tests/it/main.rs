@@ -20,3 +20,4 @@ mod serve;
 mod studio;
 mod support;
 mod tool_model;
+mod wheel;
