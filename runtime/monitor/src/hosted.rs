@@ -484,6 +484,48 @@ mod tests {
         assert!(error.to_string().contains("TRINITY_PYTHON"), "{error}");
     }
 
+    /// Each real client (from `cargo xtask setup`'s monitors venv) in its offline mode takes every step and
+    /// finishes its run; `tests/it/monitors.rs` reads back what they wrote.
+    #[test]
+    fn the_official_clients_take_every_step_offline() {
+        let python = std::env::var_os("TRINITY_MONITORS_PYTHON")
+            .expect("TRINITY_MONITORS_PYTHON names the monitors venv's python: run `cargo xtask setup`");
+        let dir = tempfile::tempdir().unwrap();
+        let store = format!("file:{}", dir.path().join("mlruns").display());
+        let cases = [
+            (Service::Wandb, serde_json::json!({})),
+            (Service::Mlflow, serde_json::json!({ "uri": store })),
+            (Service::Swanlab, serde_json::json!({ "mode": "offline" })),
+        ];
+        // The offline switches and a HOME of the test's own, for the clients' processes only.
+        let python = fake(
+            dir.path(),
+            &format!(
+                "WANDB_MODE=offline MLFLOW_ALLOW_FILE_STORE=true HOME='{}' exec '{}' \"$@\"",
+                dir.path().display(),
+                python.to_string_lossy()
+            ),
+        );
+        let limits = Limits { queue: 16, start: Duration::from_secs(120), finish: Duration::from_secs(120) };
+        for (service, args) in cases {
+            let mut spec = spec(service.name());
+            spec.project = "p".into();
+            spec.name = "n".into();
+            spec.monitor_args = args.as_object().unwrap().clone();
+            let mut sink = HostedSink::start(service, &python, &spec, dir.path(), limits)
+                .unwrap_or_else(|e| panic!("{e}: {}", log_tail(&dir.path().join(format!("{}.log", service.name())))));
+            for step in 1..=3 {
+                sink.record(
+                    step,
+                    &Metrics::from([("train/loss".into(), step as f64), ("eval/acc@1".into(), f64::NAN)]),
+                )
+                .unwrap();
+            }
+            let missed = sink.close();
+            assert_eq!(missed, Missed { finished: true, ..Missed::default() }, "{}", service.name());
+        }
+    }
+
     #[test]
     fn steps_travel_as_json_lines_with_non_finite_values_as_strings() {
         let line =

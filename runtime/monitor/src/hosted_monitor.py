@@ -40,6 +40,8 @@ def flatten(value, prefix=""):
         for key, item in value.items():
             out.update(flatten(item, f"{prefix}{key}."))
         return out
+    if not prefix:
+        return {}
     return {prefix[:-1]: value if isinstance(value, (int, float, str, bool)) else json.dumps(value)}
 
 
