@@ -34,6 +34,9 @@ const WASM_TARGET: &str = "wasm32-wasip2";
 /// The official OpenAI client the serve-mode tests drive the server with, pinned so a new release cannot change
 /// what a test run means.
 const OPENAI_PACKAGE: &str = "openai==3.54.0";
+/// The official clients of the hosted monitors (`monitor_type` wandb, mlflow, swanlab), pinned; the monitor tests
+/// run them in their offline modes. `mlflow-skinny` is the client without the server's dependencies.
+const MONITOR_PACKAGES: [&str; 3] = ["wandb==0.31.0", "mlflow-skinny==3.17.2", "swanlab==0.10.3"];
 /// The studio's npm packages, pinned: the charting library the page embeds and the browser driver of its test.
 const NPM_PACKAGES: [(&str, &str); 2] = [("uplot", "1.6.32"), ("playwright-core", "1.65.1")];
 /// Where Debian's chromium package puts the browser the studio's end-to-end test drives.
@@ -69,6 +72,11 @@ impl Deps {
         self.dir.join("openai-venv").join("bin").join("python")
     }
 
+    /// The interpreter of the virtual environment that holds the hosted monitors' clients.
+    pub(crate) fn monitors_python(&self) -> PathBuf {
+        self.dir.join("monitors-venv").join("bin").join("python")
+    }
+
     /// The npm prefix holding the studio's packages (`node_modules/` inside).
     pub(crate) fn npm_dir(&self) -> PathBuf {
         self.dir.join("npm")
@@ -80,6 +88,7 @@ impl Deps {
         command.env("TRINITY_DEPS_DIR", &self.dir);
         command.env("TRINITY_SMOLLM2_GGUF", self.smollm2_gguf());
         command.env("TRINITY_OPENAI_PYTHON", self.openai_python());
+        command.env("TRINITY_MONITORS_PYTHON", self.monitors_python());
         // Our libtorch crates embed libtorch's run path, but a crate that reaches tch only through feature
         // unification (a WASM plugin crate whose SDK also has the `algorithm` feature on in a workspace build)
         // links libtorch without it; its native test binary then needs the library path.
@@ -131,6 +140,7 @@ impl Deps {
         step("setup: wasm32-wasip2 target", install_wasm_target)?;
         step("setup: SmolLM2-135M-Instruct model", || self.install_model())?;
         self.install_openai()?;
+        self.install_monitors()?;
         install_postgres()?;
         install_gloo_headers()?;
         install_iproute2()?;
@@ -197,6 +207,33 @@ impl Deps {
             ]))
             .context("pip cannot install the openai package (PyPI must be reachable)")?;
             std::fs::write(&marker, OPENAI_PACKAGE)?;
+            Ok(())
+        })
+    }
+
+    /// A virtual environment with the hosted monitors' official clients (`.deps/monitors-venv`), which the monitor
+    /// tests run trinity's side process with. Announced only when it installs something.
+    fn install_monitors(&self) -> Result<()> {
+        let python = self.monitors_python();
+        let venv = self.dir.join("monitors-venv");
+        let pins = MONITOR_PACKAGES.join("+");
+        let marker = venv.join(format!(".installed-{pins}"));
+        if marker.exists() {
+            return Ok(());
+        }
+        step(&format!("setup: Python {} from PyPI into {}", MONITOR_PACKAGES.join(", "), venv.display()), || {
+            if venv.exists() {
+                std::fs::remove_dir_all(&venv)
+                    .with_context(|| format!("cannot clear the partial install at {}", venv.display()))?;
+            }
+            run(python_command().args(["-m", "venv"]).arg(&venv))
+                .context("python3 cannot create a virtual environment (Debian: apt-get install python3-venv)")?;
+            run(Command::new(&python)
+                .env("PIP_ROOT_USER_ACTION", "ignore")
+                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+                .args(MONITOR_PACKAGES))
+            .context("pip cannot install the monitors' clients (PyPI must be reachable)")?;
+            std::fs::write(&marker, MONITOR_PACKAGES.join("\n"))?;
             Ok(())
         })
     }
