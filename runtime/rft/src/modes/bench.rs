@@ -84,7 +84,8 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
         let device = models::device(&base)?;
         Explorer::start(config, &base, device, threads, ExplorerRole::EvaluateOnly, None)?
     };
-    let mut monitor = Monitor::open(&job_dir.join("monitor").join("bench"), &config.monitor.monitor_type)?;
+    let mut monitor =
+        Monitor::open_run(&job_dir.join("monitor").join("bench"), &super::monitor_spec(config, &config.explorer.name))?;
     for (step, weights) in todo {
         let started = Instant::now();
         if let Some(dir) = &weights {

@@ -144,7 +144,7 @@ impl<'a> Both<'a> {
         Ok(Both {
             config,
             job_dir: job_dir.to_owned(),
-            monitor: Monitor::open(&job_dir.join("monitor"), &config.monitor.monitor_type)?,
+            monitor: Monitor::open_run(&job_dir.join("monitor"), &super::monitor_spec(config, "both"))?,
             total_steps: trainer.total_steps(),
             explorer,
             trainer,

@@ -58,7 +58,10 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
         group,
         config,
         name,
-        monitor: Monitor::open(&job_dir.join("monitor").join(&config.explorer.name), &config.monitor.monitor_type)?,
+        monitor: Monitor::open_run(
+            &job_dir.join("monitor").join(&config.explorer.name),
+            &super::monitor_spec(config, &config.explorer.name),
+        )?,
         explorer,
         buffer,
         store,

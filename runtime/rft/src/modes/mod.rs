@@ -21,6 +21,21 @@ use trinity_config::Config;
 
 use crate::error::RftError;
 
+/// What the run's monitor needs: its sink and, for a hosted service (wandb, mlflow, swanlab), the names
+/// Trinity-RFT files the run under — `role` is the explorer's or trainer's name (`both` in mode `both`).
+pub(crate) fn monitor_spec(config: &Config, role: &str) -> trinity_monitor::MonitorSpec {
+    trinity_monitor::MonitorSpec {
+        monitor_type: config.monitor.monitor_type.clone(),
+        monitor_args: config.monitor.monitor_args.clone(),
+        project: config.project.clone(),
+        group: config.group.clone(),
+        name: config.name.clone(),
+        role: role.to_owned(),
+        // A config always serializes (string keys, finite numbers); the service then gets none rather than fail.
+        config: serde_json::to_value(config).unwrap_or_default(),
+    }
+}
+
 /// Opens the run's experience buffer for a process that shares it with others (modes `explore` and `train`),
 /// claiming as `trainer.name`. It must outlive the process: SQLite on one machine, PostgreSQL across machines.
 pub(crate) async fn shared_buffer(config: &Config, job_dir: &Path, mode: &str) -> Result<ExperienceBuffer, RftError> {

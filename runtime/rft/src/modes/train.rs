@@ -230,7 +230,10 @@ impl<'a> TrainRun<'a> {
         let mut run = TrainRun {
             config,
             job_dir: job_dir.to_owned(),
-            monitor: Monitor::open(&job_dir.join("monitor").join(&config.trainer.name), &config.monitor.monitor_type)?,
+            monitor: Monitor::open_run(
+                &job_dir.join("monitor").join(&config.trainer.name),
+                &super::monitor_spec(config, &config.trainer.name),
+            )?,
             trainer: started.trainer,
             source,
             evaluator,
