@@ -76,6 +76,22 @@ std::chrono::milliseconds millis(int64_t ms) {
   return std::chrono::milliseconds(ms);
 }
 
+// op: 0 = sum, 1 = max, 2 = min, 3 = product.
+c10d::ReduceOp reduce_op(int op) {
+  switch (op) {
+    case 0:
+      return c10d::ReduceOp::SUM;
+    case 1:
+      return c10d::ReduceOp::MAX;
+    case 2:
+      return c10d::ReduceOp::MIN;
+    case 3:
+      return c10d::ReduceOp::PRODUCT;
+    default:
+      throw std::invalid_argument("unknown reduce op");
+  }
+}
+
 }  // namespace
 
 struct TrinityStore {
@@ -309,7 +325,6 @@ char* trinity_group_broadcast(TrinityGroup* group, const at::Tensor* tensor, int
   });
 }
 
-// op: 0 = sum, 1 = max, 2 = min, 3 = product.
 char* trinity_group_allreduce(TrinityGroup* group, const at::Tensor* tensor, int op, int64_t timeout_ms,
                               TrinityWork** out) {
   return guard([&] {
@@ -317,22 +332,7 @@ char* trinity_group_allreduce(TrinityGroup* group, const at::Tensor* tensor, int
     auto work = std::make_unique<TrinityWork>();
     work->inputs.push_back(tensor->detach());
     c10d::AllreduceOptions options;
-    switch (op) {
-      case 0:
-        options.reduceOp = c10d::ReduceOp::SUM;
-        break;
-      case 1:
-        options.reduceOp = c10d::ReduceOp::MAX;
-        break;
-      case 2:
-        options.reduceOp = c10d::ReduceOp::MIN;
-        break;
-      case 3:
-        options.reduceOp = c10d::ReduceOp::PRODUCT;
-        break;
-      default:
-        throw std::invalid_argument("unknown reduce op");
-    }
+    options.reduceOp = reduce_op(op);
     options.timeout = millis(timeout_ms);
     work->work = group->backend_for(*tensor).allreduce(work->inputs, options);
     *out = work.release();
@@ -356,6 +356,39 @@ char* trinity_group_allgather(TrinityGroup* group, const at::Tensor* input, cons
     c10d::AllgatherOptions options;
     options.timeout = millis(timeout_ms);
     work->work = group->backend_for(*input).allgather(work->outputs, work->inputs, options);
+    *out = work.release();
+  });
+}
+
+// Flat reduce-scatter (c10d's `_reduce_scatter_base`, torch's `reduce_scatter_tensor`): `input` holds `size`
+// equal chunks, rank r's `output` (one chunk's numel, same dtype) receives the reduction of every rank's chunk r.
+char* trinity_group_reduce_scatter_flat(TrinityGroup* group, const at::Tensor* output, const at::Tensor* input,
+                                        int op, int64_t timeout_ms, TrinityWork** out) {
+  return guard([&] {
+    require(group != nullptr && input != nullptr && output != nullptr && out != nullptr, "null argument");
+    auto work = std::make_unique<TrinityWork>();
+    work->inputs.push_back(input->detach());
+    work->outputs.push_back({output->detach()});
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = reduce_op(op);
+    options.timeout = millis(timeout_ms);
+    work->work = group->backend_for(*input)._reduce_scatter_base(work->outputs[0][0], work->inputs[0], options);
+    *out = work.release();
+  });
+}
+
+// Flat all-gather (c10d's `_allgather_base`, torch's `all_gather_into_tensor`): `output` (`size` times `input`'s
+// numel, same dtype) receives every rank's `input` in rank order.
+char* trinity_group_allgather_flat(TrinityGroup* group, const at::Tensor* output, const at::Tensor* input,
+                                   int64_t timeout_ms, TrinityWork** out) {
+  return guard([&] {
+    require(group != nullptr && input != nullptr && output != nullptr && out != nullptr, "null argument");
+    auto work = std::make_unique<TrinityWork>();
+    work->inputs.push_back(input->detach());
+    work->outputs.push_back({output->detach()});
+    c10d::AllgatherOptions options;
+    options.timeout = millis(timeout_ms);
+    work->work = group->backend_for(*input)._allgather_base(work->outputs[0][0], work->inputs[0], options);
     *out = work.release();
   });
 }

@@ -109,6 +109,21 @@ unsafe extern "C" {
         timeout_ms: i64,
         out: *mut *mut RawWork,
     ) -> Error;
+    pub(crate) fn trinity_group_reduce_scatter_flat(
+        group: *mut RawGroup,
+        output: *const C_tensor,
+        input: *const C_tensor,
+        op: i32,
+        timeout_ms: i64,
+        out: *mut *mut RawWork,
+    ) -> Error;
+    pub(crate) fn trinity_group_allgather_flat(
+        group: *mut RawGroup,
+        output: *const C_tensor,
+        input: *const C_tensor,
+        timeout_ms: i64,
+        out: *mut *mut RawWork,
+    ) -> Error;
     pub(crate) fn trinity_group_barrier(group: *mut RawGroup, timeout_ms: i64, out: *mut *mut RawWork) -> Error;
     pub(crate) fn trinity_work_wait(work: *mut RawWork, timeout_ms: i64) -> Error;
     pub(crate) fn trinity_work_is_completed(work: *mut RawWork) -> bool;

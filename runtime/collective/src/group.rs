@@ -344,6 +344,71 @@ impl ProcessGroup {
         }
     }
 
+    /// Checks the operands of a flat collective: contiguous, one dtype and device, `big` holding `world_size`
+    /// times `small`'s elements.
+    fn check_flat(&self, op: &str, small: &Tensor, big: &Tensor) -> Result<()> {
+        check_tensor(op, small)?;
+        check_tensor(op, big)?;
+        if small.kind() != big.kind() || small.device() != big.device() {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "{op}: the tensors differ in dtype or device ({:?} on {:?}, {:?} on {:?})",
+                small.kind(),
+                small.device(),
+                big.kind(),
+                big.device()
+            )));
+        }
+        if small.numel() * self.world_size != big.numel() {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "{op}: {} elements are not {} ranks × {}",
+                big.numel(),
+                self.world_size,
+                small.numel()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Starts a flat reduce-scatter (torch's `reduce_scatter_tensor`): `input` holds `world_size` equal chunks and
+    /// this rank's `output` receives the reduction with `op` (sum, max or min) of every rank's chunk `rank`.
+    pub fn reduce_scatter_flat_async(&self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<Work<'_>> {
+        self.check_flat("reduce_scatter", output, input)?;
+        let code = match op {
+            ReduceOp::Sum => 0,
+            ReduceOp::Max => 1,
+            ReduceOp::Min => 2,
+            ReduceOp::Avg => {
+                return Err(CollectiveError::InvalidArgument(
+                    "reduce_scatter: sum and divide, Gloo has no average".into(),
+                ));
+            }
+        };
+        let timeout = millis(self.timeout);
+        let (input, _) = self.on_backend(input)?;
+        let (t, device) = self.on_backend(output)?;
+        // SAFETY: the group and tensors are live; the shim copies the tensor handles (sharing storage) into the work.
+        let mut work = self.start("reduce_scatter", |out| unsafe {
+            ffi::trinity_group_reduce_scatter_flat(self.raw.as_ptr(), t.as_ptr(), input.as_ptr(), code, timeout, out)
+        })?;
+        work.staged = device.map(|d| (t, d));
+        Ok(work)
+    }
+
+    /// Starts a flat all-gather (torch's `all_gather_into_tensor`): `output` (`world_size` times `input`'s
+    /// elements) receives every rank's `input` in rank order.
+    pub fn allgather_flat_async(&self, input: &Tensor, output: &Tensor) -> Result<Work<'_>> {
+        self.check_flat("allgather", input, output)?;
+        let timeout = millis(self.timeout);
+        let (input, _) = self.on_backend(input)?;
+        let (t, device) = self.on_backend(output)?;
+        // SAFETY: the group and tensors are live; the shim copies the tensor handles (sharing storage) into the work.
+        let mut work = self.start("allgather", |out| unsafe {
+            ffi::trinity_group_allgather_flat(self.raw.as_ptr(), t.as_ptr(), input.as_ptr(), timeout, out)
+        })?;
+        work.staged = device.map(|d| (t, d));
+        Ok(work)
+    }
+
     /// Returns when every rank reached the barrier.
     pub fn barrier(&self) -> Result<()> {
         let timeout = millis(self.timeout);

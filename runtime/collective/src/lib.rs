@@ -5,8 +5,9 @@
 //! this crate wraps them in a safe API on `tch::Tensor`s:
 //!
 //! - [`Store`]: the TCP key-value store processes meet on.
-//! - [`ProcessGroup`]: broadcast, all-reduce (sum, average, max, min), all-gather and barrier, each ending within
-//!   the group's timeout with an error, never a hang; bucketed variants for many tensors ([`bucket`]).
+//! - [`ProcessGroup`]: broadcast, all-reduce (sum, average, max, min), all-gather, flat reduce-scatter and
+//!   all-gather (the shards of sharded data parallel) and barrier, each ending within the group's timeout with an
+//!   error, never a hang; bucketed variants for many tensors ([`bucket`]).
 //! - [`DistEnv`]: torchrun's environment contract; [`launch`]: `trinity launch`, a static torchrun.
 //! - [`WeightSender`] / [`WeightReceiver`]: the trainer's weights to explorer processes, bucketed and
 //!   double-buffered, after a version handshake, the group rebuilt after a failure ([`weight_sync`]).

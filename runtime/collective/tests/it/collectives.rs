@@ -41,6 +41,23 @@ pub(crate) fn run(group: &ProcessGroup) {
         let gathered = group.allgather(&Tensor::full([2], f64::from(rank), (kind, Device::Cpu))).unwrap();
         let expect: Vec<Vec<f32>> = (0..group.world_size()).map(|r| vec![r as f32; 2]).collect();
         assert_eq!(gathered.iter().map(values).collect::<Vec<_>>(), expect, "{kind:?} allgather");
+
+        // Flat reduce-scatter: rank r holds [r·10 + i for i in 0..3·world]; rank r gets the sum of chunk r.
+        let n = 3 * group.world_size();
+        let input: Vec<f32> = (0..n).map(|i| rank * 10.0 + i as f32).collect();
+        let input = Tensor::from_slice(&input).to_kind(kind);
+        let output = Tensor::zeros([3], (kind, Device::Cpu));
+        group.reduce_scatter_flat_async(&input, &output, ReduceOp::Sum).unwrap().wait().unwrap();
+        let expect: Vec<f32> = (0..3).map(|j| 10.0 * sum_of_ranks + world * (3.0 * rank + j as f32)).collect();
+        assert_eq!(values(&output), expect, "{kind:?} reduce_scatter");
+
+        // Flat all-gather: rank r contributes [r, r + 0.5]; everyone gets them in rank order.
+        let mine = Tensor::from_slice(&[rank, rank + 0.5]).to_kind(kind);
+        let all = Tensor::zeros([2 * group.world_size() as i64], (kind, Device::Cpu));
+        group.allgather_flat_async(&mine, &all).unwrap().wait().unwrap();
+        let expect: Vec<f32> = (0..group.world_size()).flat_map(|r| [r as f32, r as f32 + 0.5]).collect();
+        assert_eq!(values(&all), expect, "{kind:?} allgather_flat");
+        assert!(group.allgather_flat_async(&mine, &mine).is_err(), "sizes must be world × input");
     }
     group.barrier().unwrap();
 
