@@ -31,6 +31,10 @@
 //! bit-identical. A parameter that has a gradient on any rank gets one on every rank (zeros where it had none), so
 //! a rank with an empty share still takes the same optimizer step. Metric means are pooled over all ranks'
 //! micro-batches, with their weights.
+//!
+//! **Sharded** ([`crate::TrainerOptions::zero_stage`], [`crate::optimizer::zero`]): the same step, with AdamW's
+//! state (stage 1) and the reduced gradients (stage 2) split over the ranks; each rank updates its shard and the
+//! parameters are all-gathered, so they stay identical on every rank.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -39,6 +43,8 @@ use tch::{Kind, Tensor};
 use trinity_collective::{ProcessGroup, ReduceOp};
 
 use crate::error::{Result, TrainerError};
+use crate::optimizer::AdamW;
+use crate::optimizer::zero::Zero;
 
 /// Gradient bucket size: a few MiB, so the reduction of one bucket overlaps the packing of the next.
 pub const DEFAULT_GRAD_BUCKET_BYTES: usize = 4 << 20;
@@ -47,8 +53,10 @@ pub const DEFAULT_GRAD_BUCKET_BYTES: usize = 4 << 20;
 #[derive(Debug)]
 pub struct DataParallel {
     group: ProcessGroup,
-    /// Gradient and parameter buckets, in bytes.
+    /// Gradient and parameter buckets, in bytes (also the buckets of the sharded layout).
     pub bucket_bytes: usize,
+    /// Sharded data parallel of the policy's optimizer ([`crate::optimizer::zero`]); `None`: replicated.
+    pub(crate) zero: Option<Zero>,
 }
 
 /// The contiguous share of `0..n` that `rank` of `world` takes, in units of `unit` items (DPO pairs: 2).
@@ -63,7 +71,7 @@ pub fn share(n: usize, rank: usize, world: usize, unit: usize) -> Range<usize> {
 
 impl DataParallel {
     pub fn new(group: ProcessGroup) -> Self {
-        DataParallel { group, bucket_bytes: DEFAULT_GRAD_BUCKET_BYTES }
+        DataParallel { group, bucket_bytes: DEFAULT_GRAD_BUCKET_BYTES, zero: None }
     }
 
     pub fn group(&self) -> &ProcessGroup {
@@ -120,16 +128,36 @@ impl DataParallel {
         })
     }
 
-    /// Sums the gradients of `params` over the ranks, in fp32 buckets (see the module docs).
-    pub fn reduce_gradients(&self, params: &[Tensor]) -> Result<()> {
+    /// Whether each of `params` has a gradient on any rank.
+    pub(crate) fn gradients_anywhere(&self, params: &[Tensor]) -> Result<Vec<bool>> {
         let has: Vec<f32> = params.iter().map(|p| if p.grad().defined() { 1.0 } else { 0.0 }).collect();
         let mut any = Tensor::from_slice(&has);
         self.group.allreduce(&mut any, ReduceOp::Max)?;
-        let any: Vec<f32> = Vec::<f32>::try_from(&any)?;
+        Ok(Vec::<f32>::try_from(&any)?.into_iter().map(|a| a != 0.0).collect())
+    }
+
+    /// The optimizer step of a mini-batch whose backward passes are done on every rank: gradients reduced over
+    /// the ranks, clipped to `max_norm` by their global norm, and `optimizer` updated with `lr` unless the norm is
+    /// not finite; sharded ([`crate::optimizer::zero`]) when this group shards the optimizer. Returns the norm.
+    pub(crate) fn optimizer_step(&self, optimizer: &mut AdamW, max_norm: f64, lr: f64) -> Result<f64> {
+        if let Some(zero) = &self.zero {
+            return zero.step(self, optimizer, max_norm, lr);
+        }
+        self.reduce_gradients(&optimizer.param_vars())?;
+        let norm = optimizer.clip_grad_norm(max_norm)?;
+        if norm.is_finite() {
+            optimizer.step(lr)?;
+        }
+        Ok(norm)
+    }
+
+    /// Sums the gradients of `params` over the ranks, in fp32 buckets (see the module docs).
+    pub fn reduce_gradients(&self, params: &[Tensor]) -> Result<()> {
+        let any = self.gradients_anywhere(params)?;
         let mut grads = Vec::new();
         let mut targets = Vec::new();
         for (p, &wanted) in params.iter().zip(&any) {
-            if wanted == 0.0 {
+            if !wanted {
                 continue;
             }
             let mut g = p.grad();

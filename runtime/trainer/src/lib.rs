@@ -53,6 +53,7 @@ pub use error::{Result, TrainerError};
 pub use logprobs::HeadMode;
 pub use lr_schedule::LrSchedule;
 pub use micro_batch::MicroBatching;
+pub use optimizer::zero::{ShardedMemory, ZeroStage};
 pub use optimizer::{AdamW, AdamWSettings};
 pub use recompute::ActivationRecompute;
 pub use reference::ReferenceModel;

@@ -16,10 +16,16 @@
 //!   alone; the trainer then skips the update, as veRL does.
 //! - The state file ([`AdamW::save`]) holds `exp_avg/NAME`, `exp_avg_sq/NAME`, `master/NAME` (only for
 //!   mixed-precision parameters) and a one-element `step` tensor; loading checks names and shapes.
+//! - Sharded data parallel ([`zero`]): each parameter may carry a shard, the contiguous range of its flattened
+//!   elements this rank updates; its moments and master then hold only those elements (1-D), the update reads the
+//!   shard's gradient that [`zero`] reduced, and writes only the shard of the parameter (the other ranks' shards
+//!   arrive by all-gather). Without a shard a parameter is whole, in its own shape, as above.
 
 mod fused;
+pub mod zero;
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::Path;
 
 use tch::{Kind, Tensor};
@@ -49,6 +55,29 @@ struct Param {
     master: Option<Tensor>,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
+    /// Sharded data parallel: the elements of the flattened parameter this rank updates (moments and master hold
+    /// only these, 1-D); `None`: all of them, in the parameter's shape.
+    shard: Option<Range<i64>>,
+    /// With a shard: the reduced gradient of its elements for the coming update, set by [`zero`].
+    shard_grad: Option<Tensor>,
+}
+
+impl Param {
+    /// The gradient the update reads: the parameter's own, or with a shard the shard's.
+    fn grad(&self) -> Option<Tensor> {
+        match &self.shard {
+            None => Some(self.var.grad()).filter(Tensor::defined),
+            Some(_) => self.shard_grad.as_ref().map(Tensor::shallow_clone),
+        }
+    }
+
+    /// The elements of the parameter this rank updates (a view sharing its storage).
+    fn owned(&self) -> Result<Tensor> {
+        match &self.shard {
+            None => Ok(self.var.shallow_clone()),
+            Some(r) => Ok(tch::no_grad(|| self.var.f_view([-1])?.f_narrow(0, r.start, r.end - r.start))?),
+        }
+    }
 }
 
 /// AdamW over a fixed list of named parameters.
@@ -68,7 +97,15 @@ impl AdamW {
                 .map(|(name, var)| -> Result<Param> {
                     let master = if var.kind() == Kind::Float { None } else { Some(var.f_to_kind(Kind::Float)?) };
                     let zeros = || Tensor::f_zeros(var.size(), (Kind::Float, var.device()));
-                    Ok(Param { name, exp_avg: zeros()?, exp_avg_sq: zeros()?, master, var })
+                    Ok(Param {
+                        name,
+                        exp_avg: zeros()?,
+                        exp_avg_sq: zeros()?,
+                        master,
+                        var,
+                        shard: None,
+                        shard_grad: None,
+                    })
                 })
                 .collect::<Result<Vec<_>>>()
         })?;
@@ -80,8 +117,24 @@ impl AdamW {
         self.step
     }
 
-    /// The fp32 values of every parameter (the master copy where there is one), by name.
+    /// Elements of optimizer state this rank holds (moments and master weights): with sharded data parallel
+    /// about 1/world of the whole.
+    pub fn state_elements(&self) -> i64 {
+        let master = |p: &Param| p.master.as_ref().map_or(0, |m| m.numel() as i64);
+        self.params.iter().map(|p| p.exp_avg.numel() as i64 + p.exp_avg_sq.numel() as i64 + master(p)).sum()
+    }
+
+    /// Whether the state is sharded over data-parallel ranks ([`zero`]).
+    pub fn is_sharded(&self) -> bool {
+        self.params.iter().any(|p| p.shard.is_some())
+    }
+
+    /// The fp32 values of every parameter (the master copy where there is one), by name. With a sharded state,
+    /// the parameters themselves (their masters are split over the ranks).
     pub fn master_weights(&self) -> Vec<(String, Tensor)> {
+        if self.is_sharded() {
+            return self.params.iter().map(|p| (p.name.clone(), p.var.shallow_clone())).collect();
+        }
         self.params.iter().map(|p| (p.name.clone(), p.master.as_ref().unwrap_or(&p.var).shallow_clone())).collect()
     }
 
@@ -114,6 +167,7 @@ impl AdamW {
     pub fn zero_grad(&mut self) {
         for p in &mut self.params {
             trinity_model::release_grad(&mut p.var);
+            p.shard_grad = None;
         }
     }
 
@@ -121,52 +175,62 @@ impl AdamW {
     fn fused_slots(&self) -> Option<Vec<fused::Slot>> {
         self.params
             .iter()
-            .filter(|p| p.var.grad().defined())
-            .map(|p| fused::Slot::new(&p.var, p.master.as_ref(), &p.exp_avg, &p.exp_avg_sq))
+            .filter_map(|p| Some((p, p.grad()?)))
+            .map(|(p, g)| fused::Slot::new(&p.owned().ok()?, &g, p.master.as_ref(), &p.exp_avg, &p.exp_avg_sq))
             .collect()
     }
 
-    /// The global L2 norm of the gradients (parameters without a gradient count as zero).
+    /// The global L2 norm of the gradients (parameters without a gradient count as zero); with a sharded state,
+    /// of this rank's shards only ([`zero`] sums the ranks' squares).
     pub fn grad_norm(&self) -> Result<f64> {
+        Ok(self.grad_sum_of_squares()?.sqrt())
+    }
+
+    /// The sum of the squared gradients the update reads, in f64.
+    pub(crate) fn grad_sum_of_squares(&self) -> Result<f64> {
         if let Some(slots) = self.fused_slots() {
             // SAFETY: the slots point into this optimizer's tensors and the parameters' gradients, alive and
             // unchanged for the call (`&self`); only gradients are read.
-            return Ok(unsafe { fused::sum_of_squares(&slots, threads()) }.sqrt());
+            return Ok(unsafe { fused::sum_of_squares(&slots, threads()) });
         }
         let mut total = 0.0;
         for p in &self.params {
-            let g = p.var.grad();
-            if g.defined() {
+            if let Some(g) = p.grad() {
                 total += g.f_to_kind(Kind::Float)?.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?;
             }
         }
-        Ok(total.sqrt())
+        Ok(total)
     }
 
     /// Scales the gradients so their global norm is at most `max_norm`; returns the norm before clipping.
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64> {
         let norm = self.grad_norm()?;
+        self.clip_to(norm, max_norm)?;
+        Ok(norm)
+    }
+
+    /// Scales the gradients by `max_norm / (norm + 1e-6)` when that is below 1 and `norm` is finite.
+    pub(crate) fn clip_to(&mut self, norm: f64, max_norm: f64) -> Result<()> {
         let coef = max_norm / (norm + 1e-6);
         if norm.is_finite() && coef < 1.0 {
             if let Some(slots) = self.fused_slots() {
                 // SAFETY: the slots point into this optimizer's parameters' gradients, alive and ours alone for
                 // the call (`&mut self`).
                 unsafe { fused::scale_grads(&slots, coef as f32, threads()) };
-                return Ok(norm);
+                return Ok(());
             }
             // In fp32, as PyTorch's `clip_grad_norm_` scales (tch's in-place multiply of a bf16 tensor by a scalar
             // would round the coefficient to bf16 first).
             tch::no_grad(|| -> Result<()> {
                 for p in &self.params {
-                    let mut g = p.var.grad();
-                    if g.defined() {
+                    if let Some(mut g) = p.grad() {
                         g.f_copy_(&g.f_to_kind(Kind::Float)?.f_mul_scalar(coef as f32 as f64)?)?;
                     }
                 }
                 Ok(())
             })?;
         }
-        Ok(norm)
+        Ok(())
     }
 
     /// One AdamW update with learning rate `lr` from the current gradients (parameters without a gradient
@@ -197,14 +261,12 @@ impl AdamW {
         }
         tch::no_grad(|| -> Result<()> {
             for p in &mut self.params {
-                let g = p.var.grad();
-                if !g.defined() {
-                    continue;
-                }
+                let Some(g) = p.grad() else { continue };
                 let g = g.f_to_kind(Kind::Float)?;
+                let mut owned = p.owned()?;
                 let mut target = match &p.master {
                     Some(m) => m.shallow_clone(),
-                    None => p.var.shallow_clone(),
+                    None => owned.shallow_clone(),
                 };
                 if wd != 0.0 {
                     let _ = target.f_mul_scalar_(1.0 - lr * wd)?;
@@ -215,7 +277,7 @@ impl AdamW {
                 let update = p.exp_avg.f_div(&denom)? * (-lr / bias1);
                 let _ = target.f_add_(&update)?;
                 if p.master.is_some() {
-                    p.var.f_copy_(&target)?;
+                    owned.f_copy_(&target)?;
                 }
             }
             Ok(())
@@ -224,6 +286,13 @@ impl AdamW {
 
     /// Writes the moments, master weights and step count to a safetensors file.
     pub fn save(&self, path: &Path) -> Result<()> {
+        if self.is_sharded() {
+            return Err(TrainerError::DataParallel(
+                "the optimizer state is sharded over the data-parallel ranks: save it through the trainer, which \
+                 gathers it"
+                    .into(),
+            ));
+        }
         let mut tensors: Vec<(String, Tensor)> = Vec::with_capacity(self.params.len() * 2 + 1);
         for p in &self.params {
             tensors.push((format!("exp_avg/{}", p.name), p.exp_avg.f_to_device(tch::Device::Cpu)?));
@@ -240,6 +309,11 @@ impl AdamW {
     /// Restores a state written by [`AdamW::save`] for the same parameters (names and shapes must match; a
     /// mixed-precision parameter is set from its saved master).
     pub fn load(&mut self, path: &Path) -> Result<()> {
+        if self.is_sharded() {
+            return Err(TrainerError::DataParallel(
+                "the optimizer state is sharded over the data-parallel ranks: load it through the trainer".into(),
+            ));
+        }
         let bad = |problem: String| TrainerError::OptimizerState { path: path.to_path_buf(), problem };
         let mut saved: HashMap<String, Tensor> = Tensor::read_safetensors(path)?.into_iter().collect();
         let step = saved.remove("step").ok_or_else(|| bad("no `step` entry".into()))?;

@@ -67,6 +67,7 @@ use crate::logprobs::HeadMode;
 use crate::loss_weight::{RowCounts, Weight};
 use crate::lr_schedule::LrSchedule;
 use crate::micro_batch::{MicroBatching, passes, split};
+use crate::optimizer::zero::{ShardedMemory, Zero, ZeroStage};
 use crate::optimizer::{AdamW, AdamWSettings};
 use crate::recompute::{ActivationRecompute, RecomputePlan};
 use crate::reference::{ReferenceModel, copy_decoder, response_logprobs};
@@ -133,6 +134,11 @@ pub struct TrainerOptions {
     /// Seeds what the trainer draws at random (the critic's fresh value head), so that two runs of one config
     /// train the same critic; the run's `explorer.rollout_model.seed`.
     pub seed: u64,
+    /// With a process group of more than one rank: what of the policy's training state is split over the ranks
+    /// ([`crate::optimizer::zero`]); with one rank or none it has no effect.
+    pub zero_stage: ZeroStage,
+    /// Bucket size of the sharded layout and its collectives, in bytes of the parameters' dtype.
+    pub shard_bucket_bytes: usize,
 }
 
 impl Default for TrainerOptions {
@@ -158,6 +164,8 @@ impl Default for TrainerOptions {
             rollout_correction: None,
             critic_warmup: 0,
             seed: 42,
+            zero_stage: ZeroStage::Replicated,
+            shard_bucket_bytes: crate::optimizer::zero::DEFAULT_SHARD_BUCKET_BYTES,
         }
     }
 }
@@ -430,7 +438,25 @@ impl Trainer {
     pub fn with_process_group(mut self, group: trinity_collective::ProcessGroup) -> Result<Self> {
         self.dp = Some(DataParallel::new(group));
         self.broadcast_state()?;
+        if let Some(dp) = &mut self.dp
+            && self.options.zero_stage != ZeroStage::Replicated
+            && dp.world_size() > 1
+        {
+            let (stage, bucket_bytes) = (self.options.zero_stage, self.options.shard_bucket_bytes);
+            dp.zero = Some(Zero::new(stage, bucket_bytes, &mut self.optimizer, dp)?);
+        }
         Ok(self)
+    }
+
+    /// With sharded data parallel, the bytes this rank holds for the policy's parameters, gradients and optimizer
+    /// state (gradients as at the last update).
+    pub fn sharded_memory(&self) -> Option<ShardedMemory> {
+        let zero = self.dp.as_ref()?.zero.as_ref()?;
+        let mut memory = zero.memory(&self.optimizer, true);
+        if zero.stage() == ZeroStage::Gradients {
+            memory.gradients = 4 * zero.last_gradient_elements();
+        }
+        Some(memory)
     }
 
     /// The data-parallel group, when there is one.
@@ -438,8 +464,17 @@ impl Trainer {
         self.dp.as_ref().map(DataParallel::group)
     }
 
-    /// Leaves data-parallel training and returns the group.
+    /// Leaves data-parallel training and returns the group. A sharded optimizer state is gathered whole first (a
+    /// collective: every rank leaves together); if that fails the trainer stays in the group and `None` is
+    /// returned.
     pub fn take_process_group(&mut self) -> Option<trinity_collective::ProcessGroup> {
+        if let Some(dp) = &self.dp
+            && let Some(zero) = &dp.zero
+            && let Err(e) = zero.unshard(dp.group(), &mut self.optimizer)
+        {
+            tracing::error!("cannot leave the data-parallel group: gathering the sharded optimizer state failed: {e}");
+            return None;
+        }
         self.dp.take().map(DataParallel::into_group)
     }
 
@@ -456,6 +491,11 @@ impl Trainer {
     /// Copies rank 0's whole training state to every rank.
     fn broadcast_state(&mut self) -> Result<()> {
         let Some(dp) = &self.dp else { return Ok(()) };
+        // A sharded state is made whole for the broadcast of rank 0's (loaded whole: `load_state`) and split
+        // again after.
+        if let Some(zero) = &dp.zero {
+            zero.expand(&mut self.optimizer)?;
+        }
         let mut tensors = self.policy.named_parameters()?;
         tensors.extend(self.policy.lora_parameters().into_iter().map(|(n, t)| (format!("lora/{n}"), t)));
         tensors.extend(self.optimizer.state_tensors().into_iter().map(|(n, t)| (format!("optimizer/{n}"), t)));
@@ -481,6 +521,9 @@ impl Trainer {
         self.optimizer.set_step_count(steps[1]);
         if let Some(critic) = &mut self.critic {
             critic.optimizer_mut().set_step_count(steps[2]);
+        }
+        if let Some(zero) = &dp.zero {
+            zero.reshard(&mut self.optimizer)?;
         }
         Ok(())
     }
@@ -528,8 +571,19 @@ impl Trainer {
     /// Writes the optimizer state (and the critic's weights and optimizer) into `dir`:
     /// `optimizer.safetensors`, and with a critic `critic.safetensors` (backbone + `score.*`) and
     /// `critic_optimizer.safetensors`. The policy weights themselves are the caller's to save (HF format).
+    /// With a sharded optimizer state it is a collective: every rank calls it, the state is gathered to rank 0 and
+    /// rank 0 writes the files, in the same format as one process (so any world size can load them).
     pub fn save_state(&self, dir: &Path) -> Result<()> {
-        self.optimizer.save(&dir.join("optimizer.safetensors"))?;
+        if let Some(dp) = &self.dp
+            && let Some(zero) = &dp.zero
+        {
+            zero.save(dp.group(), &self.optimizer, &dir.join("optimizer.safetensors"))?;
+            if dp.rank() != 0 {
+                return Ok(());
+            }
+        } else {
+            self.optimizer.save(&dir.join("optimizer.safetensors"))?;
+        }
         if let Some(critic) = &self.critic {
             critic.optimizer().save(&dir.join("critic_optimizer.safetensors"))?;
             let weights: Vec<(String, Tensor)> = critic
@@ -546,6 +600,10 @@ impl Trainer {
     /// Restores what [`Trainer::save_state`] wrote and sets the step counter to `global_step` (the
     /// checkpoint's step, kept in the caller's metadata).
     pub fn load_state(&mut self, dir: &Path, global_step: u64) -> Result<()> {
+        // A sharded state is loaded whole, then split by the broadcast below.
+        if let Some(zero) = self.dp.as_ref().and_then(|dp| dp.zero.as_ref()) {
+            zero.expand(&mut self.optimizer)?;
+        }
         self.optimizer.load(&dir.join("optimizer.safetensors"))?;
         if let Some(critic) = &mut self.critic {
             critic.load_weights(&dir.join("critic.safetensors"))?;
@@ -699,13 +757,16 @@ impl Trainer {
                 let is_weights = is_weights.as_ref();
                 let mini = actor::MiniBatch { rows, batch: &batch, counts: &counts, whole, usual, is_weights };
                 forward_only += self.update_actor(&mini, &micro_batches, &mut means)?;
-                if let Some(dp) = &self.dp {
-                    dp.reduce_gradients(&self.optimizer.param_vars())?;
-                }
-                let grad_norm = self.optimizer.clip_grad_norm(self.options.grad_clip)?;
-                if grad_norm.is_finite() {
-                    self.optimizer.step(lr)?;
-                }
+                let grad_norm = match &self.dp {
+                    Some(dp) => dp.optimizer_step(&mut self.optimizer, self.options.grad_clip, lr)?,
+                    None => {
+                        let norm = self.optimizer.clip_grad_norm(self.options.grad_clip)?;
+                        if norm.is_finite() {
+                            self.optimizer.step(lr)?;
+                        }
+                        norm
+                    }
+                };
                 self.optimizer.zero_grad();
                 grad_norms.push(grad_norm);
             }

@@ -100,13 +100,18 @@ unsafe impl Sync for Slot {}
 impl Slot {
     /// The buffers of one parameter when the fused path can take them: all on the CPU, contiguous, fp32 moments
     /// and weight, an fp32 or bf16 gradient, and (with a master) a bf16 parameter. `None` otherwise.
-    pub(super) fn new(var: &Tensor, master: Option<&Tensor>, exp_avg: &Tensor, exp_avg_sq: &Tensor) -> Option<Slot> {
-        let grad = var.grad();
+    pub(super) fn new(
+        var: &Tensor,
+        grad: &Tensor,
+        master: Option<&Tensor>,
+        exp_avg: &Tensor,
+        exp_avg_sq: &Tensor,
+    ) -> Option<Slot> {
         let weight = master.unwrap_or(var);
         let len = weight.numel();
         let cpu = |t: &Tensor| t.device() == Device::Cpu && t.is_contiguous() && t.numel() == len;
         let fp32 = |t: &Tensor| cpu(t) && t.kind() == Kind::Float;
-        if !(grad.defined() && cpu(&grad) && fp32(weight) && fp32(exp_avg) && fp32(exp_avg_sq) && cpu(var)) {
+        if !(grad.defined() && cpu(grad) && fp32(weight) && fp32(exp_avg) && fp32(exp_avg_sq) && cpu(var)) {
             return None;
         }
         let low = match master {
@@ -118,7 +123,7 @@ impl Slot {
             weight: weight.data_ptr() as *mut f32,
             exp_avg: exp_avg.data_ptr() as *mut f32,
             exp_avg_sq: exp_avg_sq.data_ptr() as *mut f32,
-            grad: Grad::of(&grad)?,
+            grad: Grad::of(grad)?,
             low,
             len,
         })
