@@ -80,6 +80,8 @@ fn run_example_with_meta(config: &str, extra: &[String]) -> (Vec<serde_json::Val
     set("buffer.batch_size=2".into());
     set("buffer.total_steps=2".into());
     set(format!("buffer.explorer_input.taskset.path={tasks}"));
+    // An example's hosted monitor (mix_math's wandb) would need its service; these tests read metrics.jsonl.
+    set("monitor.monitor_type=jsonl".into());
     // `TASKS` in an extra override stands for the written taskset's path.
     for e in extra {
         set(e.replace("TASKS", &tasks));

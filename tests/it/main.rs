@@ -14,6 +14,7 @@ mod data_parallel;
 mod digit_model;
 mod external_model;
 mod model_commands;
+mod monitors;
 mod plugins;
 mod rft;
 mod serve;
