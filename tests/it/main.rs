@@ -16,6 +16,7 @@ mod external_model;
 mod model_commands;
 mod monitors;
 mod plugins;
+mod python_workflow;
 mod rft;
 mod serve;
 mod studio;

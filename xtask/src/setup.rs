@@ -37,6 +37,30 @@ const OPENAI_PACKAGE: &str = "openai==3.54.0";
 /// The official clients of the hosted monitors (`monitor_type` wandb, mlflow, swanlab), pinned; the monitor tests
 /// run them in their offline modes. `mlflow-skinny` is the client without the server's dependencies.
 const MONITOR_PACKAGES: [&str; 3] = ["wandb==0.31.0", "mlflow-skinny==3.17.2", "swanlab==0.10.3"];
+/// Trinity-RFT's release whose Python workflows the Python workflow host runs (its tests' venv).
+const TRINITY_RFT_PACKAGE: &str = "trinity-rft==0.6.0";
+/// What `import trinity.common.workflows` needs without vLLM, Ray or veRL: torch's own Python dependencies, the
+/// CUDA libraries PyPI's torch loads at import (see `install_trinity_rft`), and Trinity-RFT's module-level imports.
+const TRINITY_RFT_IMPORTS: [&str; 18] = [
+    "cuda-toolkit[cudart,cupti,nvrtc,cublas,cufft,cufile,curand,cusparse,nvjitlink]==13.0.2",
+    "nvidia-cudnn-cu13==9.19.0.56",
+    "nvidia-cusparselt-cu13==0.8.0",
+    "nvidia-nccl-cu13==2.28.9",
+    "nvidia-nvshmem-cu13==3.4.5",
+    "sympy",
+    "networkx",
+    "jinja2",
+    "fsspec",
+    "filelock",
+    "typing-extensions",
+    "safetensors",
+    "transformers",
+    "omegaconf",
+    "numpy",
+    "httpx",
+    "pybase64",
+    "openai",
+];
 /// The studio's npm packages, pinned: the charting library the page embeds and the browser driver of its test.
 const NPM_PACKAGES: [(&str, &str); 2] = [("uplot", "1.6.32"), ("playwright-core", "1.65.1")];
 /// Where Debian's chromium package puts the browser the studio's end-to-end test drives.
@@ -77,6 +101,11 @@ impl Deps {
         self.dir.join("monitors-venv").join("bin").join("python")
     }
 
+    /// The interpreter of the virtual environment with Trinity-RFT 0.6.0, which the Python workflow tests run.
+    pub(crate) fn trinity_rft_python(&self) -> PathBuf {
+        self.dir.join("trinity-rft-venv").join("bin").join("python")
+    }
+
     /// The npm prefix holding the studio's packages (`node_modules/` inside).
     pub(crate) fn npm_dir(&self) -> PathBuf {
         self.dir.join("npm")
@@ -88,6 +117,7 @@ impl Deps {
         command.env("TRINITY_DEPS_DIR", &self.dir);
         command.env("TRINITY_SMOLLM2_GGUF", self.smollm2_gguf());
         command.env("TRINITY_OPENAI_PYTHON", self.openai_python());
+        command.env("TRINITY_RFT_PYTHON", self.trinity_rft_python());
         command.env("TRINITY_MONITORS_PYTHON", self.monitors_python());
         // Our libtorch crates embed libtorch's run path, but a crate that reaches tch only through feature
         // unification (a WASM plugin crate whose SDK also has the `algorithm` feature on in a workspace build)
@@ -140,6 +170,7 @@ impl Deps {
         step("setup: wasm32-wasip2 target", install_wasm_target)?;
         step("setup: SmolLM2-135M-Instruct model", || self.install_model())?;
         self.install_openai()?;
+        self.install_trinity_rft()?;
         self.install_monitors()?;
         install_postgres()?;
         install_gloo_headers()?;
@@ -234,6 +265,41 @@ impl Deps {
                 .args(MONITOR_PACKAGES))
             .context("pip cannot install the monitors' clients (PyPI must be reachable)")?;
             std::fs::write(&marker, MONITOR_PACKAGES.join("\n"))?;
+            Ok(())
+        })
+    }
+
+    /// A virtual environment with Trinity-RFT 0.6.0 (`.deps/trinity-rft-venv`) for the Python workflow tests:
+    /// `trinity-rft` without its dependencies (vLLM, Ray, veRL, flash-attn: trinity replaces them), plus what its
+    /// workflow modules import. PyPI's Linux torch is a CUDA build whose `import torch` loads cuDNN, cuBLAS,
+    /// cuFFT, cuSPARSE(Lt), cuRAND, cuFile, NCCL and NVSHMEM even on a CPU, so those come too (without triton,
+    /// cuSOLVER and the CUDA Python bindings, which it loads only when used): about 2.6 GB downloaded, 4 GB on
+    /// disk, a minute or two.
+    fn install_trinity_rft(&self) -> Result<()> {
+        let python = self.trinity_rft_python();
+        let venv = self.dir.join("trinity-rft-venv");
+        let marker = venv.join(format!(".installed-{TRINITY_RFT_PACKAGE}-torch-{TORCH_VERSION}"));
+        if marker.exists() {
+            return Ok(());
+        }
+        step(&format!("setup: Python `{TRINITY_RFT_PACKAGE}` from PyPI into {}", venv.display()), || {
+            if venv.exists() {
+                std::fs::remove_dir_all(&venv)
+                    .with_context(|| format!("cannot clear the partial install at {}", venv.display()))?;
+            }
+            run(python_command().args(["-m", "venv"]).arg(&venv))
+                .context("python3 cannot create a virtual environment (Debian: apt-get install python3-venv)")?;
+            let pip = |args: &[&str]| {
+                run(Command::new(&python)
+                    .env("PIP_ROOT_USER_ACTION", "ignore")
+                    .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+                    .args(args))
+                .context("pip cannot install Trinity-RFT's packages (PyPI must be reachable)")
+            };
+            let torch = format!("torch=={TORCH_VERSION}");
+            pip(&["--no-deps", TRINITY_RFT_PACKAGE, &torch, "word2number"])?;
+            pip(&TRINITY_RFT_IMPORTS)?;
+            std::fs::write(&marker, TRINITY_RFT_PACKAGE)?;
             Ok(())
         })
     }

@@ -42,4 +42,9 @@ impl Catalog for Registry {
     fn default_args(&self, kind: ComponentKind, name: &str) -> Option<Map<String, Value>> {
         self.algorithms.default_args(kind, name)
     }
+
+    /// A workflow named by a dotted path is a Python class, checked by importing it before the run (`run.rs`).
+    fn accepts(&self, kind: ComponentKind, name: &str) -> bool {
+        kind == ComponentKind::Workflow && trinity_pyworkflow::is_python_workflow_name(name)
+    }
 }

@@ -22,6 +22,7 @@ pub(crate) fn run(log_level: LogLevel, args: RunArgs) -> Result<()> {
     plugins::load(&specs)?;
     let loaded = trinity_config::load_file(&args.config, options)?;
     check(&loaded, &args.config)?;
+    check_python_workflows(&loaded.config)?;
     let config = &loaded.config;
     let log_level = effective_level(log_level, &config.log.level);
     if args.dry_run {
@@ -147,4 +148,29 @@ fn effective_level(flag: LogLevel, config_level: &str) -> LogLevel {
         "ERROR" => LogLevel::Error,
         _ => LogLevel::Info,
     }
+}
+
+/// Makes workflows named by a dotted path run as Python workflows and imports each one the config names, so that
+/// a missing interpreter, Trinity-RFT install or package is a `--dry-run` error naming the import and the pip
+/// line rather than a failure of every task.
+fn check_python_workflows(config: &trinity_config::Config) -> Result<()> {
+    trinity_pyworkflow::install(&config.model.model_path);
+    let input = &config.buffer.explorer_input;
+    let mut names: Vec<&str> = input
+        .tasksets
+        .iter()
+        .chain(&input.eval_tasksets)
+        .filter_map(|taskset| taskset.default_workflow_type.as_deref())
+        .filter(|name| {
+            trinity_explorer::lookup_workflow(name).is_none()
+                && !trinity_explorer::is_plugin_workflow(name)
+                && trinity_pyworkflow::is_python_workflow_name(name)
+        })
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        trinity_pyworkflow::check(name)?;
+    }
+    Ok(())
 }

@@ -106,6 +106,12 @@ pub trait Catalog {
 
     /// The default arguments of one component, or `None` when it is not registered.
     fn default_args(&self, kind: ComponentKind, name: &str) -> Option<Map<String, Value>>;
+
+    /// Whether `name` is valid though not among [`Catalog::names`]: a name resolved when the run starts, such as
+    /// a workflow given as a dotted path to a Python class (the Python workflow host checks it at `--dry-run`).
+    fn accepts(&self, _kind: ComponentKind, _name: &str) -> bool {
+        false
+    }
 }
 
 /// A catalog for unit tests of resolution rules: every name is registered (an empty list means "not checked")

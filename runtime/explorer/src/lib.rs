@@ -63,6 +63,6 @@ pub use operator::{
 pub use rollout_model::RolloutModel;
 pub use runner::{RunReport, RunnerOptions, TaskFailure, run_tasks};
 pub use workflow::{
-    NameTaken, Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture, build_workflow, builtin_workflows,
-    is_plugin_workflow, lookup_workflow, register_workflow, workflow_names,
+    NameTaken, Workflow, WorkflowContext, WorkflowEntry, WorkflowFallback, WorkflowFuture, build_workflow,
+    builtin_workflows, is_plugin_workflow, lookup_workflow, register_workflow, set_workflow_fallback, workflow_names,
 };

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use trinity_buffer::{Experience, Task};
 
@@ -87,12 +87,26 @@ pub fn register_workflow(name: &str, workflow: Arc<dyn Workflow>, replace_builti
     Ok(())
 }
 
-/// The workflow called `name`: a registered plugin, else a built-in.
+/// Builds the workflows of names that neither a plugin nor a built-in has (the Python workflow host,
+/// `trinity-pyworkflow`, installed by the binary so that this crate need not know Python).
+pub type WorkflowFallback = fn(&str) -> Option<Arc<dyn Workflow>>;
+
+static FALLBACK: OnceLock<WorkflowFallback> = OnceLock::new();
+
+/// Sets the fallback for names no plugin or built-in has; only the first call counts (false for later ones).
+pub fn set_workflow_fallback(fallback: WorkflowFallback) -> bool {
+    FALLBACK.set(fallback).is_ok()
+}
+
+/// The workflow called `name`: a registered plugin, else a built-in, else what the fallback makes of it.
 pub fn build_workflow(name: &str) -> Option<Arc<dyn Workflow>> {
     if let Some(workflow) = DYNAMIC.read().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name) {
         return Some(Arc::clone(workflow));
     }
-    lookup_workflow(name).map(|entry| Arc::from((entry.build)()))
+    if let Some(entry) = lookup_workflow(name) {
+        return Some(Arc::from((entry.build)()));
+    }
+    FALLBACK.get().and_then(|fallback| fallback(name))
 }
 
 /// Whether a plugin registered the workflow `name` (replacing a built-in of that name, if any).
