@@ -172,6 +172,35 @@ fn two_launched_ranks_train_a_dataset_as_one_process_does() {
     assert_same_training(one.path(), two.path(), "monitor/trainer/metrics.jsonl");
     let log = std::fs::read_to_string(two.path().join("ckpt/p/dp/log/trainer.log")).unwrap();
     assert!(log.contains("data parallel: 2 ranks from the launcher"), "{log}");
+    // `trainer_strategy: fsdp` (the default) shards the optimizer state and gradients.
+    assert!(log.contains("sharded data parallel: ZeRO stage 2 over 2 ranks"), "{log}");
+}
+
+/// A checkpoint of two sharded ranks (ZeRO-2: each rank holds half of AdamW's moments; rank 0 gathers them to
+/// save) is a whole one: one process resumes from it and trains on as the uninterrupted one process does.
+#[test]
+fn one_process_resumes_from_two_sharded_ranks_checkpoint_as_if_it_had_run_all_along() {
+    let whole = tempfile::tempdir().unwrap();
+    std::fs::write(whole.path().join("c.yaml"), sft_config(whole.path(), STEPS, "")).unwrap();
+    let output =
+        trinity_command(whole.path()).env("OMP_NUM_THREADS", "1").args(["run", "--config", "c.yaml"]).output().unwrap();
+    succeed(output, "one process, uninterrupted");
+
+    let split = tempfile::tempdir().unwrap();
+    std::fs::write(split.path().join("c.yaml"), sft_config(split.path(), STEPS - 1, "")).unwrap();
+    let output = trinity_command(split.path())
+        .env("OMP_NUM_THREADS", "1")
+        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--", "run", "--config", "c.yaml"])
+        .output()
+        .unwrap();
+    succeed(output, "two sharded ranks");
+    std::fs::write(split.path().join("c.yaml"), sft_config(split.path(), STEPS, "")).unwrap();
+    let output =
+        trinity_command(split.path()).env("OMP_NUM_THREADS", "1").args(["run", "--config", "c.yaml"]).output().unwrap();
+    succeed(output, "one process resuming");
+    let log = std::fs::read_to_string(split.path().join("ckpt/p/dp/log/trainer.log")).unwrap();
+    assert!(log.contains(&format!("global_step_{}", STEPS - 1)) && log.contains("resuming from"), "{log}");
+    assert_same_training(whole.path(), split.path(), "monitor/trainer/metrics.jsonl");
 }
 
 #[test]

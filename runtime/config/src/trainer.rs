@@ -13,7 +13,7 @@ pub struct TrainerConfig {
     pub name: String,
     /// `verl` (Trinity-RFT's name) and `native` both select trinity's libtorch trainer.
     pub trainer_type: String,
-    /// `fsdp` and `fsdp2` (Trinity-RFT's names) are accepted; trinity trains on one device.
+    /// `fsdp`, `fsdp2` (Trinity-RFT's names; sharded data parallel across a launcher's ranks) or `megatron` (replicated).
     pub trainer_strategy: String,
     /// Save a checkpoint every this many train steps; 0 saves only at the end.
     pub save_interval: u64,

@@ -12,7 +12,8 @@
 //!   learning-rate schedule. The engine's state is then broadcast from rank 0 (at start, and again after rank 0
 //!   loaded its checkpoint).
 //! - `cmd/<n>`: rank 0's n-th command: train a step (the step's rows follow by broadcast,
-//!   `trinity_trainer::share_rows`, so only rank 0 reads the buffer), or stop (the run finished; each follower
+//!   `trinity_trainer::share_rows`, so only rank 0 reads the buffer), save a checkpoint (a sharded optimizer
+//!   state is gathered to rank 0, which alone writes it), or stop (the run finished; each follower
 //!   counts itself in `stopped` before it exits, and rank 0 keeps the store up until all did).
 //! - `fail`: the error that ended rank 0's run (or a follower's), so every rank names it.
 //!
@@ -46,7 +47,13 @@ pub(crate) struct Header {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Command {
-    Train { step: u64 },
+    Train {
+        step: u64,
+    },
+    /// Rank 0 saves checkpoint `step`: a sharded optimizer state is gathered to it, which every rank joins.
+    Save {
+        step: u64,
+    },
     Stop,
 }
 
@@ -107,6 +114,13 @@ impl Leader {
     pub(crate) fn train(&self, step: u64) -> Result<(), RftError> {
         let n = self.seq.fetch_add(1, Ordering::SeqCst);
         self.post(&format!("cmd/{n}"), &Command::Train { step })
+    }
+
+    /// Tells the followers that rank 0 saves checkpoint `step` now, so they join the gather of a sharded
+    /// optimizer state ([`trinity_trainer::Trainer::share_state_for_save`]).
+    pub(crate) fn save(&self, step: u64) -> Result<(), RftError> {
+        let n = self.seq.fetch_add(1, Ordering::SeqCst);
+        self.post(&format!("cmd/{n}"), &Command::Save { step })
     }
 
     /// Ends the followers: a clean stop, waiting (up to the store's timeout) until each has seen it, or rank 0's
@@ -202,6 +216,13 @@ fn follow_steps(
                 let rows = trinity_trainer::share_rows(group, 0, None).map_err(failed)?;
                 on_pool(threads, || engine.train_step(&rows)).map_err(failed)?;
                 trained = step;
+            }
+            Command::Save { step } => {
+                // A unique borrow moves into the pool's closure: the engine is `Send` but not `Sync`.
+                let engine = &mut engine;
+                on_pool(threads, move || engine.share_state_for_save()).map_err(|e| {
+                    RftError::DataParallel(format!("save checkpoint global_step_{step} with rank 0: {e}"))
+                })?;
             }
         }
     }

@@ -286,6 +286,9 @@ impl Trainer {
         let (engine, tokenizer, template, eos) =
             (&self.engine, &self.tokenizer, self.chat_template.as_ref(), &self.eos_token_ids);
         let (lora, base_model) = (self.lora.as_ref(), self.base_model.as_str());
+        if let Some(leader) = &self.leader {
+            leader.save(meta.train_step)?;
+        }
         self.checkpoints.save(meta.train_step, meta, |dir| {
             // `hf/` holds the adapted model (adapters merged) so that evaluation, later stages and conversion
             // read a checkpoint the same way with or without LoRA; `lora_adapter/` is what training resumes from.

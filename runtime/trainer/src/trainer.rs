@@ -224,6 +224,12 @@ impl TrainerOptions {
                 critic.model.enable_gradient_checkpointing,
             ),
             critic_warmup: u64::from(config.trainer.critic_warmup),
+            // Trinity-RFT's FSDP strategies keep a rank's share of the optimizer state and gradients; trinity's
+            // nearest is ZeRO-2, with the parameters whole on every rank (it takes effect with several ranks).
+            zero_stage: match config.trainer.trainer_strategy.as_str() {
+                "fsdp" | "fsdp2" => ZeroStage::Gradients,
+                _ => ZeroStage::Replicated,
+            },
             seed: config.explorer.rollout_model.seed,
             ..defaults
         }
@@ -593,6 +599,19 @@ impl Trainer {
                 .map(|(n, t)| Ok((n, t.f_to_device(Device::Cpu)?)))
                 .collect::<Result<_>>()?;
             trinity_model::write_safetensors(&dir.join("critic.safetensors"), &weights)?;
+        }
+        Ok(())
+    }
+
+    /// A data-parallel follower's part of rank 0's [`Trainer::save_state`]: a sharded optimizer state is gathered
+    /// to rank 0 through collectives every rank must join; with a replicated one (or on rank 0) nothing happens.
+    pub fn share_state_for_save(&self) -> Result<()> {
+        if let Some(dp) = &self.dp
+            && let Some(zero) = &dp.zero
+            && dp.rank() != 0
+        {
+            // Off rank 0 the gather writes nothing, so the path is never used.
+            zero.save(dp.group(), &self.optimizer, Path::new(""))?;
         }
         Ok(())
     }
