@@ -1,6 +1,6 @@
 //! `cargo xtask wheel` end to end: the wheel of this test build's `trinity` binary installs into a fresh venv with
-//! pip, and the `trinity` command it puts on PATH runs and loads libtorch from the `torch` package alone, with
-//! neither `LD_LIBRARY_PATH` nor `LIBTORCH` set.
+//! pip, and the `trinity` command it puts on PATH runs (a `--dry-run`, then a two-step GRPO run on the tiny model)
+//! and loads libtorch from the `torch` package alone, with neither `LD_LIBRARY_PATH` nor `LIBTORCH` set.
 //!
 //! torch is not downloaded: the venv sees the torch 2.11 that `cargo xtask setup` installed with `pip --target`
 //! through a `.pth` file, the way a second site directory is added to an environment, and the wheel is installed
@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::support::{stderr, stdout, workspace_root};
+use crate::support::{grpo_run_config, stderr, stdout, tiny_model_dir, workspace_root};
 
 fn run(command: &mut Command) -> Output {
     let output = command.output().unwrap_or_else(|error| panic!("{command:?} cannot start: {error}"));
@@ -74,6 +74,20 @@ fn the_wheel_installs_a_trinity_command_that_finds_torch() {
     // Built-in algorithm components run tensor code in libtorch.
     let list = run(bare(Path::new("trinity")).env("PATH", &path).args(["algorithm", "list"]));
     assert!(stdout(&list).contains("grpo"), "{}", stdout(&list));
+    // A config checks, and a two-step GRPO run on the tiny model trains and checkpoints, from the wheel alone.
+    let job = dir.path().join("job");
+    std::fs::create_dir_all(&job).unwrap();
+    let rows: String = (0..4).map(|i| format!("{{\"prompt\": \"ab{i}\", \"response\": \"{i}\"}}\n")).collect();
+    std::fs::write(job.join("tasks.jsonl"), rows).unwrap();
+    let config = format!("{}    default_workflow_type: simple_workflow\n", grpo_run_config(&tiny_model_dir(), 40));
+    std::fs::write(job.join("config.yaml"), config).unwrap();
+    let trinity_in = |args: &[&str]| run(bare(Path::new("trinity")).env("PATH", &path).current_dir(&job).args(args));
+    let dry = trinity_in(&["run", "--config", "config.yaml", "--dry-run"]);
+    assert!(stdout(&dry).contains("algorithm_type: grpo"), "{}", stdout(&dry));
+    trinity_in(&["run", "--config", "config.yaml"]);
+    let metrics = std::fs::read_to_string(job.join("ckpt/p/n/monitor/metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 2, "two steps:\n{metrics}");
+    assert!(job.join("ckpt/p/n/global_step_2/hf/model.safetensors").is_file());
 
     // The binary alone has no run path to the build's libtorch: without the launcher it cannot start here.
     let installed = site.join("trinity_rs/bin/trinity");

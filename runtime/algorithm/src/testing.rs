@@ -17,6 +17,14 @@ pub(crate) fn eval_json(input: Value) -> Value {
 }
 
 /// Runs eval on a JSON input that must fail and returns the error message.
+/// Asserts that a JSON number from `algorithm eval` is `want` within 1e-5 (expected numbers restated from
+/// Trinity-RFT's formulas in double precision, against our f32 tensors).
+#[track_caller]
+pub(crate) fn assert_close(got: &Value, want: f64) {
+    let g = got.as_f64().unwrap_or(f64::NAN);
+    assert!((g - want).abs() < 1e-5, "got {g}, want {want}");
+}
+
 pub(crate) fn eval_err(input: Value) -> String {
     match crate::eval::eval_str(&input.to_string()) {
         Ok(out) => panic!("expected an error, got {}", serde_json::to_string(&out).unwrap()),

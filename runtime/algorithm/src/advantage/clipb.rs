@@ -120,19 +120,14 @@ impl AdvantageFn for ClipB {
 }
 
 #[cfg(test)]
-mod tests {
-    use crate::testing::{eval_err, eval_json, json};
-
-    fn close(got: &serde_json::Value, want: f64) {
-        let g = got.as_f64().unwrap_or(f64::NAN);
-        assert!((g - want).abs() < 1e-5, "got {g}, want {want}");
-    }
+pub(crate) mod tests {
+    use crate::testing::{assert_close as close, eval_err, eval_json, json};
 
     /// Rows 0–1 are group a (rewards 1, 0), row 2 a group of one (reward 3). The expected numbers below are
     /// 0.6.0's `ClipBAdvantageFn.__call__` (trinity/algorithm/advantage_fn/clipb_advantage.py) restated in a
     /// short plain-Python script (double precision): S = [[0.09048, 0.13534], [0.60653, 0.04756],
     /// [−0.07358, 0.44449]], E = 0.208471, Var = 0.056478 (σ_S = 0.237651).
-    fn batch() -> serde_json::Value {
+    pub(crate) fn batch() -> serde_json::Value {
         json!({
             "group_id": ["a", "a", "b"],
             "token_level_rewards": [[0.0, 1.0], [0.0, 0.0], [0.0, 3.0]],

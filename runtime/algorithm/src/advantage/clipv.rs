@@ -94,25 +94,15 @@ impl AdvantageFn for ClipV {
 
 #[cfg(test)]
 mod tests {
-    use crate::testing::{eval_err, eval_json, json};
-
-    fn close(got: &serde_json::Value, want: f64) {
-        let g = got.as_f64().unwrap_or(f64::NAN);
-        assert!((g - want).abs() < 1e-5, "got {g}, want {want}");
-    }
+    use crate::testing::{assert_close as close, eval_err, eval_json, json};
 
     /// clipb's batch plus `necs`. The expected numbers are 0.6.0's `ClipVAdvantageFn.__call__`
     /// (trinity/algorithm/advantage_fn/clipv_advantage.py) restated in a short plain-Python script (double
     /// precision): D = [[0.40952, −0.03534], [1.39347, 0.25244], [0.07358, 1.05551]], σ_D = 0.522983.
     fn batch() -> serde_json::Value {
-        json!({
-            "group_id": ["a", "a", "b"],
-            "token_level_rewards": [[0.0, 1.0], [0.0, 0.0], [0.0, 3.0]],
-            "old_logprob": [[-0.1, -2.0], [-0.5, -0.05], [-1.0, -0.3]],
-            "entropy": [[0.2, 3.0], [1.5, 0.1], [0.8, 0.9]],
-            "necs": [[0.5, 0.1], [2.0, 0.3], [0.0, 1.5]],
-            "action_mask": [[1, 1], [1, 1], [1, 1]]
-        })
+        let mut batch = super::super::clipb::tests::batch();
+        batch["necs"] = json!([[0.5, 0.1], [2.0, 0.3], [0.0, 1.5]]);
+        batch
     }
 
     fn run(args: serde_json::Value, batch: serde_json::Value) -> serde_json::Value {

@@ -189,12 +189,7 @@ impl AdvantageFn for Gigpo {
 
 #[cfg(test)]
 mod tests {
-    use crate::testing::{eval_err, eval_json, json};
-
-    fn close(got: &serde_json::Value, want: f64) {
-        let g = got.as_f64().unwrap_or(f64::NAN);
-        assert!((g - want).abs() < 1e-5, "got {g}, want {want}");
-    }
+    use crate::testing::{assert_close as close, eval_err, eval_json, json};
 
     /// Task t1 has three runs (two steps, one, two; run 0's rows out of step order) whose first steps share
     /// anchor state s0; task t2 one run of one step. Rewards are sparse (no `step_reward` key). The expected
