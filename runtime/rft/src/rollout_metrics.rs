@@ -5,6 +5,11 @@
 //! Trinity-RFT gathers them: averaged over a task's rollouts first, then summarised over the step's tasks as
 //! `<prefix>/<key>/<stat>`. A judge that never answers in its format shows as `rollout/judge_success/mean` 0, not
 //! only as rewards of 0.
+//!
+//! Trinity-RFT 0.6.0's aggregation suffixes (`trinity/utils/metrics.py`): a key written `name:sum`, `name:max`,
+//! `name:min` or `name:last` is reduced that way within a task and again over the tasks, and reported once as
+//! `<prefix>/<name>/<sum|max|min|last>`; `name:mean`, a key without a suffix, or one with an unknown suffix
+//! (kept as part of the name) is averaged as above.
 
 use std::collections::BTreeMap;
 
@@ -88,23 +93,71 @@ pub(crate) fn rollout_metrics(prefix: &str, report: &RunReport, stats: Stats) ->
     metrics
 }
 
-/// The workflows' own per-experience numbers: each key averaged within a task (over the rollouts that report it),
-/// then summarised over the tasks that report it.
-fn workflow_metrics(prefix: &str, groups: &[Vec<Experience>], stats: Stats) -> Metrics {
-    let mut per_task: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    for group in groups {
-        let mut sums: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
-        for (key, value) in group.iter().flat_map(|e| e.metrics.iter()) {
-            let entry = sums.entry(key.as_str()).or_default();
-            entry.0 += value;
-            entry.1 += 1;
+/// How a workflow metric is combined (Trinity-RFT 0.6.0's `AggType`), from its key's suffix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Aggregation {
+    Mean,
+    Sum,
+    Max,
+    Min,
+    Last,
+}
+
+impl Aggregation {
+    /// `name:agg` → (name, agg); no suffix, `:mean` or an unknown suffix (which stays in the name) is a mean.
+    fn parse(key: &str) -> (&str, Aggregation) {
+        let Some((name, suffix)) = key.rsplit_once(':') else { return (key, Aggregation::Mean) };
+        match suffix {
+            "mean" => (name, Aggregation::Mean),
+            "sum" => (name, Aggregation::Sum),
+            "max" => (name, Aggregation::Max),
+            "min" => (name, Aggregation::Min),
+            "last" => (name, Aggregation::Last),
+            _ => (key, Aggregation::Mean),
         }
-        for (key, (sum, count)) in sums {
-            per_task.entry(key).or_default().push(sum / count as f64);
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Aggregation::Mean => "mean",
+            Aggregation::Sum => "sum",
+            Aggregation::Max => "max",
+            Aggregation::Min => "min",
+            Aggregation::Last => "last",
+        }
+    }
+
+    /// Combines `values` (in rollout, then task, order; never empty).
+    fn reduce(self, values: &[f64]) -> f64 {
+        match self {
+            Aggregation::Mean => values.iter().sum::<f64>() / values.len().max(1) as f64,
+            Aggregation::Sum => values.iter().sum(),
+            Aggregation::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            Aggregation::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
+            Aggregation::Last => values.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+/// The workflows' own per-experience numbers: each key combined within a task (over the rollouts that report it;
+/// a mean unless its suffix says otherwise), then over the tasks that report it.
+fn workflow_metrics(prefix: &str, groups: &[Vec<Experience>], stats: Stats) -> Metrics {
+    let mut per_task: BTreeMap<(&str, Aggregation), Vec<f64>> = BTreeMap::new();
+    for group in groups {
+        let mut values: BTreeMap<(&str, Aggregation), Vec<f64>> = BTreeMap::new();
+        for (key, value) in group.iter().flat_map(|e| e.metrics.iter()) {
+            values.entry(Aggregation::parse(key)).or_default().push(*value);
+        }
+        for (key, values) in values {
+            per_task.entry(key).or_default().push(key.1.reduce(&values));
         }
     }
     let mut metrics = Metrics::new();
-    for (key, values) in per_task {
+    for ((key, aggregation), values) in per_task {
+        if aggregation != Aggregation::Mean {
+            metrics.insert(format!("{prefix}/{key}/{}", aggregation.label()), aggregation.reduce(&values));
+            continue;
+        }
         let summary = Summary::of(&values);
         for &stat in stats.kept() {
             let (name, value) = summary.get(stat);
@@ -152,6 +205,28 @@ mod tests {
         assert_eq!(m["rollout/turns/mean"], 3.0);
         assert!(!m.contains_key("rollout/judge_success/std"), "explore steps report mean, max and min");
         assert_eq!(m["rollout/reward_mean"], 0.5);
+    }
+
+    /// Trinity-RFT 0.6.0's suffixes: reduced within each task, then over the tasks, reported once by their kind.
+    #[test]
+    fn suffixed_metrics_are_reduced_by_their_kind_within_and_over_tasks() {
+        let groups = vec![
+            vec![
+                experience(1.0, &[("calls:sum", 2.0), ("depth:max", 1.0), ("version:last", 3.0), ("x:mean", 1.0)]),
+                experience(0.0, &[("calls:sum", 3.0), ("depth:max", 4.0), ("version:last", 4.0), ("x:mean", 0.0)]),
+            ],
+            vec![experience(0.5, &[("calls:sum", 1.0), ("depth:min", 2.0), ("version:last", 5.0), ("a:b", 7.0)])],
+        ];
+        for stats in [Stats::Rollout, Stats::Eval { detailed: false }] {
+            let m = rollout_metrics("rollout", &report(groups.clone()), stats);
+            assert_eq!(m["rollout/calls/sum"], 6.0, "(2 + 3) + 1");
+            assert_eq!(m["rollout/depth/max"], 4.0);
+            assert_eq!(m["rollout/depth/min"], 2.0);
+            assert_eq!(m["rollout/version/last"], 5.0, "the last task's last run");
+            assert_eq!(m["rollout/x/mean"], 0.5, "`:mean` is the plain average");
+            assert_eq!(m["rollout/a:b/mean"], 7.0, "an unknown suffix stays in the name");
+            assert!(!m.keys().any(|k| k.contains("calls:sum") || k == "rollout/calls/mean"), "{m:?}");
+        }
     }
 
     #[test]
