@@ -143,7 +143,8 @@ fn kill_9_mid_run_then_the_same_command_resumes_without_losing_experiences() {
 
 #[test]
 fn a_damaged_latest_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before() {
-    let dir = tiny_run_dir(3, "", "trainer:\n  save_interval: 1\n");
+    // `max_checkpoints_to_keep: 0` keeps them all (Trinity-RFT 0.6.0's default).
+    let dir = tiny_run_dir(3, "", "trainer:\n  save_interval: 1\n  max_checkpoints_to_keep: 0\n");
     let job = dir.path().join("ckpt/p/n");
     let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
     assert!(output.status.success(), "{}", stderr(&output));

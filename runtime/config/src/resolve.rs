@@ -514,9 +514,7 @@ impl<'a> Resolver<'a> {
         if let Some(steps) = trainer.total_steps {
             self.check(steps >= 1, "trainer.total_steps", "must be at least 1");
         }
-        if let Some(keep) = trainer.max_checkpoints_to_keep {
-            self.check(keep >= 1, "trainer.max_checkpoints_to_keep", "must be at least 1");
-        }
+        // 0 keeps every checkpoint, as in Trinity-RFT 0.6.0 (its new default) and veRL.
         self.resolve_trainer_config(config);
         // Trinity-RFT's `_adjust_token_len_if_needed`: a budget below one full sequence is raised to it.
         let len = config.model.max_model_len.unwrap_or(0);

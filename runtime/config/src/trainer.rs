@@ -54,7 +54,8 @@ pub struct TrainerConfig {
     /// Inline veRL settings (`actor_rollout_ref`, `critic`, `algorithm`, `trainer`), read into typed sections
     /// with Trinity-RFT's precedence against the top-level keys.
     pub trainer_config: VerlConfig,
-    /// Keep at most this many checkpoints (oldest deleted first); unset keeps all.
+    /// Keep at most this many checkpoints (oldest deleted first); unset or 0 (Trinity-RFT 0.6.0's default, and
+    /// veRL's meaning of 0) keeps all.
     pub max_checkpoints_to_keep: Option<u32>,
     /// Log the best and worst rollouts of each step.
     pub enable_preview: bool,

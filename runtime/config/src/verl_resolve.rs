@@ -303,7 +303,6 @@ impl Resolver<'_> {
             match trainer_keep {
                 Some(_) => self.notes.push(format!("`{key}` is overridden by trainer.max_checkpoints_to_keep")),
                 None => {
-                    self.check(keep >= 1, &key, "must be at least 1");
                     config.trainer.max_checkpoints_to_keep = Some(keep);
                     self.notes.push(format!("`{key}` ({keep}) is used as trainer.max_checkpoints_to_keep"));
                 }
@@ -431,6 +430,16 @@ mod tests {
 
     const BASE: &str = "model:\n  model_path: /m\n  max_model_len: 64\nbuffer:\n  explorer_input:\n    taskset:\n      \
                         path: /t.jsonl\n";
+
+    #[test]
+    fn zero_checkpoints_to_keep_means_keep_all_in_either_spelling() {
+        let top = crate::testing::loaded(&format!("{BASE}trainer:\n  max_checkpoints_to_keep: 0\n"));
+        assert_eq!(top.config.trainer.max_checkpoints_to_keep, Some(0));
+        let verl = crate::testing::loaded(&format!(
+            "{BASE}trainer:\n  trainer_config:\n    trainer:\n      max_actor_ckpt_to_keep: 0\n"
+        ));
+        assert_eq!(verl.config.trainer.max_checkpoints_to_keep, Some(0));
+    }
 
     #[test]
     fn critic_warmup_loads_from_either_spelling_and_conflicting_values_are_refused() {

@@ -300,7 +300,8 @@ impl Trainer {
             std::fs::create_dir_all(&state).map_err(|e| e.to_string())?;
             engine.save_state(&state).map_err(|e| e.to_string())
         })?;
-        if let Some(keep) = self.max_checkpoints_to_keep {
+        // 0 keeps every checkpoint (Trinity-RFT 0.6.0's and veRL's meaning).
+        if let Some(keep) = self.max_checkpoints_to_keep.filter(|&keep| keep > 0) {
             self.checkpoints.prune(keep as usize)?;
         }
         Ok(())
