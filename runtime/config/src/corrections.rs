@@ -10,6 +10,30 @@ use crate::resolve::Resolver;
 use crate::synchronizer::{SyncMethod, SyncStyle, SynchronizerConfig};
 
 impl Resolver<'_> {
+    /// Trinity-RFT 0.6.0's `explorer_sync_interval` and `trainer_sync_interval` (each unset means
+    /// `sync_interval`): trinity's schedule has one interval for both sides, so equal values are that interval
+    /// (with a note when it replaces `sync_interval`), and different ones are refused naming both.
+    fn resolve_sync_intervals(&mut self, sync: &mut SynchronizerConfig) -> Result<(), ConfigError> {
+        let explorer = sync.explorer_sync_interval.unwrap_or(sync.sync_interval);
+        let trainer = sync.trainer_sync_interval.unwrap_or(sync.sync_interval);
+        if explorer != trainer {
+            return Err(self.invalid(
+                "synchronizer.explorer_sync_interval",
+                format!(
+                    "{explorer} differs from synchronizer.trainer_sync_interval {trainer}: trinity syncs explorer and \
+                     trainer at one interval (separate ones are issue 47); set both (or sync_interval) to one value"
+                ),
+            ));
+        }
+        if explorer != sync.sync_interval {
+            self.notes.push(format!(
+                "synchronizer.sync_interval is {explorer}, the explorer_sync_interval and trainer_sync_interval set"
+            ));
+            sync.sync_interval = explorer;
+        }
+        Ok(())
+    }
+
     /// Trinity-RFT's `SynchronizerConfigValidator` and `IntervalConfigValidator`: values it corrects are
     /// corrected the same way here, each with a note.
     pub(crate) fn resolve_synchronizer(
@@ -17,6 +41,7 @@ impl Resolver<'_> {
         config: &mut Config,
         schema: ExperienceSchema,
     ) -> Result<(), ConfigError> {
+        self.resolve_sync_intervals(&mut config.synchronizer)?;
         let sync = &config.synchronizer;
         self.require(sync.sync_interval >= 1, "synchronizer.sync_interval", "must be at least 1")?;
         self.check(sync.sync_timeout >= 1, "synchronizer.sync_timeout", "must be at least 1 second");
@@ -202,6 +227,25 @@ mod tests {
         let colocate =
             load(&format!("mode: colocate\n{MODEL}buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n"));
         assert_eq!(colocate.config.synchronizer.sync_method, SyncMethod::Memory);
+    }
+
+    #[test]
+    fn equal_explorer_and_trainer_sync_intervals_are_the_sync_interval_and_different_ones_are_refused() {
+        let tasks = "buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n";
+        let both =
+            load(&format!("{MODEL}{tasks}synchronizer:\n  explorer_sync_interval: 2\n  trainer_sync_interval: 2\n"));
+        assert_eq!(both.config.synchronizer.sync_interval, 2);
+        assert!(both.notes.iter().any(|n| n.contains("sync_interval is 2")), "{:?}", both.notes);
+        let one = load(&format!("{MODEL}{tasks}synchronizer:\n  sync_interval: 3\n  explorer_sync_interval: 3\n"));
+        assert_eq!(one.config.synchronizer.sync_interval, 3);
+        let error = crate::testing::refusal(&format!(
+            "{MODEL}{tasks}synchronizer:\n  sync_interval: 1\n  trainer_sync_interval: 4\n"
+        ));
+        crate::testing::assert_names(
+            &error,
+            "synchronizer.explorer_sync_interval",
+            &["1 differs", "trainer_sync_interval 4"],
+        );
     }
 
     #[test]

@@ -22,9 +22,11 @@ pub struct SynchronizerConfig {
     pub sync_timeout: u64,
     /// Unused by Trinity-RFT itself; kept for its configs.
     pub wait_for_checkpoint: bool,
-    /// The explorer's own sync interval (newer Trinity-RFT); unset means `sync_interval`.
+    /// The explorer's own sync interval (Trinity-RFT 0.6.0); unset means `sync_interval`. trinity syncs both
+    /// sides at one interval: equal values set it, different ones are refused.
     pub explorer_sync_interval: Option<u32>,
-    /// The trainer's own sync interval (newer Trinity-RFT); unset means `sync_interval`.
+    /// The trainer's own sync interval (Trinity-RFT 0.6.0); unset means `sync_interval`; see
+    /// `explorer_sync_interval`.
     pub trainer_sync_interval: Option<u32>,
     /// Name of the NCCL weight-sync group (newer Trinity-RFT).
     pub group_name: Option<String>,
