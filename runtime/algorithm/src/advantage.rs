@@ -51,6 +51,14 @@ pub struct AdvantageOutput {
     pub action_mask: Option<Tensor>,
 }
 
+impl AdvantageOutput {
+    /// Advantages that are also the critic's returns (outcome estimators), for every row in input order, with
+    /// the batch's own training mask.
+    pub fn outcome(advantages: Tensor, metrics: Metrics) -> AdvantageOutput {
+        AdvantageOutput { returns: advantages.copy(), advantages, metrics, rows: None, action_mask: None }
+    }
+}
+
 /// An advantage function built from its arguments.
 ///
 /// `Send` because the RFT loop runs each train step on a thread of its own.
@@ -100,11 +108,6 @@ pub(crate) fn group_output(
 ) -> AdvantageOutput {
     let advantages = broadcast_rows(scores, mask);
     let rows = groups.iter().flatten().map(|&i| i as i64).collect();
-    AdvantageOutput {
-        returns: advantages.copy(),
-        advantages,
-        metrics: crate::metrics::aggregate_groups(per_group, "group_advantages"),
-        rows: Some(rows),
-        action_mask: None,
-    }
+    let metrics = crate::metrics::aggregate_groups(per_group, "group_advantages");
+    AdvantageOutput { rows: Some(rows), ..AdvantageOutput::outcome(advantages, metrics) }
 }

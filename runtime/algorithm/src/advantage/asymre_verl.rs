@@ -36,13 +36,7 @@ impl AdvantageFn for AsymReVerl {
             }
         }
         let advantages = broadcast_rows(&scores, &batch.action_mask);
-        Ok(AdvantageOutput {
-            returns: advantages.copy(),
-            advantages,
-            metrics: Metrics::new(),
-            rows: None,
-            action_mask: None,
-        })
+        Ok(AdvantageOutput::outcome(advantages, Metrics::new()))
     }
 }
 

@@ -183,7 +183,7 @@ impl AdvantageFn for Gigpo {
         metrics.insert("gigpo/mean_abs_A_E".into(), a_e.iter().map(|a| a.abs()).sum::<f64>() / n as f64);
         metrics.insert("gigpo/mean_abs_A_S".into(), a_s.iter().map(|a| a.abs()).sum::<f64>() / n as f64);
         metrics.insert("experience_count".into(), n as f64);
-        Ok(AdvantageOutput { returns: advantages.copy(), advantages, metrics, rows: None, action_mask: None })
+        Ok(AdvantageOutput::outcome(advantages, metrics))
     }
 }
 

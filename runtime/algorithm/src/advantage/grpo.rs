@@ -142,7 +142,7 @@ impl AdvantageFn for Grpo {
         let mut metrics = aggregate_groups(&per_group, "group_advantages");
         metrics.insert("filtered_count".into(), filtered as f64);
         let advantages = broadcast_rows(&scores, &batch.action_mask);
-        Ok(AdvantageOutput { returns: advantages.copy(), advantages, metrics, rows: Some(rows), action_mask: None })
+        Ok(AdvantageOutput { rows: Some(rows), ..AdvantageOutput::outcome(advantages, metrics) })
     }
 }
 

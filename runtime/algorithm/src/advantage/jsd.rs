@@ -67,7 +67,7 @@ impl AdvantageFn for Jsd {
         } * m;
         let advantages = &jsd * (-self.kl_coef) * m;
         let metrics = row_sum_metrics("jsd", &(&jsd * m), &advantages);
-        Ok(AdvantageOutput { returns: advantages.copy(), advantages, metrics, rows: None, action_mask: None })
+        Ok(AdvantageOutput::outcome(advantages, metrics))
     }
 }
 

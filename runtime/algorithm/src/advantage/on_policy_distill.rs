@@ -47,7 +47,7 @@ impl AdvantageFn for OnPolicyDistill {
         let m = &batch.action_mask;
         let advantages = (teacher - old) * self.kl_coef * m;
         let metrics = row_sum_metrics("kl", &((old - teacher) * m), &advantages);
-        Ok(AdvantageOutput { returns: advantages.copy(), advantages, metrics, rows: None, action_mask: None })
+        Ok(AdvantageOutput::outcome(advantages, metrics))
     }
 }
 

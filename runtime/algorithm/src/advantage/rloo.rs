@@ -39,13 +39,7 @@ impl AdvantageFn for Rloo {
             }
         }
         let advantages = broadcast_rows(&scores, &batch.action_mask);
-        Ok(AdvantageOutput {
-            returns: advantages.copy(),
-            advantages,
-            metrics: Metrics::new(),
-            rows: None,
-            action_mask: None,
-        })
+        Ok(AdvantageOutput::outcome(advantages, Metrics::new()))
     }
 }
 

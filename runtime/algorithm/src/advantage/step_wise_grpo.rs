@@ -102,7 +102,7 @@ impl AdvantageFn for StepWiseGrpo {
         metrics.insert("filtered_count".into(), filtered as f64);
         metrics.insert("skipped_group_ratio".into(), skipped as f64 / task_runs.len().max(1) as f64);
         let advantages = tch::Tensor::from_slice(&adv).view([rows_n as i64, len as i64]);
-        Ok(AdvantageOutput { returns: advantages.copy(), advantages, metrics, rows: Some(rows), action_mask: None })
+        Ok(AdvantageOutput { rows: Some(rows), ..AdvantageOutput::outcome(advantages, metrics) })
     }
 }
 
