@@ -301,6 +301,19 @@ fn metrics(dir: &Path, tag: &str) -> BTreeMap<String, f64> {
     serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{tag}.json"))).unwrap()).unwrap()
 }
 
+/// Asserts every rank's parameters and metrics after `step` equal rank 0's bit for bit; returns rank 0's parameters.
+fn ranks_agree(dir: &Path, world: usize, step: usize) -> BTreeMap<String, Tensor> {
+    let zero = load(dir, &format!("rank0_step{step}"));
+    for rank in 1..world {
+        let other = load(dir, &format!("rank{rank}_step{step}"));
+        for ((name, a), (_, b)) in zero.iter().zip(&other) {
+            assert!(a.equal(b), "step {step}: `{name}` differs between rank 0 and rank {rank}");
+        }
+        assert_eq!(metrics(dir, &format!("rank0_step{step}")), metrics(dir, &format!("rank{rank}_step{step}")));
+    }
+    zero
+}
+
 /// Checks bit-identical ranks after every step and the last step against the reference.
 fn check(dir: &Path, world: usize) {
     for rank in 1..world {
@@ -309,14 +322,7 @@ fn check(dir: &Path, world: usize) {
         }
     }
     for step in 0..STEPS {
-        let zero = load(dir, &format!("rank0_step{step}"));
-        for rank in 1..world {
-            let other = load(dir, &format!("rank{rank}_step{step}"));
-            for ((name, a), (_, b)) in zero.iter().zip(&other) {
-                assert!(a.equal(b), "step {step}: `{name}` differs between rank 0 and rank {rank}");
-            }
-            assert_eq!(metrics(dir, &format!("rank0_step{step}")), metrics(dir, &format!("rank{rank}_step{step}")));
-        }
+        let zero = ranks_agree(dir, world, step);
         let single = load(dir, &format!("single_step{step}"));
         let mut worst = 0f64;
         for ((name, a), (_, b)) in zero.iter().zip(&single) {
@@ -345,14 +351,7 @@ fn check(dir: &Path, world: usize) {
 /// order.
 fn check_uneven(dir: &Path, world: usize, loss_metric: &str) {
     for step in 0..STEPS {
-        let zero = load(dir, &format!("rank0_step{step}"));
-        for rank in 1..world {
-            let other = load(dir, &format!("rank{rank}_step{step}"));
-            for ((name, a), (_, b)) in zero.iter().zip(&other) {
-                assert!(a.equal(b), "step {step}: `{name}` differs between rank 0 and rank {rank}");
-            }
-            assert_eq!(metrics(dir, &format!("rank0_step{step}")), metrics(dir, &format!("rank{rank}_step{step}")));
-        }
+        ranks_agree(dir, world, step);
     }
     let (dp, one) = (metrics(dir, "rank0_step0"), metrics(dir, "single_step0"));
     let last = STEPS - 1;
