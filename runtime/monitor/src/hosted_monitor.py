@@ -45,6 +45,13 @@ def flatten(value, prefix=""):
     return {prefix[:-1]: value if isinstance(value, (int, float, str, bool)) else json.dumps(value)}
 
 
+def export(args, variables):
+    """Sets each environment variable whose monitor_args key is given, where the client reads it."""
+    for key, variable in variables.items():
+        if args.get(key):
+            os.environ[variable] = args[key]
+
+
 def number(value):
     return float(value) if isinstance(value, str) else value
 
@@ -55,11 +62,7 @@ class Wandb:
 
         self.wandb = wandb
         say("imported")
-        args = run["args"]
-        if args.get("base_url"):
-            os.environ["WANDB_BASE_URL"] = args["base_url"]
-        if args.get("api_key"):
-            os.environ["WANDB_API_KEY"] = args["api_key"]
+        export(run["args"], {"base_url": "WANDB_BASE_URL", "api_key": "WANDB_API_KEY"})
         self.run = wandb.init(
             project=run["project"],
             group=run["group"] or run["name"],
@@ -85,10 +88,7 @@ class Mlflow:
         self.mlflow = mlflow
         say("imported")
         args = run["args"]
-        if args.get("username"):
-            os.environ["MLFLOW_TRACKING_USERNAME"] = args["username"]
-        if args.get("password"):
-            os.environ["MLFLOW_TRACKING_PASSWORD"] = args["password"]
+        export(args, {"username": "MLFLOW_TRACKING_USERNAME", "password": "MLFLOW_TRACKING_PASSWORD"})
         mlflow.set_tracking_uri(args.get("uri") or "http://localhost:5000")
         mlflow.set_experiment(run["project"])
         try:
