@@ -39,6 +39,27 @@ pub struct SqliteStore {
     conn: Mutex<Connection>,
 }
 
+/// How long a connection waits for another one's lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `setup` again while it fails with `SQLITE_BUSY`, for at most [`BUSY_TIMEOUT`]. Two processes opening a
+/// new database at once contend for the lock that switching it to WAL needs, and SQLite answers that contention
+/// with an immediate `SQLITE_BUSY` instead of calling the busy handler (it would risk a deadlock), so the
+/// connection's `busy_timeout` does not cover it.
+fn retry_while_busy<T>(mut setup: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match setup() {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Turns `sqlite:///abs/path.db` (SQLAlchemy style, as in Trinity configs) into a path.
 pub fn sqlite_url_path(url: &str) -> Result<PathBuf> {
     url.strip_prefix("sqlite:///")
@@ -58,12 +79,14 @@ impl SqliteStore {
         }
         let err = |source| BufferError::Sqlite { path: path.display().to_string(), source };
         let mut conn = Connection::open(path).map_err(err)?;
-        conn.busy_timeout(Duration::from_secs(30)).map_err(err)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
-        conn.pragma_update(None, "synchronous", "FULL").map_err(err)?;
-        sqlite_schema::migrate(&mut conn)
-            .map_err(err)?
-            .accept(|| format!("SQLite store `{}`", path.display()), sqlite_schema::VERSION)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
+        let migration = retry_while_busy(|| {
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "FULL")?;
+            sqlite_schema::migrate(&mut conn)
+        })
+        .map_err(err)?;
+        migration.accept(|| format!("SQLite store `{}`", path.display()), sqlite_schema::VERSION)?;
         Ok(SqliteStore { path: path.to_owned(), conn: Mutex::new(conn) })
     }
 
@@ -421,6 +444,29 @@ mod tests {
         let mut e = Experience::single_turn(Eid { batch, task, run: 0, step: 0 }, vec![5, 6, 7], 1, vec![-0.5, -0.25]);
         e.reward = task as f64;
         e
+    }
+
+    /// Processes of a decoupled run start together and open the new database at once; none may fail with
+    /// "database is locked".
+    #[test]
+    fn many_connections_opening_a_new_database_at_once_all_succeed() {
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("new.db");
+            let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+            let opened: Vec<_> = (0..8)
+                .map(|_| {
+                    let (path, start) = (path.clone(), std::sync::Arc::clone(&start));
+                    std::thread::spawn(move || {
+                        start.wait();
+                        SqliteStore::open(&path).map(|_| ())
+                    })
+                })
+                .collect();
+            for thread in opened {
+                thread.join().unwrap().unwrap();
+            }
+        }
     }
 
     #[test]
