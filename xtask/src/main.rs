@@ -6,6 +6,8 @@
 mod bench_async;
 mod bench_grpo;
 mod bench_lora;
+#[cfg(test)]
+mod code_map;
 mod compat_runs;
 mod fuzz;
 mod llama_cpp;
