@@ -61,6 +61,13 @@ const TRINITY_RFT_IMPORTS: [&str; 18] = [
     "pybase64",
     "openai",
 ];
+/// What Trinity-RFT 0.6.0's own environment workflows import when they run, for the tests that run them through
+/// the Python workflow host: gymnasium (FrozenLake) and Trinity-RFT's math reward dependencies (its
+/// `accuracy_reward` module, which the math-boxed and AgentScope workflow modules import). Pure-Python wheels of
+/// a few MB; installed into the Trinity-RFT venv as a step of their own so that adding one does not reinstall
+/// torch. alfworld, agentscope and webshop are left out (large, with game files or services): a config naming
+/// their workflows is a dry-run error naming the import and its pip line.
+const TRINITY_RFT_ENV_PACKAGES: [&str; 3] = ["gymnasium==1.4.0", "latex2sympy2_extended==1.11.0", "math-verify==0.9.0"];
 /// The studio's npm packages, pinned: the charting library the page embeds and the browser driver of its test.
 const NPM_PACKAGES: [(&str, &str); 2] = [("uplot", "1.6.32"), ("playwright-core", "1.65.1")];
 /// Where Debian's chromium package puts the browser the studio's end-to-end test drives.
@@ -171,6 +178,7 @@ impl Deps {
         step("setup: SmolLM2-135M-Instruct model", || self.install_model())?;
         self.install_openai()?;
         self.install_trinity_rft()?;
+        self.install_trinity_rft_envs()?;
         self.install_monitors()?;
         install_postgres()?;
         install_gloo_headers()?;
@@ -300,6 +308,27 @@ impl Deps {
             pip(&["--no-deps", TRINITY_RFT_PACKAGE, &torch, "word2number"])?;
             pip(&TRINITY_RFT_IMPORTS)?;
             std::fs::write(&marker, TRINITY_RFT_PACKAGE)?;
+            Ok(())
+        })
+    }
+
+    /// Trinity-RFT's environment workflow packages ([`TRINITY_RFT_ENV_PACKAGES`]) into the venv
+    /// [`Deps::install_trinity_rft`] made.
+    fn install_trinity_rft_envs(&self) -> Result<()> {
+        let python = self.trinity_rft_python();
+        let venv = self.dir.join("trinity-rft-venv");
+        let pins = TRINITY_RFT_ENV_PACKAGES.join(",");
+        let marker = venv.join(format!(".installed-envs-{pins}"));
+        if marker.exists() {
+            return Ok(());
+        }
+        step(&format!("setup: Trinity-RFT's workflow packages {pins} into {}", venv.display()), || {
+            run(Command::new(&python)
+                .env("PIP_ROOT_USER_ACTION", "ignore")
+                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+                .args(TRINITY_RFT_ENV_PACKAGES))
+            .context("pip cannot install Trinity-RFT's workflow packages (PyPI must be reachable)")?;
+            std::fs::write(&marker, pins.as_bytes())?;
             Ok(())
         })
     }

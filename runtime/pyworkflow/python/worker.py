@@ -50,6 +50,11 @@ class _StandIn:
     def __getitem__(self, item):
         return _StandIn
 
+    def __class_getitem__(cls, item):
+        # A stand-in class used as a generic in an annotation (`ActorHandle[InferenceModel]` in Trinity-RFT's
+        # model.py, evaluated at class definition) stays that class.
+        return cls
+
 
 class _StandInModule(types.ModuleType):
     def __getattr__(self, name):
@@ -105,10 +110,63 @@ class _Rpc:
         return reply["result"]
 
 
+PLUGINS_LOADED = []
+
+
+def load_plugin_dirs():
+    """Loads the user's plugin modules once, as Trinity-RFT's explorer does (trinity/utils/plugin_loader.py):
+    each `*.py` not starting with `__` in the TRINITY_PLUGIN_DIRS directories (os.pathsep-separated; Trinity-RFT's
+    own `trinity/plugins` when unset) runs as module `trinity.plugins.<stem>`, so what it registers in WORKFLOWS
+    resolves. A file that fails to load is reported and skipped, as Trinity-RFT does. Unlike Trinity-RFT, the
+    files are not copied into the installed `trinity/plugins`: the host leaves the user's install untouched."""
+    if PLUGINS_LOADED:
+        return
+    PLUGINS_LOADED.append(True)
+    import importlib.util
+    from pathlib import Path
+
+    import trinity.plugins
+
+    dirs = [d for d in os.environ.get("TRINITY_PLUGIN_DIRS", "").split(os.pathsep) if d]
+    if not dirs:
+        dirs = list(trinity.plugins.__path__)
+    for plugin_dir in sorted(set(dirs)):
+        if not os.path.isdir(plugin_dir):
+            print(f"TRINITY_PLUGIN_DIRS: `{plugin_dir}` is not a directory; skipped", file=sys.stderr)
+            continue
+        for file in sorted(Path(plugin_dir).glob("*.py")):
+            if file.name.startswith("__"):
+                continue
+            module_name = f"trinity.plugins.{file.stem}"
+            if module_name in sys.modules:
+                continue
+            try:
+                spec = importlib.util.spec_from_file_location(module_name, str(file))
+                module = importlib.util.module_from_spec(spec)
+                module.__package__ = "trinity.plugins"
+                spec.loader.exec_module(module)
+                sys.modules[module_name] = module
+                print(f"loaded plugin module `{module_name}` from {file}", file=sys.stderr)
+            except Exception:
+                print(f"plugin module {file} failed to load; skipped:\n{traceback.format_exc()}", file=sys.stderr)
+
+
+def registered_names():
+    """Every name Trinity-RFT's WORKFLOWS registry resolves without a dotted path: its built-in table and what
+    plugins registered."""
+    from trinity.common.workflows import WORKFLOWS
+
+    load_plugin_dirs()
+    return sorted(set(getattr(WORKFLOWS, "_default_mapping", {})) | set(WORKFLOWS.modules))
+
+
 def resolve(name):
     """The workflow class `name`: a registered name in Trinity-RFT's WORKFLOWS, else a dotted path."""
     from trinity.common.workflows import WORKFLOWS
 
+    load_plugin_dirs()
+    if "." not in name and name not in registered_names():
+        raise LookupError(f"no workflow `{name}` in Trinity-RFT's WORKFLOWS registry (nor registered by TRINITY_PLUGIN_DIRS)")
     cls = WORKFLOWS.get(name)
     if cls is None:
         raise ImportError(f"no workflow `{name}`: not in Trinity-RFT's WORKFLOWS registry, and not a dotted path to a class")
@@ -278,16 +336,124 @@ def run(message, rpc):
 
 
 def check(name):
+    """Whether workflow `name` resolves here. `registered` says whether Trinity-RFT's registry (with the plugin
+    dirs) knows a non-dotted name, `names` lists that registry; a class whose module imports packages that are
+    not installed, also inside functions (Trinity-RFT's environment workflows import gymnasium, alfworld or
+    agentscope only when they run), fails here, naming them (`imports`), rather than in every task."""
     try:
         import trinity  # noqa: F401
     except ImportError as error:
         return {"ok": False, "import": error.name or "trinity", "error": str(error)}
     try:
-        resolve(name)
+        names = registered_names()
     except Exception as error:
         missing = getattr(error, "name", None) or _missing_module(error)
         return {"ok": False, "import": missing, "error": traceback.format_exc().rstrip()}
-    return {"ok": True, "provided": PROVIDED}
+    registered = "." in name or name in names
+    if not registered:
+        return {"ok": False, "registered": False, "names": names, "error": f"Trinity-RFT's WORKFLOWS registry has no `{name}`"}
+    try:
+        cls = resolve(name)
+    except Exception as error:
+        missing = getattr(error, "name", None) or _missing_module(error)
+        return {"ok": False, "registered": True, "names": names, "import": missing, "error": traceback.format_exc().rstrip()}
+    missing = _missing_imports(cls)
+    if missing:
+        where = "; ".join(f"`{module}` imports `{imported}` (line {line})" for module, imported, line in missing)
+        tops = sorted({imported.split(".")[0] for _, imported, _ in missing})
+        return {
+            "ok": False,
+            "registered": True,
+            "names": names,
+            "import": tops[0],
+            "imports": tops,
+            "error": f"{where}, which is not installed",
+        }
+    return {"ok": True, "registered": True, "names": names, "provided": PROVIDED}
+
+
+def _missing_imports(cls):
+    """(module, import, line), the first per package, for each absolute import of a top-level package that is not
+    installed, anywhere in the modules that define `cls` and its bases (outside Trinity-RFT's base module),
+    functions included, and in the not-yet-imported modules of the same top-level packages those import inside functions (Trinity-RFT's
+    AgentScope workflow imports its agent module, which imports agentscope, only when it runs). Imports under
+    `if TYPE_CHECKING` and optional ones (a `try` whose ImportError handler does not raise) are left out: the
+    workflow runs without them."""
+    import ast
+    import importlib.util
+    import inspect
+
+    pending = []
+    for klass in cls.__mro__:
+        module = sys.modules.get(klass.__module__)
+        if module is None or module.__name__ in ("builtins", "trinity.common.workflows.workflow"):
+            continue
+        try:
+            pending.append((module.__name__, inspect.getsourcefile(module)))
+        except TypeError:
+            continue
+    own = {name.split(".")[0] for name, _ in pending}
+    seen = set()
+    missing = []
+    while pending:
+        name, path = pending.pop(0)
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        try:
+            with open(path, encoding="utf-8") as source:
+                tree = ast.parse(source.read())
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        for node, imported in _imports(tree):
+            top = imported.split(".")[0]
+            if top in STAND_INS:
+                continue
+            if top not in sys.modules and importlib.util.find_spec(top) is None:
+                if top not in [i.split(".")[0] for _, i, _ in missing]:
+                    missing.append((name, imported, node.lineno))
+            elif top in own and imported not in sys.modules:
+                try:
+                    spec = importlib.util.find_spec(imported)
+                except (ImportError, ValueError):
+                    spec = None
+                if spec is not None and spec.origin and spec.origin.endswith(".py"):
+                    pending.append((imported, spec.origin))
+    return missing
+
+
+def _imports(tree):
+    """The required absolute imports of a module's syntax tree, as (node, module name)."""
+    import ast
+
+    found = []
+
+    def optional_try(node):
+        catches = ("ImportError", "ModuleNotFoundError", "Exception")
+        for handler in node.handlers:
+            names = [n.id for n in ast.walk(handler.type) if isinstance(n, ast.Name)] if handler.type else ["Exception"]
+            if any(n in catches for n in names) and not any(isinstance(n, ast.Raise) for n in ast.walk(handler)):
+                return True
+        return False
+
+    def visit(node):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Try) and optional_try(node):
+            for child in node.handlers + node.orelse + node.finalbody:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend((node, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node, node.module))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
 
 
 def _missing_module(error):
