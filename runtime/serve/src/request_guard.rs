@@ -24,9 +24,10 @@
 //! Refusals are OpenAI-style JSON errors: 421 for a foreign `Host`, 401 without the key, 403 for a cross-site
 //! request, 415 for a body that is not JSON.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use axum::http::{HeaderMap, Method, StatusCode, header};
+use trinity_http_guard::{self as http_guard, Authority, Origin};
 
 use crate::error::ApiError;
 
@@ -46,8 +47,9 @@ impl RequestGuard {
 
     /// Checks a request's method and headers; `Err` is the refusal to answer with.
     pub(crate) fn check(&self, method: &Method, headers: &HeaderMap) -> Result<(), ApiError> {
-        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
-        if self.listen.ip().is_loopback() && !self.loopback_host(host) {
+        let host = http_guard::host_text(headers);
+        let authority = Authority::of_request(headers);
+        if self.listen.ip().is_loopback() && !authority.as_ref().is_some_and(Authority::is_loopback) {
             return Err(refusal(
                 StatusCode::MISDIRECTED_REQUEST,
                 "misdirected_request",
@@ -57,97 +59,68 @@ impl RequestGuard {
                 ),
             ));
         }
-        if !self.api_keys.is_empty() {
-            let presented = headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-                .map(str::trim);
-            let known =
-                presented.is_some_and(|key| self.api_keys.iter().any(|k| same_bytes(key.as_bytes(), k.as_bytes())));
-            if !known {
-                let message = match presented {
-                    None => {
-                        "missing API key: send it as `Authorization: Bearer <key>` (the server's TRINITY_SERVE_API_KEY)"
-                    }
-                    Some(_) => "incorrect API key provided (the server's TRINITY_SERVE_API_KEY)",
-                };
-                return Err(ApiError {
-                    status: StatusCode::UNAUTHORIZED,
-                    message: message.into(),
-                    kind: "invalid_request_error",
-                    param: None,
-                    code: Some("invalid_api_key"),
-                });
-            }
-        }
+        self.check_key(headers)?;
         if method == Method::GET || method == Method::HEAD {
             return Ok(());
         }
         let forbidden = |message: String| Err(refusal(StatusCode::FORBIDDEN, "cross_site_request", message));
-        if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok())
-            && (site.eq_ignore_ascii_case("cross-site") || site.eq_ignore_ascii_case("same-site"))
-        {
+        if let Some(site) = http_guard::cross_site_fetch(headers) {
             return forbidden(format!("a {site} request from a web page is not answered"));
         }
-        if let Some(origin) = headers.get(header::ORIGIN) {
-            let origin = origin.to_str().unwrap_or("");
-            let own = origin.strip_prefix("http://").is_some_and(|o| o.eq_ignore_ascii_case(host));
-            if !own {
-                return forbidden(format!(
-                    "cross-origin request: Origin `{origin}` is not this server (http://{host}), which serves no web pages"
-                ));
-            }
+        // Listening elsewhere the Host may be any name the network gives, and an unparsable one has no origin
+        // to match: a browser's POST then carries an Origin that cannot be this server's.
+        let origin = match &authority {
+            Some(own) => http_guard::origin(headers, own),
+            None => headers.get(header::ORIGIN).map_or(Origin::Absent, |o| Origin::Foreign(o.to_str().unwrap_or(""))),
+        };
+        if let Origin::Foreign(origin) = origin {
+            return forbidden(format!(
+                "cross-origin request: Origin `{origin}` is not this server (http://{host}), which serves no web pages"
+            ));
         }
-        if has_body(headers) {
-            let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-            let media_type = content_type.split(';').next().unwrap_or("").trim();
-            if !media_type.eq_ignore_ascii_case("application/json") {
-                return Err(refusal(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "unsupported_media_type",
-                    format!("send the body as Content-Type: application/json, not `{content_type}`"),
-                ));
-            }
+        if http_guard::has_body(headers)
+            && let Err(content_type) = http_guard::json_content_type(headers)
+        {
+            return Err(refusal(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!("send the body as Content-Type: application/json, not `{content_type}`"),
+            ));
         }
         Ok(())
     }
 
-    /// Whether `host` (a `Host` header, with or without a port) names `localhost` or a loopback IP.
-    fn loopback_host(&self, host: &str) -> bool {
-        let host = host.to_ascii_lowercase();
-        let (name, port) = match host.strip_prefix('[') {
-            Some(rest) => match rest.split_once(']') {
-                Some((ip, "")) => (ip, None),
-                Some((ip, rest)) => match rest.strip_prefix(':') {
-                    Some(port) => (ip, Some(port)),
-                    None => return false,
-                },
-                None => return false,
-            },
-            None => match host.split_once(':') {
-                Some((name, port)) => (name, Some(port)),
-                None => (host.as_str(), None),
-            },
+    /// With API keys set, the request must present one of them as a bearer token.
+    fn check_key(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if self.api_keys.is_empty() {
+            return Ok(());
+        }
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        let known = presented
+            .is_some_and(|key| self.api_keys.iter().any(|k| http_guard::same_bytes(key.as_bytes(), k.as_bytes())));
+        if known {
+            return Ok(());
+        }
+        let message = match presented {
+            None => "missing API key: send it as `Authorization: Bearer <key>` (the server's TRINITY_SERVE_API_KEY)",
+            Some(_) => "incorrect API key provided (the server's TRINITY_SERVE_API_KEY)",
         };
-        let loopback = name == "localhost" || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
-        loopback && port.is_none_or(|p| p.parse::<u16>().is_ok())
+        Err(ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        })
     }
-}
-
-/// Whether the request has a body to parse: a nonzero `Content-Length`, or a chunked one.
-fn has_body(headers: &HeaderMap) -> bool {
-    let length = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).map(str::trim);
-    length.is_some_and(|l| l != "0") || headers.contains_key(header::TRANSFER_ENCODING)
 }
 
 fn refusal(status: StatusCode, code: &'static str, message: String) -> ApiError {
     ApiError { status, message, kind: "invalid_request_error", param: None, code: Some(code) }
-}
-
-/// Compares a presented key with a real one in time that does not depend on where they differ.
-fn same_bytes(presented: &[u8], real: &[u8]) -> bool {
-    presented.len() == real.len() && presented.iter().zip(real).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
 #[cfg(test)]
