@@ -10,6 +10,7 @@ mod compat;
 mod compat_runs;
 mod config;
 mod config_rules;
+mod cpt;
 mod data_parallel;
 mod digit_model;
 mod external_model;

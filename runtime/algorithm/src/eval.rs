@@ -330,6 +330,21 @@ mod tests {
     }
 
     #[test]
+    fn cpt_is_the_token_mean_next_token_loss_with_no_reference() {
+        // Rows of 3 and 1 trained tokens: token-mean weighs the 4 tokens alike ((1+2+3+4)/4), where a sequence mean
+        // would give (2+4)/2. No ref_logprob or entropy is needed: CPT has no KL or entropy term.
+        let out = eval_json(json!({"algorithm_type": "cpt", "batch": {
+            "logprob": [[-1.0, -2.0, -3.0], [-4.0, -9.0, -9.0]], "action_mask": [[1, 1, 1], [1, 0, 0]]}}));
+        let f = |k: &str| out[k].as_f64().unwrap();
+        assert!((f("pg_loss") - 2.5).abs() < 1e-6 && (f("loss") - 2.5).abs() < 1e-6, "{out}");
+        assert!((out["metrics"]["sft_loss"].as_f64().unwrap() - 2.5).abs() < 1e-6, "{out}");
+        assert_eq!((f("kl_loss"), f("entropy_loss")), (0.0, 0.0));
+        assert!(out["advantages"].is_null(), "no advantage function: {out}");
+        let grad = &out["grad_logprob"];
+        assert!((grad[0][0].as_f64().unwrap() + 0.25).abs() < 1e-6 && grad[1][1].as_f64().unwrap() == 0.0, "{out}");
+    }
+
+    #[test]
     fn dropped_groups_leave_the_loss() {
         let out = eval_json(json!({
             "advantage_fn": "grpo", "advantage_fn_args": {"std_threshold": 0.0},

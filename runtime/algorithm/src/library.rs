@@ -261,11 +261,13 @@ fn arg_table(kind: Kind, c: &LoadedComponent) -> Result<&'static [ArgSpec], Stri
 pub(crate) fn preset(name: &str) -> Option<Result<Preset, AlgorithmError>> {
     let c = find(Kind::AlgorithmType, name)?;
     let p = c.inner.preset.clone()?;
-    let schema = match p.schema.as_deref() {
-        None | Some("experience") => ExperienceSchema::Experience,
-        Some("sft") => ExperienceSchema::Sft,
-        Some("dpo") => ExperienceSchema::Dpo,
-        Some(other) => return Some(Err(c.error(format!("unknown schema `{other}`; use experience, sft or dpo")))),
+    let schema = match p.schema.as_deref().map(ExperienceSchema::from_name) {
+        None => ExperienceSchema::Experience,
+        Some(Some(schema)) => schema,
+        Some(None) => {
+            let other = p.schema.as_deref().unwrap_or_default();
+            return Some(Err(c.error(format!("unknown schema `{other}`; use experience, sft, dpo or cpt"))));
+        }
     };
     Some(Ok(Preset {
         repeat_times: p.repeat_times,

@@ -143,6 +143,11 @@ fn sft_like(schema: ExperienceSchema) -> Preset {
 fn sft() -> Preset {
     sft_like(ExperienceSchema::Sft)
 }
+/// CPT (0.6.0's `CPTAlgorithm`) is SFT's class with schema `cpt`: the same `sft` loss (-logprob, token-mean), on
+/// plain-text rows whose first token is the only prompt.
+fn cpt() -> Preset {
+    sft_like(ExperienceSchema::Cpt)
+}
 fn raft() -> Preset {
     sft_like(ExperienceSchema::Experience)
 }
@@ -193,6 +198,7 @@ inventory::submit! { PresetEntry { name: "gigpo", preset: gigpo } }
 inventory::submit! { PresetEntry { name: "mix", preset: mix } }
 inventory::submit! { PresetEntry { name: "mix_chord", preset: mix_chord } }
 inventory::submit! { PresetEntry { name: "sft", preset: sft } }
+inventory::submit! { PresetEntry { name: "cpt", preset: cpt } }
 inventory::submit! { PresetEntry { name: "raft", preset: raft } }
 inventory::submit! { PresetEntry { name: "dpo", preset: dpo } }
 inventory::submit! { PresetEntry { name: "on_policy_distill", preset: on_policy_distill } }
@@ -228,6 +234,14 @@ mod tests {
         assert_eq!(p("multi_step_grpo").advantage_fn.as_deref(), Some("step_wise_grpo"));
         assert_eq!(p("mix").kl_loss_fn, None);
         assert_eq!(p("sft").schema, trinity_config::ExperienceSchema::Sft);
+        // CPT is SFT on plain text: the same components, its own schema.
+        let (cpt, sft) = (p("cpt"), p("sft"));
+        assert_eq!(cpt.schema, trinity_config::ExperienceSchema::Cpt);
+        assert_eq!(
+            (cpt.policy_loss_fn, cpt.kl_loss_fn, cpt.entropy_loss_fn, cpt.sample_strategy, cpt.advantage_fn),
+            (sft.policy_loss_fn, sft.kl_loss_fn, sft.entropy_loss_fn, sft.sample_strategy, sft.advantage_fn)
+        );
+        assert!(!cpt.use_reference && !cpt.use_critic && !cpt.compute_advantage_in_trainer);
         assert_eq!(p("dpo").repeat_times, Some(2));
         assert!(!p("asymre").use_reference && p("asymre").entropy_loss_fn.as_deref() == Some("none"));
         assert_eq!(p("jsd").advantage_fn_args.unwrap()["lambda_coef"], 0.5);

@@ -248,12 +248,7 @@ pub fn preset_summary(p: Preset) -> Map<String, Value> {
     put("use_critic", Value::Bool(p.use_critic));
     put("use_reference", Value::Bool(p.use_reference));
     put("compute_advantage_in_trainer", Value::Bool(p.compute_advantage_in_trainer));
-    let schema = match p.schema {
-        trinity_config::ExperienceSchema::Experience => "experience",
-        trinity_config::ExperienceSchema::Sft => "sft",
-        trinity_config::ExperienceSchema::Dpo => "dpo",
-    };
-    put("schema", Value::from(schema));
+    put("schema", Value::from(p.schema.name()));
     m
 }
 
@@ -359,6 +354,7 @@ mod tests {
                 "grpo_verl",
                 "raft",
                 "gigpo",
+                "cpt",
             ],
         );
     }

@@ -162,9 +162,10 @@ impl Default for TasksetConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct FormatConfig {
-    /// `messages` (chat rows) or `plaintext` (prompt/response rows), for SFT and DPO data.
+    /// `messages` (chat rows) or `plaintext` (prompt/response rows), for SFT and DPO data; CPT data
+    /// (`algorithm_type: cpt`) must be `plaintext`, as Trinity-RFT's CPT formatter reads no other layout.
     pub prompt_type: PromptType,
-    /// Row field with the user prompt.
+    /// Row field with the user prompt; for CPT data, the field with the text to train on.
     pub prompt_key: String,
     /// Row field with the reference answer.
     pub response_key: String,

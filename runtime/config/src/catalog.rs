@@ -83,6 +83,8 @@ pub enum ExperienceSchema {
     Sft,
     /// Preference pairs (chosen, rejected).
     Dpo,
+    /// Plain text for continued pre-training (Trinity-RFT 0.6.0's `cpt`): every token but the first is trained.
+    Cpt,
 }
 
 impl ExperienceSchema {
@@ -92,7 +94,15 @@ impl ExperienceSchema {
             ExperienceSchema::Experience => "experience",
             ExperienceSchema::Sft => "sft",
             ExperienceSchema::Dpo => "dpo",
+            ExperienceSchema::Cpt => "cpt",
         }
+    }
+
+    /// The schema `schema_type` names, or `None` for a name Trinity-RFT has no schema of.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [ExperienceSchema::Experience, ExperienceSchema::Sft, ExperienceSchema::Dpo, ExperienceSchema::Cpt]
+            .into_iter()
+            .find(|s| s.name() == name)
     }
 }
 
@@ -115,7 +125,7 @@ pub trait Catalog {
 }
 
 /// A catalog for unit tests of resolution rules: every name is registered (an empty list means "not checked")
-/// and every preset is plain, except that `sft` and `dpo` train on datasets.
+/// and every preset is plain, except that `sft`, `dpo` and `cpt` train on datasets.
 #[cfg(test)]
 pub(crate) struct AnyName;
 
@@ -128,6 +138,7 @@ impl Catalog for AnyName {
         let schema = match algorithm_type {
             "sft" => ExperienceSchema::Sft,
             "dpo" => ExperienceSchema::Dpo,
+            "cpt" => ExperienceSchema::Cpt,
             _ => ExperienceSchema::Experience,
         };
         Some(Preset { schema, ..Preset::default() })

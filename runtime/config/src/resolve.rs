@@ -310,8 +310,9 @@ impl<'a> Resolver<'a> {
         self.check(optimizer.weight_decay >= 0.0, "algorithm.optimizer.weight_decay", "must not be negative");
         self.check(optimizer.clip_grad > 0.0, "algorithm.optimizer.clip_grad", "must be positive");
 
-        if matches!(preset.schema, ExperienceSchema::Sft | ExperienceSchema::Dpo) {
-            // Trinity-RFT's SFT / DPO `check_config`: no explorer feeds them, so no mode with an explorer runs them.
+        if matches!(preset.schema, ExperienceSchema::Sft | ExperienceSchema::Dpo | ExperienceSchema::Cpt) {
+            // Trinity-RFT's SFT / DPO `check_config` (CPT inherits SFT's): no explorer feeds them, so no mode with
+            // an explorer runs them.
             self.check(
                 config.mode == Mode::Train,
                 "mode",

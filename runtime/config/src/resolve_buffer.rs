@@ -189,6 +189,9 @@ impl Resolver<'_> {
             experience.total_epochs = Some(epochs);
         }
         experience.schema_type = Some(schema.name().to_owned());
+        if schema == ExperienceSchema::Cpt {
+            self.check_cpt_format(&experience.format, key);
+        }
         if has_path {
             self.resolve_experience_buffer(&mut experience, key, config.mode, schema);
         }
@@ -214,6 +217,41 @@ impl Resolver<'_> {
                 config.buffer.trainer_input.auxiliary_buffers.contains_key(&name),
                 "buffer.trainer_input.auxiliary_buffers",
                 format!("sample strategy `mix` reads expert rows from auxiliary buffer `{name}` (sample_strategy_args.sft_dataset_name), which is not configured"),
+            );
+        }
+    }
+
+    /// Trinity-RFT 0.6.0's CPT formatter reads one plain-text field (`prompt_key`) and refuses any other
+    /// `prompt_type`. The SFT / DPO layout keys would shape nothing here, so one set to a non-default value is
+    /// refused rather than ignored: a config that names a response or a chat template expects it to be trained.
+    fn check_cpt_format(&mut self, format: &crate::buffer::FormatConfig, key: &str) {
+        self.check(
+            format.prompt_type == crate::buffer::PromptType::Plaintext,
+            &format!("{key}.format.prompt_type"),
+            "algorithm `cpt` trains on plain text (Trinity-RFT's CPT formatter reads no other layout); set \
+             prompt_type: plaintext and prompt_key to the field holding the text",
+        );
+        let plain = crate::buffer::FormatConfig::default();
+        for (field, set) in [
+            ("response_key", format.response_key != plain.response_key),
+            ("system_prompt_key", format.system_prompt_key.is_some()),
+            ("system_prompt", format.system_prompt.is_some()),
+            ("messages_key", format.messages_key != plain.messages_key),
+            ("tools_key", format.tools_key != plain.tools_key),
+            ("chosen_key", format.chosen_key != plain.chosen_key),
+            ("rejected_key", format.rejected_key != plain.rejected_key),
+            ("enable_concatenated_multi_turn", format.enable_concatenated_multi_turn),
+            ("chat_template", format.chat_template.is_some()),
+            ("enable_thinking", format.enable_thinking.is_some()),
+        ] {
+            self.check(
+                !set,
+                &format!("{key}.format.{field}"),
+                format!(
+                    "algorithm `cpt` trains on the text of prompt_key (`{}`) as it is, with no chat template, so \
+                     it does not read {field}; remove it (or use algorithm `sft` for prompt/response rows)",
+                    format.prompt_key
+                ),
             );
         }
     }
@@ -473,6 +511,40 @@ mod tests {
             let buffer = ok.config.buffer.trainer_input.experience_buffer.as_ref().unwrap();
             assert_eq!((buffer.total_epochs, buffer.schema_type.as_deref()), (Some(1), Some(algorithm)));
         }
+    }
+
+    #[test]
+    fn cpt_trains_in_mode_train_on_one_plain_text_field() {
+        let text = |mode: &str, format: &str| {
+            format!(
+                "mode: {mode}\nalgorithm:\n  algorithm_type: cpt\n{MODEL}buffer:\n  train_batch_size: 4\n  \
+                 trainer_input:\n    experience_buffer:\n      storage_type: file\n      path: /corpus.jsonl\n      \
+                 format:\n        prompt_type: plaintext\n        prompt_key: text\n{format}"
+            )
+        };
+        let ok = loaded(&text("train", ""));
+        ok.check_runnable().unwrap();
+        let buffer = ok.config.buffer.trainer_input.experience_buffer.as_ref().unwrap();
+        assert_eq!((buffer.schema_type.as_deref(), buffer.format.prompt_key.as_str()), (Some("cpt"), "text"));
+        assert_names(&refusal(&text("both", "")), "mode", &["algorithm `cpt`", "runs in mode `train` only"]);
+        // 0.6.0's formatter refuses the default `messages` layout.
+        let messages = refusal(&text("train", "").replace("prompt_type: plaintext", "prompt_type: messages"));
+        assert_names(&messages, "buffer.trainer_input.experience_buffer.format.prompt_type", &["plaintext"]);
+        let unset = refusal(&text("train", "").replace("        prompt_type: plaintext\n", ""));
+        assert_names(&unset, "buffer.trainer_input.experience_buffer.format.prompt_type", &["plain text"]);
+        // Keys of the SFT / DPO layouts would change nothing: refused, naming the key and the field that trains.
+        for (line, field) in [
+            ("        response_key: answer\n", "response_key"),
+            ("        system_prompt: be brief\n", "system_prompt"),
+            ("        chat_template: \"{{ messages }}\"\n", "chat_template"),
+        ] {
+            let error = refusal(&text("train", line));
+            let key = format!("buffer.trainer_input.experience_buffer.format.{field}");
+            assert_names(&error, &key, &["prompt_key (`text`)", "does not read"]);
+        }
+        // SFT still reads them.
+        let sft = text("train", "        response_key: answer\n").replace("algorithm_type: cpt", "algorithm_type: sft");
+        loaded(&sft).check_runnable().unwrap();
     }
 
     #[test]

@@ -7,12 +7,14 @@
 //! * [`modes`]: `both`/`colocate` (one process), and the decoupled modes.
 //! * [`schedule`]: Trinity-RFT's `sync_interval` / `sync_offset` plan as a pure function.
 //! * [`pipeline`]: the explorer-side experience pipeline (group advantages).
-//! * [`dataset`], [`sft_data`] and [`dpo_data`]: SFT and DPO datasets, tokenized as Trinity-RFT's formatters do.
+//! * [`dataset`], [`sft_data`], [`dpo_data`] and [`cpt_data`]: SFT, DPO and CPT datasets, tokenized as Trinity-RFT's
+//!   formatters do.
 //! * [`mix_strategy`]: the `mix` sample strategy's expert rows, read from an SFT dataset.
 //! * `data_parallel`: `trinity run` under a launcher: rank 0 runs the mode, every rank trains.
 //! * [`run`]: the entry point: a resolved config's mode in a job directory; [`stages`]: several, in order.
 
 pub(crate) mod auxiliary;
+pub mod cpt_data;
 pub(crate) mod data_parallel;
 pub mod dataset;
 pub mod dpo_data;

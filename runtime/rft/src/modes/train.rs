@@ -7,8 +7,8 @@
 //!   experience exactly once into the saved model. It stops after its planned steps, once every explorer that
 //!   wrote to the buffer has finished and fewer than a batch wait, or after `max_read_timeout` seconds without a
 //!   batch — saying which.
-//! * SFT and DPO (schemas `sft`, `dpo`): it trains on a dataset (`buffer.trainer_input.experience_buffer`, a file)
-//!   read as Trinity-RFT's formatters do, `train_batch_size` rows (DPO: pairs) a step, for `total_steps` or
+//! * SFT, DPO and CPT (schemas `sft`, `dpo`, `cpt`): it trains on a dataset (`buffer.trainer_input.experience_buffer`,
+//!   a file) read as Trinity-RFT's formatters do, `train_batch_size` rows (DPO: pairs) a step, for `total_steps` or
 //!   `total_epochs` passes.
 //!
 //! Both evaluate on the eval tasksets, if the config has any, with a rollout engine of their own at
@@ -40,7 +40,7 @@ use crate::weight_group::GroupSender;
 enum Source {
     /// Experiences explorers store in the shared buffer.
     Buffer(ExperienceBuffer),
-    /// A tokenized SFT or DPO dataset.
+    /// A tokenized SFT, DPO or CPT dataset.
     Dataset(DatasetRows),
 }
 
@@ -67,7 +67,7 @@ pub(crate) async fn run(
             let planned = rl_steps(config)?;
             Trainer::start(config, job_dir, device, threads, |_, _, _| Ok(planned), dp)?
         }
-        ExperienceSchema::Sft | ExperienceSchema::Dpo => {
+        ExperienceSchema::Sft | ExperienceSchema::Dpo | ExperienceSchema::Cpt => {
             let plan = |tokenizer: &_, template: Option<&_>, _| {
                 let rows = load_dataset(config, schema, tokenizer, template)?;
                 let (rows, steps) = dataset_steps(config, rows, batch_size)?;
@@ -120,6 +120,14 @@ fn load_dataset(
         key: KEY,
         message: format!("algorithm `{}` trains on a dataset: set its path here", config.algorithm.algorithm_type),
     })?;
+    let max_model_len = config.model.max_model_len.unwrap_or(2048) as usize;
+    let epochs = config.buffer.total_epochs;
+    if schema == ExperienceSchema::Cpt {
+        // Plain text, tokenized as it is: no chat template is needed or read.
+        let rows = DatasetRows::load_cpt(buffer, KEY, epochs, tokenizer, max_model_len)?;
+        tracing::info!("dataset `{}`: {} rows of text", buffer.name, rows.len());
+        return Ok(rows);
+    }
     let source = buffer.format.chat_template.as_deref().or(template.map(trinity_model::ChatTemplate::source));
     let source = source.ok_or_else(|| RftError::Setting {
         key: KEY,
@@ -128,8 +136,6 @@ fn load_dataset(
     let template = trinity_model::ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())
         .map_err(|e| RftError::Setting { key: KEY, message: format!("format.chat_template: {e}") })?
         .with_enable_thinking(buffer.format.enable_thinking.or(config.model.enable_thinking));
-    let max_model_len = config.model.max_model_len.unwrap_or(2048) as usize;
-    let epochs = config.buffer.total_epochs;
     let rows = match schema {
         ExperienceSchema::Dpo => DatasetRows::load_dpo(buffer, KEY, epochs, (tokenizer, &template), max_model_len)?,
         _ => DatasetRows::load_sft(buffer, KEY, epochs, (tokenizer, &template), max_model_len)?,
