@@ -114,7 +114,10 @@ impl Resolver<'_> {
         self.note_idle_sync_schedule(config, dataset);
         let interval = u64::from(config.synchronizer.sync_interval);
         let eval_interval = config.explorer.eval_interval;
-        if config.mode != Mode::Bench && !dataset && !eval_interval.is_multiple_of(interval) {
+        // Trinity-RFT's IntervalConfigValidator exempts `sft` and `dpo` by name, not every dataset algorithm: CPT's
+        // eval_interval is rounded to the save_interval its sync_interval became.
+        let rounds = !dataset || schema == ExperienceSchema::Cpt;
+        if config.mode != Mode::Bench && rounds && !eval_interval.is_multiple_of(interval) {
             let rounded = (eval_interval / interval).max(1) * interval;
             config.explorer.eval_interval = rounded;
             self.notes.push(format!(
@@ -297,6 +300,21 @@ mod tests {
         assert!(errors.contains("monitor.monitor_args.api_key") && errors.contains("a string"), "{errors}");
         let local = load(&format!("{base}monitor:\n  monitor_type: csv\n  monitor_args:\n    uri: http://x\n"));
         assert!(local.notes.iter().any(|n| n.contains("monitor_args are ignored")), "{:?}", local.notes);
+    }
+
+    #[test]
+    fn cpt_rounds_its_eval_interval_to_the_save_interval_where_sft_keeps_it() {
+        let text = |algorithm: &str| {
+            format!(
+                "mode: train\nalgorithm:\n  algorithm_type: {algorithm}\n{MODEL}buffer:\n  train_batch_size: 4\n  \
+                 trainer_input:\n    experience_buffer:\n      storage_type: file\n      path: /rows.jsonl\n      \
+                 format:\n        prompt_type: plaintext\ntrainer:\n  save_interval: 4\nexplorer:\n  eval_interval: 10\n"
+            )
+        };
+        let cpt = load(&text("cpt"));
+        assert_eq!((cpt.config.synchronizer.sync_interval, cpt.config.explorer.eval_interval), (4, 8));
+        assert!(cpt.notes.iter().any(|n| n.contains("eval_interval (10) is rounded to 8")), "{:?}", cpt.notes);
+        assert_eq!(load(&text("sft")).config.explorer.eval_interval, 10);
     }
 
     #[test]
