@@ -16,6 +16,7 @@ mod digit_model;
 mod external_model;
 mod model_commands;
 mod monitors;
+mod over_rollout;
 mod plugins;
 mod python_workflow;
 mod rft;

@@ -34,6 +34,31 @@ impl Resolver<'_> {
         Ok(())
     }
 
+    /// Trinity-RFT 0.6.0's rules for `explorer.over_rollout` (its `ExplorerConfigValidator`): the ratio is a
+    /// fraction below 1, and a step that may end before its slowest tasks needs a sync style other than `fixed`.
+    fn check_over_rollout(&mut self, config: &Config) {
+        let over = &config.explorer.over_rollout;
+        if over.ratio == 0.0 && !over.return_partial_tasks {
+            return;
+        }
+        self.check(
+            (0.0..1.0).contains(&over.ratio),
+            "explorer.over_rollout.ratio",
+            format!("{} must be in [0, 1): the fraction of a step's tasks it may leave unfinished", over.ratio),
+        );
+        self.check(
+            over.wait_after_min >= 0.0 && over.wait_after_min.is_finite(),
+            "explorer.over_rollout.wait_after_min",
+            format!("{} must be a number of seconds, at least 0", over.wait_after_min),
+        );
+        self.check(
+            config.synchronizer.sync_style != SyncStyle::Fixed,
+            "explorer.over_rollout",
+            "over-rollout is not compatible with synchronizer.sync_style `fixed` (Trinity-RFT 0.6.0 refuses it \
+             too): set synchronizer.sync_style to `explorer_driven` or `trainer_driven`, or over_rollout.ratio to 0",
+        );
+    }
+
     /// Trinity-RFT's `SynchronizerConfigValidator` and `IntervalConfigValidator`: values it corrects are
     /// corrected the same way here, each with a note.
     pub(crate) fn resolve_synchronizer(
@@ -42,6 +67,7 @@ impl Resolver<'_> {
         schema: ExperienceSchema,
     ) -> Result<(), ConfigError> {
         self.resolve_sync_intervals(&mut config.synchronizer)?;
+        self.check_over_rollout(config);
         let sync = &config.synchronizer;
         self.require(sync.sync_interval >= 1, "synchronizer.sync_interval", "must be at least 1")?;
         self.check(sync.sync_timeout >= 1, "synchronizer.sync_timeout", "must be at least 1 second");
@@ -252,6 +278,22 @@ mod tests {
     }
 
     #[test]
+    fn over_rollout_needs_a_ratio_below_one_and_a_sync_style_other_than_fixed() {
+        let tasks = "buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n";
+        let over = |ratio: &str, style: &str| {
+            format!(
+                "{MODEL}{tasks}explorer:\n  over_rollout:\n    ratio: {ratio}\nsynchronizer:\n  sync_style: {style}\n"
+            )
+        };
+        let loaded = load(&over("0.5", "trainer_driven"));
+        assert_eq!(loaded.config.explorer.over_rollout.ratio, 0.5);
+        let error = crate::testing::refusal(&over("0.5", "fixed"));
+        crate::testing::assert_names(&error, "explorer.over_rollout", &["sync_style `fixed`", "trainer_driven"]);
+        let error = crate::testing::refusal(&over("1.0", "explorer_driven"));
+        crate::testing::assert_names(&error, "explorer.over_rollout.ratio", &["[0, 1)"]);
+    }
+
+    #[test]
     fn sft_syncs_by_checkpoint_at_the_save_interval() {
         let sft = load(&format!(
             "mode: train\nalgorithm:\n  algorithm_type: sft\n{MODEL}buffer:\n  train_batch_size: 4\n  trainer_input:\n    experience_buffer:\n      storage_type: file\n      path: /sft.jsonl\ntrainer:\n  save_interval: 5\nsynchronizer:\n  sync_method: memory\n"
@@ -259,6 +301,21 @@ mod tests {
         assert_eq!(sft.config.synchronizer.sync_method, SyncMethod::Checkpoint);
         assert_eq!(sft.config.synchronizer.sync_interval, 5);
         assert_eq!(sft.config.explorer.eval_interval, 100, "SFT keeps its eval_interval");
+    }
+
+    #[test]
+    fn cpt_rounds_its_eval_interval_to_the_save_interval_where_sft_keeps_it() {
+        let text = |algorithm: &str| {
+            format!(
+                "mode: train\nalgorithm:\n  algorithm_type: {algorithm}\n{MODEL}buffer:\n  train_batch_size: 4\n  \
+                 trainer_input:\n    experience_buffer:\n      storage_type: file\n      path: /rows.jsonl\n      \
+                 format:\n        prompt_type: plaintext\ntrainer:\n  save_interval: 4\nexplorer:\n  eval_interval: 10\n"
+            )
+        };
+        let cpt = load(&text("cpt"));
+        assert_eq!((cpt.config.synchronizer.sync_interval, cpt.config.explorer.eval_interval), (4, 8));
+        assert!(cpt.notes.iter().any(|n| n.contains("eval_interval (10) is rounded to 8")), "{:?}", cpt.notes);
+        assert_eq!(load(&text("sft")).config.explorer.eval_interval, 10);
     }
 
     #[test]
@@ -300,21 +357,6 @@ mod tests {
         assert!(errors.contains("monitor.monitor_args.api_key") && errors.contains("a string"), "{errors}");
         let local = load(&format!("{base}monitor:\n  monitor_type: csv\n  monitor_args:\n    uri: http://x\n"));
         assert!(local.notes.iter().any(|n| n.contains("monitor_args are ignored")), "{:?}", local.notes);
-    }
-
-    #[test]
-    fn cpt_rounds_its_eval_interval_to_the_save_interval_where_sft_keeps_it() {
-        let text = |algorithm: &str| {
-            format!(
-                "mode: train\nalgorithm:\n  algorithm_type: {algorithm}\n{MODEL}buffer:\n  train_batch_size: 4\n  \
-                 trainer_input:\n    experience_buffer:\n      storage_type: file\n      path: /rows.jsonl\n      \
-                 format:\n        prompt_type: plaintext\ntrainer:\n  save_interval: 4\nexplorer:\n  eval_interval: 10\n"
-            )
-        };
-        let cpt = load(&text("cpt"));
-        assert_eq!((cpt.config.synchronizer.sync_interval, cpt.config.explorer.eval_interval), (4, 8));
-        assert!(cpt.notes.iter().any(|n| n.contains("eval_interval (10) is rounded to 8")), "{:?}", cpt.notes);
-        assert_eq!(load(&text("sft")).config.explorer.eval_interval, 10);
     }
 
     #[test]

@@ -41,7 +41,8 @@ pub struct ExplorerConfig {
     /// Models besides the policy that workflows call (judges, teachers), each on an engine of its own and never
     /// trained; workflows take them in this order (Trinity-RFT's `auxiliary_models[0]` is the first).
     pub auxiliary_models: Vec<AuxiliaryModelConfig>,
-    /// Start the next step before every task of this one finished (Trinity-RFT's over-rollout).
+    /// End a train step before its slowest tasks are done (Trinity-RFT 0.6.0's over-rollout); needs a
+    /// `sync_style` other than `fixed`.
     pub over_rollout: OverRolloutConfig,
     /// Adapt the task timeout to the observed task time.
     pub dynamic_timeout: DynamicTimeoutConfig,
@@ -61,13 +62,15 @@ pub struct ExplorerConfig {
     pub max_inflight_batches: u32,
 }
 
-/// `explorer.over_rollout`: do not wait for the slowest tasks of a step.
+/// `explorer.over_rollout`: do not wait for the slowest tasks of a train step. Once `ceil(batch_size × (1 −
+/// ratio))` of its tasks are done (succeeded or failed for good), the step waits `wait_after_min` seconds more,
+/// then cancels the tasks still running and trains on what is done; evaluations always wait for every task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct OverRolloutConfig {
-    /// Fraction of a step's tasks the explorer may leave unfinished; 0 waits for all.
+    /// Fraction of a step's tasks the explorer may leave unfinished, in [0, 1); 0 waits for all.
     pub ratio: f64,
-    /// Seconds to wait for stragglers once the required tasks finished.
+    /// Seconds to wait for stragglers once the required tasks are done.
     pub wait_after_min: f64,
     /// Keep the finished repeats of an unfinished task.
     pub return_partial_tasks: bool,
@@ -83,11 +86,12 @@ impl Default for OverRolloutConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct DynamicTimeoutConfig {
-    /// Use `min(max_timeout, ratio × mean task time)` once a batch of tasks finished.
+    /// An attempt of a task may take `min(max_timeout, ratio × mean task time)`, the mean over the train tasks
+    /// done so far, once `warmup_min_steps` train steps ended with every task done.
     pub enable: bool,
     /// Multiple of the mean task time.
     pub ratio: f64,
-    /// Fully observed steps before the timeout adapts (newer Trinity-RFT).
+    /// Train steps with every task done before the timeout adapts (Trinity-RFT 0.6.0).
     pub warmup_min_steps: u32,
 }
 

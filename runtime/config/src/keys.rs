@@ -426,7 +426,7 @@ mod tests {
                 json!({"buffer": {"explorer_input": {"taskset": {"format": {"enable_concatenated_multi_turn": true}}}}}),
                 "buffer.explorer_input.taskset.format.enable_concatenated_multi_turn",
             ),
-            (json!({"explorer": {"over_rollout": {"ratio": 0.5}}}), "explorer.over_rollout.ratio"),
+            (json!({"trainer": {"fix_actor_microbatch_loss_scale": true}}), "trainer.fix_actor_microbatch_loss_scale"),
         ] {
             match check(&schema, &tree).as_ref().map_err(Vec::as_slice) {
                 Err([KeyProblem::Unsupported { key: refused, reason }]) => {
@@ -436,7 +436,7 @@ mod tests {
                 other => panic!("{key}: {other:?}"),
             }
         }
-        assert!(check(&schema, &json!({"explorer": {"over_rollout": {"ratio": 0}}})).is_ok());
+        assert!(check(&schema, &json!({"explorer": {"over_rollout": {"ratio": 0.5}}})).is_ok());
     }
 
     #[test]

@@ -61,7 +61,9 @@ pub use operator::{
     apply_pipeline_blocking, builtin_operators, lookup_operator, operator_names, register_operator,
 };
 pub use rollout_model::RolloutModel;
-pub use runner::{RunReport, RunnerOptions, TaskFailure, run_tasks};
+pub use runner::{
+    BatchControl, DynamicTimeout, OverRollout, RunReport, RunnerOptions, TaskFailure, run_batch, run_tasks,
+};
 pub use workflow::{
     NameTaken, Workflow, WorkflowContext, WorkflowEntry, WorkflowFallback, WorkflowFuture, build_workflow,
     builtin_workflows, is_plugin_workflow, lookup_workflow, register_workflow, set_workflow_fallback, workflow_names,

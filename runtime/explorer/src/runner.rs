@@ -4,13 +4,21 @@
 //! fresh sampler seed; after that it is reported in [`RunReport::failures`] (with the task itself, so the run can
 //! record which row failed and why) and the batch goes on. A workflow that panics costs its task the same way.
 //! Results come back in task order whatever order the workflows finish in.
+//!
+//! A train step may end early ([`BatchControl`], Trinity-RFT 0.6.0's `explorer.over_rollout`): once
+//! `min_tasks` of its tasks are done (succeeded or failed for good), the batch waits `wait_after_min` more
+//! seconds, then cancels the tasks still running (dropping a task's future kills what it started, e.g. an agent
+//! program) and reports them in [`RunReport::cancelled`]. The per-task timeout can follow the observed task time
+//! ([`DynamicTimeout`], `explorer.dynamic_timeout`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
+// tokio's clock, so that the over-rollout waits can be tested on paused time.
+use tokio::time::Instant;
 use trinity_buffer::{Experience, Task};
 
 use crate::error::ExplorerError;
@@ -30,6 +38,88 @@ pub struct RunnerOptions {
     pub max_retries: u32,
     /// Workflow of tasks that name none.
     pub default_workflow: String,
+}
+
+/// How a batch may end before every task is done, and how long an attempt may take: what the explorer decides
+/// per batch beyond [`RunnerOptions`] (train steps get over-rollout, evaluations do not).
+#[derive(Debug, Clone, Default)]
+pub struct BatchControl {
+    /// `explorer.over_rollout` with `ratio > 0`.
+    pub over_rollout: Option<OverRollout>,
+    /// `explorer.dynamic_timeout.enable`.
+    pub dynamic_timeout: Option<DynamicTimeout>,
+    /// Whether the tasks' times feed the dynamic timeout (train steps do; evaluations only read it, as in
+    /// Trinity-RFT's scheduler).
+    pub observe: bool,
+}
+
+/// Trinity-RFT 0.6.0's over-rollout of a train step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OverRollout {
+    /// Tasks that must be done before the step may end: `ceil(batch_size × (1 − ratio))`, at most the batch.
+    pub min_tasks: usize,
+    /// How long the step still waits for the others once `min_tasks` are done.
+    pub wait_after_min: Duration,
+}
+
+impl OverRollout {
+    /// Trinity-RFT's `min_wait_num` for `batch_size` tasks a step and `ratio` in (0, 1).
+    pub fn new(batch_size: usize, ratio: f64, wait_after_min: Duration) -> OverRollout {
+        // The same float expression as Trinity-RFT's `math.ceil(batch_size * (1 - ratio))`, so both round alike.
+        let min_tasks = (batch_size as f64 * (1.0 - ratio)).ceil().max(0.0) as usize;
+        OverRollout { min_tasks, wait_after_min }
+    }
+}
+
+/// Trinity-RFT 0.6.0's dynamic timeout: once `warmup_min_steps` train steps finished with every task done, an
+/// attempt may take `min(max_timeout, ratio × mean task time)`, the mean over every train task done so far
+/// (retries included in a task's time), read when the task starts. Shared by the explorer's batches.
+#[derive(Debug, Clone)]
+pub struct DynamicTimeout {
+    ratio: f64,
+    warmup_min_steps: u64,
+    observed: Arc<Mutex<Observed>>,
+}
+
+#[derive(Debug, Default)]
+struct Observed {
+    seconds: f64,
+    tasks: u64,
+    full_steps: u64,
+}
+
+impl DynamicTimeout {
+    pub fn new(ratio: f64, warmup_min_steps: u32) -> DynamicTimeout {
+        DynamicTimeout { ratio, warmup_min_steps: u64::from(warmup_min_steps), observed: Arc::default() }
+    }
+
+    fn observed(&self) -> std::sync::MutexGuard<'_, Observed> {
+        // The counters stay consistent whatever panicked while holding them (plain additions).
+        self.observed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The timeout of an attempt starting now, `max` until the warm-up is over.
+    pub fn timeout(&self, max: Duration) -> Duration {
+        let observed = self.observed();
+        if observed.full_steps < self.warmup_min_steps || observed.tasks == 0 {
+            return max;
+        }
+        let mean = observed.seconds / observed.tasks as f64;
+        Duration::try_from_secs_f64(mean * self.ratio).map_or(max, |dynamic| dynamic.min(max))
+    }
+
+    fn record_task(&self, seconds: f64) {
+        let mut observed = self.observed();
+        observed.seconds += seconds;
+        observed.tasks += 1;
+    }
+
+    /// Counts a train step that ended; only one whose every task was done (none cancelled) ends the warm-up.
+    pub fn record_step(&self, report: &RunReport) {
+        if report.cancelled.is_empty() {
+            self.observed().full_steps += 1;
+        }
+    }
 }
 
 /// A task that failed every attempt.
@@ -56,6 +146,8 @@ pub struct RunReport {
     pub failures: Vec<TaskFailure>,
     /// Attempts that failed but were retried.
     pub retries: u32,
+    /// Tasks over-rollout cancelled before they were done (`taskset#index`, in task order).
+    pub cancelled: Vec<String>,
 }
 
 impl RunReport {
@@ -63,10 +155,30 @@ impl RunReport {
     pub fn experiences(&self) -> impl Iterator<Item = &Experience> {
         self.groups.iter().flatten()
     }
+
+    /// Tasks that are done: succeeded or failed for good (Trinity-RFT's `finished_task_count`).
+    pub fn finished_tasks(&self) -> usize {
+        self.groups.len() + self.failures.len()
+    }
 }
 
 /// Runs every task of a batch; `repeat_times` comes from each task.
 pub async fn run_tasks(model: Arc<RolloutModel>, tasks: Vec<Task>, options: &RunnerOptions) -> RunReport {
+    run_batch(model, tasks, options, &BatchControl::default()).await
+}
+
+/// One task's outcome: its position, the task, the result and the attempts that ran.
+type Outcome = (usize, Task, Result<Vec<Experience>, ExplorerError>, u32);
+
+/// [`run_tasks`] under `control`: over-rollout may end the batch early, the dynamic timeout bounds attempts.
+pub async fn run_batch(
+    model: Arc<RolloutModel>,
+    tasks: Vec<Task>,
+    options: &RunnerOptions,
+    control: &BatchControl,
+) -> RunReport {
+    let started = Instant::now();
+    let total = tasks.len();
     let semaphore = Arc::new(Semaphore::new(options.concurrency.max(1)));
     let mut set = JoinSet::new();
     // Each task's position and a copy, by tokio task id: a workflow that panics takes its task down with it.
@@ -74,20 +186,39 @@ pub async fn run_tasks(model: Arc<RolloutModel>, tasks: Vec<Task>, options: &Run
     for (position, task) in tasks.into_iter().enumerate() {
         let model = Arc::clone(&model);
         let semaphore = Arc::clone(&semaphore);
-        let options = options.clone();
+        let mut options = options.clone();
+        let control = control.clone();
         let copy = task.clone();
         let handle = set.spawn(async move {
             // The semaphore is never closed, so acquiring only fails if it were; run unthrottled then.
             let _permit = semaphore.acquire_owned().await.ok();
+            // Read when the task starts, as Trinity-RFT's scheduler does when it hands a task to a runner.
+            if let Some(dynamic) = &control.dynamic_timeout {
+                options.timeout = dynamic.timeout(options.timeout);
+            }
+            let began = Instant::now();
             let (result, attempts) = run_with_retries(&model, &task, &options).await;
+            if let (true, Some(dynamic)) = (control.observe, &control.dynamic_timeout) {
+                dynamic.record_task(began.elapsed().as_secs_f64());
+            }
             (position, task, result, attempts)
         });
         spawned.insert(handle.id(), (position, copy));
     }
-    let mut results = Vec::new();
-    while let Some(joined) = set.join_next().await {
+    // Trinity-RFT bounds the wait for an over-rolled step by `max_timeout × (max_retry_times + 1)`, after which it
+    // keeps what is done even below `min_tasks`.
+    let limit = control.over_rollout.map(|over| {
+        let step_limit = options.timeout.saturating_mul(options.max_retries.saturating_add(1));
+        (OverRollout { min_tasks: over.min_tasks.min(total), ..over }, started + step_limit)
+    });
+    let (joined, stopped_early) = gather(&mut set, limit).await;
+    let mut results: Vec<Outcome> = Vec::new();
+    for joined in joined {
         match joined {
-            Ok(result) => results.push(result),
+            Ok(result) => {
+                spawned.retain(|_, (position, _)| *position != result.0);
+                results.push(result);
+            }
             // A panicking workflow loses its task, not the batch.
             Err(error) => {
                 tracing::error!("a workflow task panicked or was cancelled: {error}");
@@ -99,8 +230,20 @@ pub async fn run_tasks(model: Arc<RolloutModel>, tasks: Vec<Task>, options: &Run
             }
         }
     }
-    results.sort_by_key(|(position, ..)| *position);
     let mut report = RunReport::default();
+    if stopped_early {
+        // What is left in `spawned` never finished: over-rollout cancelled it.
+        let mut cancelled: Vec<(usize, Task)> = spawned.into_values().collect();
+        cancelled.sort_by_key(|(position, _)| *position);
+        report.cancelled = cancelled.iter().map(|(_, task)| describe(task)).collect();
+        tracing::info!(
+            "over-rollout: {} of {total} tasks done after {:.1} s; cancelled {}",
+            results.len(),
+            started.elapsed().as_secs_f64(),
+            report.cancelled.join(", ")
+        );
+    }
+    results.sort_by_key(|(position, ..)| *position);
     for (_, task, result, attempts) in results {
         report.retries += attempts.saturating_sub(1);
         match result {
@@ -113,6 +256,50 @@ pub async fn run_tasks(model: Arc<RolloutModel>, tasks: Vec<Task>, options: &Run
         }
     }
     report
+}
+
+/// Joins the tasks of `set` until all are done or, under over-rollout (`limit`: the policy and the step's
+/// deadline), until `wait_after_min` passed after `min_tasks` were done or the deadline passed; then aborts the
+/// rest and waits for them to be dropped, so nothing they started outlives the batch. Returns what was joined and
+/// whether tasks were cancelled.
+async fn gather<T: 'static>(
+    set: &mut JoinSet<T>,
+    limit: Option<(OverRollout, Instant)>,
+) -> (Vec<Result<T, JoinError>>, bool) {
+    let mut joined = Vec::new();
+    // When the batch stops waiting: the step's deadline, then also `wait_after_min` after `min_tasks` are done.
+    let mut cutoff = limit.map(|(_, deadline)| deadline);
+    let mut min_reached = false;
+    loop {
+        if let Some((over, deadline)) = limit
+            && !min_reached
+            && joined.len() >= over.min_tasks
+        {
+            min_reached = true;
+            cutoff = Some(deadline.min(Instant::now() + over.wait_after_min));
+        }
+        let next = match cutoff {
+            Some(at) => tokio::select! {
+                next = set.join_next() => next,
+                () = tokio::time::sleep_until(at) => break,
+            },
+            None => set.join_next().await,
+        };
+        match next {
+            Some(result) => joined.push(result),
+            None => return (joined, false),
+        }
+    }
+    set.abort_all();
+    // Aborted tasks come back as cancelled; one that finished just before the abort keeps its result.
+    let mut cancelled = 0;
+    while let Some(result) = set.join_next().await {
+        match result {
+            Err(error) if error.is_cancelled() => cancelled += 1,
+            other => joined.push(other),
+        }
+    }
+    (joined, cancelled > 0)
 }
 
 fn workflow_name<'a>(task: &'a Task, options: &'a RunnerOptions) -> &'a str {
@@ -178,4 +365,100 @@ async fn run_with_retries(
     let error =
         last_error.unwrap_or_else(|| ExplorerError::Task { task: describe(task), message: "no attempt ran".into() });
     (Err(error), options.max_retries + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tasks that finish after the given seconds (`None`: never), each returning its index.
+    fn tasks(seconds: &[Option<u64>]) -> JoinSet<usize> {
+        let mut set = JoinSet::new();
+        for (i, s) in seconds.iter().copied().enumerate() {
+            set.spawn(async move {
+                match s {
+                    Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
+                    None => std::future::pending::<()>().await,
+                }
+                i
+            });
+        }
+        set
+    }
+
+    fn done(joined: &[Result<usize, JoinError>]) -> Vec<usize> {
+        let mut done: Vec<usize> = joined.iter().map(|r| *r.as_ref().unwrap()).collect();
+        done.sort_unstable();
+        done
+    }
+
+    #[test]
+    fn the_minimum_is_trinity_rfts_ceiling() {
+        let over = |batch, ratio| OverRollout::new(batch, ratio, Duration::ZERO).min_tasks;
+        assert_eq!(over(4, 0.25), 3);
+        assert_eq!(over(4, 0.3), 3);
+        assert_eq!(over(10, 0.3), 7);
+        assert_eq!(over(3, 0.5), 2);
+        assert_eq!(over(1, 0.9), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_over_rollout_every_task_is_awaited() {
+        let mut set = tasks(&[Some(1), Some(500)]);
+        let (joined, early) = gather(&mut set, None).await;
+        assert!(!early);
+        assert_eq!(done(&joined), [0, 1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_task_is_cancelled_wait_after_min_after_the_minimum() {
+        let started = Instant::now();
+        let over = OverRollout { min_tasks: 2, wait_after_min: Duration::from_secs(5) };
+        let mut set = tasks(&[Some(1), None, Some(3), Some(6)]);
+        let (joined, early) = gather(&mut set, Some((over, started + Duration::from_secs(1000)))).await;
+        assert!(early);
+        // The minimum is reached at 3 s; the task done at 6 s still counts, the hanging one is cancelled at 8 s.
+        assert_eq!(done(&joined), [0, 2, 3]);
+        assert_eq!(started.elapsed().as_secs(), 8);
+        assert!(set.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_whose_tasks_all_finish_in_time_cancels_nothing() {
+        let started = Instant::now();
+        let over = OverRollout { min_tasks: 1, wait_after_min: Duration::from_secs(30) };
+        let mut set = tasks(&[Some(1), Some(20)]);
+        let (joined, early) = gather(&mut set, Some((over, started + Duration::from_secs(1000)))).await;
+        assert!(!early);
+        assert_eq!(done(&joined), [0, 1]);
+        assert_eq!(started.elapsed().as_secs(), 20, "the batch ends when its last task does");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_step_deadline_ends_the_wait_below_the_minimum() {
+        let started = Instant::now();
+        let over = OverRollout { min_tasks: 3, wait_after_min: Duration::from_secs(30) };
+        let mut set = tasks(&[Some(1), None, None]);
+        let (joined, early) = gather(&mut set, Some((over, started + Duration::from_secs(50)))).await;
+        assert!(early);
+        assert_eq!(done(&joined), [0]);
+        assert_eq!(started.elapsed().as_secs(), 50);
+    }
+
+    #[test]
+    fn the_dynamic_timeout_follows_the_mean_task_time_after_the_warm_up() {
+        let max = Duration::from_secs(100);
+        let dynamic = DynamicTimeout::new(3.0, 1);
+        assert_eq!(dynamic.timeout(max), max, "no step observed yet");
+        dynamic.record_task(2.0);
+        dynamic.record_task(4.0);
+        assert_eq!(dynamic.timeout(max), max, "the warm-up step has not ended");
+        let cut = RunReport { cancelled: vec!["t#1".into()], ..RunReport::default() };
+        dynamic.record_step(&cut);
+        assert_eq!(dynamic.timeout(max), max, "a step with cancelled tasks is not fully observed");
+        dynamic.record_step(&RunReport::default());
+        assert_eq!(dynamic.timeout(max), Duration::from_secs(9), "3 × the mean of 2 s and 4 s");
+        dynamic.record_task(300.0);
+        assert_eq!(dynamic.timeout(max), max, "never above max_timeout");
+    }
 }

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use trinity_buffer::{Experience, JsonlWriter, TaskScheduler, Taskset};
 use trinity_config::Config;
 use trinity_engine::{Engine, EngineConfig, EngineModel};
-use trinity_explorer::{ExternalModel, RolloutModel, RunReport, RunnerOptions, run_tasks};
+use trinity_explorer::{
+    BatchControl, DynamicTimeout, ExternalModel, OverRollout, RolloutModel, RunReport, RunnerOptions, run_batch,
+};
 use trinity_model::ChatTemplate;
 use trinity_monitor::Metrics;
 
@@ -67,6 +69,8 @@ pub(crate) struct Explorer {
     eval_tasksets: Vec<Taskset>,
     pipeline: ExperiencePipeline,
     options: RunnerOptions,
+    /// Over-rollout and the dynamic timeout of train steps ([`BatchControl`]).
+    train_control: BatchControl,
     experiences_log: Option<JsonlWriter>,
     failed_log: Option<FailedTaskLog>,
     /// `monitor.detailed_stats`: evaluations also report std, max and min of the workflows' metrics.
@@ -174,6 +178,7 @@ impl Explorer {
                 max_retries: explorer.max_retry_times,
                 default_workflow: "simple_workflow".to_owned(),
             },
+            train_control: train_control(config),
             experiences_log: logs.as_ref().map(|logs| JsonlWriter::open(&logs.experiences)).transpose()?,
             failed_log: logs.as_ref().map(|logs| FailedTaskLog::open(&logs.failed_tasks)).transpose()?,
             detailed_stats: config.monitor.detailed_stats,
@@ -209,7 +214,10 @@ impl Explorer {
         let Some(tasks) = self.scheduler().next_batch()? else {
             return Ok(None);
         };
-        let report = run_tasks(Arc::clone(&self.rollout), tasks, &self.options).await;
+        let report = run_batch(Arc::clone(&self.rollout), tasks, &self.options, &self.train_control).await;
+        if let Some(dynamic) = &self.train_control.dynamic_timeout {
+            dynamic.record_step(&report);
+        }
         // Recorded first: when every task failed, the run stops below, and this record says why.
         if let Some(log) = &mut self.failed_log {
             log.record(step, FailurePhase::Explore, self.rollout.model_version(), &report.failures)?;
@@ -219,6 +227,10 @@ impl Explorer {
             return Err(RftError::AllTasksFailed { step, first });
         }
         let mut metrics = rollout_metrics("rollout", &report, Stats::Rollout);
+        if self.train_control.over_rollout.is_some() {
+            metrics.insert("rollout/finished_task_count".into(), report.finished_tasks() as f64);
+            metrics.insert("rollout/cancelled_tasks".into(), report.cancelled.len() as f64);
+        }
         let output = self.pipeline.process(report.groups.into_iter().flatten().collect()).await?;
         metrics.extend(output.metrics);
         // Pass rates an operator measured (`pass_rate_calculator`) feed the task selectors before the next step
@@ -258,7 +270,9 @@ impl Explorer {
         let mut metrics = Metrics::new();
         for taskset in &self.eval_tasksets {
             let started = Instant::now();
-            let report = run_tasks(Arc::clone(&self.rollout), taskset.all_tasks()?, &self.options).await;
+            // Evaluations wait for every task (no over-rollout) and read the dynamic timeout without feeding it.
+            let control = BatchControl { over_rollout: None, observe: false, ..self.train_control.clone() };
+            let report = run_batch(Arc::clone(&self.rollout), taskset.all_tasks()?, &self.options, &control).await;
             if let Some(log) = &mut self.failed_log {
                 log.record(step, FailurePhase::Eval, self.rollout.model_version(), &report.failures)?;
             }
@@ -299,6 +313,26 @@ impl Explorer {
             .collect::<Result<Vec<_>, RftError>>()?;
         self.load_weights(weights, version).await
     }
+}
+
+/// Trinity-RFT 0.6.0's `explorer.over_rollout` (when `ratio > 0`) and `explorer.dynamic_timeout` for train steps.
+fn train_control(config: &Config) -> BatchControl {
+    let explorer = &config.explorer;
+    let over = &explorer.over_rollout;
+    let over_rollout = (over.ratio > 0.0).then(|| {
+        let wait = Duration::try_from_secs_f64(over.wait_after_min).unwrap_or(Duration::ZERO);
+        let over_rollout = OverRollout::new(config.buffer.batch_size as usize, over.ratio, wait);
+        tracing::info!(
+            "over-rollout: a train step ends {:.0} s after {} of its {} tasks are done, cancelling the rest",
+            wait.as_secs_f64(),
+            over_rollout.min_tasks,
+            config.buffer.batch_size
+        );
+        over_rollout
+    });
+    let dynamic = &explorer.dynamic_timeout;
+    let dynamic_timeout = dynamic.enable.then(|| DynamicTimeout::new(dynamic.ratio, dynamic.warmup_min_steps));
+    BatchControl { over_rollout, dynamic_timeout, observe: true }
 }
 
 /// Whether a batch had tasks and none of them succeeded.

@@ -188,7 +188,7 @@ mod tests {
     }
 
     fn report(groups: Vec<Vec<Experience>>) -> RunReport {
-        RunReport { groups, failures: Vec::new(), retries: 0 }
+        RunReport { groups, ..RunReport::default() }
     }
 
     #[test]
