@@ -43,8 +43,15 @@ impl Catalog for Registry {
         self.algorithms.default_args(kind, name)
     }
 
-    /// A workflow named by a dotted path is a Python class, checked by importing it before the run (`run.rs`).
+    /// A workflow named by a dotted path, or by a name in Trinity-RFT's `WORKFLOWS` registry in the user's Python
+    /// (asked once, only for a name trinity lacks), is a Python class, checked by importing it before the run
+    /// (`run.rs`).
     fn accepts(&self, kind: ComponentKind, name: &str) -> bool {
         kind == ComponentKind::Workflow && trinity_pyworkflow::is_python_workflow_name(name)
+    }
+
+    /// For a workflow name neither trinity nor Python's registry has, what Python said.
+    fn unknown_note(&self, kind: ComponentKind, name: &str) -> Option<String> {
+        (kind == ComponentKind::Workflow).then(|| trinity_pyworkflow::unknown_workflow_note(name)).flatten()
     }
 }

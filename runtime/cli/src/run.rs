@@ -150,22 +150,19 @@ fn effective_level(flag: LogLevel, config_level: &str) -> LogLevel {
     }
 }
 
-/// Makes workflows named by a dotted path run as Python workflows and imports each one the config names, so that
-/// a missing interpreter, Trinity-RFT install or package is a `--dry-run` error naming the import and the pip
-/// line rather than a failure of every task.
+/// Makes Python workflow names (dotted paths, and names in Trinity-RFT's registry that trinity lacks) run as
+/// Python workflows and imports each one the config names, so that a missing interpreter, Trinity-RFT install
+/// or package is a `--dry-run` error naming the import and the pip line rather than a failure of every task.
 fn check_python_workflows(config: &trinity_config::Config) -> Result<()> {
     trinity_pyworkflow::install(&config.model.model_path);
+    trinity_pyworkflow::configure(config);
     let input = &config.buffer.explorer_input;
     let mut names: Vec<&str> = input
         .tasksets
         .iter()
         .chain(&input.eval_tasksets)
         .filter_map(|taskset| taskset.default_workflow_type.as_deref())
-        .filter(|name| {
-            trinity_explorer::lookup_workflow(name).is_none()
-                && !trinity_explorer::is_plugin_workflow(name)
-                && trinity_pyworkflow::is_python_workflow_name(name)
-        })
+        .filter(|name| trinity_pyworkflow::is_python_workflow_name(name))
         .collect();
     names.sort_unstable();
     names.dedup();

@@ -122,6 +122,12 @@ pub trait Catalog {
     fn accepts(&self, _kind: ComponentKind, _name: &str) -> bool {
         false
     }
+
+    /// What else was consulted about a `name` that is neither registered nor accepted, and what it said (the
+    /// Python workflow host's answer from Trinity-RFT's registry), appended to the unknown-name error.
+    fn unknown_note(&self, _kind: ComponentKind, _name: &str) -> Option<String> {
+        None
+    }
 }
 
 /// A catalog for unit tests of resolution rules: every name is registered (an empty list means "not checked")

@@ -51,9 +51,10 @@ pub enum ConfigError {
     #[error("{origin}: `{key}`: {message}")]
     Invalid { origin: Origin, key: String, message: String },
     #[error(
-        "{origin}: `{key}`: unknown {kind} `{name}`{}; registered: {}",
+        "{origin}: `{key}`: unknown {kind} `{name}`{}; registered: {}{}",
         suggestion_text(.suggestion),
-        available.join(", ")
+        available.join(", "),
+        note_text(.note)
     )]
     UnknownName {
         origin: Origin,
@@ -62,12 +63,23 @@ pub enum ConfigError {
         name: String,
         suggestion: Option<String>,
         available: Vec<String>,
+        /// What else was asked about the name (see `Catalog::unknown_note`).
+        note: Option<String>,
     },
     #[error(
-        "{origin}: `{key}`: {kind} `{name}` is a Trinity-RFT {kind} that needs {needs}; trinity cannot run it — {}",
-        bring_text(kind)
+        "{origin}: `{key}`: {kind} `{name}` is a Trinity-RFT {kind} that needs {needs}; trinity cannot run it — {}{}",
+        bring_text(kind),
+        note_text(.note)
     )]
-    MissingComponent { origin: Origin, key: String, kind: &'static str, name: String, needs: String },
+    MissingComponent {
+        origin: Origin,
+        key: String,
+        kind: &'static str,
+        name: String,
+        needs: String,
+        /// What else was asked about the name (see `Catalog::unknown_note`).
+        note: Option<String>,
+    },
     #[error("{origin}: `{key}`: {message}")]
     NotRunnable { origin: Origin, key: String, message: String },
 }
@@ -188,6 +200,10 @@ fn bring_text(kind: &str) -> String {
         _ => "bring it as an algorithm library (`cargo xtask new-algorithm NAME`, then list it under `plugins:`)"
             .to_owned(),
     }
+}
+
+fn note_text(note: &Option<String>) -> String {
+    note.as_ref().map(|note| format!("; {note}")).unwrap_or_default()
 }
 
 fn suggestion_text(suggestion: &Option<String>) -> String {

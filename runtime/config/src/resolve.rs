@@ -108,6 +108,7 @@ impl<'a> Resolver<'a> {
             return Ok(());
         }
         let key = self.key(key);
+        let note = self.catalog.unknown_note(kind, name);
         if kind != ComponentKind::Operator
             && let Some(needs) = crate::external::needs(name)
         {

@@ -1,8 +1,9 @@
 //! The Python workflow host: Trinity-RFT users' workflow classes, unchanged, on trinity's rollout model.
 //!
-//! A workflow name that no built-in or plugin has and that is a dotted path (`pkg.mod.Class`) is resolved in
-//! Python by the user's own Trinity-RFT install (its `WORKFLOWS` registry, which also takes dotted paths).
-//! [`install`] makes the explorer build such names as [`PythonWorkflow`]s. Each task runs in a worker process
+//! A workflow name that no built-in or plugin has and that is a dotted path (`pkg.mod.Class`) or a name in
+//! Trinity-RFT's own `WORKFLOWS` registry (with what `TRINITY_PLUGIN_DIRS` registers there; see `registry.rs`)
+//! is resolved in Python by the user's own Trinity-RFT install. Built-in names always win. [`install`] makes
+//! the explorer build such names as [`PythonWorkflow`]s. Each task runs in a worker process
 //! (`python/worker.py`, shipped in this crate and passed to the interpreter with `-c`) that imports the class,
 //! builds Trinity's `Task`, gives the workflow a `self.model` with `ModelWrapper`'s interface whose calls come
 //! back over the worker's pipes to trinity's [`trinity_explorer::RolloutModel`], and returns the workflow's
@@ -15,6 +16,7 @@
 //! protocol is killed and dropped, so it costs only its task and the next task starts a fresh one.
 
 mod error;
+mod registry;
 mod worker;
 mod workflow;
 
@@ -27,7 +29,7 @@ use std::sync::{Arc, OnceLock};
 /// `model.model_path`, what `self.model.model_path` returns.
 static MODEL_PATH: OnceLock<String> = OnceLock::new();
 
-/// Makes the explorer resolve dotted-path workflow names as Python workflows (see the crate documentation);
+/// Makes the explorer resolve Python workflow names ([`is_python_workflow_name`]) as Python workflows;
 /// `model_path` is what their `self.model.model_path` says. Only the first call counts.
 pub fn install(model_path: &str) {
     let _ = MODEL_PATH.set(model_path.to_owned());
@@ -36,9 +38,25 @@ pub fn install(model_path: &str) {
     });
 }
 
+/// Whether the workflow `name` runs in Python: no built-in or plugin has it, and it is a dotted path to a class
+/// or a name in Trinity-RFT's `WORKFLOWS` registry in the interpreter, which is asked (once per name and
+/// process) only for a name that is neither native nor dotted.
+pub fn is_python_workflow_name(name: &str) -> bool {
+    if trinity_explorer::lookup_workflow(name).is_some() || trinity_explorer::is_plugin_workflow(name) {
+        return false;
+    }
+    is_dotted_path(name) || (is_registry_name(name) && registry::is_registered(&interpreter(), name))
+}
+
+/// Whether `name` could be a registry key: one Python identifier (Trinity-RFT's names are), so that a name
+/// with spaces or dashes is refused without starting an interpreter.
+fn is_registry_name(name: &str) -> bool {
+    !name.contains('.') && is_dotted_path(&format!("m.{name}"))
+}
+
 /// Whether `name` is a dotted path to a Python class (`pkg.mod.Class`): at least two dot-separated Python
 /// identifiers.
-pub fn is_python_workflow_name(name: &str) -> bool {
+pub fn is_dotted_path(name: &str) -> bool {
     let identifier = |part: &str| {
         let mut chars = part.chars();
         chars.next().is_some_and(|c| c == '_' || c.is_alphabetic()) && chars.all(|c| c == '_' || c.is_alphanumeric())
@@ -55,7 +73,17 @@ pub fn interpreter() -> PathBuf {
 /// interpreter, Trinity-RFT install or environment package is reported with the import that failed and the
 /// `pip install` line instead of failing every task.
 pub fn check(workflow: &str) -> Result<(), PyWorkflowError> {
-    worker::check(&interpreter(), workflow)
+    if is_dotted_path(workflow) {
+        worker::check(&interpreter(), workflow)
+    } else {
+        registry::check(&interpreter(), workflow)
+    }
+}
+
+/// What Python said about a workflow name that is neither trinity's nor in Trinity-RFT's registry (or why it
+/// could not be asked), for the config's unknown-workflow error; `None` when Python was not asked about it.
+pub fn unknown_workflow_note(name: &str) -> Option<String> {
+    registry::unknown_note(&interpreter(), name, &trinity_explorer::workflow_names())
 }
 
 #[cfg(test)]
@@ -64,11 +92,21 @@ mod tests {
 
     #[test]
     fn dotted_paths_are_python_workflow_names() {
-        assert!(is_python_workflow_name("examples.bots.workflow.BOTSMathBoxedWorkflow"));
-        assert!(is_python_workflow_name("my_wf.Class_2"));
-        assert!(!is_python_workflow_name("math_workflow"));
-        assert!(!is_python_workflow_name("a..b"));
-        assert!(!is_python_workflow_name("a.b-c"));
-        assert!(!is_python_workflow_name(".a"));
+        assert!(is_dotted_path("examples.bots.workflow.BOTSMathBoxedWorkflow"));
+        assert!(is_dotted_path("my_wf.Class_2"));
+        assert!(!is_dotted_path("math_workflow"));
+        assert!(!is_dotted_path("a..b"));
+        assert!(!is_dotted_path("a.b-c"));
+        assert!(!is_dotted_path(".a"));
+    }
+
+    #[test]
+    fn only_single_identifiers_are_looked_up_in_the_registry() {
+        assert!(is_registry_name("sudoku_workflow"));
+        assert!(is_registry_name("RAFT_alfworld_workflow"));
+        assert!(!is_registry_name("a.b"));
+        assert!(!is_registry_name("my workflow"));
+        assert!(!is_registry_name("my-workflow"));
+        assert!(!is_registry_name(""));
     }
 }
