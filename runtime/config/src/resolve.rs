@@ -118,6 +118,7 @@ impl<'a> Resolver<'a> {
                 kind: kind.label(),
                 name: name.to_owned(),
                 needs,
+                note,
             });
         }
         Err(ConfigError::UnknownName {
@@ -127,6 +128,7 @@ impl<'a> Resolver<'a> {
             suggestion: closest(name, available.iter().map(String::as_str)),
             name: name.to_owned(),
             available,
+            note,
         })
     }
 

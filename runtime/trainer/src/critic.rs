@@ -38,7 +38,7 @@ pub struct Critic {
     schedule: LrSchedule,
     grad_clip: f64,
     cliprange_value: f64,
-    /// Which update micro-batches recompute the backbone's layers (none unless [`Critic::with_recompute`]).
+    /// Which update micro-batches recompute the backbone's layers (none unless the trainer sets a plan).
     recompute: Option<RecomputePlan>,
 }
 
@@ -103,9 +103,8 @@ impl Critic {
     }
 
     /// Recompute the backbone's layers in the update's micro-batches that `plan` says to (`None`: in none).
-    pub(crate) fn with_recompute(mut self, plan: Option<RecomputePlan>) -> Self {
+    pub(crate) fn set_recompute(&mut self, plan: Option<RecomputePlan>) {
         self.recompute = plan;
-        self
     }
 
     /// The backbone.

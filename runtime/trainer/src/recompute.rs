@@ -48,7 +48,8 @@ pub(crate) struct RecomputePlan {
 
 impl RecomputePlan {
     /// The plan for a model of `layers` layers of width `hidden` and MLP width `intermediate` on `device`, with
-    /// `available` bytes of memory (the CPU's; unknown: `None`). A build that cannot recompute
+    /// `available` bytes of memory for passes (the CPU's, less the training state the trainer allocates,
+    /// [`crate::memory`]; unknown: `None`). A build that cannot recompute
     /// ([`trinity_model::activation_recompute_available`]) keeps activations under `WhenShort`, saying so, and is
     /// refused under `Always` by the decoder when the first pass asks.
     pub(crate) fn new(

@@ -66,14 +66,17 @@ use crate::error::{Result, TrainerError};
 use crate::logprobs::HeadMode;
 use crate::loss_weight::{RowCounts, Weight};
 use crate::lr_schedule::LrSchedule;
+use crate::memory::{StateMemory, TrainedParameters};
 use crate::micro_batch::{MicroBatching, passes, split};
 use crate::optimizer::zero::{ShardedMemory, Zero, ZeroStage};
 use crate::optimizer::{AdamW, AdamWSettings};
 use crate::recompute::{ActivationRecompute, RecomputePlan};
 use crate::reference::{ReferenceModel, copy_decoder, response_logprobs};
+use memory_fit::{MemoryBudget, allocated_for};
 
 mod actor;
 mod forward_only;
+mod memory_fit;
 
 /// The default [`TrainerOptions::pass_tokens`]. `bench_train --dtype bf16 --seq 128` (SmolLM2-135M, 2 cores of a
 /// Xeon with AMX) ran 265, 374, 434, 531 and 554 tokens/s in passes of 256, 512, 1024, 2048 and 4096 tokens: a
@@ -268,6 +271,12 @@ pub struct Trainer {
     predict_zero_gradient: bool,
     /// Which of the policy's passes recompute their layers.
     recompute: RecomputePlan,
+    /// What passes and micro-batches are sized from ([`memory_fit`]).
+    memory_budget: MemoryBudget,
+    /// What this rank is expected to hold for the policy's training state.
+    state_memory: StateMemory,
+    /// Whether the start's memory line was logged (before the first step, once the stage is known).
+    memory_announced: bool,
 }
 
 /// Sums of per-micro-batch metrics, reduced to means at the end (veRL's `reduce_metrics`).
@@ -353,51 +362,16 @@ impl Trainer {
                  rollout_is to null",
             ));
         }
-        let mut options = options;
         let available = crate::micro_batch::available_memory();
-        let plan = |mode: ActivationRecompute, model: &Decoder| {
-            let c = model.config();
-            let shape = (c.num_hidden_layers, c.hidden_size, c.intermediate_size);
-            RecomputePlan::new(mode, model.device(), shape, available)
-        };
-        let recompute = plan(options.activation_recompute, &policy);
-        // The critic trains on the same micro-batches, so they must fit its memory too.
-        let critic_recompute = components
-            .use_critic
-            .then(|| plan(options.critic_activation_recompute, models.critic.as_ref().unwrap_or(&policy)));
-        options.pass_tokens = match (policy.device(), options.pass_tokens, recompute.pass_cap()) {
-            (Device::Cpu, Some(pass), Some(cap)) => Some(pass.min(cap)),
-            (Device::Cpu, pass, _) => pass,
-            _ => None,
-        };
-        let tightest = std::iter::once(&recompute)
-            .chain(&critic_recompute)
-            .filter_map(|p| p.micro_batch_cap().map(|cap| (cap, p.mode())))
-            .min_by_key(|&(cap, _)| cap);
-        if let (MicroBatching::TokenBudget(budget), Some((cap, mode))) = (options.micro_batching, tightest)
-            && cap < budget
-        {
-            let how = match mode {
-                ActivationRecompute::Never => {
-                    "with activations kept (enable_gradient_checkpointing: false; true would recompute them and keep \
-                     more tokens)"
-                }
-                _ => "even with activations recomputed",
-            };
-            tracing::info!(
-                "micro-batch token budget {budget} lowered to {cap} so that a micro-batch fits in memory {how} \
-                 ({:.1} GiB available); micro-batches are weighted by their rows as in Trinity-RFT, so smaller ones \
-                 shift the token-mean's weights slightly",
-                available.unwrap_or(0) as f64 / f64::from(1u32 << 30)
-            );
-            options.micro_batching = MicroBatching::TokenBudget(cap);
-        }
         let schedule = LrSchedule::new(optimizer, options.total_steps)?;
         // With LoRA adapters only they are trained: the frozen base weights get no gradient and no optimizer state.
         let adamw = AdamW::new(policy.trainable_parameters()?, AdamWSettings::from(optimizer))?;
+        let trained = TrainedParameters::of(adamw.param_vars().iter());
+        let on_cpu = policy.device() == Device::Cpu;
         // A LoRA policy's base weights are the reference: scored with the adapters off (as veRL does with a LoRA
         // actor), no second copy of the model.
         let reference_is_base = components.needs_reference() && models.reference.is_none() && policy.has_lora();
+        let copied_reference = components.needs_reference() && models.reference.is_none() && !reference_is_base;
         let reference = match (components.needs_reference(), models.reference) {
             (false, _) => None,
             (true, Some(decoder)) => Some(ReferenceModel::new(decoder)),
@@ -406,7 +380,13 @@ impl Trainer {
                 Some(ReferenceModel::from_policy(&policy, options.reference_kind.unwrap_or(policy.kind()))?)
             }
         };
+        // What the trainer allocates after `available` was measured, besides the policy's own state.
+        let mut others = match reference.as_ref().filter(|_| copied_reference) {
+            Some(r) => TrainedParameters::of(r.decoder().named_parameters()?.iter().map(|(_, t)| t)).bytes,
+            None => 0,
+        };
         let critic = if components.use_critic {
+            let copied = models.critic.is_none();
             let backbone = match models.critic {
                 Some(decoder) => decoder,
                 None => copy_decoder(&policy, Kind::Float)?,
@@ -417,11 +397,17 @@ impl Trainer {
             };
             let critic =
                 Critic::new(backbone, critic_optimizer, critic_schedule, options.cliprange_value, options.seed)?;
-            Some(critic.with_recompute(critic_recompute))
+            let critic_trained = TrainedParameters::of(critic.optimizer().param_vars().iter());
+            others += allocated_for(critic_trained, copied, false, on_cpu);
+            Some(critic)
         } else {
             None
         };
-        Ok(Trainer {
+        let memory_budget =
+            MemoryBudget { available, configured: (options.micro_batching, options.pass_tokens), others, trained };
+        let recompute = memory_fit::plan(options.activation_recompute, &policy, None);
+        let state_memory = StateMemory::expected(trained, ZeroStage::Replicated, 1, false);
+        let mut trainer = Trainer {
             policy,
             optimizer: adamw,
             schedule,
@@ -434,7 +420,12 @@ impl Trainer {
             dp: None,
             predict_zero_gradient: true,
             recompute,
-        })
+            memory_budget,
+            state_memory,
+            memory_announced: false,
+        };
+        trainer.fit_memory(ZeroStage::Replicated, 1, 1);
+        Ok(trainer)
     }
 
     /// Makes this trainer one rank of a data-parallel group: rank 0's parameters, reference model, critic,
@@ -451,6 +442,8 @@ impl Trainer {
             let (stage, bucket_bytes) = (self.options.zero_stage, self.options.shard_bucket_bytes);
             dp.zero = Some(Zero::new(stage, bucket_bytes, &mut self.optimizer, dp)?);
         }
+        let stage = self.dp.as_ref().and_then(|dp| dp.zero.as_ref()).map_or(ZeroStage::Replicated, Zero::stage);
+        self.fit_memory(stage, self.world_size(), crate::memory::local_ranks());
         Ok(self)
     }
 
@@ -647,6 +640,9 @@ impl Trainer {
     /// Runs one train step on `rows` and returns its metrics.
     pub fn train_step(&mut self, rows: &[TrainRow]) -> Result<StepMetrics> {
         let start = Instant::now();
+        if !std::mem::replace(&mut self.memory_announced, true) {
+            tracing::info!("{}", self.state_memory.describe(self.memory_budget.trained.elements));
+        }
         validate(rows, self.policy.config().vocab_size)?;
         let n = rows.len();
         let width = rows.iter().map(TrainRow::response_length).max().unwrap_or(0);

@@ -115,7 +115,7 @@ impl ShardedMemory {
 
 impl Zero {
     /// Shards `optimizer`'s state (whole and identical on every rank, as after the start's broadcast) over the
-    /// ranks of `dp` for `stage`, and logs what it chose and the memory per rank it expects.
+    /// ranks of `dp` for `stage` (the trainer logs the memory per rank it expects, [`crate::memory`]).
     pub fn new(stage: ZeroStage, bucket_bytes: usize, optimizer: &mut AdamW, dp: &DataParallel) -> Result<Zero> {
         let (rank, world) = (dp.rank(), dp.world_size());
         let vars: Vec<Tensor> = optimizer.params.iter().map(|p| p.var.shallow_clone()).collect();
@@ -147,26 +147,7 @@ impl Zero {
             }
         }
         let zero = Zero { stage, rank, world, buckets, owned, last_gradient_elements: std::cell::Cell::new(0) };
-        let unsharded = zero.memory(optimizer, false);
         zero.reshard(optimizer)?;
-        let sharded = zero.memory(optimizer, true);
-        let params: i64 = vars.iter().map(|v| v.numel() as i64).sum();
-        let per_param = |bytes: i64| bytes as f64 / params.max(1) as f64;
-        let gib = |bytes: i64| bytes as f64 / f64::from(1u32 << 30);
-        tracing::info!(
-            "sharded data parallel: ZeRO stage {} over {world} ranks ({}; parameters replicated, stage 3 is not \
-             implemented yet): per rank {:.2} GiB for {params} parameters, their gradients and AdamW state \
-             ({:.1} bytes a parameter; {:.1} unsharded, {:.2} GiB)",
-            stage.number(),
-            match stage {
-                ZeroStage::Gradients => "optimizer state and gradients sharded",
-                _ => "optimizer state sharded",
-            },
-            gib(sharded.total()),
-            per_param(sharded.total()),
-            per_param(unsharded.total()),
-            gib(unsharded.total()),
-        );
         Ok(zero)
     }
 

@@ -210,10 +210,14 @@ fn dp_child() {
                 }
                 if sharded && step + 1 == steps {
                     let m = t.sharded_memory().unwrap();
+                    let expected = t.expected_memory();
                     let memory = serde_json::json!({
                         "state_elements": t.optimizer().state_elements(),
                         "gradient_bytes": m.gradients,
                         "parameter_bytes": m.parameters,
+                        "expected_state_bytes": expected.optimizer_state,
+                        "expected_gradient_shard_bytes": expected.gradient_shard,
+                        "expected_parameter_bytes": expected.parameters,
                     });
                     std::fs::write(dir.join(format!("rank{rank}_memory.json")), memory.to_string()).unwrap();
                     save_final_state(&t, &dir, "rank");
@@ -551,8 +555,13 @@ fn check_sharded(name: &str) {
     let held: Vec<i64> = ranks.iter().map(|m| m["state_elements"].as_i64().unwrap()).collect();
     println!("{name}: optimizer state elements per rank {held:?} of {whole} unsharded");
     assert_eq!(held.iter().sum::<i64>(), whole, "{name}: the shards do not add up to the whole state");
-    for h in &held {
+    for (h, m) in held.iter().zip(&ranks) {
         assert!((*h as f64) <= 0.5 * whole as f64 * 1.01, "{name}: a rank holds {h} of {whole} state elements");
+        // The trainer's expected figures (what it sizes micro-batches by and logs) are what the rank holds, up to
+        // the padding of each bucket's chunks.
+        let expected = m["expected_state_bytes"].as_i64().unwrap() as f64;
+        assert!((expected - 4.0 * *h as f64).abs() <= 0.01 * expected, "{name}: expected {expected} state bytes");
+        assert_eq!(m["expected_parameter_bytes"], m["parameter_bytes"], "{name}");
     }
     if name.starts_with("zero2") {
         for m in &ranks {
@@ -560,6 +569,8 @@ fn check_sharded(name: &str) {
             let elements = params / if bf16 { 2 } else { 4 };
             println!("{name}: gradient bytes held {grads} for {elements} parameters (fp32 shards)");
             assert!(grads as f64 <= 0.5 * 4.0 * elements as f64 * 1.01, "{name}: {grads} gradient bytes");
+            let expected = m["expected_gradient_shard_bytes"].as_i64().unwrap() as f64;
+            assert!((expected - grads as f64).abs() <= 0.01 * expected, "{name}: expected {expected} shard bytes");
         }
     }
 
