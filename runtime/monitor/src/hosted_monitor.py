@@ -4,10 +4,14 @@
 # Protocol (one JSON object a line): the first stdin line is the run ({"monitor", "project", "group", "name",
 # "role", "args", "config", "dir"}); every later line is one step ({"step": N, "metrics": {...}}, non-finite
 # values as the strings "nan", "inf", "-inf"). stdin's end finishes the run. On stdout it answers
-# {"event": "imported"}, then {"event": "ready"} or {"event": "error", "stage": ..., "message": ...}, then
-# {"event": "log_failed", "message": ...} for the first step the client refused and
-# {"event": "finished", "failed": N} at the end. Everything the clients print goes to stderr (the log file).
+# {"event": "imported"} once the client is imported and its arguments are usable (an {"event": "error", "stage":
+# "import" or "config", "message": ...} before it is the run's error), then {"event": "ready"} once the client has
+# started its run (or {"event": "error", "stage": "init", ...}: the service is down or refused the login), then
+# {"event": "logged", "step": N} or {"event": "refused", "step": N, "message": ...} for every step, and
+# {"event": "finished", "failed": N} at the end. Everything the clients print goes to stderr (the log file), with
+# their libraries' warnings (urllib3's retries of a server that is down, say).
 import json
+import logging
 import os
 import sys
 import traceback
@@ -21,9 +25,14 @@ sys.stdout = sys.stderr
 devnull = os.open(os.devnull, os.O_RDONLY)
 os.dup2(devnull, 0)
 sys.stdin = open(os.devnull)
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 imported = False
+
+
+class ConfigError(Exception):
+    """Monitor arguments the client cannot use: the user fixes them before anything can be reported."""
 
 
 def say(event, **fields):
@@ -113,18 +122,18 @@ class Swanlab:
         import swanlab
 
         self.swanlab = swanlab
-        say("imported")
         args = run["args"]
         mode = args.get("mode") or "cloud"
         api_key = os.environ.get("SWANLAB_API_KEY")
+        if not api_key and mode == "cloud":
+            # Trinity-RFT requires the key in every mode; the local and offline modes never use it.
+            raise ConfigError("SWANLAB_API_KEY environment variable not set (or set monitor_args.mode: offline)")
+        say("imported")
         if api_key:
             try:
                 swanlab.login(api_key=api_key, save=True)
             except Exception:
                 traceback.print_exc()
-        elif mode == "cloud":
-            # Trinity-RFT requires the key in every mode; the local and offline modes never use it.
-            raise RuntimeError("SWANLAB_API_KEY environment variable not set (or set monitor_args.mode: offline)")
         tags = list(args.get("tags") or [])
         for tag in (run["role"], run["group"]):
             if tag and tag not in tags:
@@ -163,7 +172,7 @@ def main():
         client = {"wandb": Wandb, "mlflow": Mlflow, "swanlab": Swanlab}[kind](run)
     except BaseException as error:
         traceback.print_exc()
-        stage = "init" if imported else "import"
+        stage = "init" if imported else "config" if isinstance(error, ConfigError) else "import"
         say("error", stage=stage, message=f"{type(error).__name__}: {error}")
         return 1
     say("ready")
@@ -174,9 +183,10 @@ def main():
             client.log(record["step"], {k: number(v) for k, v in record["metrics"].items()})
         except Exception as error:
             traceback.print_exc()
-            if failed == 0:
-                say("log_failed", message=f"{type(error).__name__}: {error}")
+            say("refused", step=record["step"], message=f"{type(error).__name__}: {error}")
             failed += 1
+        else:
+            say("logged", step=record["step"])
     client.finish()
     say("finished", failed=failed)
     return 0
