@@ -35,8 +35,9 @@ const WASM_TARGET: &str = "wasm32-wasip2";
 /// what a test run means.
 const OPENAI_PACKAGE: &str = "openai==3.54.0";
 /// The official clients of the hosted monitors (`monitor_type` wandb, mlflow, swanlab), pinned; the monitor tests
-/// run them in their offline modes. `mlflow-skinny` is the client without the server's dependencies.
-const MONITOR_PACKAGES: [&str; 3] = ["wandb==0.31.0", "mlflow-skinny==3.17.2", "swanlab==0.10.3"];
+/// run them in their offline modes, and run MLflow's tracking server (full `mlflow`: `mlflow-skinny` is only the
+/// client) on loopback.
+const MONITOR_PACKAGES: [&str; 3] = ["wandb==0.31.0", "mlflow==3.17.2", "swanlab==0.10.3"];
 /// Trinity-RFT's release whose Python workflows the Python workflow host runs (its tests' venv).
 const TRINITY_RFT_PACKAGE: &str = "trinity-rft==0.6.0";
 /// What `import trinity.common.workflows` needs without vLLM, Ray or veRL: torch's own Python dependencies, the
@@ -189,6 +190,18 @@ impl Deps {
         Ok(())
     }
 
+    /// Only what `cargo xtask quickstart` needs: libtorch and Gloo's headers to build, the studio's npm packages
+    /// (uPlot is embedded at build time), and SmolLM2. The test environments (the Python venvs, PostgreSQL,
+    /// Chromium, the wasm target: several GB) wait for `cargo xtask setup` or `test`.
+    pub(crate) fn install_quickstart(&self) -> Result<()> {
+        step("setup: libtorch", || self.install_libtorch())?;
+        install_gloo_headers()?;
+        install_node()?;
+        step("setup: the studio's npm packages (uPlot, playwright-core)", || self.install_npm_packages())?;
+        step("setup: SmolLM2-135M-Instruct model", || self.install_model())?;
+        Ok(())
+    }
+
     fn install_npm_packages(&self) -> Result<()> {
         let dir = self.npm_dir();
         let pins: Vec<String> = NPM_PACKAGES.iter().map(|(name, version)| format!("{name}@{version}")).collect();
@@ -261,17 +274,30 @@ impl Deps {
             return Ok(());
         }
         step(&format!("setup: Python {} from PyPI into {}", MONITOR_PACKAGES.join(", "), venv.display()), || {
-            if venv.exists() {
-                std::fs::remove_dir_all(&venv)
-                    .with_context(|| format!("cannot clear the partial install at {}", venv.display()))?;
+            // A venv of earlier pins (or a half-finished install) is kept when its pip runs: pip then changes only
+            // what the pins differ in, instead of downloading every client again into a new venv.
+            let pip_runs = Command::new(&python)
+                .args(["-m", "pip", "--version"])
+                .output()
+                .is_ok_and(|output| output.status.success());
+            if !pip_runs {
+                if venv.exists() {
+                    std::fs::remove_dir_all(&venv)
+                        .with_context(|| format!("cannot clear the broken venv at {}", venv.display()))?;
+                }
+                run(python_command().args(["-m", "venv"]).arg(&venv))
+                    .context("python3 cannot create a virtual environment (Debian: apt-get install python3-venv)")?;
             }
-            run(python_command().args(["-m", "venv"]).arg(&venv))
-                .context("python3 cannot create a virtual environment (Debian: apt-get install python3-venv)")?;
             run(Command::new(&python)
                 .env("PIP_ROOT_USER_ACTION", "ignore")
                 .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
                 .args(MONITOR_PACKAGES))
             .context("pip cannot install the monitors' clients (PyPI must be reachable)")?;
+            for entry in std::fs::read_dir(&venv)?.flatten() {
+                if entry.file_name().to_string_lossy().starts_with(".installed-") {
+                    std::fs::remove_file(entry.path())?;
+                }
+            }
             std::fs::write(&marker, MONITOR_PACKAGES.join("\n"))?;
             Ok(())
         })
