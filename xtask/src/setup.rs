@@ -190,6 +190,18 @@ impl Deps {
         Ok(())
     }
 
+    /// Only what `cargo xtask quickstart` needs: libtorch and Gloo's headers to build, the studio's npm packages
+    /// (uPlot is embedded at build time), and SmolLM2. The test environments (the Python venvs, PostgreSQL,
+    /// Chromium, the wasm target: several GB) wait for `cargo xtask setup` or `test`.
+    pub(crate) fn install_quickstart(&self) -> Result<()> {
+        step("setup: libtorch", || self.install_libtorch())?;
+        install_gloo_headers()?;
+        install_node()?;
+        step("setup: the studio's npm packages (uPlot, playwright-core)", || self.install_npm_packages())?;
+        step("setup: SmolLM2-135M-Instruct model", || self.install_model())?;
+        Ok(())
+    }
+
     fn install_npm_packages(&self) -> Result<()> {
         let dir = self.npm_dir();
         let pins: Vec<String> = NPM_PACKAGES.iter().map(|(name, version)| format!("{name}@{version}")).collect();

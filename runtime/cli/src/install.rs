@@ -46,7 +46,7 @@ pub(crate) fn run(args: InstallArgs) -> Result<()> {
 pub(crate) fn host_api(kind: &str) -> Option<Version> {
     let version = match kind {
         "algorithm" => trinity_algorithm::library::API_VERSION,
-        "reward" | "workflow" | "operator" => trinity_plugin::WIT_VERSION,
+        "reward" | "workflow" | "operator" => crate::wasm::WIT_VERSION?,
         _ => return None,
     };
     Version::parse(version).ok()

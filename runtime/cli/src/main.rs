@@ -17,6 +17,7 @@ mod report;
 mod run;
 mod score;
 mod studio;
+mod wasm;
 
 use std::process::ExitCode;
 

@@ -3,12 +3,10 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use trinity_config::config::PluginSpec;
-use trinity_plugin::PluginLimits;
 
 /// Inspect plugins and every registered name.
 #[derive(Debug, Args)]
@@ -148,44 +146,29 @@ pub(crate) fn load(specs: &[PluginSpec]) -> Result<()> {
         // An installed plugin's name becomes its (re-verified) stored file.
         let path = &crate::install::resolve(&spec.path, &cwd)?;
         if path.extension().is_none_or(|extension| extension != "wasm") {
-            trinity_plugin::refuse_native_limits(path, &sandbox_keys(spec))?;
+            refuse_native_limits(path, &sandbox_keys(spec))?;
             trinity_algorithm::library::register_file(path)?;
             continue;
         }
-        let limits = limits(spec)?;
-        trinity_plugin::load_and_register(path, limits, spec.override_builtin)?;
+        crate::wasm::load(path, spec)?;
     }
     Ok(())
 }
 
-fn limits(spec: &PluginSpec) -> Result<PluginLimits> {
-    let mut limits = PluginLimits::default();
-    if let Some(mib) = spec.max_memory_mib {
-        if mib == 0 {
-            bail!("plugin {}: max_memory_mib must be positive", spec.path);
-        }
-        limits.memory_bytes = mib.checked_mul(1 << 20).context("max_memory_mib is too large")?;
+/// Refuses sandbox limits given for a native library (an algorithm `.so`): it runs unsandboxed inside trinity's
+/// process, so a memory cap, deadline or directory grant could not be enforced, and ignoring them silently would
+/// let a config promise isolation it does not get. `keys` are the limit keys the config set; none is fine.
+fn refuse_native_limits(path: &Path, keys: &[&str]) -> Result<()> {
+    if keys.is_empty() {
+        return Ok(());
     }
-    if let Some(seconds) = spec.timeout_s {
-        if !(seconds.is_finite() && seconds > 0.0) {
-            bail!("plugin {}: timeout_s must be a positive number of seconds, found {seconds}", spec.path);
-        }
-        limits.call_timeout = Duration::from_secs_f64(seconds);
-    }
-    if let Some(calls) = spec.max_model_calls {
-        if calls == 0 {
-            bail!("plugin {}: max_model_calls must be positive", spec.path);
-        }
-        limits.max_model_calls = calls;
-    }
-    if let Some(tokens) = spec.max_model_tokens {
-        if tokens == 0 {
-            bail!("plugin {}: max_model_tokens must be positive", spec.path);
-        }
-        limits.max_model_tokens = tokens;
-    }
-    limits.allow_dir = spec.allow_dir.as_ref().map(PathBuf::from);
-    Ok(limits)
+    let keys = keys.join(", ");
+    bail!(
+        "plugin {}: {keys} cannot apply to a native library: it runs unsandboxed inside trinity's process, so no \
+         memory cap, deadline or directory grant can be enforced on it; remove {keys} from its `plugins:` entry, or \
+         build the code as a WASM plugin",
+        path.display()
+    )
 }
 
 /// The sandbox keys a `plugins:` entry sets: a native library cannot honour any of them.
@@ -225,15 +208,7 @@ pub(crate) fn listing() -> Vec<Row> {
     let algorithms = trinity_algorithm::list().into_iter().filter(|item| item.library.is_none());
     rows.extend(algorithms.map(|item| builtin(&item.kind.to_string(), &item.name)));
     rows.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
-    let mut plugins: Vec<Row> = trinity_plugin::registered()
-        .into_iter()
-        .map(|info| Row {
-            kind: info.kind.label().to_owned(),
-            name: info.name,
-            version: info.version,
-            origin: info.path.display().to_string(),
-        })
-        .collect();
+    let mut plugins: Vec<Row> = crate::wasm::registered();
     for library in trinity_algorithm::library::loaded() {
         plugins.extend(library.components.into_iter().map(|c| Row {
             kind: c.kind.to_string(),
@@ -261,28 +236,6 @@ pub(crate) fn listing() -> Vec<Row> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn limits_come_from_the_entry_and_bad_ones_are_refused() {
-        let mut spec = spec_for(Path::new("x.wasm"));
-        assert_eq!(limits(&spec).unwrap(), PluginLimits::default());
-        spec.max_memory_mib = Some(64);
-        spec.timeout_s = Some(1.5);
-        spec.allow_dir = Some("/srv/data".into());
-        let set = limits(&spec).unwrap();
-        assert_eq!(set.memory_bytes, 64 << 20);
-        assert_eq!(set.call_timeout, Duration::from_millis(1500));
-        assert_eq!(set.allow_dir, Some(PathBuf::from("/srv/data")));
-        spec.max_model_calls = Some(12);
-        spec.max_model_tokens = Some(3000);
-        let set = limits(&spec).unwrap();
-        assert_eq!((set.max_model_calls, set.max_model_tokens), (12, 3000));
-        spec.max_model_calls = Some(0);
-        assert!(limits(&spec).unwrap_err().to_string().contains("max_model_calls"));
-        spec.max_model_calls = None;
-        spec.timeout_s = Some(f64::NAN);
-        assert!(limits(&spec).unwrap_err().to_string().contains("timeout_s"));
-    }
 
     #[test]
     fn sandbox_limits_on_a_native_library_are_refused_before_it_loads() {

@@ -42,12 +42,6 @@ pub enum PluginError {
          {repeat_times}: at most {limit} are accepted (one per turn, or per rollout)"
     )]
     TooManyExperiences { plugin: String, returned: usize, turns: usize, repeat_times: u32, limit: usize },
-    #[error(
-        "plugin {path}: {keys} cannot apply to a native library: it runs unsandboxed inside trinity's process, so \
-         no memory cap, deadline or directory grant can be enforced on it; remove {keys} from its `plugins:` entry, \
-         or build the code as a WASM plugin"
-    )]
-    NativeLimits { path: PathBuf, keys: String },
     #[error("plugin `{plugin}`: trapped: {message}")]
     Trap { plugin: String, message: String },
     #[error("plugin `{plugin}`: returned an error: {message}")]

@@ -11,8 +11,8 @@
 //! stdout and stderr captured, capped and logged under its name. A trap poisons its Store, so the host drops the
 //! Store and instantiates afresh; the failure costs the task or batch that was running, named in the error
 //! ([`PluginError`]), and the run goes on. Workflows also have a model budget (calls and generated tokens per
-//! task) and may return at most one experience per model turn (or per rollout). Native libraries cannot be
-//! sandboxed; [`refuse_native_limits`] says so when a config gives them limits.
+//! task) and may return at most one experience per model turn (or per rollout). (Native algorithm libraries
+//! cannot be sandboxed; the binary refuses limits given for one.)
 //!
 //! * [`component`]: reading a file, the WIT version check, finding the kind.
 //! * [`RewardPlugin`] / [`OperatorPlugin`]: synchronous calls on a pool of worker threads, each owning a Store.
@@ -40,6 +40,6 @@ pub use engine::PluginLimits;
 pub use error::PluginError;
 pub use instance::PluginInfo;
 pub use operator::OperatorPlugin;
-pub use registry::{Plugin, load, load_and_register, refuse_native_limits, register, registered};
+pub use registry::{Plugin, load, load_and_register, register, registered};
 pub use reward::{RewardPlugin, RewardTask};
 pub use workflow::WorkflowPlugin;

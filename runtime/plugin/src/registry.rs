@@ -82,28 +82,3 @@ pub fn load_and_register(path: &Path, limits: PluginLimits, override_builtin: bo
 pub fn registered() -> Vec<PluginInfo> {
     REGISTERED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
 }
-
-/// Refuses sandbox limits given for a native library (an algorithm `.so`): it runs unsandboxed inside trinity's
-/// process, so a memory cap, deadline or directory grant could not be enforced, and ignoring them silently would
-/// let a config promise isolation it does not get. `keys` are the limit keys the config set (`max_memory_mib`,
-/// `timeout_s`, `allow_dir`); none is fine.
-pub fn refuse_native_limits(path: &Path, keys: &[&str]) -> Result<(), PluginError> {
-    if keys.is_empty() {
-        return Ok(());
-    }
-    Err(PluginError::NativeLimits { path: path.to_owned(), keys: keys.join(", ") })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limits_for_a_native_library_are_refused_with_the_reason() {
-        let path = Path::new("/plugins/libalgo.so");
-        assert!(refuse_native_limits(path, &[]).is_ok());
-        let error = refuse_native_limits(path, &["max_memory_mib", "timeout_s"]).unwrap_err().to_string();
-        assert!(error.contains("/plugins/libalgo.so") && error.contains("max_memory_mib, timeout_s"), "{error}");
-        assert!(error.contains("unsandboxed") && error.contains("WASM plugin"), "{error}");
-    }
-}
