@@ -6,10 +6,18 @@ use std::process::{Command, Output};
 
 use crate::support::{grpo_run_config, stderr, tiny_model_dir, workspace_root};
 
-/// The user's module: a single-turn workflow that samples the group with one `chat` call (`n`), one that raises
-/// on one row, and one that hangs on one row.
+/// The user's module: a single-turn workflow that samples the group with one `chat` call (`n`) and raises, hangs
+/// or kills its own process on the rows named so; then the workflows of the other tests.
 const USER_MODULE: &str = r#"
+import asyncio
+import os
+import signal
 import time
+
+import torch
+from tokenizers import Tokenizer
+
+from trinity.common.workflows.workflow import MultiTurnWorkflow
 
 from trinity.common.workflows.workflow import Workflow
 
@@ -27,6 +35,8 @@ class LengthWorkflow(Workflow):
             raise ValueError("the user's workflow refused row boom")
         if row["prompt"] == "hang":
             time.sleep(600)
+        if row["prompt"] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         messages = [{"role": "user", "content": row["prompt"]}]
         experiences = self.model.chat(messages, n=self.repeat_times, temperature=1.0, max_tokens=6, logprobs=0)
         assert isinstance(self.model.model_version, int)
@@ -36,6 +46,112 @@ class LengthWorkflow(Workflow):
             exp.metrics = {"length_reward": exp.reward}
             exp.eid.run = self.run_id_base + run
         return experiences
+
+
+class TalkWorkflow(MultiTurnWorkflow):
+    """Two sampled turns, trained as one experience through convert_messages_to_experience; reused across
+    tasks (can_reset)."""
+
+    can_reset = True
+    built = 0
+
+    def __init__(self, *, task, model, auxiliary_models=None):
+        super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
+        TalkWorkflow.built += 1
+        self.resets = 0
+        self.task = task
+
+    def reset(self, task):
+        self.task = task
+        self.resets += 1
+
+    def run(self):
+        try:
+            self.model.get_openai_client()
+            raise AssertionError("an OpenAI client without enable_openai_api")
+        except ValueError as error:
+            assert "explorer.rollout_model.enable_openai_api" in str(error), error
+        messages = [{"role": "user", "content": self.task.raw_task["prompt"]}]
+        first = None
+        for follow_up in ["b", None]:
+            reply = self.model.chat(messages, n=1, max_tokens=3)[0]
+            if first is None:
+                first = reply
+            messages.append({"role": "assistant", "content": reply.response_text})
+            if follow_up:
+                messages.append({"role": "user", "content": follow_up})
+        exp = self.process_messages_to_experience(messages, reward=float(len(messages[1]["content"])), info={"reused": float(self.resets > 0)})
+        tokenizer = Tokenizer.from_file(os.path.join(self.model.model_path, "tokenizer.json"))
+        tokens = exp.tokens.tolist()
+        assert tokens[: exp.prompt_length] == first.tokens[: first.prompt_length].tolist(), "the prompt is the first turn's"
+        mask = exp.action_mask.tolist()
+        assert len(mask) == len(tokens) - exp.prompt_length
+        runs, context, current, masked = [], [], [], None
+        for token, action in zip(tokens[exp.prompt_length :], mask):
+            if action != masked and current:
+                (runs if masked else context).append(current)
+                current = []
+            masked = action
+            current.append(token)
+        (runs if masked else context).append(current)
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+        expected = [m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant"]
+        assert [decode(run) for run in runs] == expected, ([decode(run) for run in runs], expected)
+        assert [decode(c) for c in context] == ["<|im_start|>userb<|im_end|><|im_start|>assistant"], [decode(c) for c in context]
+        scored = self.model.logprobs(tokens)
+        assert scored.shape[0] == len(tokens) - 1 and torch.all(scored <= 0)
+        return [exp]
+
+
+class AgentWorkflow(Workflow):
+    """An async agent: two concurrent requests through the OpenAI async client, trained on the recorded history."""
+
+    is_async = True
+
+    async def run_async(self):
+        client = self.model.get_openai_async_client()
+        prompt = self.task.raw_task["prompt"]
+        replies = await asyncio.gather(
+            *[
+                client.chat.completions.create(
+                    model=client.model_path, messages=[{"role": "user", "content": prompt + s}], max_tokens=4
+                )
+                for s in "ab"
+            ]
+        )
+        experiences = self.model.extract_experience_from_history(clear_history=True)
+        assert len(experiences) == 2, f"this run's two replies, not another run's: {len(experiences)}"
+        assert self.model.extract_experience_from_history() == []
+        texts = sorted(r.choices[0].message.content for r in replies)
+        assert sorted(e.response_text for e in experiences) == texts, (texts, [e.response_text for e in experiences])
+        for exp in experiences:
+            scored = await self.model.logprobs_async(exp.tokens.tolist())
+            drift = (scored[exp.prompt_length - 1 :] - exp.logprobs).abs().max().item()
+            assert drift < 1e-2, f"the engine's logprobs of the recorded reply differ by {drift}"
+            exp.reward = float(len(exp.response_text) % 2)
+            exp.metrics = {"agent_calls": 2.0}
+        more = await asyncio.gather(*[self.model.chat_async([{"role": "user", "content": prompt}], max_tokens=2) for _ in range(3)])
+        assert len(more) == 3
+        return experiences
+
+
+class JudgedWorkflow(Workflow):
+    """A policy answer judged by the auxiliary model, through its wrapper and through its OpenAI client."""
+
+    def run(self):
+        judge, client = self.auxiliary_model_wrappers[0], self.auxiliary_models[0]
+        assert judge.config.name == "judge" and client.model_path == "judge", (judge.config.name, client.model_path)
+        assert judge.generate_kwargs["max_tokens"] == 3, judge.generate_kwargs
+        answer = self.model.chat([{"role": "user", "content": self.task.raw_task["prompt"]}], n=1, max_tokens=4)[0]
+        verdict = judge.chat([{"role": "user", "content": "judge " + answer.response_text}], max_tokens=3)[0]
+        reply = client.chat.completions.create(
+            model=client.model_path, messages=[{"role": "user", "content": "judge"}], max_tokens=3
+        )
+        teacher = judge.logprobs(answer.tokens.tolist())
+        assert teacher.shape[0] == len(answer.tokens) - 1
+        answer.reward = float(len(verdict.response_text) % 2)
+        answer.metrics = {"judge_reply": float(len(reply.choices[0].message.content) >= 0)}
+        return [answer]
 "#;
 
 /// Where `cargo xtask setup` installed Trinity-RFT 0.6.0.
@@ -56,14 +172,22 @@ fn trinity_rft_python() -> PathBuf {
     python
 }
 
-/// A GRPO run dir whose workflow is `userwf.<class>` from a module in the run's directory; `rows` are prompts.
+/// A GRPO run dir whose workflow is `userwf.LengthWorkflow` from a module in the run's directory; `rows` are
+/// prompts.
 fn run_dir(rows: &[&str], extra: &str) -> tempfile::TempDir {
+    workflow_dir("LengthWorkflow", rows, 40, extra)
+}
+
+/// The same with the workflow `userwf.<class>` and that `max_model_len`.
+fn workflow_dir(class: &str, rows: &[&str], max_model_len: u32, extra: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("userwf.py"), USER_MODULE).unwrap();
     let tasks: String = rows.iter().map(|p| format!("{{\"prompt\": \"{p}\", \"response\": \"1\"}}\n")).collect();
     std::fs::write(dir.path().join("tasks.jsonl"), tasks).unwrap();
-    let config =
-        format!("{}    default_workflow_type: userwf.LengthWorkflow\n{extra}", grpo_run_config(&tiny_model_dir(), 40));
+    let config = format!(
+        "{}    default_workflow_type: userwf.{class}\n{extra}",
+        grpo_run_config(&tiny_model_dir(), max_model_len)
+    );
     std::fs::write(dir.path().join("config.yaml"), config).unwrap();
     dir
 }
@@ -130,4 +254,90 @@ fn a_missing_trinity_package_is_a_dry_run_error_with_the_pip_line() {
     }
     let missing = run(dir.path(), Path::new("/nonexistent/python"), &["run", "--config", "config.yaml", "--dry-run"]);
     assert!(stderr(&missing).contains("/nonexistent/python"), "{}", stderr(&missing));
+}
+
+/// An `explorer:` section without retries whose rollout model runs in fp32 (scoring a sequence on a bf16 model
+/// on the CPU is refused by the packed decode path).
+const FLOAT32_EXPLORER: &str = "explorer:\n  max_retry_times: 0\n  rollout_model:\n    dtype: float32\n";
+
+/// The experiences a run wrote, and its steps' metrics.
+fn outputs(job: &Path) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let read = |name: &str| -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(job.join(name)).unwrap_or_default();
+        text.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+    };
+    (read("experiences.jsonl"), read("monitor/metrics.jsonl"))
+}
+
+#[test]
+fn a_multi_turn_workflow_trains_on_its_converted_conversation_with_only_the_assistant_turns_masked_in() {
+    let python = trinity_rft_python();
+    let dir = workflow_dir("TalkWorkflow", &["ab", "ba"], 64, FLOAT32_EXPLORER);
+    let output = run(dir.path(), &python, &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let job = dir.path().join("ckpt/p/n");
+    let (experiences, metrics) = outputs(&job);
+    assert_eq!(metrics.len(), 1, "{metrics:?}");
+    let step = &metrics[0];
+    assert_eq!(step["rollout/failed_tasks"], 0.0, "the workflow's own mask checks held: {step}");
+    assert!(step["train/pg_loss"].is_number(), "{step}");
+    assert_eq!(experiences.len(), 4, "2 tasks x 2 runs, one experience each");
+    for e in &experiences {
+        let mask: Vec<bool> = e["action_mask"].as_array().unwrap().iter().map(|m| m.as_bool().unwrap()).collect();
+        let response = e["tokens"].as_array().unwrap().len() - e["prompt_length"].as_u64().unwrap() as usize;
+        assert_eq!(mask.len(), response, "{e}");
+        let switches = mask.windows(2).filter(|w| w[0] != w[1]).count();
+        assert_eq!((mask[0], switches, mask[mask.len() - 1]), (true, 2, true), "answer, user turn, answer: {mask:?}");
+        let logprobs = e["logprobs"].as_array().unwrap();
+        for (l, m) in logprobs.iter().zip(&mask) {
+            assert_eq!(l.as_f64().unwrap() == 0.0, !m, "scored exactly where masked in: {e}");
+        }
+    }
+    let reused: Vec<f64> = experiences.iter().map(|e| e["info"]["reused"].as_f64().unwrap()).collect();
+    assert_eq!(reused.iter().sum::<f64>(), 2.0, "each task's second run reset the can_reset instance: {reused:?}");
+}
+
+#[test]
+fn an_async_agent_trains_on_the_replies_its_openai_client_recorded() {
+    let python = trinity_rft_python();
+    let extra = "explorer:\n  max_retry_times: 0\n  concurrent_mode: asynchronous\n  rollout_model:\n    dtype: float32\n    enable_openai_api: true\n    enable_history: true\n";
+    let dir = workflow_dir("AgentWorkflow", &["ab", "ba"], 64, extra);
+    let output = run(dir.path(), &python, &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let (experiences, metrics) = outputs(&dir.path().join("ckpt/p/n"));
+    assert_eq!(metrics.len(), 1, "{metrics:?}");
+    assert_eq!(metrics[0]["rollout/failed_tasks"], 0.0, "{}", metrics[0]);
+    assert!(metrics[0]["rollout/agent_calls/mean"].is_number(), "{}", metrics[0]);
+    assert_eq!(experiences.len(), 8, "2 tasks x 2 concurrent runs x 2 recorded replies");
+}
+
+#[test]
+fn a_workflow_calls_its_auxiliary_model_through_the_wrapper_and_the_openai_client() {
+    let python = trinity_rft_python();
+    let extra = format!(
+        "explorer:\n  max_retry_times: 0\n  rollout_model:\n    enable_openai_api: true\n  auxiliary_models:\n    - model_path: {}\n      name: judge\n      dtype: float32\n      max_model_len: 64\n      max_response_tokens: 3\n",
+        tiny_model_dir().display()
+    );
+    let dir = workflow_dir("JudgedWorkflow", &["ab", "ba"], 64, &extra);
+    let output = run(dir.path(), &python, &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let (experiences, metrics) = outputs(&dir.path().join("ckpt/p/n"));
+    assert_eq!(metrics[0]["rollout/failed_tasks"], 0.0, "{}", metrics[0]);
+    assert_eq!(metrics[0]["rollout/judge_reply/mean"], 1.0, "{}", metrics[0]);
+    assert_eq!(experiences.len(), 4);
+}
+
+#[test]
+fn a_workflow_that_kills_its_own_process_costs_only_its_task() {
+    let python = trinity_rft_python();
+    let dir = run_dir(&["ab1", "kill", "ab2", "ab3"], "explorer:\n  max_retry_times: 0\n");
+    let output = run(dir.path(), &python, &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let job = dir.path().join("ckpt/p/n");
+    let failed = std::fs::read_to_string(job.join("failed_tasks.jsonl")).unwrap();
+    assert_eq!(failed.lines().count(), 1, "{failed}");
+    assert!(failed.contains("\"kill\"") && failed.contains("exited during the task"), "{failed}");
+    let (experiences, metrics) = outputs(&job);
+    assert_eq!(metrics.len(), 2, "both steps trained: {metrics:?}");
+    assert_eq!(experiences.len(), 6, "the three other tasks' groups");
 }

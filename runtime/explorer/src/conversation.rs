@@ -6,6 +6,11 @@
 //! whole conversation could split the model's own tokens differently from how it sampled them, and the trainer
 //! would then score tokens the model never produced. The experience is the whole sequence: the prompt is
 //! everything before the first answer, the action mask marks the model's tokens.
+//!
+//! A conversation that already happened (a Python workflow's messages, Trinity-RFT's
+//! `convert_messages_to_experience`) is recorded the same way from its rendered texts: context with
+//! [`Conversation::extend_text`], each assistant turn with [`Conversation::extend_reply_text`]; its reply tokens
+//! carry no logprobs until the caller scores the sequence.
 
 use trinity_buffer::{Eid, Experience};
 use trinity_engine::{Completion, SamplingParams};
@@ -15,7 +20,7 @@ use crate::rollout_model::RolloutModel;
 
 /// Why a turn could not be taken.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum TurnError {
+pub enum TurnError {
     #[error("model: {0}")]
     Model(#[from] trinity_model::ModelError),
     #[error("generation: {0}")]
@@ -30,7 +35,7 @@ pub(crate) enum TurnError {
 
 /// The recorded sequence of one conversation.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Conversation {
+pub struct Conversation {
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     mask: Vec<bool>,
@@ -47,13 +52,32 @@ impl Conversation {
     /// would send. Context tokens are appended to the recording.
     pub(crate) fn extend_to(&mut self, model: &RolloutModel, messages: &[ChatMessage]) -> Result<usize, TurnError> {
         let rendered = model.render_chat(messages, true)?;
+        self.extend_text(model, rendered)
+    }
+
+    /// Appends the context tokens of `rendered`, the whole conversation so far as the model sees it, which must
+    /// start with the text recorded so far; returns the sequence's length.
+    pub fn extend_text(&mut self, model: &RolloutModel, rendered: String) -> Result<usize, TurnError> {
+        self.append(model, rendered, false)?;
+        Ok(self.tokens.len())
+    }
+
+    /// Appends `rendered` (the conversation through an assistant turn the model gave, end-of-turn tokens
+    /// included) as that turn: its new tokens are actions, with logprob 0 until the caller scores them.
+    pub fn extend_reply_text(&mut self, model: &RolloutModel, rendered: String) -> Result<(), TurnError> {
+        self.prompt_length.get_or_insert(self.tokens.len());
+        self.model_version.get_or_insert(model.model_version());
+        self.append(model, rendered, true)
+    }
+
+    fn append(&mut self, model: &RolloutModel, rendered: String, action: bool) -> Result<(), TurnError> {
         let delta = rendered.strip_prefix(self.text.as_str()).ok_or(TurnError::NotAPrefix)?;
         let tokens = model.tokenizer().encode(delta, false)?;
         self.logprobs.extend(std::iter::repeat_n(0.0, tokens.len()));
-        self.mask.extend(std::iter::repeat_n(false, tokens.len()));
+        self.mask.extend(std::iter::repeat_n(action, tokens.len()));
         self.tokens.extend(tokens);
         self.text = rendered;
-        Ok(self.tokens.len())
+        Ok(())
     }
 
     /// Asks the model for the next answer to the sequence (after [`Conversation::extend_to`]) and records it.
@@ -77,7 +101,7 @@ impl Conversation {
 
     /// The experience of the conversation: up to its last answer (context tokens after it are not trained).
     /// `None` when the model never answered.
-    pub(crate) fn into_experience(mut self, eid: Eid, model: &RolloutModel) -> Option<Experience> {
+    pub fn into_experience(mut self, eid: Eid, model: &RolloutModel) -> Option<Experience> {
         let prompt_length = self.prompt_length?;
         let end = self.mask.iter().rposition(|m| *m).map_or(prompt_length, |last| last + 1);
         self.tokens.truncate(end);
@@ -143,5 +167,30 @@ mod tests {
         assert_eq!(&experience.tokens[before_second..], &second.tokens[..]);
         assert_eq!(&experience.logprobs[..a], &first.logprobs[..]);
         assert!(experience.logprobs[a..a + context].iter().all(|l| *l == 0.0));
+    }
+
+    #[test]
+    fn a_past_conversation_marks_exactly_its_assistant_turns() {
+        let model = tiny_model();
+        let turns = [("user", "ab"), ("assistant", "ba"), ("user", "b"), ("assistant", "a")];
+        let messages: Vec<ChatMessage> = turns.iter().map(|(r, c)| ChatMessage::new(*r, *c)).collect();
+        let mut conversation = Conversation::default();
+        for end in [1, 3] {
+            conversation.extend_text(&model, model.render_chat(&messages[..end], true).unwrap()).unwrap();
+            conversation.extend_reply_text(&model, model.render_chat(&messages[..=end], false).unwrap()).unwrap();
+        }
+        let experience = conversation.into_experience(Eid::default(), &model).unwrap();
+        experience.validate().unwrap();
+        let first_prompt = model.chat_prompt(&messages[..1], None).unwrap();
+        assert_eq!(experience.prompt_length, first_prompt.len());
+        assert_eq!(&experience.tokens[..first_prompt.len()], &first_prompt[..]);
+        let response = &experience.tokens[experience.prompt_length..];
+        let masked: Vec<u32> =
+            response.iter().zip(&experience.action_mask).filter(|(_, m)| **m).map(|(t, _)| *t).collect();
+        let text = model.decode(&masked).unwrap();
+        assert!(text.starts_with("ba") && text.contains('a'), "{text:?}");
+        assert!(!text.contains("user"), "the user turn is context: {text:?}");
+        let runs = experience.action_mask.windows(2).filter(|w| w[0] != w[1]).count();
+        assert_eq!(runs, 2, "answer, context, answer: {:?}", experience.action_mask);
     }
 }

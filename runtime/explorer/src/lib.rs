@@ -49,6 +49,7 @@ mod workflow;
 
 pub use agent_process_workflow::set_agent_environment;
 pub use auxiliary::{AuxiliaryError, AuxiliaryModel};
+pub use conversation::{Conversation, TurnError};
 pub use error::ExplorerError;
 pub use external_model::{
     ExternalChoice, ExternalModel, ExternalModelError, ExternalReply, external_model_workflows, response_tokens,

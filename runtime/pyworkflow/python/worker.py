@@ -10,11 +10,15 @@ With `--check NAME` it only imports the workflow and prints one JSON line saying
 """
 
 import asyncio
+import concurrent.futures
+import copy
 import importlib.abc
 import importlib.machinery
 import json
 import os
+import queue
 import sys
+import threading
 import traceback
 import types
 
@@ -83,31 +87,65 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 sys.meta_path.append(_StandInFinder())
 
 
-def send(message):
-    PROTOCOL_OUT.write(json.dumps(message) + "\n")
-    PROTOCOL_OUT.flush()
-
-
-def receive():
-    line = sys.stdin.readline()
-    if not line:
-        sys.exit(0)
-    return json.loads(line)
-
-
 class _Rpc:
+    """The worker's side of the pipes. A reader thread takes trinity's messages: replies complete the call of
+    their id, so any number of calls can be in flight at once (from a coroutine or from a thread), and trinity
+    answers them concurrently; tasks are queued for the main loop."""
+
     def __init__(self):
-        self.next_id = 0
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._pending = {}
+        self._closed = False
+        self.tasks = queue.Queue()
+
+    def send(self, message):
+        line = json.dumps(message) + "\n"
+        with self._lock:
+            PROTOCOL_OUT.write(line)
+            PROTOCOL_OUT.flush()
+
+    def start_reader(self):
+        threading.Thread(target=self._read, name="trinity-rpc", daemon=True).start()
+
+    def _read(self):
+        for line in sys.stdin:
+            message = json.loads(line)
+            if message.get("type") == "reply":
+                with self._lock:
+                    future = self._pending.pop(message.get("id"), None)
+                if future is None:
+                    print(f"trinity answered a call that is not waiting: {message!r}", file=sys.stderr)
+                elif "error" in message:
+                    future.set_exception(RuntimeError(f"trinity's model refused the call: {message['error']}"))
+                else:
+                    future.set_result(message.get("result"))
+            else:
+                self.tasks.put(message)
+        with self._lock:
+            self._closed = True
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            future.set_exception(EOFError("trinity closed the worker's input"))
+        self.tasks.put(None)
+
+    def start(self, method, params):
+        """Sends a call; its reply completes the returned concurrent future."""
+        future = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise EOFError("trinity closed the worker's input")
+            self._next_id += 1
+            call_id = self._next_id
+            self._pending[call_id] = future
+        self.send({"type": "call", "id": call_id, "method": method, "params": params})
+        return future
 
     def call(self, method, **params):
-        self.next_id += 1
-        send({"type": "call", "id": self.next_id, "method": method, "params": params})
-        reply = receive()
-        if reply.get("type") != "reply" or reply.get("id") != self.next_id:
-            raise RuntimeError(f"trinity answered {reply!r} to model call {method}")
-        if "error" in reply:
-            raise RuntimeError(f"trinity's model refused {method}: {reply['error']}")
-        return reply["result"]
+        return self.start(method, params).result()
+
+    async def call_async(self, method, **params):
+        return await asyncio.wrap_future(self.start(method, params))
 
 
 PLUGINS_LOADED = []
@@ -173,69 +211,290 @@ def resolve(name):
     return cls
 
 
-class TrinityModel:
-    """Trinity-RFT's ModelWrapper interface, answered by trinity's rollout model over the worker's pipes."""
+def _tensor(values, dtype):
+    import torch
 
-    def __init__(self, rpc, info):
-        self._rpc = rpc
-        self._info = info
+    return torch.tensor(values if values is not None else [], dtype=dtype)
 
-    def _experiences(self, results):
-        from trinity.common.experience import Experience
 
-        return [
-            Experience(
-                tokens=r["tokens"],
-                logprobs=r["logprobs"],
-                prompt_length=r["prompt_length"],
-                prompt_text=r.get("prompt_text"),
-                response_text=r.get("response_text"),
-                truncate_status=r.get("truncate_status"),
-            )
-            for r in results
-        ]
+def _experience(result, messages=None):
+    """Trinity-RFT's Experience from one trinity result."""
+    import torch
+    from trinity.common.experience import Experience
 
-    def chat(self, messages, **kwargs):
-        return self._experiences(self._rpc.call("chat", messages=list(messages), kwargs=_plain(kwargs)))
-
-    async def chat_async(self, messages, **kwargs):
-        return self.chat(messages, **kwargs)
-
-    def generate(self, prompts, **kwargs):
-        return [e for p in prompts for e in self._experiences(self._rpc.call("generate", prompt=p, kwargs=_plain(kwargs)))]
-
-    async def generate_async(self, prompts, **kwargs):
-        return self.generate(prompts, **kwargs)
-
-    @property
-    def model_version(self):
-        return self._rpc.call("model_version")
-
-    @property
-    async def model_version_async(self):
-        return self._rpc.call("model_version")
-
-    @property
-    def model_path(self):
-        return self._info.get("model_path")
-
-    @property
-    def model_name(self):
-        return self._info.get("model_path")
-
-    @property
-    def api_key(self):
-        return "EMPTY"
-
-    async def get_message_token_len(self, messages):
-        return self._rpc.call("message_token_len", messages=list(messages))
-
-    async def clean_workflow_state(self):
-        pass
+    mask = result.get("action_mask")
+    return Experience(
+        tokens=_tensor(result["tokens"], torch.int32),
+        logprobs=_tensor(result.get("logprobs"), torch.float32),
+        prompt_length=result["prompt_length"],
+        action_mask=None if mask is None else _tensor(mask, torch.bool),
+        prompt_text=result.get("prompt_text"),
+        response_text=result.get("response_text"),
+        truncate_status=result.get("truncate_status"),
+        messages=messages,
+    )
 
 
 def _plain(kwargs):
     return {k: v for k, v in kwargs.items() if isinstance(v, (int, float, str, bool, list, type(None)))}
+
+
+def _model_config(settings):
+    from trinity.common.config import InferenceModelConfig
+
+    known = InferenceModelConfig.__dataclass_fields__
+    return InferenceModelConfig(**{k: v for k, v in settings.items() if k in known and v is not None})
+
+
+class _UnservedClient:
+    """An auxiliary model's OpenAI client where trinity serves none (see TrinityModel._unserved)."""
+
+    def __init__(self, model_path):
+        self.model_path = model_path
+
+    def __getattr__(self, name):
+        raise ValueError(
+            f"the OpenAI client of auxiliary model `{self.model_path}` needs the rollout model's OpenAI-compatible "
+            "API, which serves the auxiliary models too: set `explorer.rollout_model.enable_openai_api: true`"
+        )
+
+
+class _SessionCounter:
+    next = 1
+
+
+class TrinityModel:
+    """Trinity-RFT 0.6.0's ModelWrapper, answered by trinity's rollout model (or, for a wrapper of an auxiliary
+    model, that model: `index`) over the worker's pipes."""
+
+    def __init__(self, rpc, settings, index=None):
+        self._rpc = rpc
+        self._index = index
+        self.config = _model_config(settings)
+        self._settings = settings
+        self._api_key = self.config.api_key
+        self._generate_kwargs = {
+            "temperature": self.config.temperature,
+            "top_p": self.config.top_p,
+            "max_tokens": self.config.max_response_tokens,
+        }
+        if self.config.enable_thinking is not None:
+            self._generate_kwargs["extra_body"] = {
+                "chat_template_kwargs": {"enable_thinking": self.config.enable_thinking}
+            }
+        self.enable_lora = False
+        self.enable_history = bool(self.config.enable_history)
+        self.history = []
+        self.workflow_state = {}
+        self._state_lock = threading.Lock()
+        # The OpenAI session (trinity's per-wrapper base URL) whose recorded replies are this wrapper's.
+        self._session = 0
+        self.openai_client = None
+        self.openai_async_client = None
+        # Whether the rollout model's OpenAI API, which also serves the auxiliary models, is on.
+        self.rollout_openai_api = bool(self.config.enable_openai_api)
+
+    def _call(self, method, **params):
+        return self._rpc.call(method, model=self._index, **params)
+
+    async def _call_async(self, method, **params):
+        return await self._rpc.call_async(method, model=self._index, **params)
+
+    def _record(self, experiences):
+        if self.enable_history:
+            self._take_recorded()
+            self.history.extend(experiences)
+        return experiences
+
+    def _take_recorded(self):
+        """Moves the replies trinity's OpenAI server recorded for this wrapper into its history, so that the
+        history keeps the order in which the calls completed."""
+        opened = self.openai_client is not None or self.openai_async_client is not None
+        if self.enable_history and self._index is None and opened:
+            self.history.extend(_experience(r) for r in self._rpc.call("history", session=self._session))
+
+    # Generation.
+    def chat(self, messages, **kwargs):
+        results = self._call("chat", messages=list(messages), kwargs=_plain(kwargs))
+        return self._record([_experience(r) for r in results])
+
+    async def chat_async(self, messages, **kwargs):
+        results = await self._call_async("chat", messages=list(messages), kwargs=_plain(kwargs))
+        return self._record([_experience(r) for r in results])
+
+    def generate(self, prompts, **kwargs):
+        futures = [self._rpc.start("generate", {"model": self._index, "prompt": p, "kwargs": _plain(kwargs)}) for p in prompts]
+        return self._record([_experience(r) for f in futures for r in f.result()])
+
+    async def generate_async(self, prompts, **kwargs):
+        calls = [self._call_async("generate", prompt=p, kwargs=_plain(kwargs)) for p in prompts]
+        results = await asyncio.gather(*calls)
+        return self._record([_experience(r) for rs in results for r in rs])
+
+    def _temperature(self, temperature):
+        if temperature is not None:
+            return temperature
+        return self.config.temperature if self.config.temperature is not None else 1.0
+
+    def logprobs(self, tokens, temperature=None):
+        import torch
+
+        values = self._call("logprobs", tokens=_list(tokens), temperature=self._temperature(temperature))
+        return torch.tensor(values, dtype=torch.float32)
+
+    async def logprobs_async(self, tokens, temperature=None):
+        import torch
+
+        values = await self._call_async("logprobs", tokens=_list(tokens), temperature=self._temperature(temperature))
+        return torch.tensor(values, dtype=torch.float32)
+
+    def convert_messages_to_experience(self, messages, tools=None, temperature=None):
+        result = self._call("convert_messages", messages=list(messages), tools=tools, temperature=self._temperature(temperature))
+        return _experience(result, messages=messages)
+
+    async def convert_messages_to_experience_async(self, messages, tools=None, temperature=None):
+        result = await self._call_async(
+            "convert_messages", messages=list(messages), tools=tools, temperature=self._temperature(temperature)
+        )
+        return _experience(result, messages=messages)
+
+    # What the wrapper says about its model.
+    @property
+    def model_version(self):
+        return self._call("model_version")
+
+    @property
+    async def model_version_async(self):
+        return await self._call_async("model_version")
+
+    @property
+    def model_path(self):
+        return self.config.model_path
+
+    @property
+    def model_name(self):
+        return self.config.model_path
+
+    @property
+    def model_config(self):
+        return self.config
+
+    @property
+    def generate_kwargs(self):
+        return self._generate_kwargs
+
+    @property
+    def api_key(self):
+        return self._api_key
+
+    def get_lora_request(self):
+        return None
+
+    async def get_lora_request_async(self):
+        return None
+
+    async def prepare(self):
+        pass
+
+    async def get_message_token_len(self, messages):
+        return await self._call_async("message_token_len", messages=list(messages))
+
+    # The OpenAI clients.
+    def _endpoint(self):
+        if self._index is None and not self.config.enable_openai_api:
+            raise ValueError(
+                "OpenAI API is not enabled for this model: set `explorer.rollout_model.enable_openai_api: true` "
+                "to get an OpenAI client of the rollout model"
+            )
+        return self._rpc.call("openai", model=self._index, session=self._session)
+
+    def _unserved(self):
+        """Trinity-RFT's workflows take every auxiliary model's OpenAI client when they are built; trinity serves
+        those clients from the rollout model's OpenAI API, so without it a workflow still builds and may use the
+        wrappers, and only a use of the client fails, naming the key."""
+        if self._index is not None and not self.rollout_openai_api:
+            return _UnservedClient(self.config.name or self.config.model_path)
+        return None
+
+    def get_openai_client(self):
+        import openai
+
+        if self.openai_client is None and self._unserved() is not None:
+            return self._unserved()
+        if self.openai_client is None:
+            endpoint = self._endpoint()
+            client = openai.OpenAI(base_url=endpoint["base_url"], api_key=self._api_key)
+            client.model_path = endpoint["model_name"]
+            if self.enable_history:
+                create = client.chat.completions.create
+
+                def recorded_create(*args, **kwargs):
+                    kwargs.setdefault("logprobs", True)
+                    response = create(*args, **kwargs)
+                    if not kwargs.get("stream", False):
+                        self._take_recorded()
+                    return response
+
+                client.chat.completions.create = recorded_create
+            self.openai_client = client
+        return self.openai_client
+
+    def get_openai_async_client(self):
+        import openai
+
+        if self.openai_async_client is None and self._unserved() is not None:
+            return self._unserved()
+        if self.openai_async_client is None:
+            endpoint = self._endpoint()
+            client = openai.AsyncOpenAI(base_url=endpoint["base_url"], api_key=self._api_key)
+            client.model_path = endpoint["model_name"]
+            if self.enable_history:
+                create = client.chat.completions.create
+
+                async def recorded_create(*args, **kwargs):
+                    kwargs.setdefault("logprobs", True)
+                    response = await create(*args, **kwargs)
+                    if not kwargs.get("stream", False):
+                        recorded = await self._rpc.call_async("history", session=self._session)
+                        self.history.extend(_experience(r) for r in recorded)
+                    return response
+
+                client.chat.completions.create = recorded_create
+            self.openai_async_client = client
+        return self.openai_async_client
+
+    def extract_experience_from_history(self, clear_history=True):
+        if not self.enable_history:
+            raise ValueError("History recording is not enabled: set `explorer.rollout_model.enable_history: true`")
+        self._take_recorded()
+        experiences = list(self.history)
+        if clear_history:
+            self.history.clear()
+        return experiences
+
+    # Workflow state.
+    async def set_workflow_state(self, state):
+        with self._state_lock:
+            self.workflow_state.update(state)
+
+    async def get_workflow_state(self):
+        with self._state_lock:
+            return dict(self.workflow_state)
+
+    async def clean_workflow_state(self):
+        with self._state_lock:
+            self.workflow_state = {}
+            self._take_recorded()
+            self.history.clear()
+
+    def clone_with_isolated_history(self):
+        clone = copy.copy(self)
+        clone.openai_client = None
+        clone.openai_async_client = None
+        clone.history = []
+        clone._session = _SessionCounter.next
+        _SessionCounter.next += 1
+        return clone
 
 
 def build_task(spec, cls):
@@ -309,30 +568,75 @@ def export(exp, run):
     }
 
 
+class _Host:
+    """What a worker keeps across its tasks, as Trinity-RFT's WorkflowRunner does: the model wrappers and the
+    last workflow instance, which a `can_reset` workflow of the same class reuses with `reset(task)`."""
+
+    def __init__(self, rpc):
+        self.rpc = rpc
+        self.model = None
+        self.auxiliary = []
+        self.instance = None
+
+    def wrappers(self, message):
+        if self.model is None:
+            self.model = TrinityModel(self.rpc, message["model"])
+            self.auxiliary = [TrinityModel(self.rpc, settings, index=i) for i, settings in enumerate(message["auxiliary_models"])]
+            for wrapper in self.auxiliary:
+                wrapper.rollout_openai_api = self.model.rollout_openai_api
+        return self.model, self.auxiliary
+
+    def instance_for(self, task):
+        """The runner's workflow instance for `task`: the last one reset, if its class can be, else a new one."""
+        instance = self.instance
+        if instance is None or instance.__class__ is not task.workflow or not instance.__class__.can_reset:
+            self.instance = task.to_workflow(self.model, self.auxiliary or None)
+        else:
+            instance.reset(task)
+        return self.instance
+
+    def isolated_instance(self, task):
+        model = self.model.clone_with_isolated_history() if self.model.enable_history else self.model
+        return task.to_workflow(model, self.auxiliary or None)
+
+    async def run(self, message):
+        cls = resolve(message["workflow"])
+        task = build_task(message["task"], cls)
+        self.wrappers(message)
+        repeat_times = message["task"]["repeat_times"]
+        if cls.can_repeat:
+            workflow = self.instance_for(task)
+            workflow.set_repeat_times(repeat_times, 0)
+            await self.model.clean_workflow_state()
+            return [export(exp, exp.eid.run) for exp in await _run_one(workflow)]
+        mode = message.get("concurrent_mode") or "sequential"
+        if mode in ("asynchronous", "multi-threading"):
+            runs = [self._isolated_run(task, i, threads=mode == "multi-threading") for i in range(repeat_times)]
+            groups = await asyncio.gather(*runs)
+        else:
+            groups = []
+            for run_index in range(repeat_times):
+                await self.model.clean_workflow_state()
+                groups.append(await _run_one(self.instance_for(task)))
+        out = []
+        for run_index, experiences in enumerate(groups):
+            for exp in experiences:
+                exp.eid.run = run_index
+                out.append(export(exp, run_index))
+        return out
+
+    async def _isolated_run(self, task, run_index, threads):
+        workflow = self.isolated_instance(task)
+        await self.model.clean_workflow_state()
+        if threads:
+            return await asyncio.to_thread(lambda: asyncio.run(_run_one(workflow)))
+        return await _run_one(workflow)
+
+
 async def _run_one(workflow):
     if type(workflow).is_async:
         return await workflow.run_async()
     return workflow.run()
-
-
-def run(message, rpc):
-    cls = resolve(message["workflow"])
-    task = build_task(message["task"], cls)
-    model = TrinityModel(rpc, message["model"])
-    repeat_times = message["task"]["repeat_times"]
-    out = []
-    if cls.can_repeat:
-        workflow = task.to_workflow(model)
-        workflow.set_repeat_times(repeat_times, 0)
-        for exp in asyncio.run(_run_one(workflow)):
-            out.append(export(exp, exp.eid.run))
-    else:
-        for run_index in range(repeat_times):
-            workflow = task.to_workflow(model)
-            for exp in asyncio.run(_run_one(workflow)):
-                exp.eid.run = run_index
-                out.append(export(exp, run_index))
-    return out
 
 
 def check(name):
@@ -467,15 +771,20 @@ def _missing_module(error):
 
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--check":
-        send(check(sys.argv[2]))
+        PROTOCOL_OUT.write(json.dumps(check(sys.argv[2])) + "\n")
+        PROTOCOL_OUT.flush()
         return
     rpc = _Rpc()
+    rpc.start_reader()
+    host = _Host(rpc)
     while True:
-        message = receive()
+        message = rpc.tasks.get()
+        if message is None:
+            return
         try:
-            send({"type": "done", "experiences": run(message, rpc)})
+            rpc.send({"type": "done", "experiences": asyncio.run(host.run(message))})
         except Exception:
-            send({"type": "failed", "traceback": traceback.format_exc().rstrip()})
+            rpc.send({"type": "failed", "traceback": traceback.format_exc().rstrip()})
 
 
 main()

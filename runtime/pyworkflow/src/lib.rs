@@ -15,12 +15,15 @@
 //! timed out (the runner drops the task's future at `explorer.max_timeout`), that exited or that broke the
 //! protocol is killed and dropped, so it costs only its task and the next task starts a fresh one.
 
+mod calls;
 mod error;
 mod registry;
+mod settings;
 mod worker;
 mod workflow;
 
 pub use error::PyWorkflowError;
+pub use settings::configure;
 pub use workflow::PythonWorkflow;
 
 use std::path::PathBuf;

@@ -9,6 +9,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use trinity_explorer::RolloutModel;
 
+use crate::calls::Sessions;
 use crate::error::PyWorkflowError;
 
 /// The worker's Python side, passed to the interpreter with `-c` so that nothing is written to disk.
@@ -24,6 +25,8 @@ pub(crate) struct Worker {
     /// The rollout model it served; a worker is reused only for the same model (one run), because its pipes
     /// belong to that run's runtime.
     model: Weak<RolloutModel>,
+    /// The OpenAI sessions of its model wrappers; the worker's own lives as long as it does.
+    sessions: Arc<Sessions>,
 }
 
 impl Worker {
@@ -50,11 +53,15 @@ impl Worker {
             });
         }
         tracing::debug!("started python worker {pid} with {}", interpreter.display());
-        Ok(Worker { child, stdin, stdout, pid, model: Arc::downgrade(model) })
+        Ok(Worker { child, stdin, stdout, pid, model: Arc::downgrade(model), sessions: Arc::default() })
     }
 
     pub(crate) fn pid(&self) -> u32 {
         self.pid
+    }
+
+    pub(crate) fn sessions(&self) -> Arc<Sessions> {
+        Arc::clone(&self.sessions)
     }
 
     pub(crate) async fn send(&mut self, message: &Value) -> std::io::Result<()> {

@@ -1,13 +1,16 @@
 //! A Python workflow as a trinity [`Workflow`]: one task, one worker, the model calls answered here.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use serde_json::{Map, Value, json};
 use trinity_buffer::{Eid, Experience, Task, TruncateStatus};
-use trinity_engine::{FinishReason, SamplingParams};
-use trinity_explorer::{ExplorerError, RolloutModel, Workflow, WorkflowContext, WorkflowFuture, seed_mix};
-use trinity_model::ChatMessage;
+use trinity_explorer::{ExplorerError, Workflow, WorkflowContext, WorkflowFuture};
 
+use crate::calls::Call;
 use crate::worker::{self, Worker};
 
 /// The Python workflow class `name` (a dotted path, or a name in Trinity-RFT's `WORKFLOWS`).
@@ -61,40 +64,63 @@ enum Outcome {
     Broken(String),
 }
 
-/// Sends the task and answers the worker's model calls until it reports the task's end.
+/// A model call being answered: the call's id and its result.
+type Answering<'a> = Pin<Box<dyn Future<Output = (Value, Result<Value, String>)> + Send + 'a>>;
+
+/// Sends the task and answers the worker's model calls until it reports the task's end. Calls are answered
+/// concurrently, each replied to as soon as it is done, so a workflow that gathers several async calls has
+/// them batched together in the engine.
 async fn drive(worker: &mut Worker, workflow: &PythonWorkflow, task: &Task, ctx: &WorkflowContext) -> Outcome {
+    let settings = crate::settings::current();
     let message = json!({
         "type": "run",
         "workflow": workflow.name,
         "task": task_message(task, ctx),
-        "model": {"model_path": crate::MODEL_PATH.get()},
+        "model": settings.rollout,
+        "auxiliary_models": settings.auxiliary,
+        "concurrent_mode": settings.concurrent_mode,
     });
     if let Err(error) = worker.send(&message).await {
         return Outcome::Broken(format!("did not take the task: {error}"));
     }
+    let sessions = worker.sessions();
     let mut calls = 0u64;
+    let mut answering: FuturesUnordered<Answering<'_>> = FuturesUnordered::new();
     loop {
-        let message = match worker.receive().await {
-            Ok(Some(message)) => message,
-            Ok(None) => return Outcome::Broken("exited during the task".to_owned()),
-            Err(error) => return Outcome::Broken(format!("broke the protocol: {error}")),
-        };
-        match message["type"].as_str() {
-            Some("done") => {
-                return Outcome::Done(message["experiences"].as_array().cloned().unwrap_or_default());
-            }
-            Some("failed") => return Outcome::Raised(message["traceback"].as_str().unwrap_or_default().to_owned()),
-            Some("call") => {
-                calls += 1;
-                let id = message["id"].clone();
-                let method = message["method"].as_str().unwrap_or_default();
-                let reply = match answer(task, ctx, method, &message["params"], calls).await {
+        let message = tokio::select! {
+            received = worker.receive() => match received {
+                Ok(Some(message)) => message,
+                Ok(None) => return Outcome::Broken("exited during the task".to_owned()),
+                Err(error) => return Outcome::Broken(format!("broke the protocol: {error}")),
+            },
+            Some((id, result)) = answering.next(), if !answering.is_empty() => {
+                let reply = match result {
                     Ok(result) => json!({"type": "reply", "id": id, "result": result}),
                     Err(error) => json!({"type": "reply", "id": id, "error": error}),
                 };
                 if let Err(error) = worker.send(&reply).await {
                     return Outcome::Broken(format!("did not take a model reply: {error}"));
                 }
+                continue;
+            }
+        };
+        match message["type"].as_str() {
+            Some("done") => {
+                sessions.end_task();
+                return Outcome::Done(message["experiences"].as_array().cloned().unwrap_or_default());
+            }
+            Some("failed") => {
+                sessions.end_task();
+                return Outcome::Raised(message["traceback"].as_str().unwrap_or_default().to_owned());
+            }
+            Some("call") => {
+                calls += 1;
+                let call = Call { task, ctx, sessions: &sessions, number: calls };
+                answering.push(Box::pin(async move {
+                    let method = message["method"].as_str().unwrap_or_default();
+                    let result = call.answer(method, &message["params"]).await;
+                    (message["id"].clone(), result)
+                }));
             }
             _ => return Outcome::Broken(format!("sent an unknown message {message}")),
         }
@@ -118,103 +144,15 @@ fn task_message(task: &Task, ctx: &WorkflowContext) -> Value {
     })
 }
 
-/// Answers one model call the way Trinity-RFT's `ModelWrapper` would.
-async fn answer(task: &Task, ctx: &WorkflowContext, method: &str, params: &Value, call: u64) -> Result<Value, String> {
-    let model = &ctx.model;
-    match method {
-        "model_version" => Ok(model.model_version().into()),
-        "message_token_len" => {
-            let text = model.render_chat(&messages(params)?, false).map_err(|e| e.to_string())?;
-            Ok(model.encode_prompt(&text, false).map_err(|e| e.to_string())?.len().into())
-        }
-        "chat" => {
-            let prompt = model.chat_prompt(&messages(params)?, None).map_err(|e| e.to_string())?;
-            generate(task, ctx, model, prompt, &params["kwargs"], call).await
-        }
-        "generate" => {
-            let text = params["prompt"].as_str().ok_or("generate takes text prompts")?;
-            let prompt = model.encode_prompt(text, true).map_err(|e| e.to_string())?;
-            generate(task, ctx, model, prompt, &params["kwargs"], call).await
-        }
-        other => Err(format!("`{other}` is not served by trinity yet")),
-    }
-}
-
-fn messages(params: &Value) -> Result<Vec<ChatMessage>, String> {
-    let list = params["messages"].as_array().ok_or("messages must be a list")?;
-    list.iter()
-        .map(|m| {
-            let role = m["role"].as_str().ok_or("a message without a role")?;
-            let content = match &m["content"] {
-                Value::String(text) => text.clone(),
-                Value::Null => String::new(),
-                other => other.to_string(),
-            };
-            Ok(ChatMessage::new(role, content))
-        })
-        .collect()
-}
-
-/// Samples `n` completions of `prompt` with the call's keyword arguments over the taskset's rollout arguments.
-async fn generate(
-    task: &Task,
-    ctx: &WorkflowContext,
-    model: &RolloutModel,
-    prompt: Vec<u32>,
-    kwargs: &Value,
-    call: u64,
-) -> Result<Value, String> {
-    if let Some(limit) = model.prompt_over_limit(prompt.len()) {
-        return Err(format!("the prompt of {} tokens is over the model's limit of {limit}", prompt.len()));
-    }
-    let args = &task.rollout_args;
-    let float = |key: &str, default: Option<f64>| kwargs[key].as_f64().or(default);
-    let seed = seed_mix(&[
-        args.seed.unwrap_or(42),
-        task.batch_id,
-        task.taskset_id as u64,
-        task.index as u64,
-        u64::from(ctx.attempt),
-        call,
-    ]);
-    let params = SamplingParams {
-        n: kwargs["n"].as_u64().unwrap_or(1).max(1) as usize,
-        temperature: float("temperature", args.temperature).unwrap_or(1.0) as f32,
-        top_p: float("top_p", args.top_p).unwrap_or(1.0) as f32,
-        top_k: kwargs["top_k"].as_i64().or(args.top_k).filter(|k| *k > 0).map_or(0, |k| k as usize),
-        min_p: float("min_p", args.min_p).unwrap_or(0.0) as f32,
-        seed: Some(seed),
-        max_tokens: kwargs["max_tokens"].as_u64().map(|t| t as usize).or(args.max_tokens.map(|t| t as usize)),
-        stop: match kwargs["stop"].as_array() {
-            Some(stop) => stop.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect(),
-            None => args.stop.clone(),
-        },
-        ..SamplingParams::default()
-    };
-    let generation = model.generate(prompt.clone(), params).await.map_err(|e| e.to_string())?;
-    let prompt_text = model.decode(&prompt).map_err(|e| e.to_string())?;
-    let completions = generation.completions.into_iter().map(|completion| {
-        let mut tokens = prompt.clone();
-        tokens.extend_from_slice(&completion.tokens);
-        let truncated = completion.finish_reason == FinishReason::Length;
-        json!({
-            "tokens": tokens,
-            "prompt_length": prompt.len(),
-            "logprobs": completion.logprobs,
-            "prompt_text": prompt_text,
-            "response_text": completion.text,
-            "truncate_status": if truncated { Value::from("response_truncated") } else { Value::Null },
-        })
-    });
-    Ok(Value::Array(completions.collect()))
-}
-
 /// The worker's experiences as trinity experiences, checked for what the trainer reads.
 fn convert(task: &Task, ctx: &WorkflowContext, experiences: Vec<Value>) -> Result<Vec<Experience>, String> {
     if experiences.is_empty() {
         return Err("the python workflow returned no experience".to_owned());
     }
     let version = ctx.model.model_version();
+    // Trinity-RFT tells apart experiences of one run that the workflow left at step 0 (an agent's recorded
+    // replies) by a unique suffix of their ids; trinity's ids have none, so they are numbered in order instead.
+    let mut unnumbered: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
     experiences
         .iter()
         .enumerate()
@@ -230,12 +168,16 @@ fn convert(task: &Task, ctx: &WorkflowContext, experiences: Vec<Value>) -> Resul
             if logprobs.len() != response {
                 return Err(bad(&format!("{} logprobs for {response} response tokens", logprobs.len())));
             }
-            let eid = Eid {
-                batch: task.batch_id,
-                task: task.index as u64,
-                run: e["run"].as_u64().unwrap_or(0),
-                step: e["step"].as_u64().unwrap_or(0),
+            let run = e["run"].as_u64().unwrap_or(0);
+            let step = match e["step"].as_u64().unwrap_or(0) {
+                0 => {
+                    let next = unnumbered.entry(run).or_default();
+                    *next += 1;
+                    *next - 1
+                }
+                step => step,
             };
+            let eid = Eid { batch: task.batch_id, task: task.index as u64, run, step };
             let mut experience = Experience::single_turn(eid, tokens, prompt_length, logprobs);
             if let Some(mask) = e["action_mask"].as_array() {
                 let mask: Vec<bool> = mask.iter().map(|m| m.as_bool().unwrap_or(false)).collect();

@@ -1,0 +1,294 @@
+//! The model calls of a Python workflow, answered the way Trinity-RFT 0.6.0's `ModelWrapper` answers them, on
+//! trinity's rollout model or one of its auxiliary models (`params.model`: the auxiliary model's index, absent
+//! for the rollout model).
+//!
+//! `get_openai_client` hands out base URLs of the rollout model's OpenAI-compatible server
+//! (`explorer.rollout_model.enable_openai_api`): a wrapper's URL is an [`OpenAiSession`] of its own, kept in
+//! [`Sessions`], so that with `enable_history` the server files the replies it sends there for the wrapper's
+//! `extract_experience_from_history`. Auxiliary models answer on the server's plain URL under their names, never
+//! recorded, as Trinity-RFT serves them without history.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use trinity_buffer::{Eid, Experience, Task, TruncateStatus};
+use trinity_engine::{FinishReason, SamplingParams};
+use trinity_explorer::{AuxiliaryModel, Conversation, OpenAiSession, RolloutModel, WorkflowContext, seed_mix};
+use trinity_model::ChatMessage;
+
+/// What the rollout model's OpenAI API needs, said where a workflow asks for it without it.
+const NO_OPENAI_API: &str = "trinity serves the OpenAI clients of `self.model` and of the auxiliary models from the \
+                             rollout model's OpenAI-compatible API, which is off: set \
+                             `explorer.rollout_model.enable_openai_api: true`";
+
+/// The OpenAI sessions of one worker's model wrappers: `0` is the worker's `self.model`, which lives as long as the
+/// worker (Trinity-RFT's runner keeps one `ModelWrapper` across its tasks); the others belong to wrappers made by
+/// `clone_with_isolated_history` and end with the task ([`Sessions::end_task`]).
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    open: Mutex<HashMap<u64, OpenAiSession>>,
+}
+
+impl Sessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, OpenAiSession>> {
+        self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Closes the sessions of the task's cloned wrappers (their late requests are refused) and forgets what the
+    /// worker's own session recorded but the workflow never took, so it cannot leak into the next task.
+    pub(crate) fn end_task(&self) {
+        let mut open = self.lock();
+        open.retain(|id, _| *id == 0);
+        if let Some(own) = open.get(&0) {
+            own.extract_experience_from_history();
+        }
+    }
+}
+
+/// One model call of a task.
+pub(crate) struct Call<'a> {
+    pub(crate) task: &'a Task,
+    pub(crate) ctx: &'a WorkflowContext,
+    pub(crate) sessions: &'a Sessions,
+    /// Its number in the task, which seeds its sampling.
+    pub(crate) number: u64,
+}
+
+impl Call<'_> {
+    /// The model `params.model` names.
+    fn model(&self, params: &Value) -> Result<&Arc<RolloutModel>, String> {
+        match &params["model"] {
+            Value::Null => Ok(&self.ctx.model),
+            index => {
+                let index = index.as_u64().ok_or("`model` must be the index of an auxiliary model")? as usize;
+                let auxiliary = self.ctx.model.auxiliary_models();
+                auxiliary.get(index).map(AuxiliaryModel::model).ok_or_else(|| {
+                    format!("there is no auxiliary model {index}: explorer.auxiliary_models has {}", auxiliary.len())
+                })
+            }
+        }
+    }
+
+    /// Answers `method` the way Trinity-RFT's `ModelWrapper` would.
+    pub(crate) async fn answer(&self, method: &str, params: &Value) -> Result<Value, String> {
+        let text = |e: &dyn std::fmt::Display| e.to_string();
+        match method {
+            "model_version" => Ok(self.model(params)?.model_version().into()),
+            "message_token_len" => {
+                let model = self.model(params)?;
+                let text = model.render_chat(&chat_messages(params)?, false).map_err(|e| text(&e))?;
+                Ok(model.encode_prompt(&text, false).map_err(|e| e.to_string())?.len().into())
+            }
+            "chat" => {
+                let model = self.model(params)?;
+                let mut messages = chat_messages(params)?;
+                // A conversation ending in the assistant's turn is continued from that turn's text, as
+                // Trinity-RFT renders it with `continue_final_message`.
+                let prefix = match messages.last() {
+                    Some(last) if last.role == "assistant" => messages.pop().map(|m| m.content),
+                    _ => None,
+                };
+                let prompt = model.chat_prompt(&messages, prefix.as_deref()).map_err(|e| text(&e))?;
+                self.generate(model, prompt, &params["kwargs"]).await
+            }
+            "generate" => {
+                let model = self.model(params)?;
+                let prompt = params["prompt"].as_str().ok_or("generate takes text prompts")?;
+                let prompt = model.encode_prompt(prompt, true).map_err(|e| text(&e))?;
+                self.generate(model, prompt, &params["kwargs"]).await
+            }
+            "logprobs" => {
+                let tokens = token_ids(&params["tokens"]).ok_or("logprobs takes a list of token ids")?;
+                let temperature = params["temperature"].as_f64().unwrap_or(1.0);
+                Ok(json!(score(self.model(params)?, &tokens, temperature).await?))
+            }
+            "convert_messages" => {
+                let temperature = params["temperature"].as_f64().unwrap_or(1.0);
+                convert_messages(self.model(params)?, params, temperature).await
+            }
+            "openai" => self.openai(params),
+            "history" => self.history(params),
+            other => Err(format!("`{other}` is not a model call trinity serves")),
+        }
+    }
+
+    /// Samples `n` completions of `prompt` with the call's keyword arguments over the taskset's rollout arguments.
+    async fn generate(&self, model: &RolloutModel, prompt: Vec<u32>, kwargs: &Value) -> Result<Value, String> {
+        if let Some(limit) = model.prompt_over_limit(prompt.len()) {
+            return Err(format!("the prompt of {} tokens is over the model's limit of {limit}", prompt.len()));
+        }
+        let (task, args) = (self.task, &self.task.rollout_args);
+        let float = |key: &str, default: Option<f64>| kwargs[key].as_f64().or(default);
+        let seed = seed_mix(&[
+            args.seed.unwrap_or(42),
+            task.batch_id,
+            task.taskset_id as u64,
+            task.index as u64,
+            u64::from(self.ctx.attempt),
+            self.number,
+        ]);
+        let params = SamplingParams {
+            n: kwargs["n"].as_u64().unwrap_or(1).max(1) as usize,
+            temperature: float("temperature", args.temperature).unwrap_or(1.0) as f32,
+            top_p: float("top_p", args.top_p).unwrap_or(1.0) as f32,
+            top_k: kwargs["top_k"].as_i64().or(args.top_k).filter(|k| *k > 0).map_or(0, |k| k as usize),
+            min_p: float("min_p", args.min_p).unwrap_or(0.0) as f32,
+            seed: Some(seed),
+            max_tokens: kwargs["max_tokens"].as_u64().map(|t| t as usize).or(args.max_tokens.map(|t| t as usize)),
+            stop: match kwargs["stop"].as_array() {
+                Some(stop) => stop.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect(),
+                None => args.stop.clone(),
+            },
+            ..SamplingParams::default()
+        };
+        let generation = model.generate(prompt.clone(), params).await.map_err(|e| e.to_string())?;
+        let prompt_text = model.decode(&prompt).map_err(|e| e.to_string())?;
+        let completions = generation.completions.into_iter().map(|completion| {
+            let mut tokens = prompt.clone();
+            tokens.extend_from_slice(&completion.tokens);
+            let truncated = completion.finish_reason == FinishReason::Length;
+            json!({
+                "tokens": tokens,
+                "prompt_length": prompt.len(),
+                "logprobs": completion.logprobs,
+                "prompt_text": prompt_text,
+                "response_text": completion.text,
+                "truncate_status": if truncated { Value::from("response_truncated") } else { Value::Null },
+            })
+        });
+        Ok(Value::Array(completions.collect()))
+    }
+
+    /// The base URL and model name of an OpenAI client: the wrapper's own session on the rollout model, or the
+    /// server's plain URL under an auxiliary model's name.
+    fn openai(&self, params: &Value) -> Result<Value, String> {
+        let view = self.ctx.model.openai_view().ok_or(NO_OPENAI_API)?;
+        if !params["model"].is_null() {
+            let index = params["model"].as_u64().unwrap_or_default() as usize;
+            self.model(params)?;
+            let name = self.ctx.model.auxiliary_models()[index].name();
+            return Ok(json!({"base_url": view.base_url(), "model_name": name}));
+        }
+        let id = params["session"].as_u64().unwrap_or(0);
+        let mut open = self.sessions.lock();
+        let session = open.entry(id).or_insert_with(|| OpenAiSession::open(view));
+        Ok(json!({"base_url": session.base_url(), "model_name": session.model_name()}))
+    }
+
+    /// The replies recorded for a wrapper's session since the last call (none before it opened one).
+    fn history(&self, params: &Value) -> Result<Value, String> {
+        let view = self.ctx.model.openai_view().ok_or(NO_OPENAI_API)?;
+        if !view.history_enabled() {
+            return Err("history recording is off: set `explorer.rollout_model.enable_history: true`".to_owned());
+        }
+        let id = params["session"].as_u64().unwrap_or(0);
+        let recorded = self.sessions.lock().get(&id).and_then(OpenAiSession::extract_experience_from_history);
+        let recorded = recorded.unwrap_or_default();
+        Ok(Value::Array(recorded.iter().map(experience_json).collect()))
+    }
+}
+
+/// `params.messages` as role/content pairs (non-text content as its JSON text).
+fn chat_messages(params: &Value) -> Result<Vec<ChatMessage>, String> {
+    let list = params["messages"].as_array().ok_or("messages must be a list")?;
+    list.iter()
+        .map(|m| {
+            let role = m["role"].as_str().ok_or("a message without a role")?;
+            let content = match &m["content"] {
+                Value::String(text) => text.clone(),
+                Value::Null => String::new(),
+                other => other.to_string(),
+            };
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+fn token_ids(value: &Value) -> Option<Vec<u32>> {
+    value.as_array()?.iter().map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok())).collect()
+}
+
+/// The model's logprob of each of `tokens[1..]` given the tokens before it, at `temperature` (Trinity-RFT's
+/// `logprobs`), computed between decode steps of the model's engine as a teacher's are.
+async fn score(model: &Arc<RolloutModel>, tokens: &[u32], temperature: f64) -> Result<Vec<f32>, String> {
+    let scorer = AuxiliaryModel::new("the rollout model", Arc::clone(model));
+    scorer.logprobs(tokens, temperature).await.map_err(|e| e.to_string())
+}
+
+/// `messages[..end]` as the model sees them: the chat template with the messages as given (tool calls and
+/// `tools` included), or plain role lines for a model without one.
+fn render(
+    model: &RolloutModel,
+    messages: &[Value],
+    generation_prompt: bool,
+    tools: Option<&Value>,
+) -> Result<String, String> {
+    match model.chat_template() {
+        Some(template) => template.render(messages, generation_prompt, tools).map_err(|e| e.to_string()),
+        None => {
+            let pairs = chat_messages(&json!({"messages": messages}))?;
+            model.render_chat(&pairs, generation_prompt).map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// Trinity-RFT's `convert_messages_to_experience`: the conversation as one experience whose action mask covers
+/// the assistant turns (end-of-turn tokens included), scored by the model at `temperature`. Recorded turn by turn
+/// like a built-in multi-turn workflow's conversation, so the tokens are those the model sees when asked for
+/// each turn. A prompt over the model's limit gives Trinity-RFT's masked placeholder; a sequence over
+/// `max_model_len` is cut there and marked `response_truncated`.
+async fn convert_messages(model: &Arc<RolloutModel>, params: &Value, temperature: f64) -> Result<Value, String> {
+    let messages = params["messages"].as_array().ok_or("messages must be a list")?;
+    let tools = params.get("tools").filter(|tools| !tools.is_null());
+    let mut conversation = Conversation::default();
+    for (i, message) in messages.iter().enumerate() {
+        if message["role"] != "assistant" {
+            continue;
+        }
+        if i == 0 {
+            return Err("the conversation starts with the assistant's turn: there is no prompt to train it on".into());
+        }
+        let turn = |e: trinity_explorer::TurnError| format!("message {i}: {e}");
+        conversation.extend_text(model, render(model, &messages[..i], true, tools)?).map_err(turn)?;
+        conversation.extend_reply_text(model, render(model, &messages[..=i], false, tools)?).map_err(turn)?;
+    }
+    let mut experience = conversation
+        .into_experience(Eid::default(), model)
+        .ok_or("the conversation has no assistant message: there is nothing to train")?;
+    if let Some(limit) = model.prompt_over_limit(experience.prompt_length) {
+        experience.tokens.truncate(limit + 1);
+        experience.prompt_length = limit;
+        experience.logprobs = vec![0.0];
+        experience.action_mask = vec![false];
+        experience.truncate_status = Some(TruncateStatus::PromptTruncated);
+        return Ok(experience_json(&experience));
+    }
+    let most = model.engine().info().max_model_len.saturating_sub(1);
+    if experience.prompt_length >= most {
+        return Err(format!("the prompt of {} tokens leaves no room under max_model_len", experience.prompt_length));
+    }
+    if experience.tokens.len() > most {
+        experience.tokens.truncate(most);
+        let response = most - experience.prompt_length;
+        experience.action_mask.truncate(response);
+        experience.truncate_status = Some(TruncateStatus::ResponseTruncated);
+    }
+    let scored = score(model, &experience.tokens, temperature).await?;
+    experience.logprobs = scored[experience.prompt_length - 1..].to_vec();
+    experience.response_text = model.decode(&experience.tokens[experience.prompt_length..]).ok();
+    Ok(experience_json(&experience))
+}
+
+/// An experience as the worker builds Trinity-RFT's `Experience` from it.
+fn experience_json(experience: &Experience) -> Value {
+    json!({
+        "tokens": experience.tokens,
+        "prompt_length": experience.prompt_length,
+        "logprobs": experience.logprobs,
+        "action_mask": experience.action_mask,
+        "prompt_text": experience.prompt_text,
+        "response_text": experience.response_text,
+        "truncate_status": experience.truncate_status,
+    })
+}
