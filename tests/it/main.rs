@@ -18,6 +18,7 @@ mod model_commands;
 mod monitors;
 mod over_rollout;
 mod plugins;
+mod python_env_workflows;
 mod python_workflow;
 mod rft;
 mod serve;
