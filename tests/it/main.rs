@@ -24,5 +24,6 @@ mod rft;
 mod serve;
 mod studio;
 mod support;
+mod sync_styles;
 mod tool_model;
 mod wheel;

@@ -11,27 +11,44 @@ use crate::synchronizer::{SyncMethod, SyncStyle, SynchronizerConfig};
 
 impl Resolver<'_> {
     /// Trinity-RFT 0.6.0's `explorer_sync_interval` and `trainer_sync_interval` (each unset means
-    /// `sync_interval`): trinity's schedule has one interval for both sides, so equal values are that interval
-    /// (with a note when it replaces `sync_interval`), and different ones are refused naming both.
-    fn resolve_sync_intervals(&mut self, sync: &mut SynchronizerConfig) -> Result<(), ConfigError> {
-        let explorer = sync.explorer_sync_interval.unwrap_or(sync.sync_interval);
-        let trainer = sync.trainer_sync_interval.unwrap_or(sync.sync_interval);
-        if explorer != trainer {
-            return Err(self.invalid(
-                "synchronizer.explorer_sync_interval",
-                format!(
-                    "{explorer} differs from synchronizer.trainer_sync_interval {trainer}: trinity syncs explorer and \
-                     trainer at one interval (separate ones are issue 47); set both (or sync_interval) to one value"
-                ),
-            ));
+    /// `sync_interval`): equal values are that one interval (with a note when it replaces `sync_interval`);
+    /// different ones are kept, each side syncing at its own (`SyncSchedule` in trinity-rft). Where the explorer
+    /// waits at its sync points for weights newer than its own (`fixed` between processes, and one process, where
+    /// syncs happen as `fixed` has them), an explorer interval below the trainer's is refused: some of those syncs
+    /// would wait for weights the trainer publishes only after steps the explorer has not explored, which
+    /// Trinity-RFT 0.6.0 waits for until `sync_timeout`.
+    fn resolve_sync_intervals(&mut self, config: &mut Config) -> Result<(), ConfigError> {
+        let sync = &mut config.synchronizer;
+        let (explorer, trainer) = (sync.explorer_interval(), sync.trainer_interval());
+        self.require(explorer >= 1, "synchronizer.explorer_sync_interval", "must be at least 1")?;
+        self.require(trainer >= 1, "synchronizer.trainer_sync_interval", "must be at least 1")?;
+        if explorer == trainer {
+            if explorer != sync.sync_interval {
+                self.notes.push(format!(
+                    "synchronizer.sync_interval is {explorer}, the explorer_sync_interval and trainer_sync_interval set"
+                ));
+                sync.sync_interval = explorer;
+            }
+            return Ok(());
         }
-        if explorer != sync.sync_interval {
-            self.notes.push(format!(
-                "synchronizer.sync_interval is {explorer}, the explorer_sync_interval and trainer_sync_interval set"
-            ));
-            sync.sync_interval = explorer;
-        }
-        Ok(())
+        let one_process = matches!(config.mode, Mode::Both | Mode::Colocate);
+        let waits = one_process || sync.sync_style == SyncStyle::Fixed;
+        self.require(
+            !(waits && explorer < trainer),
+            "synchronizer.explorer_sync_interval",
+            format!(
+                "{explorer} is below synchronizer.trainer_sync_interval {trainer}: {}, the explorer waits at each of \
+                 its sync points for weights newer than its own, and the trainer publishes only every {trainer} \
+                 steps, after steps the explorer has not explored yet (Trinity-RFT 0.6.0 waits until \
+                 synchronizer.sync_timeout); set explorer_sync_interval to at least {trainer}{}",
+                if one_process {
+                    format!("in mode `{}` (explorer and trainer in one process)", config.mode.name())
+                } else {
+                    "with synchronizer.sync_style `fixed`".to_owned()
+                },
+                if one_process { "" } else { ", or sync_style to `trainer_driven`" }
+            ),
+        )
     }
 
     /// Trinity-RFT 0.6.0's rules for `explorer.over_rollout` (its `ExplorerConfigValidator`): the ratio is a
@@ -66,7 +83,7 @@ impl Resolver<'_> {
         config: &mut Config,
         schema: ExperienceSchema,
     ) -> Result<(), ConfigError> {
-        self.resolve_sync_intervals(&mut config.synchronizer)?;
+        self.resolve_sync_intervals(config)?;
         self.check_over_rollout(config);
         let sync = &config.synchronizer;
         self.require(sync.sync_interval >= 1, "synchronizer.sync_interval", "must be at least 1")?;
@@ -138,7 +155,8 @@ impl Resolver<'_> {
             ),
         );
         self.note_idle_sync_schedule(config, dataset);
-        let interval = u64::from(config.synchronizer.sync_interval);
+        // Trinity-RFT 0.6.0 rounds to the explorer's interval, the one the explorer's steps follow.
+        let interval = u64::from(config.synchronizer.explorer_interval());
         let eval_interval = config.explorer.eval_interval;
         // Trinity-RFT's IntervalConfigValidator exempts `sft` and `dpo` by name, not every dataset algorithm: CPT's
         // eval_interval is rounded to the save_interval its sync_interval became.
@@ -147,7 +165,7 @@ impl Resolver<'_> {
             let rounded = (eval_interval / interval).max(1) * interval;
             config.explorer.eval_interval = rounded;
             self.notes.push(format!(
-                "explorer.eval_interval ({eval_interval}) is rounded to {rounded}, a multiple of synchronizer.sync_interval ({interval}), as Trinity-RFT does"
+                "explorer.eval_interval ({eval_interval}) is rounded to {rounded}, a multiple of the explorer's sync interval ({interval}), as Trinity-RFT does"
             ));
         }
         Ok(())
@@ -259,7 +277,7 @@ mod tests {
     }
 
     #[test]
-    fn equal_explorer_and_trainer_sync_intervals_are_the_sync_interval_and_different_ones_are_refused() {
+    fn separate_sync_intervals_are_kept_unless_the_explorer_would_wait_for_weights_that_come_later() {
         let tasks = "buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n";
         let both =
             load(&format!("{MODEL}{tasks}synchronizer:\n  explorer_sync_interval: 2\n  trainer_sync_interval: 2\n"));
@@ -267,13 +285,34 @@ mod tests {
         assert!(both.notes.iter().any(|n| n.contains("sync_interval is 2")), "{:?}", both.notes);
         let one = load(&format!("{MODEL}{tasks}synchronizer:\n  sync_interval: 3\n  explorer_sync_interval: 3\n"));
         assert_eq!(one.config.synchronizer.sync_interval, 3);
+        let apart = load(&format!(
+            "{MODEL}{tasks}synchronizer:\n  explorer_sync_interval: 3\n  trainer_sync_interval: 2\nexplorer:\n  eval_interval: 10\n"
+        ));
+        let sync = &apart.config.synchronizer;
+        assert_eq!((sync.explorer_interval(), sync.trainer_interval(), sync.sync_interval), (3, 2, 1));
+        assert_eq!(apart.config.explorer.eval_interval, 9, "rounded to the explorer's interval, as 0.6.0 does");
         let error = crate::testing::refusal(&format!(
             "{MODEL}{tasks}synchronizer:\n  sync_interval: 1\n  trainer_sync_interval: 4\n"
         ));
         crate::testing::assert_names(
             &error,
             "synchronizer.explorer_sync_interval",
-            &["1 differs", "trainer_sync_interval 4"],
+            &["1 is below synchronizer.trainer_sync_interval 4", "mode `both`"],
+        );
+        // Between processes only `fixed` waits; a trainer-driven explorer takes what is there at its sync points.
+        let shared = "  trainer_input:\n    experience_buffer:\n      path: sqlite:///x.db\n";
+        let pair = |style: &str| {
+            format!(
+                "mode: explore\n{MODEL}{tasks}{shared}synchronizer:\n  sync_style: {style}\n  sync_method: checkpoint\n  \
+                 explorer_sync_interval: 1\n  trainer_sync_interval: 2\n"
+            )
+        };
+        assert_eq!(load(&pair("trainer_driven")).config.synchronizer.trainer_interval(), 2);
+        let error = crate::testing::refusal(&pair("fixed"));
+        crate::testing::assert_names(
+            &error,
+            "synchronizer.explorer_sync_interval",
+            &["sync_style `fixed`", "trainer_driven"],
         );
     }
 

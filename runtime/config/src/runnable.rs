@@ -200,7 +200,7 @@ impl Check<'_> {
             return Ok(());
         }
         let offset = u64::from(config.synchronizer.sync_offset);
-        let buffered = offset + 1;
+        let buffered = config.synchronizer.steps_buffered();
         if buffered < 2 {
             return Ok(());
         }
@@ -216,11 +216,20 @@ impl Check<'_> {
             "buffer.trainer_input.experience_buffer.capacity",
             format!(
                 "{capacity} experiences, but in mode `{}` the buffer holds {buffered} explore steps at once \
-                 (synchronizer.sync_offset {offset} steps run ahead, plus the one being stored) of {per_step} \
+                 (synchronizer.sync_offset {offset} steps run ahead, plus the one being stored{}) of {per_step} \
                  experiences each (batch_size {} × repeat_times {}), and the trainer that would make room runs in \
                  the same process: the step would fail after synchronizer.sync_timeout; set capacity to at least \
                  {needed}, or lower sync_offset",
                 config.mode.name(),
+                match buffered - offset - 1 {
+                    0 => String::new(),
+                    waits => format!(
+                        ", plus {waits} a sync point waits for with explorer_sync_interval {} and \
+                         trainer_sync_interval {}",
+                        config.synchronizer.explorer_interval(),
+                        config.synchronizer.trainer_interval()
+                    ),
+                },
                 config.buffer.batch_size,
                 config.algorithm.repeat_times.unwrap_or(1),
             ),

@@ -22,11 +22,13 @@ pub struct SynchronizerConfig {
     pub sync_timeout: u64,
     /// Unused by Trinity-RFT itself; kept for its configs.
     pub wait_for_checkpoint: bool,
-    /// The explorer's own sync interval (Trinity-RFT 0.6.0); unset means `sync_interval`. trinity syncs both
-    /// sides at one interval: equal values set it, different ones are refused.
+    /// The explorer's own sync interval (Trinity-RFT 0.6.0; unset means `sync_interval`): it syncs after explore
+    /// step `n` when `n > sync_offset` and `n − sync_offset` is a multiple of it, taking the newest weights the
+    /// trainer published from the steps before, less the offset. Where the explorer waits for weights (`fixed`, or
+    /// one process) it must be at least `trainer_sync_interval`.
     pub explorer_sync_interval: Option<u32>,
-    /// The trainer's own sync interval (Trinity-RFT 0.6.0); unset means `sync_interval`; see
-    /// `explorer_sync_interval`.
+    /// The trainer's own sync interval (Trinity-RFT 0.6.0; unset means `sync_interval`): it publishes its weights
+    /// after every this-many train steps.
     pub trainer_sync_interval: Option<u32>,
     /// Name of the NCCL weight-sync group (newer Trinity-RFT).
     pub group_name: Option<String>,
@@ -45,6 +47,32 @@ impl Default for SynchronizerConfig {
             trainer_sync_interval: None,
             group_name: None,
         }
+    }
+}
+
+impl SynchronizerConfig {
+    /// `explorer_sync_interval`, else `sync_interval`.
+    pub fn explorer_interval(&self) -> u32 {
+        self.explorer_sync_interval.unwrap_or(self.sync_interval)
+    }
+
+    /// `trainer_sync_interval`, else `sync_interval`.
+    pub fn trainer_interval(&self) -> u32 {
+        self.trainer_sync_interval.unwrap_or(self.sync_interval)
+    }
+
+    /// The most explore steps whose experiences wait in the buffer at once when explorer and trainer alternate in
+    /// one process (trinity-rft's `SyncSchedule::steps_buffered`, the same formula): the explorer runs
+    /// `sync_offset` steps ahead, plus the step being stored, plus the train steps a sync point can wait for
+    /// beyond those (`ti − gcd(ei, ti)`: none when the explorer's interval is a multiple of the trainer's).
+    pub fn steps_buffered(&self) -> u64 {
+        let (explorer, trainer) =
+            (u64::from(self.explorer_interval().max(1)), u64::from(self.trainer_interval().max(1)));
+        let (mut a, mut b) = (explorer, trainer);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        u64::from(self.sync_offset) + 1 + trainer - a
     }
 }
 

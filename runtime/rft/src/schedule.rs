@@ -1,35 +1,86 @@
-//! When the explorer may run and when weights move: Trinity-RFT's `sync_interval` / `sync_offset` semantics.
+//! When the explorer may run and when weights move: Trinity-RFT's `sync_interval` / `sync_offset` semantics,
+//! with 0.6.0's separate `explorer_sync_interval` (`ei`) and `trainer_sync_interval` (`ti`).
 //!
-//! Explore step `s` (1-based) needs weights that include `max(0, ⌊(s − 1 − offset) / interval⌋)` syncs; the
-//! trainer publishes a sync after every `interval`-th train step. With interval 2 and offset 1 that gives
-//! explorer 1-2-3, sync, 4-5, … and trainer 1-2, sync, 3-4, sync, …: the explorer runs `offset` steps ahead on
-//! stale weights (one-step-off-policy with offset 1), and with offset 0 it waits for every sync (on-policy).
+//! The trainer publishes after every `ti`-th train step. The explorer syncs after explore step `n` when `n > offset`
+//! and `(n − offset)` is a multiple of `ei` (Trinity-RFT's `need_sync`), so explore step `s` (1-based) comes after
+//! `⌊(s − 1 − offset) / ei⌋` syncs. Its `j`-th sync takes the weights of train step `⌊j·ei / ti⌋·ti`: the newest the
+//! trainer published from the explore steps before the sync point, less the `offset` the explorer runs ahead. With
+//! one interval 2 and offset 1 that gives explorer 1-2-3, sync, 4-5, … and trainer 1-2, sync, 3-4, sync, …: the
+//! explorer runs `offset` steps ahead on stale weights (one-step-off-policy with offset 1), and with offset 0 it
+//! waits for every sync (on-policy).
+//!
+//! Trinity-RFT's explorer, running beside its trainer, takes whatever is newest when it reaches a sync point; one
+//! process that alternates the two needs a rule, and this one is the plan trinity ran before the intervals split,
+//! which it still is when they are equal. Every sync takes newer weights than the one before only when `ei ≥ ti`;
+//! with `ei < ti` some of Trinity-RFT's `fixed` syncs wait for weights that come after the steps the explorer would
+//! have to explore first, until `sync_timeout`, so the config crate refuses that where the explorer waits.
+
+use trinity_config::synchronizer::SynchronizerConfig;
 
 /// The sync plan of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SyncSchedule {
-    pub interval: u64,
+    /// `explorer_sync_interval`: explore steps between the explorer's syncs.
+    pub explorer_interval: u64,
+    /// `trainer_sync_interval`: train steps between the trainer's publishes.
+    pub trainer_interval: u64,
     pub offset: u64,
 }
 
 impl SyncSchedule {
-    /// How many syncs the weights must include before explore step `step` (1-based) may start.
+    /// The plan of `synchronizer` (each interval unset is `sync_interval`).
+    pub fn of(synchronizer: &SynchronizerConfig) -> SyncSchedule {
+        SyncSchedule {
+            explorer_interval: u64::from(synchronizer.explorer_interval()),
+            trainer_interval: u64::from(synchronizer.trainer_interval()),
+            offset: u64::from(synchronizer.sync_offset),
+        }
+    }
+
+    /// One interval for both sides.
+    #[cfg(test)]
+    fn equal(interval: u64, offset: u64) -> SyncSchedule {
+        SyncSchedule { explorer_interval: interval, trainer_interval: interval, offset }
+    }
+
+    /// How many syncs the explorer makes before explore step `step` (1-based).
     pub fn required_syncs(&self, step: u64) -> u64 {
-        let interval = self.interval.max(1);
-        step.saturating_sub(1 + self.offset) / interval
+        step.saturating_sub(1 + self.offset) / self.explorer_interval.max(1)
+    }
+
+    /// The train step whose weights the explorer's `sync`-th sync (1-based) takes.
+    pub fn version_of_sync(&self, sync: u64) -> u64 {
+        let trainer = self.trainer_interval.max(1);
+        sync * self.explorer_interval.max(1) / trainer * trainer
     }
 
     /// Whether the trainer publishes new weights after train step `step` (1-based).
-    pub fn syncs_after(&self, step: u64) -> bool {
-        step.is_multiple_of(self.interval.max(1))
+    pub fn publishes_after(&self, step: u64) -> bool {
+        step.is_multiple_of(self.trainer_interval.max(1))
+    }
+
+    /// Whether one of the explorer's syncs takes the weights of train step `step`: in one process, the steps after
+    /// which the weights go into the engine.
+    pub fn loads_after(&self, step: u64) -> bool {
+        if step == 0 || !self.publishes_after(step) {
+            return false;
+        }
+        // The first sync whose version reaches `step`.
+        let sync = step.div_ceil(self.explorer_interval.max(1));
+        self.version_of_sync(sync) == step
     }
 
     /// The most explore steps whose experiences wait in the buffer at once, the one being stored included, under
-    /// [`next_action`]'s order: the explorer reaches step `k + offset` before publishing train step `k` runs.
-    /// `trinity_config`'s runnable check refuses a buffer too small for it, with the same formula.
+    /// [`next_action`]'s order. `trinity_config`'s runnable check refuses a buffer too small for it, with the same
+    /// formula ([`SynchronizerConfig::steps_buffered`]).
     pub fn steps_buffered(&self) -> u64 {
-        self.offset + 1
+        let (explorer, trainer) = (self.explorer_interval.max(1), self.trainer_interval.max(1));
+        self.offset + 1 + trainer - gcd(explorer, trainer)
     }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// What a single-device run does next.
@@ -45,13 +96,13 @@ pub enum Action {
 
 /// The next action of a run that alternates explorer and trainer on one device.
 ///
-/// A train step that publishes no weights changes nothing the explorer sees, so it runs as soon as its explore step
-/// is stored, as Trinity-RFT's concurrent trainer would take the batch; a publishing train step waits until the
-/// explorer cannot go on without it, so every explore step samples with exactly the weights the sync plan gives it
-/// (the explorer runs ahead up to `offset` steps). The buffer then holds at most `offset + 1` steps'
-/// experiences ([`SyncSchedule::steps_buffered`]) instead of a whole `sync_interval` of them.
+/// A train step whose weights no sync takes changes nothing the explorer sees, so it runs as soon as its explore
+/// step is stored, as Trinity-RFT's concurrent trainer would take the batch; one whose weights a sync takes waits
+/// until the explorer cannot go on without it, so every explore step samples with exactly the weights the sync plan
+/// gives it (the explorer runs ahead up to `offset` steps). The buffer then holds at most
+/// [`SyncSchedule::steps_buffered`] steps' experiences instead of a whole interval of them.
 pub fn next_action(schedule: &SyncSchedule, explored: u64, trained: u64, syncs: u64, total_steps: u64) -> Action {
-    if trained < explored && !schedule.syncs_after(trained + 1) {
+    if trained < explored && !schedule.loads_after(trained + 1) {
         Action::Train(trained + 1)
     } else if explored < total_steps && schedule.required_syncs(explored + 1) <= syncs {
         Action::Explore(explored + 1)
@@ -68,7 +119,7 @@ mod tests {
 
     /// The timeline a run produces, as `E1 E2 T1 S …`.
     fn timeline(interval: u64, offset: u64, total: u64) -> String {
-        let schedule = SyncSchedule { interval, offset };
+        let schedule = SyncSchedule::equal(interval, offset);
         let (mut explored, mut trained, mut syncs) = (0, 0, 0);
         let mut out = Vec::new();
         loop {
@@ -80,7 +131,7 @@ mod tests {
                 Action::Train(s) => {
                     trained = s;
                     out.push(format!("T{s}"));
-                    if schedule.syncs_after(s) {
+                    if schedule.loads_after(s) {
                         syncs += 1;
                         out.push("S".to_owned());
                     }
@@ -118,7 +169,7 @@ mod tests {
                 }
                 Action::Train(s) => {
                     trained = s;
-                    syncs += u64::from(schedule.syncs_after(s));
+                    syncs += u64::from(schedule.loads_after(s));
                 }
                 Action::Done => return (versions, backlog),
             }
@@ -141,7 +192,7 @@ mod tests {
     fn every_explore_step_samples_with_the_weights_the_plan_gives_it_and_the_buffer_holds_offset_plus_one_steps() {
         for interval in 1..=6 {
             for offset in 0..=4 {
-                let schedule = SyncSchedule { interval, offset };
+                let schedule = SyncSchedule::equal(interval, offset);
                 let (versions, backlog) = versions_and_backlog(next_action, &schedule, 30);
                 let (reference, _) = versions_and_backlog(explore_first, &schedule, 30);
                 assert_eq!(versions, reference, "interval {interval}, offset {offset}");
@@ -153,18 +204,84 @@ mod tests {
             }
         }
         // Trinity-RFT's GSM8K examples sync every 20 steps: the buffer held 20 steps before the first train step.
-        let sparse = SyncSchedule { interval: 20, offset: 0 };
+        let sparse = SyncSchedule::equal(20, 0);
         assert_eq!(versions_and_backlog(explore_first, &sparse, 40).1, 20);
         assert_eq!(versions_and_backlog(next_action, &sparse, 40).1, 1);
     }
 
     #[test]
     fn every_explore_step_waits_for_its_required_syncs() {
-        let schedule = SyncSchedule { interval: 3, offset: 2 };
+        let schedule = SyncSchedule::equal(3, 2);
         assert_eq!(schedule.required_syncs(1), 0);
         assert_eq!(schedule.required_syncs(3), 0);
         assert_eq!(schedule.required_syncs(5), 0);
         assert_eq!(schedule.required_syncs(6), 1);
-        assert!(schedule.syncs_after(3) && !schedule.syncs_after(4));
+        assert!(schedule.loads_after(3) && !schedule.loads_after(4));
+        assert!(schedule.publishes_after(3) && !schedule.publishes_after(4));
+    }
+
+    /// The weights (train step) each explore step samples with and the most steps buffered, when the engine takes
+    /// the trainer's weights after every train step that [`SyncSchedule::loads_after`] names.
+    fn sampled_versions(schedule: &SyncSchedule, total: u64) -> (Vec<u64>, u64) {
+        let (mut explored, mut trained, mut syncs, mut backlog, mut version) = (0, 0, 0, 0, 0);
+        let mut versions = Vec::new();
+        loop {
+            match next_action(schedule, explored, trained, syncs, total) {
+                Action::Explore(s) => {
+                    explored = s;
+                    versions.push(version);
+                    backlog = backlog.max(explored - trained);
+                }
+                Action::Train(s) => {
+                    trained = s;
+                    if schedule.loads_after(s) {
+                        syncs += 1;
+                        version = s;
+                    }
+                }
+                Action::Done => return (versions, backlog),
+            }
+        }
+    }
+
+    #[test]
+    fn separate_intervals_sync_where_trinity_rft_does_and_take_the_planned_weights() {
+        // Explorer every 3 steps, trainer every 2: the explorer syncs after explore steps 3, 6, 9 (0.6.0's
+        // `need_sync`) and takes the weights of train steps 2, 6, 8 (the newest published from the steps before).
+        let schedule = SyncSchedule { explorer_interval: 3, trainer_interval: 2, offset: 0 };
+        assert_eq!(
+            (1..=10).filter(|&s| schedule.required_syncs(s + 1) > schedule.required_syncs(s)).collect::<Vec<_>>(),
+            [3, 6, 9]
+        );
+        assert_eq!((1..=3).map(|j| schedule.version_of_sync(j)).collect::<Vec<_>>(), [2, 6, 8]);
+        assert_eq!((1..=10).filter(|&t| schedule.publishes_after(t)).collect::<Vec<_>>(), [2, 4, 6, 8, 10]);
+        assert_eq!((1..=10).filter(|&t| schedule.loads_after(t)).collect::<Vec<_>>(), [2, 6, 8]);
+        let (versions, _) = sampled_versions(&schedule, 10);
+        assert_eq!(versions, [0, 0, 0, 2, 2, 2, 6, 6, 6, 8]);
+        // Explorer every 2 steps, trainer every step, one step ahead.
+        let ahead = SyncSchedule { explorer_interval: 2, trainer_interval: 1, offset: 1 };
+        assert_eq!(sampled_versions(&ahead, 7).0, [0, 0, 0, 2, 2, 4, 4]);
+        for explorer in 1..=6 {
+            for trainer in 1..=explorer {
+                for offset in 0..=3 {
+                    let schedule = SyncSchedule { explorer_interval: explorer, trainer_interval: trainer, offset };
+                    let (versions, backlog) = sampled_versions(&schedule, 40);
+                    assert_eq!(versions.len(), 40);
+                    for (i, version) in versions.iter().enumerate() {
+                        let syncs = schedule.required_syncs(i as u64 + 1);
+                        let planned = if syncs == 0 { 0 } else { schedule.version_of_sync(syncs) };
+                        assert_eq!(*version, planned, "{schedule:?}, step {}", i + 1);
+                    }
+                    assert_eq!(backlog, schedule.steps_buffered(), "{schedule:?}");
+                    let config = SynchronizerConfig {
+                        explorer_sync_interval: Some(explorer as u32),
+                        trainer_sync_interval: Some(trainer as u32),
+                        sync_offset: offset as u32,
+                        ..SynchronizerConfig::default()
+                    };
+                    assert_eq!(config.steps_buffered(), backlog, "the config crate's capacity check agrees");
+                }
+            }
+        }
     }
 }

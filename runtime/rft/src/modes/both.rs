@@ -150,10 +150,7 @@ impl<'a> Both<'a> {
             trainer,
             buffer,
             weight_store,
-            schedule: SyncSchedule {
-                interval: u64::from(config.synchronizer.sync_interval),
-                offset: u64::from(config.synchronizer.sync_offset),
-            },
+            schedule: SyncSchedule::of(&config.synchronizer),
             resumed_from: started.resumed.map(|(c, _)| c.step),
             explored,
             trained,
@@ -166,10 +163,11 @@ impl<'a> Both<'a> {
 
     async fn drive(mut self) -> Result<RunSummary, RftError> {
         tracing::info!(
-            "run {}: {} steps, sync every {} step(s), offset {}",
+            "run {}: {} steps, explorer syncs every {} step(s), trainer every {}, offset {}",
             self.job_dir.display(),
             self.total_steps,
-            self.schedule.interval,
+            self.schedule.explorer_interval,
+            self.schedule.trainer_interval,
             self.schedule.offset
         );
         self.monitor.plan(Some(self.total_steps), self.trained)?;
@@ -223,7 +221,7 @@ impl<'a> Both<'a> {
         self.trained = step;
 
         let mut sync_seconds = 0.0;
-        if self.schedule.syncs_after(step) || step == self.total_steps {
+        if self.schedule.loads_after(step) || step == self.total_steps {
             let started = Instant::now();
             self.monitor.phase(step, Phase::Sync);
             self.sync(step).await?;
@@ -277,6 +275,7 @@ impl<'a> Both<'a> {
             weights = take_named(&stored, names, store.dir())?;
         }
         self.explorer.load_weights(weights, step).await?;
+        tracing::info!("the explorer samples with the trainer's weights of step {step} from now on");
         self.syncs += 1;
         Ok(())
     }

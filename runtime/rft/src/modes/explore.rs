@@ -65,10 +65,7 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
         explorer,
         buffer,
         store,
-        schedule: SyncSchedule {
-            interval: u64::from(config.synchronizer.sync_interval),
-            offset: u64::from(config.synchronizer.sync_offset),
-        },
+        schedule: SyncSchedule::of(&config.synchronizer),
         request_seq: 0,
     };
     run.pull_newest().await?;
@@ -189,8 +186,8 @@ impl ExploreRun<'_> {
         };
         match self.config.synchronizer.sync_style {
             SyncStyle::Fixed => {
-                // The weights of the trainer's sync after train step `required × interval`.
-                let wanted = required * self.schedule.interval.max(1);
+                // The weights the plan gives this sync ([`SyncSchedule::version_of_sync`]).
+                let wanted = self.schedule.version_of_sync(required);
                 if self.explorer.model_version() < wanted {
                     let waited = wait_until(
                         timeout,

@@ -246,10 +246,7 @@ impl<'a> TrainRun<'a> {
             published: store.latest()?,
             store,
             group,
-            schedule: SyncSchedule {
-                interval: u64::from(config.synchronizer.sync_interval),
-                offset: u64::from(config.synchronizer.sync_offset),
-            },
+            schedule: SyncSchedule::of(&config.synchronizer),
             resumed_from: started.resumed.map(|(c, _)| c.step),
             trained,
             saved: trained,
@@ -271,7 +268,7 @@ impl<'a> TrainRun<'a> {
             self.job_dir.display(),
             if total == u64::MAX { "until the explorers finish".to_owned() } else { format!("{total} steps") },
             self.config.buffer.train_batch_size,
-            self.schedule.interval,
+            self.schedule.trainer_interval,
             self.config.synchronizer.sync_style.name(),
         );
         if self.resumed_from.is_none() && self.config.explorer.eval_on_startup && self.evaluator.is_some() {
@@ -325,7 +322,7 @@ impl<'a> TrainRun<'a> {
         match self.config.synchronizer.sync_style {
             SyncStyle::DynamicByExplorer => self.answer_requests().await?,
             SyncStyle::Fixed | SyncStyle::DynamicByTrainer => {
-                if self.schedule.syncs_after(step) {
+                if self.schedule.publishes_after(step) {
                     self.publish().await?;
                 }
             }
