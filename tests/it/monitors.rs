@@ -1,10 +1,17 @@
 //! `monitor.monitor_type` wandb, mlflow and swanlab: a run reports each step through the service's official
-//! client (from `cargo xtask setup`'s monitors venv, `$TRINITY_MONITORS_PYTHON`) in its offline mode, and what the
-//! client wrote, read back with the client's own code, holds every step of metrics.jsonl under the names
-//! Trinity-RFT gives the run. Nothing reaches the network.
+//! client (from `cargo xtask setup`'s monitors venv, `$TRINITY_MONITORS_PYTHON`) in its offline mode, or to a
+//! real MLflow tracking server the test runs on loopback, and what the client wrote, read back with the client's
+//! own code, holds every step of metrics.jsonl under the names Trinity-RFT gives the run. A server that is down
+//! or never answers costs one warning, not the run. Nothing leaves the machine.
 
+use std::ffi::OsStr;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -56,7 +63,7 @@ fn jsonl_steps(dir: &Path) -> Vec<(u64, serde_json::Map<String, Value>)> {
 }
 
 /// Runs `script` (which prints one JSON object) with the monitors' Python, `argv[1]` being `arg`.
-fn read_back(python: &Path, script: &str, arg: &Path) -> Value {
+fn read_back(python: &Path, script: &str, arg: impl AsRef<OsStr>) -> Value {
     let output =
         Command::new(python).args(["-c", script]).arg(arg).env("MLFLOW_ALLOW_FILE_STORE", "true").output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
@@ -136,6 +143,22 @@ fn wandb_offline_runs_hold_every_step_under_trinity_rft_names() {
     );
     assert_history_holds(dir.path(), &got["history"], str::to_owned);
     assert!(!stderr(&output).contains("monitor `wandb`"), "no warning: {}", stderr(&output));
+    // wandb's own `sync` takes the directory as the offline run it uploads.
+    let [run] = std::fs::read_dir(monitor.join("wandb"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.file_name().unwrap().to_string_lossy().starts_with("offline-run-"))
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    let sync = Command::new(python.with_file_name("wandb"))
+        .args(["sync", "--dry-run"])
+        .arg(&run)
+        .env("HOME", dir.path())
+        .output();
+    let sync = sync.expect("the venv's wandb command runs");
+    let said = format!("{}{}", String::from_utf8_lossy(&sync.stdout), String::from_utf8_lossy(&sync.stderr));
+    assert!(sync.status.success() && said.contains("Would sync 1 run(s)"), "{said}");
 }
 
 const MLFLOW_READER: &str = r#"
@@ -148,7 +171,8 @@ for key in run.data.metrics:
     for m in client.get_metric_history(run.info.run_id, key):
         history.setdefault(str(m.step), {})[key] = m.value
 print(json.dumps({"name": run.info.run_name, "group": run.data.tags.get("group"), "role": run.data.tags.get("role"),
-                  "project_param": run.data.params.get("project"), "history": history}))
+                  "params": run.data.params, "status": run.info.status, "ended": run.info.end_time is not None,
+                  "history": history}))
 "#;
 
 #[test]
@@ -166,7 +190,8 @@ fn mlflow_file_store_runs_hold_every_step_under_trinity_rft_names() {
     assert!(output.status.success(), "{}", stderr(&output));
     let got = read_back(&python, MLFLOW_READER, Path::new(&store));
     assert_eq!((&got["name"], &got["group"], &got["role"]), (&"n_both".into(), &"".into(), &"both".into()));
-    assert_eq!(got["project_param"], "p", "the run's config is logged as parameters");
+    assert_eq!(got["params"]["project"], "p", "the run's config is logged as parameters");
+    assert_eq!((&got["status"], &got["ended"]), (&"FINISHED".into(), &true.into()), "the run's end ends it");
     assert_history_holds(dir.path(), &got["history"], |key| key.replace('@', "_at_"));
 }
 
@@ -191,21 +216,35 @@ for raw in reader:
 print(json.dumps(out))
 "#;
 
-#[test]
-fn swanlab_offline_runs_hold_every_step_under_trinity_rft_names() {
+/// A two-step run with swanlab in `mode` (`offline`, for `swanlab sync`, or `local`, for `swanlab watch`) holds
+/// every step in its run file, read with swanlab's own reader.
+fn swanlab_run_holds_every_step(mode: &str) {
     let python = monitors_python();
     let dir = tempfile::tempdir().unwrap();
     let output = run_with(
         dir.path(),
-        "  monitor_type: swanlab\n  monitor_args:\n    mode: offline\n    logdir: ./swanlog\n    tags: [grpo]\n",
+        &format!(
+            "  monitor_type: swanlab\n  monitor_args:\n    mode: {mode}\n    logdir: ./swanlog\n    tags: [grpo]\n"
+        ),
         &python,
         &[],
     );
     assert!(output.status.success(), "{}", stderr(&output));
-    let got = read_back(&python, SWANLAB_READER, &dir.path().join("swanlog"));
+    let got = read_back(&python, SWANLAB_READER, dir.path().join("swanlog"));
     assert_eq!(got["run"], serde_json::json!({"project": "p", "name": "n_both", "tags": ["grpo", "both"]}));
     assert_eq!(got["finished"], true, "the run's end finishes the swanlab run");
     assert_history_holds(dir.path(), &got["history"], str::to_owned);
+    assert!(!stderr(&output).contains("monitor `swanlab`"), "no warning: {}", stderr(&output));
+}
+
+#[test]
+fn swanlab_offline_runs_hold_every_step_under_trinity_rft_names() {
+    swanlab_run_holds_every_step("offline");
+}
+
+#[test]
+fn swanlab_local_runs_hold_every_step_under_trinity_rft_names() {
+    swanlab_run_holds_every_step("local");
 }
 
 #[test]
@@ -217,4 +256,153 @@ fn a_missing_client_fails_the_run_at_start_with_the_pip_line() {
     assert!(!output.status.success(), "{err}");
     assert!(err.contains("monitor `wandb`") && err.contains("pip install wandb"), "{err}");
     assert!(!dir.path().join("ckpt/p/n/global_step_1").exists(), "nothing trained before the error");
+}
+
+/// A loopback port nothing listens on (the OS's pick, released again).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A local MLflow tracking server (`mlflow server`, a SQLite backend store in a directory of its own) on a free
+/// loopback port; dropping it stops the server (its whole process group: uvicorn and the job runner) and
+/// removes the directory.
+struct MlflowServer {
+    child: Child,
+    url: String,
+    dir: tempfile::TempDir,
+}
+
+impl MlflowServer {
+    fn start(python: &Path) -> MlflowServer {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
+        let mut command = Command::new(python.with_file_name("mlflow"));
+        command
+            .args(["server", "--host", "127.0.0.1", "--port", &port.to_string(), "--workers", "1"])
+            .arg("--backend-store-uri")
+            .arg(format!("sqlite:///{}", dir.path().join("mlflow.db").display()))
+            .arg("--default-artifact-root")
+            .arg(dir.path().join("artifacts"))
+            .env("HOME", dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut server = MlflowServer { child: command.spawn().unwrap(), url: format!("http://127.0.0.1:{port}"), dir };
+        // The first start creates the database's tables: tens of seconds on a busy 2-core machine.
+        let deadline = Instant::now() + Duration::from_secs(240);
+        while !healthy(port) {
+            let log = || std::fs::read_to_string(server.dir.path().join("server.log")).unwrap_or_default();
+            assert!(server.child.try_wait().unwrap().is_none(), "mlflow server exited: {}", log());
+            assert!(Instant::now() < deadline, "mlflow server not up within 240 s: {}", log());
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        server
+    }
+}
+
+impl Drop for MlflowServer {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether the server on `port` answers its `/health` with 200.
+fn healthy(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut answer = String::new();
+    stream.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_ok()
+        && stream.read_to_string(&mut answer).is_ok()
+        && answer.starts_with("HTTP/1.1 200")
+}
+
+#[test]
+fn an_mlflow_tracking_server_holds_the_params_every_step_and_the_finished_run() {
+    let python = monitors_python();
+    let server = MlflowServer::start(&python);
+    let dir = tempfile::tempdir().unwrap();
+    let monitor = format!("  monitor_type: mlflow\n  monitor_args:\n    uri: {}\n", server.url);
+    let output = run_with(dir.path(), &monitor, &python, &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(!stderr(&output).contains("monitor `mlflow`"), "no warning: {}", stderr(&output));
+    let got = read_back(&python, MLFLOW_READER, &server.url);
+    assert_eq!((&got["name"], &got["role"]), (&"n_both".into(), &"both".into()));
+    let params = &got["params"];
+    assert_eq!((&params["project"], &params["name"]), (&"p".into(), &"n".into()), "{params}");
+    assert_eq!(params["algorithm.algorithm_type"], "grpo", "the run's config, flattened: {params}");
+    assert_eq!(got["status"], "FINISHED", "the run's end finishes the MLflow run");
+    assert_eq!(got["ended"], true);
+    assert_history_holds(dir.path(), &got["history"], |key| key.replace('@', "_at_"));
+    let steps: Vec<u64> = jsonl_steps(dir.path()).into_iter().map(|(step, _)| step).collect();
+    let logged: Vec<u64> = got["history"].as_object().unwrap().keys().map(|k| k.parse().unwrap()).collect();
+    assert_eq!(logged.len(), steps.len(), "one MLflow step per metrics.jsonl step: {logged:?} {steps:?}");
+    drop(server);
+}
+
+/// The lines of a run's stderr that name `monitor`.
+fn warnings<'a>(err: &'a str, monitor: &str) -> Vec<&'a str> {
+    let name = format!("monitor `{monitor}`");
+    err.lines().filter(|line| line.contains(&name)).collect()
+}
+
+/// A run whose MLflow server does not answer (`uri`) completes with every step in metrics.jsonl and one warning
+/// naming mlflow that says it missed them all; returns that warning and how long the run took.
+fn run_with_silent_mlflow(uri: &str) -> (String, Duration) {
+    let python = monitors_python();
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let output =
+        run_with(dir.path(), &format!("  monitor_type: mlflow\n  monitor_args:\n    uri: {uri}\n"), &python, &[]);
+    let took = started.elapsed();
+    let err = stderr(&output);
+    assert!(output.status.success(), "the monitor cost the run: {err}");
+    let steps: Vec<u64> = jsonl_steps(dir.path()).into_iter().map(|(step, _)| step).collect();
+    assert_eq!(steps, [1, 2], "metrics.jsonl keeps every step");
+    let warned = warnings(&err, "mlflow");
+    assert_eq!(warned.len(), 1, "one warning, naming the monitor: {err}");
+    assert!(warned[0].contains("missed 2 of 2 step(s)"), "{}", warned[0]);
+    (warned[0].to_owned(), took)
+}
+
+#[test]
+fn an_mlflow_server_that_is_down_costs_one_warning_not_the_run() {
+    // Nothing listens there: MLflow's client retries the connection for about 4 minutes.
+    let (warning, _) = run_with_silent_mlflow(&format!("http://127.0.0.1:{}", free_port()));
+    assert!(warning.contains("Connection refused"), "the warning says why: {warning}");
+}
+
+#[test]
+fn an_mlflow_server_that_never_answers_does_not_hold_the_run_up() {
+    // Accepts every connection and never answers: each of MLflow's requests waits its 120 s timeout.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::clone(&stop);
+    let silent = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while !stopping.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((stream, _)) => held.push(stream),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        held.len()
+    });
+    let (warning, took) = run_with_silent_mlflow(&format!("http://127.0.0.1:{port}"));
+    stop.store(true, Ordering::Relaxed);
+    assert!(silent.join().unwrap() > 0, "the client reached the silent server");
+    assert!(warning.contains("did not answer for 30 s and was stopped"), "{warning}");
+    // The run's end waits at most 30 s after the client's last answer (its import, here), where MLflow's
+    // first request alone would hold it 120 s.
+    assert!(took < Duration::from_secs(110), "the run took {took:?}");
 }

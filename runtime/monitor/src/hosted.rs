@@ -309,10 +309,7 @@ impl HostedSink {
             "config" => format!("{message} (details: {})", self.shared.log.display()),
             _ => {
                 let status = status.map(|s| s.to_string()).unwrap_or_else(|| "an unknown status".into());
-                format!(
-                    "`{python}` exited with {status} before importing its client: {}",
-                    log_tail(&self.shared.log, 3)
-                )
+                format!("`{python}` exited with {status} before importing its client: {}", log_tail(&self.shared.log))
             }
         }))
     }
@@ -416,12 +413,17 @@ impl HostedSink {
             what.push(format!("it missed {total} of {} step(s) ({})", missed.recorded, why.join(", ")));
         }
         if !what.is_empty() {
+            let last_line = std::fs::read_to_string(&self.shared.log)
+                .unwrap_or_default()
+                .lines()
+                .rfind(|line| !line.trim().is_empty())
+                .map(|line| format!(": {line}"))
+                .unwrap_or_default();
             tracing::warn!(
-                "monitor `{}` {}; metrics.jsonl holds every step (details: {}: {})",
+                "monitor `{}` {}; metrics.jsonl holds every step (details: {}{last_line})",
                 self.shared.service.name(),
                 what.join("; "),
                 self.shared.log.display(),
-                log_tail(&self.shared.log, 1)
             );
         }
     }
@@ -565,11 +567,11 @@ fn step_line(step: u64, metrics: &Metrics) -> String {
     serde_json::json!({ "step": step, "metrics": values }).to_string()
 }
 
-/// The last `count` lines of a monitor's log, for a message that has to say why.
-fn log_tail(log: &Path, count: usize) -> String {
+/// The last lines of a monitor's log, for an error that has to say why.
+fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let tail = lines[lines.len().saturating_sub(count)..].join(" | ");
+    let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
     if tail.is_empty() { format!("no output (see {})", log.display()) } else { tail }
 }
 
@@ -743,9 +745,8 @@ mod tests {
             spec.project = "p".into();
             spec.name = "n".into();
             spec.monitor_args = args.as_object().unwrap().clone();
-            let mut sink = HostedSink::start(service, &python, &spec, dir.path(), limits).unwrap_or_else(|e| {
-                panic!("{e}: {}", log_tail(&dir.path().join(format!("{}.log", service.name())), 3))
-            });
+            let mut sink = HostedSink::start(service, &python, &spec, dir.path(), limits)
+                .unwrap_or_else(|e| panic!("{e}: {}", log_tail(&dir.path().join(format!("{}.log", service.name())))));
             for step in 1..=3 {
                 sink.record(
                     step,
