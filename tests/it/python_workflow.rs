@@ -130,8 +130,17 @@ class AgentWorkflow(Workflow):
             assert drift < 1e-2, f"the engine's logprobs of the recorded reply differ by {drift}"
             exp.reward = float(len(exp.response_text) % 2)
             exp.metrics = {"agent_calls": 2.0}
-        more = await asyncio.gather(*[self.model.chat_async([{"role": "user", "content": prompt}], max_tokens=2) for _ in range(3)])
-        assert len(more) == 3
+        # Calls in flight together are answered together: the instant one does not wait for the generation.
+        order = []
+
+        async def tagged(name, call):
+            result = await call
+            order.append(name)
+            return result
+
+        chat = self.model.chat_async([{"role": "user", "content": prompt}], max_tokens=6)
+        await asyncio.gather(tagged("chat", chat), tagged("version", self.model.model_version_async))
+        assert order == ["version", "chat"], order
         return experiences
 
 

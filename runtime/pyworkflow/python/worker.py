@@ -2,10 +2,13 @@
 
 Protocol: JSON lines. trinity writes to this process's stdin, the worker answers on the stdout it was started
 with; the workflow's own prints go to stderr (fd 1 is pointed there), which trinity logs. Messages:
-  trinity -> worker  {"type": "run", "workflow": NAME, "task": {...}, "repeat_times": N, "model": {...}}
+  trinity -> worker  {"type": "run", "workflow": NAME, "task": {...}, "model": {...}, "auxiliary_models": [...],
+                     "concurrent_mode": MODE}   (model settings: InferenceModelConfig fields)
   worker -> trinity  {"type": "call", "id": I, "method": M, "params": {...}}   (a model call)
   trinity -> worker  {"type": "reply", "id": I, "result": ...} or {"type": "reply", "id": I, "error": "..."}
   worker -> trinity  {"type": "done", "experiences": [...]} or {"type": "failed", "traceback": "..."}
+Calls carry ids: any number may be in flight (from coroutines or threads) and trinity answers them in any order.
+The worker keeps its model wrappers and its last workflow instance across tasks, as Trinity-RFT's runner does.
 With `--check NAME` it only imports the workflow and prints one JSON line saying whether that worked.
 """
 

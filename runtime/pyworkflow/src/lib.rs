@@ -9,6 +9,16 @@
 //! back over the worker's pipes to trinity's [`trinity_explorer::RolloutModel`], and returns the workflow's
 //! `Experience`s, which become trinity experiences like a built-in workflow's.
 //!
+//! `self.model` is Trinity-RFT 0.6.0's `ModelWrapper` as its runner hands it out (see `calls.rs` for what each
+//! call does here): generation, `logprobs`, `convert_messages_to_experience`, OpenAI clients of the rollout
+//! model's OpenAI API with their recorded history, the workflow-state calls and `clone_with_isolated_history`;
+//! the auxiliary models are wrappers (`self.auxiliary_model_wrappers`) and OpenAI clients
+//! (`self.auxiliary_models`). The worker keeps its wrappers and its last workflow instance across tasks, so a
+//! `can_reset` workflow is reset rather than rebuilt, as in Trinity-RFT's runner; [`configure`] gives it the
+//! run's model settings (`model_config`, `generate_kwargs`, `explorer.concurrent_mode`). Model calls carry ids:
+//! a workflow may have any number in flight and they are answered concurrently, so an `asyncio.gather` of
+//! calls batches in the engine.
+//!
 //! Invariants: workers are reused across tasks (an idle pool, at most as many as tasks ran at once, which the
 //! runner bounds by `explorer.runner_per_model`); a worker is returned to the pool only after a task ended
 //! cleanly on the protocol (done, or a Python exception reported with its traceback). A worker whose task
