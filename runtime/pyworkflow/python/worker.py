@@ -593,14 +593,14 @@ class _Host:
         """The runner's workflow instance for `task`: the last one reset, if its class can be, else a new one."""
         instance = self.instance
         if instance is None or instance.__class__ is not task.workflow or not instance.__class__.can_reset:
-            self.instance = task.to_workflow(self.model, self.auxiliary or None)
+            self.instance = task.to_workflow(self.model, self.auxiliary)
         else:
             instance.reset(task)
         return self.instance
 
     def isolated_instance(self, task):
         model = self.model.clone_with_isolated_history() if self.model.enable_history else self.model
-        return task.to_workflow(model, self.auxiliary or None)
+        return task.to_workflow(model, self.auxiliary)
 
     async def run(self, message):
         cls = resolve(message["workflow"])

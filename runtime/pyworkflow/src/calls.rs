@@ -212,8 +212,8 @@ fn token_ids(value: &Value) -> Option<Vec<u32>> {
 /// The model's logprob of each of `tokens[1..]` given the tokens before it, at `temperature` (Trinity-RFT's
 /// `logprobs`), computed between decode steps of the model's engine as a teacher's are.
 async fn score(model: &Arc<RolloutModel>, tokens: &[u32], temperature: f64) -> Result<Vec<f32>, String> {
-    let scorer = AuxiliaryModel::new("the rollout model", Arc::clone(model));
-    scorer.logprobs(tokens, temperature).await.map_err(|e| e.to_string())
+    let scorer = AuxiliaryModel::new("scoring", Arc::clone(model));
+    scorer.logprobs(tokens, temperature).await.map_err(|e| format!("the logprobs of {} tokens: {e}", tokens.len()))
 }
 
 /// `messages[..end]` as the model sees them: the chat template with the messages as given (tool calls and
@@ -291,4 +291,29 @@ fn experience_json(experience: &Experience) -> Value {
         "response_text": experience.response_text,
         "truncate_status": experience.truncate_status,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trinity_explorer::OpenAiView;
+
+    #[test]
+    fn a_task_end_closes_the_clones_sessions_and_empties_the_workers_own() {
+        let view = Arc::new(OpenAiView::new("http://127.0.0.1:9", "m", true));
+        let sessions = Sessions::default();
+        let key = |id: u64| {
+            let mut open = sessions.lock();
+            open.entry(id).or_insert_with(|| OpenAiSession::open(&view)).key().to_owned()
+        };
+        let (own, clone) = (key(0), key(3));
+        let reply = Experience::single_turn(Eid::default(), vec![1, 2], 1, vec![-0.5]);
+        view.record(&own, vec![reply.clone()]).unwrap();
+        view.record(&clone, vec![reply]).unwrap();
+        sessions.end_task();
+        assert!(view.is_open(&own) && !view.is_open(&clone));
+        assert_eq!(key(0), own, "the worker keeps its session");
+        let left = sessions.lock().get(&0).and_then(OpenAiSession::extract_experience_from_history).unwrap();
+        assert!(left.is_empty(), "nothing recorded leaks into the next task");
+    }
 }
