@@ -132,6 +132,14 @@ class _Rpc:
             future.set_exception(EOFError("trinity closed the worker's input"))
         self.tasks.put(None)
 
+    def abandon_pending(self):
+        """Fails the calls still waiting when a task ends (trinity stops answering them), so that a run still
+        blocked on one in a thread of the task ends instead of holding the worker."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            future.set_exception(RuntimeError("the task ended before trinity answered this model call"))
+
     def start(self, method, params):
         """Sends a call; its reply completes the returned concurrent future."""
         future = concurrent.futures.Future()
@@ -603,6 +611,12 @@ class _Host:
         return task.to_workflow(model, self.auxiliary)
 
     async def run(self, message):
+        try:
+            return await self._run(message)
+        finally:
+            self.rpc.abandon_pending()
+
+    async def _run(self, message):
         cls = resolve(message["workflow"])
         task = build_task(message["task"], cls)
         self.wrappers(message)
@@ -699,6 +713,13 @@ def _missing_imports(cls):
             pending.append((module.__name__, inspect.getsourcefile(module)))
         except TypeError:
             continue
+    # Modules beside those, already imported by them (Trinity-RFT's RAFT AlfWorld workflow imports its game
+    # environment in a helper module of its package).
+    folders = {os.path.dirname(path) for _, path in pending if path}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and path.endswith(".py") and os.path.dirname(path) in folders:
+            pending.append((module.__name__, path))
     own = {name.split(".")[0] for name, _ in pending}
     seen = set()
     missing = []
