@@ -359,12 +359,7 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("ExplorerConfig", "runner_state_report_interval", P, LOGGING),
     ("ExplorerConfig", "runner_prepare_concurrency", P, "trinity prepares workflows in-process; no effect here"),
     ("ExplorerConfig", "runner_prepare_max_retries", P, "trinity prepares workflows in-process; no effect here"),
-    (
-        "ExplorerConfig",
-        "max_inflight_batches",
-        P,
-        "trinity's explorer runs ahead by synchronizer.sync_offset; no effect here",
-    ),
+    ("ExplorerConfig", "max_inflight_batches", H, ""),
     ("OverRolloutConfig", "ratio", H, ""),
     ("OverRolloutConfig", "wait_after_min", H, ""),
     (

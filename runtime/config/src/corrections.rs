@@ -32,7 +32,12 @@ impl Resolver<'_> {
             return Ok(());
         }
         let one_process = matches!(config.mode, Mode::Both | Mode::Colocate);
-        let waits = one_process || sync.sync_style == SyncStyle::Fixed;
+        // A fully asynchronous explorer never waits; it takes each version as it comes.
+        let waits = match sync.sync_style {
+            SyncStyle::FullyAsync => false,
+            SyncStyle::Fixed => true,
+            SyncStyle::DynamicByExplorer | SyncStyle::DynamicByTrainer => one_process,
+        };
         self.require(
             !(waits && explorer < trainer),
             "synchronizer.explorer_sync_interval",
@@ -76,6 +81,38 @@ impl Resolver<'_> {
         );
     }
 
+    /// `sync_style: fully_async` (Trinity-RFT 0.6.0): no eval tasksets (its buffer validator refuses them), at
+    /// least one batch in flight; `sync_offset` and the explorer's interval have no effect there (its explorer
+    /// has no sync points), and `max_inflight_batches` has none in the other styles.
+    fn check_fully_async(&mut self, config: &Config) {
+        let sync = &config.synchronizer;
+        let inflight = config.explorer.max_inflight_batches;
+        if sync.sync_style != SyncStyle::FullyAsync {
+            if inflight != crate::explorer::ExplorerConfig::default().max_inflight_batches {
+                self.notes.push(format!(
+                    "explorer.max_inflight_batches ({inflight}) acts only with synchronizer.sync_style `fully_async`; \
+                     no effect with `{}`",
+                    sync.sync_style.name()
+                ));
+            }
+            return;
+        }
+        self.check(
+            config.buffer.explorer_input.eval_tasksets.is_empty(),
+            "buffer.explorer_input.eval_tasksets",
+            "eval tasksets are not supported with synchronizer.sync_style `fully_async` (Trinity-RFT 0.6.0 refuses \
+             them too): remove them, or choose another sync_style",
+        );
+        self.check(inflight >= 1, "explorer.max_inflight_batches", "must be at least 1 with sync_style `fully_async`");
+        if sync.sync_offset != 0 {
+            self.notes.push(format!(
+                "synchronizer.sync_offset ({}) has no effect with sync_style `fully_async`: the explorer never waits \
+                 for weights, and explorer.max_inflight_batches ({inflight}) bounds how far it runs ahead",
+                sync.sync_offset
+            ));
+        }
+    }
+
     /// Trinity-RFT's `SynchronizerConfigValidator` and `IntervalConfigValidator`: values it corrects are
     /// corrected the same way here, each with a note.
     pub(crate) fn resolve_synchronizer(
@@ -85,6 +122,7 @@ impl Resolver<'_> {
     ) -> Result<(), ConfigError> {
         self.resolve_sync_intervals(config)?;
         self.check_over_rollout(config);
+        self.check_fully_async(config);
         let sync = &config.synchronizer;
         self.require(sync.sync_interval >= 1, "synchronizer.sync_interval", "must be at least 1")?;
         self.check(sync.sync_timeout >= 1, "synchronizer.sync_timeout", "must be at least 1 second");
@@ -202,7 +240,9 @@ impl Resolver<'_> {
             }
             _ => return,
         };
-        if sync.sync_style != SyncStyle::Fixed {
+        let honoured_here =
+            sync.sync_style == SyncStyle::FullyAsync && matches!(config.mode, Mode::Both | Mode::Colocate);
+        if sync.sync_style != SyncStyle::Fixed && !honoured_here {
             self.notes.push(format!("synchronizer.sync_style `{}`: {style_why}", sync.sync_style.name()));
         }
         if sync.sync_timeout != SynchronizerConfig::default().sync_timeout {
@@ -248,7 +288,7 @@ mod tests {
     use std::path::Path;
 
     use crate::catalog::AnyName;
-    use crate::synchronizer::SyncMethod;
+    use crate::synchronizer::{SyncMethod, SyncStyle};
     use crate::{LoadOptions, Loaded, load_str};
 
     fn load(text: &str) -> Loaded {
@@ -314,6 +354,27 @@ mod tests {
             "synchronizer.explorer_sync_interval",
             &["sync_style `fixed`", "trainer_driven"],
         );
+    }
+
+    #[test]
+    fn fully_async_refuses_eval_tasksets_and_notes_what_it_ignores() {
+        let tasks = "buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n";
+        let text = |extra: &str| {
+            format!(
+                "{MODEL}{tasks}{extra}synchronizer:\n  sync_style: fully_async\n  sync_offset: 1\nexplorer:\n  max_inflight_batches: 3\n"
+            )
+        };
+        let loaded = load(&text(""));
+        assert_eq!(loaded.config.synchronizer.sync_style, SyncStyle::FullyAsync);
+        assert_eq!(loaded.config.explorer.max_inflight_batches, 3);
+        assert_eq!(loaded.config.synchronizer.steps_buffered(3), 3);
+        let notes = loaded.notes.join("\n");
+        assert!(notes.contains("sync_offset (1) has no effect with sync_style `fully_async`"), "{notes}");
+        assert!(!notes.contains("sync_style `fully_async`: in mode"), "fully_async is honoured in mode both: {notes}");
+        let error = crate::testing::refusal(&text("    eval_tasksets:\n      - name: e\n        path: /e.jsonl\n"));
+        crate::testing::assert_names(&error, "buffer.explorer_input.eval_tasksets", &["`fully_async`", "remove them"]);
+        let fixed = load(&format!("{MODEL}{tasks}explorer:\n  max_inflight_batches: 3\n"));
+        assert!(fixed.notes.iter().any(|n| n.contains("max_inflight_batches (3) acts only with")), "{:?}", fixed.notes);
     }
 
     #[test]

@@ -58,7 +58,8 @@ pub struct ExplorerConfig {
     pub runner_prepare_concurrency: u32,
     /// Retries of a runner's preparation (newer Trinity-RFT).
     pub runner_prepare_max_retries: u32,
-    /// Train batches the rollout coordinator holds at once (newer Trinity-RFT).
+    /// With `synchronizer.sync_style: fully_async`, the train batches the explorer keeps in flight (submitted and
+    /// not yet stored) at once; at the limit it first finishes the oldest (Trinity-RFT 0.6.0).
     pub max_inflight_batches: u32,
 }
 

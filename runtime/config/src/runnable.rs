@@ -12,6 +12,7 @@ use crate::config::{Config, Mode};
 use crate::error::ConfigError;
 use crate::source::Source;
 use crate::stages::Scope;
+use crate::synchronizer::SyncStyle;
 
 /// The reasoning parsers trinity's OpenAI-compatible API has (trinity-serve's `ReasoningParser`), under vLLM's names.
 pub const REASONING_PARSERS: [&str; 2] = ["deepseek_r1", "qwen3"];
@@ -200,7 +201,7 @@ impl Check<'_> {
             return Ok(());
         }
         let offset = u64::from(config.synchronizer.sync_offset);
-        let buffered = config.synchronizer.steps_buffered();
+        let buffered = config.synchronizer.steps_buffered(config.explorer.max_inflight_batches);
         if buffered < 2 {
             return Ok(());
         }
@@ -221,7 +222,11 @@ impl Check<'_> {
                  the same process: the step would fail after synchronizer.sync_timeout; set capacity to at least \
                  {needed}, or lower sync_offset",
                 config.mode.name(),
-                match buffered - offset - 1 {
+                match buffered.saturating_sub(offset + 1) {
+                    _ if config.synchronizer.sync_style == SyncStyle::FullyAsync => format!(
+                        "; with sync_style `fully_async`, explorer.max_inflight_batches {} in flight instead",
+                        config.explorer.max_inflight_batches
+                    ),
                     0 => String::new(),
                     waits => format!(
                         ", plus {waits} a sync point waits for with explorer_sync_interval {} and \

@@ -11,7 +11,8 @@ pub struct SynchronizerConfig {
     /// default; in one process it means `memory`; between an explorer and a trainer process, a process group:
     /// NCCL when both hold their weights on CUDA, else Gloo).
     pub sync_method: SyncMethod,
-    /// `fixed`: every `sync_interval` steps.
+    /// Who waits for whom: `fixed` (every `sync_interval` steps), `explorer_driven`, `trainer_driven`,
+    /// `fully_async`.
     pub sync_style: SyncStyle,
     /// Explore steps run on one set of weights.
     pub sync_interval: u32,
@@ -65,7 +66,11 @@ impl SynchronizerConfig {
     /// one process (trinity-rft's `SyncSchedule::steps_buffered`, the same formula): the explorer runs
     /// `sync_offset` steps ahead, plus the step being stored, plus the train steps a sync point can wait for
     /// beyond those (`ti − gcd(ei, ti)`: none when the explorer's interval is a multiple of the trainer's).
-    pub fn steps_buffered(&self) -> u64 {
+    /// With `fully_async` it is the batches in flight, `max_inflight_batches`.
+    pub fn steps_buffered(&self, max_inflight_batches: u32) -> u64 {
+        if self.sync_style == SyncStyle::FullyAsync {
+            return u64::from(max_inflight_batches.max(1));
+        }
         let (explorer, trainer) =
             (u64::from(self.explorer_interval().max(1)), u64::from(self.trainer_interval().max(1)));
         let (mut a, mut b) = (explorer, trainer);
@@ -101,6 +106,10 @@ pub enum SyncStyle {
     /// Whenever the trainer finishes a step (Trinity-RFT's newer name: `trainer_driven`).
     #[serde(alias = "trainer_driven")]
     DynamicByTrainer,
+    /// Trinity-RFT 0.6.0: the explorer never waits for weights; it keeps up to `explorer.max_inflight_batches`
+    /// train batches in flight and takes the trainer's weights as soon as they are published (every
+    /// `trainer_sync_interval` steps). No eval tasksets.
+    FullyAsync,
 }
 
 impl SyncStyle {
@@ -110,6 +119,7 @@ impl SyncStyle {
             SyncStyle::Fixed => "fixed",
             SyncStyle::DynamicByExplorer => "explorer_driven",
             SyncStyle::DynamicByTrainer => "trainer_driven",
+            SyncStyle::FullyAsync => "fully_async",
         }
     }
 }

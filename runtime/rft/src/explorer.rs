@@ -42,6 +42,46 @@ pub(crate) struct ExploreOutput {
     pub metrics: Metrics,
 }
 
+/// A batch of tasks running on the rollout engine ([`Explorer::submit`]); awaiting it gives what [`Explorer::finish`]
+/// takes.
+pub(crate) struct InFlight {
+    started: Instant,
+    handle: tokio::task::JoinHandle<RunReport>,
+}
+
+/// A batch that ran: its report and when it started.
+pub(crate) struct Ran {
+    report: RunReport,
+    started: Instant,
+}
+
+impl InFlight {
+    /// When the batch was submitted: its step's `time/explore_s` counts from here.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+}
+
+impl Future for InFlight {
+    type Output = Result<Ran, RftError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let started = self.started;
+        std::pin::Pin::new(&mut self.handle).poll(cx).map(|joined| {
+            joined
+                .map(|report| Ran { report, started })
+                .map_err(|e| RftError::Unsupported(format!("an explore batch's runner stopped: {e}")))
+        })
+    }
+}
+
+impl Drop for InFlight {
+    /// A batch nobody finishes (the run stopped on an error) stops running, and its workflows with it.
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
 /// The files an exploring explorer appends to, in the run directory.
 #[derive(Debug, Clone)]
 pub(crate) struct ExplorerLogs {
@@ -210,11 +250,26 @@ impl Explorer {
     /// Runs explore step `step`: draws a batch of tasks, runs them, applies the experience pipeline and the group
     /// advantage. `None` when the tasksets are used up.
     pub(crate) async fn explore_step(&mut self, step: u64) -> Result<Option<ExploreOutput>, RftError> {
-        let started = Instant::now();
+        let Some(batch) = self.submit()? else {
+            return Ok(None);
+        };
+        self.finish(step, batch.await?).await.map(Some)
+    }
+
+    /// Draws the next batch of tasks and starts running them; `None` when the tasksets are used up. The batch runs
+    /// on its own (several can be in flight, `sync_style: fully_async`) until [`Explorer::finish`] takes it.
+    pub(crate) fn submit(&mut self) -> Result<Option<InFlight>, RftError> {
         let Some(tasks) = self.scheduler().next_batch()? else {
             return Ok(None);
         };
-        let report = run_batch(Arc::clone(&self.rollout), tasks, &self.options, &self.train_control).await;
+        let (rollout, options, control) = (Arc::clone(&self.rollout), self.options.clone(), self.train_control.clone());
+        let handle = tokio::spawn(async move { run_batch(rollout, tasks, &options, &control).await });
+        Ok(Some(InFlight { started: Instant::now(), handle }))
+    }
+
+    /// Turns a batch's report into explore step `step`'s experiences and metrics.
+    pub(crate) async fn finish(&mut self, step: u64, ran: Ran) -> Result<ExploreOutput, RftError> {
+        let Ran { report, started } = ran;
         if let Some(dynamic) = &self.train_control.dynamic_timeout {
             dynamic.record_step(&report);
         }
@@ -245,7 +300,7 @@ impl Explorer {
         metrics.insert("time/explore_s".into(), seconds);
         metrics.insert("perf/rollout_tokens_per_s".into(), response_tokens as f64 / seconds.max(1e-9));
         metrics.insert("rollout/model_version".into(), self.model_version() as f64);
-        Ok(Some(ExploreOutput { experiences, metrics }))
+        Ok(ExploreOutput { experiences, metrics })
     }
 
     /// Evaluates the current weights on every eval taskset: `<prefix>/<taskset>/accuracy` and the rollout statistics,

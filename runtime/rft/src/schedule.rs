@@ -113,6 +113,20 @@ pub fn next_action(schedule: &SyncSchedule, explored: u64, trained: u64, syncs: 
     }
 }
 
+/// The next action of a one-device run with `sync_style: fully_async`: explorer and trainer take turns, so a batch
+/// is in flight from its explore step until its train step. The explorer runs while fewer than `max_inflight`
+/// batches are in flight and never waits for weights; the trainer takes the oldest batch, and its weights go into
+/// the engine after every `trainer_sync_interval`-th step ([`SyncSchedule::publishes_after`]), as soon as they exist.
+pub fn next_action_fully_async(max_inflight: u64, explored: u64, trained: u64, total_steps: u64) -> Action {
+    if explored < total_steps && explored - trained < max_inflight.max(1) {
+        Action::Explore(explored + 1)
+    } else if trained < explored {
+        Action::Train(trained + 1)
+    } else {
+        Action::Done
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +234,31 @@ mod tests {
         assert!(schedule.publishes_after(3) && !schedule.publishes_after(4));
     }
 
+    #[test]
+    fn fully_async_keeps_the_batches_in_flight_and_takes_every_published_version() {
+        let schedule = SyncSchedule { explorer_interval: 1, trainer_interval: 1, offset: 0 };
+        let (mut explored, mut trained, mut version) = (0, 0, 0);
+        let mut out = Vec::new();
+        loop {
+            match next_action_fully_async(2, explored, trained, 4) {
+                Action::Explore(s) => {
+                    explored = s;
+                    out.push(format!("E{s}@{version}"));
+                }
+                Action::Train(s) => {
+                    trained = s;
+                    if schedule.publishes_after(s) {
+                        version = s;
+                    }
+                    out.push(format!("T{s}"));
+                }
+                Action::Done => break,
+            }
+        }
+        assert_eq!(out.join(" "), "E1@0 E2@0 T1 E3@1 T2 E4@2 T3 T4");
+        assert_eq!(next_action_fully_async(1, 1, 0, 4), Action::Train(1), "one batch in flight is on-policy");
+    }
+
     /// The weights (train step) each explore step samples with and the most steps buffered, when the engine takes
     /// the trainer's weights after every train step that [`SyncSchedule::loads_after`] names.
     fn sampled_versions(schedule: &SyncSchedule, total: u64) -> (Vec<u64>, u64) {
@@ -279,7 +318,7 @@ mod tests {
                         sync_offset: offset as u32,
                         ..SynchronizerConfig::default()
                     };
-                    assert_eq!(config.steps_buffered(), backlog, "the config crate's capacity check agrees");
+                    assert_eq!(config.steps_buffered(2), backlog, "the config crate's capacity check agrees");
                 }
             }
         }

@@ -1,14 +1,16 @@
 //! The Synchronizer: decides when weights move from trainer to explorer and carries them.
 //!
-//! *When* is Trinity-RFT's plan ([`crate::schedule`]): the trainer publishes after every `sync_interval`-th train
-//! step, and explore step `s` needs weights that include `required_syncs(s)` of those syncs, so the explorer runs
-//! at most `sync_offset` steps ahead. `sync_style` decides who waits for whom when explorer and trainer run apart:
+//! *When* is Trinity-RFT's plan ([`crate::schedule`]): the trainer publishes after every `trainer_sync_interval`-th
+//! train step, and the explorer syncs after every `explorer_sync_interval`-th explore step past `sync_offset`, so
+//! it runs at most `sync_offset` steps ahead. `sync_style` decides who waits for whom when explorer and trainer run
+//! apart:
 //!
 //! | style | trainer publishes | explorer at its sync points |
 //! |---|---|---|
 //! | `fixed` | every `sync_interval` steps | waits (up to `sync_timeout`) for the version its next step needs |
 //! | `trainer_driven` | every `sync_interval` steps | takes the newest published version, never waits |
 //! | `explorer_driven` | when an explorer asks | asks, and waits (up to `sync_timeout`) for the trainer's answer: new weights, or "nothing new" |
+//! | `fully_async` | every `trainer_sync_interval` steps | has none: keeps `max_inflight_batches` batches running and loads each published version as soon as it appears |
 //!
 //! *How*: in one process the trainer's parameters are copied into the engine in place (`memory`); across
 //! processes they go through a [`WeightStore`] in the run directory (`checkpoint`), which may be on a shared

@@ -19,14 +19,14 @@ use serde::{Deserialize, Serialize};
 use trinity_buffer::difficulty_estimator::DifficultyEstimator;
 use trinity_buffer::{Experience, ExperienceBuffer, SchedulerState};
 use trinity_config::Config;
-use trinity_config::synchronizer::SyncMethod;
+use trinity_config::synchronizer::{SyncMethod, SyncStyle};
 use trinity_monitor::{Metrics, Monitor, Phase};
 
 use crate::error::RftError;
 use crate::explorer::{Explorer, ExplorerLogs, ExplorerRole};
 use crate::models;
 use crate::run::RunSummary;
-use crate::schedule::{Action, SyncSchedule, next_action};
+use crate::schedule::{Action, SyncSchedule, next_action, next_action_fully_async};
 use crate::synchronizer::{WeightStore, take_named};
 use crate::trainer::{Meta, Rank0, Trainer};
 
@@ -63,6 +63,8 @@ struct Both<'a> {
     /// `sync_method: checkpoint`: weights go through the disk, as they would to an explorer in another process.
     weight_store: Option<WeightStore>,
     schedule: SyncSchedule,
+    /// `sync_style: fully_async`: the batches in flight at most (`explorer.max_inflight_batches`).
+    fully_async: Option<u64>,
     total_steps: u64,
     resumed_from: Option<u64>,
     explored: u64,
@@ -151,6 +153,8 @@ impl<'a> Both<'a> {
             buffer,
             weight_store,
             schedule: SyncSchedule::of(&config.synchronizer),
+            fully_async: (config.synchronizer.sync_style == SyncStyle::FullyAsync)
+                .then_some(u64::from(config.explorer.max_inflight_batches)),
             resumed_from: started.resumed.map(|(c, _)| c.step),
             explored,
             trained,
@@ -170,6 +174,13 @@ impl<'a> Both<'a> {
             self.schedule.trainer_interval,
             self.schedule.offset
         );
+        if let Some(inflight) = self.fully_async {
+            tracing::info!(
+                "sync_style fully_async: up to {inflight} batches in flight between explore and train step; the \
+                 explorer takes the weights of every {}th train step as soon as it ends",
+                self.schedule.trainer_interval
+            );
+        }
         self.monitor.plan(Some(self.total_steps), self.trained)?;
         if self.resumed_from.is_none() && self.config.explorer.eval_on_startup && self.explorer.has_eval_tasksets() {
             let metrics = self.explorer.evaluate("eval", 0).await?;
@@ -177,7 +188,11 @@ impl<'a> Both<'a> {
         }
         self.step_mark = Instant::now();
         loop {
-            match next_action(&self.schedule, self.explored, self.trained, self.syncs, self.total_steps) {
+            let action = match self.fully_async {
+                Some(inflight) => next_action_fully_async(inflight, self.explored, self.trained, self.total_steps),
+                None => next_action(&self.schedule, self.explored, self.trained, self.syncs, self.total_steps),
+            };
+            match action {
                 Action::Explore(step) => self.explore(step).await?,
                 Action::Train(step) => self.train(step).await?,
                 Action::Done => break,
@@ -221,7 +236,12 @@ impl<'a> Both<'a> {
         self.trained = step;
 
         let mut sync_seconds = 0.0;
-        if self.schedule.loads_after(step) || step == self.total_steps {
+        // A fully asynchronous explorer takes every version the trainer publishes, as soon as it is published.
+        let loads = match self.fully_async {
+            Some(_) => self.schedule.publishes_after(step),
+            None => self.schedule.loads_after(step),
+        };
+        if loads || step == self.total_steps {
             let started = Instant::now();
             self.monitor.phase(step, Phase::Sync);
             self.sync(step).await?;

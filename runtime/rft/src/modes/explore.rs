@@ -11,22 +11,27 @@
 //! it waits for. Metrics go to `monitor/<explorer.name>/`, experiences also to `<explorer.name>_experiences.jsonl`
 //! and failed tasks to `<explorer.name>_failed_tasks.jsonl`.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use trinity_buffer::{ExperienceBuffer, ProducerState};
+use trinity_buffer::{ExperienceBuffer, ProducerState, SchedulerState};
 use trinity_config::Config;
 use trinity_config::synchronizer::{SyncMethod, SyncStyle};
-use trinity_monitor::{Monitor, Phase};
+use trinity_monitor::{Metrics, Monitor, Phase};
 
 use crate::error::RftError;
-use crate::explorer::{Explorer, ExplorerLogs, ExplorerRole};
+use crate::explorer::{ExploreOutput, Explorer, ExplorerLogs, ExplorerRole, InFlight};
 use crate::models;
 use crate::modes::both::ExploreRecord;
 use crate::modes::shared_buffer;
 use crate::run::RunSummary;
 use crate::schedule::SyncSchedule;
 use crate::synchronizer::{SyncRequest, WeightStore, take_named, wait_until};
+
+/// How often a fully asynchronous explorer looks for new weights while its batches run (Trinity-RFT's watcher:
+/// every 0.5 s).
+const WATCH: Duration = Duration::from_millis(500);
 use crate::weight_group::GroupReceiver;
 
 /// Runs a resolved config in mode `explore`, writing to `job_dir` (shared with the trainer).
@@ -76,6 +81,12 @@ pub(crate) async fn run(config: &Config, job_dir: &Path, threads: usize) -> Resu
     }
     let total = run.explorer.scheduler().total_steps();
     run.monitor.plan(Some(total), explored)?;
+    if config.synchronizer.sync_style == SyncStyle::FullyAsync {
+        explored = run.fully_async(explored).await?;
+        run.buffer.set_producer(&run.name, ProducerState::Finished).await?;
+        tracing::info!("explorer `{}` finished after {explored} explore steps", run.name);
+        return Ok(RunSummary { job_dir: job_dir.to_owned(), resumed_from: None, train_steps: 0 });
+    }
     for step in explored + 1..=total {
         match run.step(step).await? {
             StepOutcome::Stored => explored = step,
@@ -142,10 +153,26 @@ impl ExploreRun<'_> {
             return Ok(StepOutcome::TasksetsEnded);
         };
         let scheduler = self.explorer.scheduler().state();
+        let mut sync = Metrics::new();
+        sync.insert("time/sync_wait_s".into(), sync_seconds);
+        sync.insert("explorer/synced".into(), if synced { 1.0 } else { 0.0 });
+        self.store(step, output, scheduler, sync, started).await?;
+        Ok(StepOutcome::Stored)
+    }
+
+    /// Stores explore step `step` with the taskset position after its draw (`scheduler`), evaluates when due and
+    /// records its metrics (`extra` besides the step's own).
+    async fn store(
+        &mut self,
+        step: u64,
+        output: ExploreOutput,
+        scheduler: SchedulerState,
+        extra: Metrics,
+        started: Instant,
+    ) -> Result<(), RftError> {
         let beliefs = self.explorer.scheduler().beliefs();
         let mut metrics = output.metrics;
-        metrics.insert("time/sync_wait_s".into(), sync_seconds);
-        metrics.insert("explorer/synced".into(), if synced { 1.0 } else { 0.0 });
+        metrics.extend(extra);
         let record = ExploreRecord { scheduler, metrics: metrics.clone(), beliefs };
         let state = serde_json::to_string(&record)
             .map_err(|e| RftError::Unsupported(format!("cannot encode the explore record: {e}")))?;
@@ -165,7 +192,50 @@ impl ExploreRun<'_> {
             self.explorer.model_version(),
             started.elapsed().as_secs_f64()
         );
-        Ok(StepOutcome::Stored)
+        Ok(())
+    }
+
+    /// `sync_style: fully_async` (Trinity-RFT 0.6.0): keeps up to `explorer.max_inflight_batches` batches running
+    /// at once, finishing and storing the oldest before it submits one more, and loads the trainer's newest weights
+    /// as soon as they are published, also while batches run (their later requests sample with them; each
+    /// experience carries the version that sampled it). Returns the last explore step stored.
+    async fn fully_async(&mut self, mut explored: u64) -> Result<u64, RftError> {
+        let window = self.config.explorer.max_inflight_batches.max(1) as usize;
+        // Each batch with the taskset position after its draw: what a restarted explorer continues from once the
+        // batch is stored, whatever was drawn after it.
+        let mut inflight: VecDeque<(u64, SchedulerState, InFlight)> = VecDeque::new();
+        let mut next = explored + 1;
+        let mut exhausted = false;
+        loop {
+            self.pull_newest().await?;
+            if !exhausted && inflight.len() < window {
+                match self.explorer.submit()? {
+                    Some(batch) => {
+                        self.monitor.phase(next, Phase::Explore);
+                        inflight.push_back((next, self.explorer.scheduler().state(), batch));
+                        next += 1;
+                    }
+                    None => exhausted = true,
+                }
+                continue;
+            }
+            let Some((step, scheduler, mut batch)) = inflight.pop_front() else { break };
+            let started = batch.started();
+            let ran = loop {
+                tokio::select! {
+                    ran = &mut batch => break ran?,
+                    () = tokio::time::sleep(WATCH) => {
+                        self.pull_newest().await?;
+                    }
+                }
+            };
+            let output = self.explorer.finish(step, ran).await?;
+            let mut extra = Metrics::new();
+            extra.insert("explorer/inflight_batches".into(), (inflight.len() + 1) as f64);
+            self.store(step, output, scheduler, extra, started).await?;
+            explored = step;
+        }
+        Ok(explored)
     }
 
     /// Before explore step `step`: at a sync point of the plan, gets new weights as `sync_style` says.
@@ -185,6 +255,8 @@ impl ExploreRun<'_> {
             )
         };
         match self.config.synchronizer.sync_style {
+            // Never reached: a fully asynchronous explorer has no sync points ([`ExploreRun::fully_async`]).
+            SyncStyle::FullyAsync => self.pull_newest().await,
             SyncStyle::Fixed => {
                 // The weights the plan gives this sync ([`SyncSchedule::version_of_sync`]).
                 let wanted = self.schedule.version_of_sync(required);

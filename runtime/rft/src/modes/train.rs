@@ -321,7 +321,7 @@ impl<'a> TrainRun<'a> {
         self.monitor.phase(step, Phase::Sync);
         match self.config.synchronizer.sync_style {
             SyncStyle::DynamicByExplorer => self.answer_requests().await?,
-            SyncStyle::Fixed | SyncStyle::DynamicByTrainer => {
+            SyncStyle::Fixed | SyncStyle::DynamicByTrainer | SyncStyle::FullyAsync => {
                 if self.schedule.publishes_after(step) {
                     self.publish().await?;
                 }
