@@ -19,6 +19,15 @@ pub enum PyWorkflowError {
         interpreter.display()
     )]
     Import { workflow: String, interpreter: PathBuf, import: String, pip: String, detail: String },
+    /// The workflow's own module (or its package) is not on the interpreter's path: user code, not a package
+    /// to install.
+    #[error(
+        "workflow `{workflow}`: `{}` finds no module `{module}` on its path (the directory trinity runs in, then \
+         PYTHONPATH); run trinity from the directory that holds `{top}/` (for Trinity-RFT's own examples, a \
+         Trinity-RFT checkout), or add that directory to PYTHONPATH",
+        interpreter.display()
+    )]
+    ModuleNotFound { workflow: String, interpreter: PathBuf, module: String, top: String },
     /// The check answered something other than its one JSON line.
     #[error("workflow `{workflow}`: the Python check by `{}` answered {answer:?}", interpreter.display())]
     Check { workflow: String, interpreter: PathBuf, answer: String },

@@ -87,9 +87,24 @@ pub fn interpreter() -> PathBuf {
 /// `pip install` line instead of failing every task.
 pub fn check(workflow: &str) -> Result<(), PyWorkflowError> {
     if is_dotted_path(workflow) {
-        worker::check(&interpreter(), workflow)
+        worker::check(&interpreter(), workflow).map_err(own_module_missing)
     } else {
         registry::check(&interpreter(), workflow)
+    }
+}
+
+/// An import error whose missing module is the dotted path's own module or package as
+/// [`PyWorkflowError::ModuleNotFound`]: the user's code is off the path, not a package to pip install (except
+/// Trinity-RFT's own classes, whose package is `trinity-rft`).
+fn own_module_missing(error: PyWorkflowError) -> PyWorkflowError {
+    match error {
+        PyWorkflowError::Import { workflow, interpreter, import, .. }
+            if workflow.starts_with(&format!("{import}.")) && import.split('.').next() != Some("trinity") =>
+        {
+            let top = import.split('.').next().unwrap_or(&import).to_owned();
+            PyWorkflowError::ModuleNotFound { workflow, interpreter, module: import, top }
+        }
+        other => other,
     }
 }
 
@@ -111,6 +126,24 @@ mod tests {
         assert!(!is_dotted_path("a..b"));
         assert!(!is_dotted_path("a.b-c"));
         assert!(!is_dotted_path(".a"));
+    }
+
+    #[test]
+    fn a_missing_own_module_is_told_from_a_missing_package() {
+        let import = |workflow: &str, import: &str| PyWorkflowError::Import {
+            workflow: workflow.into(),
+            interpreter: "python3".into(),
+            import: import.into(),
+            pip: format!("pip install {import}"),
+            detail: String::new(),
+        };
+        let own = own_module_missing(import("examples.bots.workflow.BOTSWorkflow", "examples"));
+        assert!(own.to_string().contains("finds no module `examples`"), "{own}");
+        assert!(own.to_string().contains("holds `examples/`"), "{own}");
+        let package = own_module_missing(import("examples.bots.workflow.BOTSWorkflow", "gymnasium"));
+        assert!(package.to_string().contains("pip install gymnasium"), "{package}");
+        let trinity = own_module_missing(import("trinity.common.workflows.envs.sudoku.X", "trinity"));
+        assert!(trinity.to_string().contains("pip install trinity"), "{trinity}");
     }
 
     #[test]
