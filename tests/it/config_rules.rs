@@ -184,7 +184,9 @@ fn trainer_config_maps_onto_the_top_level_keys_with_trinity_precedence() {
         assert!(trainer.contains(expected), "missing {expected:?} in trainer:\n{trainer}");
     }
     for note in [
-        "trainer.trainer_config.actor_rollout_ref.actor.fsdp_config` (placement)",
+        // Each of the actor's FSDP keys is named: parameter offload holds on this CPU run (refused on CUDA).
+        "trainer.trainer_config.actor_rollout_ref.actor.fsdp_config.param_offload` (true) wins over \
+         trainer.param_offload",
         "trainer.trainer_config.trainer.balance_batch` (placement)",
         "trainer.trainer_config.actor_rollout_ref.actor.clip_ratio` is used as algorithm.policy_loss_fn_args.clip_range",
     ] {

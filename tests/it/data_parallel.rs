@@ -176,6 +176,21 @@ fn two_launched_ranks_train_a_dataset_as_one_process_does() {
     assert!(log.contains("sharded data parallel: ZeRO stage 2 over 2 ranks"), "{log}");
 }
 
+/// `trainer.optimizer_offload: true`: two sharded ranks keep AdamW's state in host memory (here the parameters' own
+/// memory, so the path and not the placement differs) and train as one process does; the start says where the
+/// state is.
+#[test]
+fn two_launched_ranks_with_optimizer_offload_train_as_one_process_does() {
+    let offload = |dir: &Path| {
+        sft_config(dir, STEPS, "").replace("  dtype: float32\n", "  dtype: float32\n  optimizer_offload: true\n")
+    };
+    let (one, two) = one_and_two(offload);
+    assert_same_training(one.path(), two.path(), "monitor/trainer/metrics.jsonl");
+    let log = std::fs::read_to_string(two.path().join("ckpt/p/dp/log/trainer.log")).unwrap();
+    assert!(log.contains("sharded data parallel: ZeRO stage 2 over 2 ranks"), "{log}");
+    assert!(log.contains("in host memory (optimizer_offload)"), "{log}");
+}
+
 /// A checkpoint of two sharded ranks (ZeRO-2: each rank holds half of AdamW's moments; rank 0 gathers them to
 /// save) is a whole one: one process resumes from it and trains on as the uninterrupted one process does.
 #[test]

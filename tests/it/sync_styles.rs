@@ -184,3 +184,52 @@ fn a_fully_async_explorer_takes_the_trainers_weights_while_its_batches_run() {
         assert!(trainer_log.contains(&format!("weights of step {step} published")), "{trainer_log}");
     }
 }
+
+#[test]
+fn an_explorer_apart_syncs_at_its_own_interval_while_the_trainer_publishes_at_its_own() {
+    // Explorer every 2 steps (fixed: it waits), trainer every step: the trainer publishes after train steps 1-4,
+    // the explorer syncs once, before explore step 3, with the weights of step 2, and ignores the others.
+    let dir = tempfile::tempdir().unwrap();
+    let rows: String = (0..4).map(|i| format!("{{\"prompt\": \"ab{i}\", \"response\": \"{i}\"}}\n")).collect();
+    std::fs::write(dir.path().join("tasks.jsonl"), rows).unwrap();
+    let config = |mode: &str| {
+        format!(
+            "mode: {mode}\n{}  train_batch_size: 2
+  trainer_input:
+    experience_buffer:
+      name: exp
+      storage_type: queue
+      path: 'sqlite:///exp.db'
+synchronizer:
+  sync_method: checkpoint
+  sync_timeout: 120
+  explorer_sync_interval: 2
+  trainer_sync_interval: 1
+explorer:
+  eval_on_startup: false
+monitor:
+  monitor_type: jsonl
+",
+            grpo_run_config(&tiny_model_dir(), 64).replace("  batch_size: 2\n", "").replace(
+                "    taskset:\n      path: tasks.jsonl\n",
+                "    taskset:\n      path: tasks.jsonl\n  batch_size: 1\n"
+            ),
+        )
+    };
+    std::fs::write(dir.path().join("explorer.yaml"), config("explore")).unwrap();
+    std::fs::write(dir.path().join("trainer.yaml"), config("train")).unwrap();
+    let trainer = spawn_run(dir.path(), "trainer.yaml");
+    let explorer = spawn_run(dir.path(), "explorer.yaml");
+    for (child, what) in [(explorer, "explorer"), (trainer, "trainer")] {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{what} failed:\n{}", stderr(&output));
+    }
+    let job = dir.path().join("ckpt/p/n");
+    assert_eq!(per_step(&job.join("monitor/explorer/metrics.jsonl"), "rollout/model_version"), [0.0, 0.0, 2.0, 2.0]);
+    assert_eq!(per_step(&job.join("monitor/explorer/metrics.jsonl"), "explorer/synced"), [0.0, 0.0, 1.0, 0.0]);
+    let trainer_log = std::fs::read_to_string(job.join("log/trainer.log")).unwrap();
+    for step in 1..=4 {
+        assert!(trainer_log.contains(&format!("weights of step {step} published")), "{trainer_log}");
+    }
+    assert!(trainer_log.contains("sync every 1 step(s)"), "{trainer_log}");
+}

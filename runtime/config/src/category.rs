@@ -485,10 +485,10 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
         "veRL reorders rows so data-parallel ranks get similar token counts; with one device there is nothing to balance",
     ),
     ("TrainerConfig", "critic_warmup", H, ""),
-    ("TrainerConfig", "param_offload", P, OFFLOAD),
-    ("TrainerConfig", "optimizer_offload", P, OFFLOAD),
+    ("TrainerConfig", "param_offload", H, ""),
+    ("TrainerConfig", "optimizer_offload", H, ""),
     ("TrainerConfig", "grad_offload", P, OFFLOAD),
-    ("TrainerConfig", "offload_policy", P, OFFLOAD),
+    ("TrainerConfig", "offload_policy", H, ""),
     ("TrainerConfig", "megatron", P, STRATEGY),
     ("TrainerConfig", "dtype", H, ""),
     // monitor, synchronizer, log, stages, plugins

@@ -402,8 +402,8 @@ mod tests {
     fn placement_keys_give_one_note_each_and_refused_keys_refuse_only_other_values() {
         let schema = json_schema();
         let tree = json!({
-            "trainer": {"ulysses_sequence_parallel_size": 2, "trainer_config": {"actor_rollout_ref": {"actor": {
-                "fsdp_config": {"param_offload": true}, "ppo_epochs": 2}}}},
+            "trainer": {"ulysses_sequence_parallel_size": 2, "trainer_config": {"actor_rollout_ref": {
+                "ref": {"fsdp_config": {"param_offload": true}}, "actor": {"ppo_epochs": 2}}}},
             "explorer": {"rollout_model": {"engine_num": 4, "tool_call_parser": null}, "auxiliary_models": []},
             "buffer": {"trainer_input": {"experience_buffer": {"enable_progress_bar": true,
                 "format": {"enable_concatenated_multi_turn": false}}}},
@@ -416,7 +416,7 @@ mod tests {
             [
                 "buffer.trainer_input.experience_buffer.enable_progress_bar",
                 "explorer.rollout_model.engine_num",
-                "trainer.trainer_config.actor_rollout_ref.actor.fsdp_config",
+                "trainer.trainer_config.actor_rollout_ref.ref.fsdp_config",
                 "trainer.ulysses_sequence_parallel_size",
             ]
         );

@@ -39,6 +39,7 @@ pub mod overrides;
 pub mod resolve;
 mod resolve_buffer;
 mod resolve_external;
+mod resolve_fsdp;
 mod resolve_lora;
 mod runnable;
 pub mod schema;

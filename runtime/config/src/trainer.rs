@@ -41,13 +41,20 @@ pub struct TrainerConfig {
     /// `critic_warmup <= global_steps`), so the first `critic_warmup - 1` steps train only the critic. The veRL
     /// spelling `trainer.trainer_config.trainer.critic_warmup` sets the same value. No effect without a critic.
     pub critic_warmup: u32,
-    /// Offload parameters to host memory (newer Trinity-RFT).
+    /// Keep the parameters in host memory (newer Trinity-RFT). A CPU run holds them there already; a trainer on CUDA
+    /// refuses `true` at start, since moving parameters to the GPU only while they are used is not implemented
+    /// (`optimizer_offload` moves the larger optimizer state).
     pub param_offload: bool,
-    /// Offload optimizer state to host memory (newer Trinity-RFT).
+    /// Keep AdamW's moments and fp32 masters (the policy's and the critic's) in host memory and run the update
+    /// there, as FSDP2's CPU offload does: on an accelerator this frees 12 of the 16 bytes a parameter of bf16
+    /// training for a copy of each gradient to the host and of each update back. On a CPU run it is the same
+    /// memory. The actor's `fsdp_config.optimizer_offload` wins over it, as in Trinity-RFT.
     pub optimizer_offload: bool,
     /// Offload gradients to host memory (newer Trinity-RFT).
     pub grad_offload: bool,
-    /// FSDP2's CPU offload policy (newer Trinity-RFT).
+    /// FSDP2's CPU offload policy (newer Trinity-RFT): parameters, gradients and optimizer state on the host, the
+    /// update run there. A CPU run holds them all there (and takes `optimizer_offload`'s path); a trainer on CUDA
+    /// refuses `true` at start, as for `param_offload`.
     pub offload_policy: bool,
     /// Megatron parallel sizes (newer Trinity-RFT).
     pub megatron: serde_json::Map<String, serde_json::Value>,

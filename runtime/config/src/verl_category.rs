@@ -119,7 +119,7 @@ pub const VERL_RULES: &[(&str, &str, Category, &str)] = &[
     ("VerlActor", "entropy_checkpointing", P, OFFLOAD),
     ("VerlActor", "checkpoint", P, CKPT_CONTENTS),
     ("VerlActor", "optim", H, ""),
-    ("VerlActor", "fsdp_config", P, OFFLOAD),
+    ("VerlActor", "fsdp_config", H, ""),
     ("VerlActor", "megatron", P, STRATEGY),
     ("VerlActor", "profile", P, PROFILER),
     (

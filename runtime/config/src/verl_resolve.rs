@@ -257,6 +257,7 @@ impl Resolver<'_> {
         let train_batch_size = config.buffer.train_batch_size;
         let grad_clip_default = config.trainer.grad_clip.unwrap_or(config.algorithm.optimizer.clip_grad);
         let top_level = config.algorithm.rollout_correction.is_some();
+        self.resolve_fsdp_config(config);
         let verl = &mut config.trainer.trainer_config;
         let actor = &mut verl.actor_rollout_ref.actor;
         let at = format!("{AT}.actor_rollout_ref.actor");

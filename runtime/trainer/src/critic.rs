@@ -73,13 +73,15 @@ impl Critic {
     /// Wraps `decoder` (the critic backbone) with a fresh value head (normal(0, 0.02) weights, zero bias, as
     /// transformers initializes a token-classification head) and an AdamW over both. The head's weights come
     /// from `seed` alone, not from libtorch's global generator, so a run repeated with the same config trains the
-    /// same critic whatever else drew random numbers before.
+    /// same critic whatever else drew random numbers before. `offload`: the optimizer's state in host memory
+    /// (`optimizer_offload`, [`AdamW::placed`]).
     pub fn new(
         decoder: Decoder,
         optimizer: &trinity_config::algorithm::OptimizerConfig,
         schedule: LrSchedule,
         cliprange_value: f64,
         seed: u64,
+        offload: bool,
     ) -> Result<Self> {
         let h = decoder.config().hidden_size;
         let device = decoder.device();
@@ -89,7 +91,7 @@ impl Critic {
         let mut params = decoder.named_parameters()?;
         params.push(("score.weight".into(), head_weight.shallow_clone()));
         params.push(("score.bias".into(), head_bias.shallow_clone()));
-        let optimizer_state = AdamW::new(params, AdamWSettings::from(optimizer))?;
+        let optimizer_state = AdamW::placed(params, AdamWSettings::from(optimizer), offload)?;
         Ok(Critic {
             decoder,
             head_weight,

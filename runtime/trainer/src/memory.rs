@@ -140,6 +140,23 @@ pub(crate) fn activation_room(available: Option<u64>, local_ranks: usize, alloca
     available.map(|a| (a / local_ranks.max(1) as u64).saturating_sub(allocated_after))
 }
 
+/// `param_offload` (or `offload_policy`) on `device`: a CPU run holds the parameters in host memory already; on an
+/// accelerator moving them there between uses is not implemented, so it is refused with what to do instead.
+pub(crate) fn check_param_offload(param_offload: bool, device: tch::Device) -> crate::Result<()> {
+    if !param_offload || device == tch::Device::Cpu {
+        return Ok(());
+    }
+    Err(crate::TrainerError::setting(
+        "trainer.param_offload (or fsdp_config.param_offload / offload_policy)",
+        format!(
+            "parameter offload is not implemented on {device:?}: the parameters stay on the training device; set it \
+             to false. optimizer_offload: true moves AdamW's moments and fp32 masters (12 of the 16 bytes a parameter \
+             of bf16 training) to host memory, and more data-parallel ranks under trainer_strategy fsdp/fsdp2 split \
+             them"
+        ),
+    ))
+}
+
 /// Data-parallel ranks on this machine, as the launcher says (`LOCAL_WORLD_SIZE`); 1 when it does not.
 pub(crate) fn local_ranks() -> usize {
     std::env::var("LOCAL_WORLD_SIZE").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= 1).unwrap_or(1)
@@ -196,5 +213,16 @@ mod tests {
         let line = m.describe(p.elements);
         assert!(line.starts_with("sharded data parallel: ZeRO stage 2 over 2 ranks"), "{line}");
         assert!(line.contains("in host memory (optimizer_offload)"), "{line}");
+    }
+
+    /// Parameter offload holds on the CPU and is refused, naming the keys and what to do, elsewhere.
+    #[test]
+    fn parameter_offload_is_refused_off_the_cpu() {
+        assert!(
+            check_param_offload(true, tch::Device::Cpu).is_ok()
+                && check_param_offload(false, tch::Device::Cuda(0)).is_ok()
+        );
+        let refused = check_param_offload(true, tch::Device::Cuda(0)).unwrap_err().to_string();
+        assert!(refused.contains("param_offload") && refused.contains("optimizer_offload: true"), "{refused}");
     }
 }

@@ -16,6 +16,11 @@
 //!   alone; the trainer then skips the update, as veRL does.
 //! - The state file ([`AdamW::save`]) holds `exp_avg/NAME`, `exp_avg_sq/NAME`, `master/NAME` (only for
 //!   mixed-precision parameters) and a one-element `step` tensor; loading checks names and shapes.
+//! - Offload (`optimizer_offload`, [`AdamW::placed`]): moments and masters live in host memory and the update runs
+//!   there, as FSDP2's CPU offload does: each gradient is copied to the host, the moments and the master (or,
+//!   for an fp32 parameter, which then has no master, the update itself) are computed there, and the new values
+//!   are copied back into the parameter on its device. A parameter on the host (a CPU run) takes the same path
+//!   with no copies, so offloaded and resident state train alike; the state file is the same either way.
 //! - Sharded data parallel ([`zero`]): each parameter may carry a shard, the contiguous range of its flattened
 //!   elements this rank updates; its moments and master then hold only those elements (1-D), the update reads the
 //!   shard's gradient that [`zero`] reduced, and writes only the shard of the parameter (the other ranks' shards
@@ -86,17 +91,28 @@ pub struct AdamW {
     params: Vec<Param>,
     settings: AdamWSettings,
     step: i64,
+    /// Whether the moments and masters are in host memory (see the module docs).
+    offloaded: bool,
 }
 
 impl AdamW {
-    /// Takes the parameters (shallow handles to the model's variables) and allocates zero moments.
+    /// Takes the parameters (shallow handles to the model's variables) and allocates zero moments beside them.
     pub fn new(params: Vec<(String, Tensor)>, settings: AdamWSettings) -> Result<Self> {
+        Self::placed(params, settings, false)
+    }
+
+    /// [`AdamW::new`] with the moments and masters in host memory when `offload` (`optimizer_offload`).
+    pub fn placed(params: Vec<(String, Tensor)>, settings: AdamWSettings, offload: bool) -> Result<Self> {
         let params = tch::no_grad(|| {
             params
                 .into_iter()
                 .map(|(name, var)| -> Result<Param> {
-                    let master = if var.kind() == Kind::Float { None } else { Some(var.f_to_kind(Kind::Float)?) };
-                    let zeros = || Tensor::f_zeros(var.size(), (Kind::Float, var.device()));
+                    let home = if offload { tch::Device::Cpu } else { var.device() };
+                    let master = match var.kind() {
+                        Kind::Float => None,
+                        _ => Some(var.f_to_kind(Kind::Float)?.f_to_device(home)?),
+                    };
+                    let zeros = || Tensor::f_zeros(var.size(), (Kind::Float, home));
                     Ok(Param {
                         name,
                         exp_avg: zeros()?,
@@ -109,7 +125,17 @@ impl AdamW {
                 })
                 .collect::<Result<Vec<_>>>()
         })?;
-        Ok(AdamW { params, settings, step: 0 })
+        Ok(AdamW { params, settings, step: 0, offloaded: offload })
+    }
+
+    /// Whether the moments and masters are in host memory (`optimizer_offload`).
+    pub fn is_offloaded(&self) -> bool {
+        self.offloaded
+    }
+
+    /// Where the moments and masters are: host memory when offloaded, else with the parameters.
+    pub fn state_devices(&self) -> Vec<tch::Device> {
+        self.params.iter().map(|p| p.exp_avg.device()).collect()
     }
 
     /// Updates taken so far (`t` in the bias correction).
@@ -262,7 +288,8 @@ impl AdamW {
         tch::no_grad(|| -> Result<()> {
             for p in &mut self.params {
                 let Some(g) = p.grad() else { continue };
-                let g = g.f_to_kind(Kind::Float)?;
+                // Offloaded: the gradient comes to the state's host memory (a no-op for a parameter there already).
+                let g = g.f_to_kind(Kind::Float)?.f_to_device(p.exp_avg.device())?;
                 let mut owned = p.owned()?;
                 let mut target = match &p.master {
                     Some(m) => m.shallow_clone(),
@@ -275,7 +302,8 @@ impl AdamW {
                 let _ = p.exp_avg_sq.f_mul_scalar_(b2)?.f_addcmul_(&g, &(&g * (1.0 - b2)))?;
                 let denom = (p.exp_avg_sq.f_sqrt()? / bias2_sqrt).f_add_scalar(eps)?;
                 let update = p.exp_avg.f_div(&denom)? * (-lr / bias1);
-                let _ = target.f_add_(&update)?;
+                // An offloaded fp32 parameter has no master: the update computed on the host goes to its device.
+                let _ = target.f_add_(&update.f_to_device(target.device())?)?;
                 if p.master.is_some() {
                     owned.f_copy_(&target)?;
                 }
@@ -417,6 +445,53 @@ mod tests {
                 assert!(diff < 1e-6, "{kind:?} step {step}: masters differ by {diff}");
                 let low = (&fused_p - &plain_p).abs().max().to_kind(Kind::Float).double_value(&[]);
                 assert!(low <= 2.0f64.powi(-6), "{kind:?} step {step}: parameters differ by {low}");
+            }
+        }
+    }
+
+    /// Offloaded state (host memory: on a CPU run the parameters' own) trains exactly as resident state, through
+    /// the fused update and the libtorch one (a non-contiguous parameter), in fp32 and bf16, and its state file is
+    /// the same.
+    #[test]
+    fn offloaded_state_trains_as_resident_state() {
+        for kind in [Kind::Float, Kind::BFloat16] {
+            tch::manual_seed(5);
+            let init = Tensor::randn([40, 30], (Kind::Float, tch::Device::Cpu)).to_kind(kind);
+            let params = || {
+                let contiguous = init.copy().set_requires_grad(true);
+                let strided = init.tr().contiguous().tr().detach().set_requires_grad(true);
+                (contiguous, strided)
+            };
+            let ((a, a2), (b, b2)) = (params(), params());
+            let named =
+                |x: &Tensor, y: &Tensor| vec![("x".to_owned(), x.shallow_clone()), ("y".into(), y.shallow_clone())];
+            let mut resident = AdamW::placed(named(&a, &a2), settings(), false).unwrap();
+            let mut offloaded = AdamW::placed(named(&b, &b2), settings(), true).unwrap();
+            assert!(offloaded.is_offloaded() && !resident.is_offloaded());
+            assert!(offloaded.state_devices().iter().all(|d| *d == tch::Device::Cpu));
+            for _ in 0..3 {
+                let target = Tensor::randn([40, 30], (Kind::Float, tch::Device::Cpu));
+                for (opt, x, y) in [(&mut resident, &a, &a2), (&mut offloaded, &b, &b2)] {
+                    opt.zero_grad();
+                    let loss = (x.to_kind(Kind::Float) - &target).square().sum(Kind::Float)
+                        + (y.to_kind(Kind::Float) * &target).sum(Kind::Float);
+                    loss.backward();
+                    opt.clip_grad_norm(10.0).unwrap();
+                    opt.step(1e-2).unwrap();
+                }
+            }
+            assert!(a.equal(&b) && a2.equal(&b2), "{kind:?}: offloaded training differs");
+            let dir = tempfile::tempdir().unwrap();
+            resident.save(&dir.path().join("r.safetensors")).unwrap();
+            offloaded.save(&dir.path().join("o.safetensors")).unwrap();
+            let read = |f: &str| {
+                let entries = Tensor::read_safetensors(dir.path().join(f)).unwrap();
+                entries.into_iter().collect::<std::collections::BTreeMap<_, _>>()
+            };
+            let (r, o) = (read("r.safetensors"), read("o.safetensors"));
+            assert_eq!(r.len(), o.len());
+            for ((rn, rt), (on, ot)) in r.iter().zip(&o) {
+                assert!(rn == on && rt.equal(ot), "{kind:?}: state entry {rn} differs");
             }
         }
     }

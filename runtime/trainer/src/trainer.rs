@@ -142,6 +142,16 @@ pub struct TrainerOptions {
     pub zero_stage: ZeroStage,
     /// Bucket size of the sharded layout and its collectives, in bytes of the parameters' dtype.
     pub shard_bucket_bytes: usize,
+    /// Keep the policy's and the critic's AdamW moments and masters in host memory and update there
+    /// (`trainer.optimizer_offload`, or the actor's `fsdp_config.optimizer_offload`; [`crate::optimizer`]).
+    pub optimizer_offload: bool,
+    /// Keep the parameters in host memory (`param_offload`, or `offload_policy`, which offloads everything): holds
+    /// on the CPU, where they are; refused on an accelerator, where it is not implemented.
+    pub param_offload: bool,
+    /// `fsdp_config.fsdp_size`: ranks one shard group spans; `None` or a value of at least the world size shards
+    /// over every rank. Hybrid sharding (smaller groups, replicated across) is not implemented, so a smaller
+    /// value is refused when the trainer joins its group.
+    pub fsdp_size: Option<usize>,
 }
 
 impl Default for TrainerOptions {
@@ -169,6 +179,9 @@ impl Default for TrainerOptions {
             seed: 42,
             zero_stage: ZeroStage::Replicated,
             shard_bucket_bytes: crate::optimizer::zero::DEFAULT_SHARD_BUCKET_BYTES,
+            optimizer_offload: false,
+            param_offload: false,
+            fsdp_size: None,
         }
     }
 }
@@ -196,6 +209,8 @@ impl TrainerOptions {
         let actor = &verl.actor_rollout_ref.actor;
         let critic = &verl.critic;
         let defaults = TrainerOptions::default();
+        let fsdp_flag =
+            |key: &str, trainer: bool| actor.fsdp_config.get(key).and_then(|v| v.as_bool()).unwrap_or(trainer);
         TrainerOptions {
             // Temperature 0 means greedy sampling; its logprobs are taken at temperature 1, as veRL does.
             temperature: if temperature > 0.0 { temperature } else { 1.0 },
@@ -234,6 +249,19 @@ impl TrainerOptions {
                 _ => ZeroStage::Replicated,
             },
             seed: config.explorer.rollout_model.seed,
+            // The actor's `fsdp_config` wins over the trainer keys, as Trinity-RFT merges it over what it builds
+            // from them; resolution checked both (and refused what trinity cannot do).
+            // FSDP2's offload policy puts the optimizer state (and the parameters) on the host too.
+            optimizer_offload: fsdp_flag("optimizer_offload", config.trainer.optimizer_offload)
+                || fsdp_flag("offload_policy", config.trainer.offload_policy),
+            param_offload: fsdp_flag("param_offload", config.trainer.param_offload)
+                || fsdp_flag("offload_policy", config.trainer.offload_policy),
+            fsdp_size: actor
+                .fsdp_config
+                .get("fsdp_size")
+                .and_then(|v| v.as_i64())
+                .filter(|&n| n > 0)
+                .map(|n| n as usize),
             ..defaults
         }
     }
@@ -353,6 +381,7 @@ impl Trainer {
         if options.logit_chunk_tokens < 1 {
             return Err(TrainerError::setting("logit_chunk_tokens", "must be at least 1"));
         }
+        crate::memory::check_param_offload(options.param_offload, policy.device())?;
         let weighted = options.rollout_correction.as_ref().is_some_and(|rc| rc.is_level.is_some());
         if weighted && components.policy_loss.name == "dpo" {
             // DPO's loss is per (chosen, rejected) pair, not a sum of per-token terms the weights could scale.
@@ -365,7 +394,8 @@ impl Trainer {
         let available = crate::micro_batch::available_memory();
         let schedule = LrSchedule::new(optimizer, options.total_steps)?;
         // With LoRA adapters only they are trained: the frozen base weights get no gradient and no optimizer state.
-        let adamw = AdamW::new(policy.trainable_parameters()?, AdamWSettings::from(optimizer))?;
+        let adamw =
+            AdamW::placed(policy.trainable_parameters()?, AdamWSettings::from(optimizer), options.optimizer_offload)?;
         let trained = TrainedParameters::of(adamw.param_vars().iter());
         let on_cpu = policy.device() == Device::Cpu;
         // A LoRA policy's base weights are the reference: scored with the adapters off (as veRL does with a LoRA
@@ -395,10 +425,16 @@ impl Trainer {
                 Some(own) => (own, LrSchedule::new(own, options.total_steps)?),
                 None => (optimizer, schedule.clone()),
             };
-            let critic =
-                Critic::new(backbone, critic_optimizer, critic_schedule, options.cliprange_value, options.seed)?;
+            let critic = Critic::new(
+                backbone,
+                critic_optimizer,
+                critic_schedule,
+                options.cliprange_value,
+                options.seed,
+                options.optimizer_offload,
+            )?;
             let critic_trained = TrainedParameters::of(critic.optimizer().param_vars().iter());
-            others += allocated_for(critic_trained, copied, false, on_cpu);
+            others += allocated_for(critic_trained, copied, options.optimizer_offload, on_cpu);
             Some(critic)
         } else {
             None
@@ -406,7 +442,7 @@ impl Trainer {
         let memory_budget =
             MemoryBudget { available, configured: (options.micro_batching, options.pass_tokens), others, trained };
         let recompute = memory_fit::plan(options.activation_recompute, &policy, None);
-        let state_memory = StateMemory::expected(trained, ZeroStage::Replicated, 1, false);
+        let state_memory = StateMemory::expected(trained, ZeroStage::Replicated, 1, options.optimizer_offload);
         let mut trainer = Trainer {
             policy,
             optimizer: adamw,
@@ -433,6 +469,18 @@ impl Trainer {
     /// and every later [`Trainer::train_step`] trains this rank's share of its rows (see [`crate::data_parallel`]).
     /// A group of one rank works too and changes nothing.
     pub fn with_process_group(mut self, group: trinity_collective::ProcessGroup) -> Result<Self> {
+        if let Some(size) = self.options.fsdp_size
+            && size < group.world_size()
+            && self.options.zero_stage != ZeroStage::Replicated
+        {
+            return Err(TrainerError::setting(
+                "fsdp_config.fsdp_size",
+                format!(
+                    "{size} asks for hybrid sharding (shards within groups of {size} ranks, replicated across them),                      which trinity does not implement; set it to -1 to shard over all {} ranks",
+                    group.world_size()
+                ),
+            ));
+        }
         self.dp = Some(DataParallel::new(group));
         self.broadcast_state()?;
         if let Some(dp) = &mut self.dp

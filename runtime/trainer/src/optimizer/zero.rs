@@ -27,9 +27,12 @@
 //! takes ([`Zero::expand`]) and then split again ([`Zero::reshard`]), so a run saved on N ranks resumes on any
 //! number. That moment, and the start before [`Zero::new`] splits the state, hold the whole state on every rank.
 //!
+//! **Offload** (`optimizer_offload`): the shards of moments and masters live in host memory like the whole state
+//! ([`super`]); gradients are reduced on the parameters' device and each shard's update copies its gradient to
+//! the host, and the state's gathers for checkpoints run on the host.
+//!
 //! Not here: stage 3 (parameters sharded and gathered per layer), gradients reduced per bucket during the
-//! backward (the full gradients exist until it ends), optimizer offload, and the critic's optimizer, which stays
-//! replicated.
+//! backward (the full gradients exist until it ends), and the critic's optimizer, which stays replicated.
 
 use std::ops::Range;
 use std::path::Path;
@@ -211,10 +214,12 @@ impl Zero {
             } else {
                 &[|p| Some(&p.exp_avg), |p| Some(&p.exp_avg_sq)]
             };
+            // The state's own device: host memory when it is offloaded.
+            let device = params[0].exp_avg.device();
             for part in parts {
                 let pieces: Vec<Tensor> = params.iter().filter_map(|p| part(p).map(Tensor::shallow_clone)).collect();
-                let input = self.padded_chunk(b, &pieces, Kind::Float)?;
-                let output = Tensor::f_empty([b.chunk * self.world as i64], (Kind::Float, b.device))?;
+                let input = self.padded_chunk(b, &pieces, (Kind::Float, device))?;
+                let output = Tensor::f_empty([b.chunk * self.world as i64], (Kind::Float, device))?;
                 group.allgather_flat_async(&input, &output)?.wait()?;
                 gathered.push(output);
             }
@@ -244,7 +249,7 @@ impl Zero {
             for p in optimizer.params.iter_mut() {
                 let Some(range) = p.shard.take() else { continue };
                 let place = |shard: &Tensor| -> Result<Tensor> {
-                    let whole = Tensor::f_zeros(p.var.size(), (Kind::Float, p.var.device()))?;
+                    let whole = Tensor::f_zeros(p.var.size(), (Kind::Float, shard.device()))?;
                     whole.f_view([-1])?.f_narrow(0, range.start, range.end - range.start)?.f_copy_(shard)?;
                     Ok(whole)
                 };
@@ -298,9 +303,9 @@ impl Zero {
         Ok(())
     }
 
-    /// This rank's chunk of bucket `b` from `pieces` (its parameters' owned elements, in order), as `kind`,
-    /// padded with zeros to the chunk size.
-    fn padded_chunk(&self, b: &Bucket, pieces: &[Tensor], kind: Kind) -> Result<Tensor> {
+    /// This rank's chunk of bucket `b` from `pieces` (its parameters' owned elements, in order, on `device`), as
+    /// `kind`, padded with zeros to the chunk size.
+    fn padded_chunk(&self, b: &Bucket, pieces: &[Tensor], (kind, device): (Kind, Device)) -> Result<Tensor> {
         let mut flat: Vec<Tensor> = Vec::with_capacity(pieces.len() + 1);
         let mut len = 0;
         for t in pieces {
@@ -310,7 +315,7 @@ impl Zero {
             }
         }
         if len < b.chunk {
-            flat.push(Tensor::f_zeros([b.chunk - len], (kind, b.device))?);
+            flat.push(Tensor::f_zeros([b.chunk - len], (kind, device))?);
         }
         Ok(Tensor::f_cat(&flat, 0)?.f_contiguous()?)
     }
@@ -410,7 +415,7 @@ impl Zero {
             let params = &optimizer.params[b.params.clone()];
             let kind = params[0].var.kind();
             let pieces: Vec<Tensor> = params.iter().map(Param::owned).collect::<Result<_>>()?;
-            let input = self.padded_chunk(b, &pieces, kind)?;
+            let input = self.padded_chunk(b, &pieces, (kind, b.device))?;
             let whole = Tensor::f_empty([b.chunk * self.world as i64], (kind, b.device))?;
             in_flight.push_back((group.allgather_flat_async(&input, &whole)?, k, whole));
             if in_flight.len() >= IN_FLIGHT

@@ -218,6 +218,8 @@ fn dp_child() {
                         "expected_state_bytes": expected.optimizer_state,
                         "expected_gradient_shard_bytes": expected.gradient_shard,
                         "expected_parameter_bytes": expected.parameters,
+                        "offloaded": t.optimizer().is_offloaded() && expected.optimizer_offloaded,
+                        "state_on_host": t.optimizer().state_devices().iter().all(|d| *d == tch::Device::Cpu),
                     });
                     std::fs::write(dir.join(format!("rank{rank}_memory.json")), memory.to_string()).unwrap();
                     save_final_state(&t, &dir, "rank");
@@ -446,18 +448,20 @@ fn two_trainer_ranks_and_an_explorer_process_sync_weights_every_step() {
 const ZERO_STEPS: usize = 5;
 const ZERO_SAVE_AFTER: usize = 3;
 
-/// `zero{1,2}_{sft,grpo}_{f32,bf16}`: the uneven-rows scenarios with the policy's optimizer sharded (stage 1) or its
-/// gradients too (stage 2), in buckets small enough that the tiny model spans several, with parameters cut between
-/// ranks.
+/// `zero{1,2,2off}_{sft,grpo}_{f32,bf16}`: the uneven-rows scenarios with the policy's optimizer sharded (stage 1)
+/// or its gradients too (stage 2; `2off` with `optimizer_offload`), in buckets small enough that the tiny model
+/// spans several, with parameters cut between ranks.
 fn zero_scenario(name: &str) -> Option<Scenario> {
     let mut parts = name.split('_');
-    let stage = match parts.next()? {
-        "zero1" => ZeroStage::OptimizerState,
-        "zero2" => ZeroStage::Gradients,
+    let (stage, offload) = match parts.next()? {
+        "zero1" => (ZeroStage::OptimizerState, false),
+        "zero2" => (ZeroStage::Gradients, false),
+        "zero2off" => (ZeroStage::Gradients, true),
         _ => return None,
     };
     let mut s = scenario(&format!("{}_uneven", parts.next()?));
     s.options.zero_stage = stage;
+    s.options.optimizer_offload = offload;
     s.options.shard_bucket_bytes = 16 << 10;
     Some(s)
 }
@@ -622,4 +626,24 @@ fn zero_stage_2_matches_one_process_for_sft_on_rows_of_unequal_length() {
 fn zero_stage_2_matches_one_process_for_grpo_on_rows_of_unequal_length() {
     check_sharded("zero2_grpo_f32");
     check_sharded("zero2_grpo_bf16");
+}
+
+/// `optimizer_offload` on two ZeRO-2 ranks: the state's shards are in host memory (on this CPU, the parameters' own,
+/// so only the path differs from resident state) and the run is bit for bit the resident run, checkpoints and
+/// resumption across world sizes included.
+#[test]
+fn zero_stage_2_with_optimizer_offload_trains_as_resident_state() {
+    check_sharded("zero2off_sft_bf16");
+    let (off, on) = (run("zero2off_grpo_f32", 2), run("zero2_grpo_f32", 2));
+    for step in 0..ZERO_STEPS {
+        for rank in 0..2 {
+            let tag = format!("rank{rank}_step{step}");
+            assert_eq!(max_diff(&load(off.path(), &tag), &load(on.path(), &tag)), 0.0, "{tag}: offload changed it");
+        }
+    }
+    for rank in 0..2 {
+        let text = std::fs::read_to_string(off.path().join(format!("rank{rank}_memory.json"))).unwrap();
+        let memory: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!((&memory["offloaded"], &memory["state_on_host"]), (&true.into(), &true.into()), "{memory}");
+    }
 }
