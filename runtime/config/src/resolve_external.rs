@@ -145,9 +145,31 @@ impl Resolver<'_> {
         Ok(())
     }
 
+    /// Refuses a taskset of a workflow whose judge is an OpenAI-compatible endpoint (`rubric_judge_openai_workflow`)
+    /// when its `workflow_args` or environment do not name one, as every task would fail on it.
+    fn check_judge_endpoints(&self, config: &Config, env: EnvLookup<'_>) -> Result<(), ConfigError> {
+        let input = &config.buffer.explorer_input;
+        let tasksets = input.tasksets.iter().map(|t| ("tasksets", t)).enumerate();
+        let evals = input.eval_tasksets.iter().map(|t| ("eval_tasksets", t)).enumerate();
+        for (i, (list, taskset)) in tasksets.chain(evals) {
+            let workflow = taskset.default_workflow_type.as_deref().unwrap_or_default();
+            if !crate::external::needs_judge_endpoint(workflow) {
+                continue;
+            }
+            if let Err(message) = crate::external::judge_endpoint_settings(&taskset.workflow_args, |v| env(v)) {
+                return Err(self.invalid(
+                    &format!("buffer.explorer_input.{list}[{i}].workflow_args"),
+                    format!("taskset `{}`: `{workflow}` {message}", taskset.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Refuses an enabled external model whose base URL or API key variable is not set (or whose URL is not
     /// http(s)). The values are only looked at, never stored: the run reads them again when it starts.
     pub(crate) fn check_external_env(&self, config: &Config, env: EnvLookup<'_>) -> Result<(), ConfigError> {
+        self.check_judge_endpoints(config, env)?;
         let external = &config.model.external_model;
         if !external.enable {
             return Ok(());

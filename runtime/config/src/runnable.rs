@@ -108,6 +108,16 @@ impl Check<'_> {
                     ),
                 ));
             }
+            if crate::external::needs_reward_fn(workflow) && taskset.default_reward_fn_type.is_none() {
+                return Err(self.refuse(
+                    &format!("{key}.default_reward_fn_type"),
+                    format!(
+                        "taskset `{}`: `{workflow}` rewards each answer with the taskset's reward function and has \
+                         no default (as in Trinity-RFT 0.6.0); name one, a built-in or a WASM reward plugin",
+                        taskset.name
+                    ),
+                ));
+            }
             if crate::external::needs_openai_history(workflow) && !(rollout.enable_openai_api && rollout.enable_history)
             {
                 return Err(self.refuse(

@@ -30,6 +30,8 @@ const CHAT_WORKFLOWS: &[&str] = &[
     "async_math_boxed_workflow",
     "math_eval_workflow",
     "async_math_eval_workflow",
+    "math_rm_workflow",
+    "async_math_rm_workflow",
     "countdown",
     "sudoku_workflow",
 ];

@@ -1,6 +1,8 @@
-//! Rewards from an LLM judge, the first auxiliary model: `math_ruler_workflow` (Trinity-RFT's
-//! `MathRULERWorkflow`, after OpenPipe ART's RULER) and `rubric_judge_workflow` (`RubricJudgeWorkflow`, after the
-//! RaR-Implicit method of arXiv 2507.17746).
+//! Rewards from an LLM judge, the first auxiliary model: `math_ruler_workflow` and its `async_math_ruler_workflow`
+//! twin (Trinity-RFT's `MathRULERWorkflow`, after OpenPipe ART's RULER) and `rubric_judge_workflow`
+//! (`RubricJudgeWorkflow`, after the RaR-Implicit method of arXiv 2507.17746); `rubric_judge_openai_workflow` is the
+//! rubric judge over an OpenAI-compatible endpoint (`judge_endpoint.rs`) and `math_trainable_ruler_workflow` the
+//! RULER judge played by the policy itself (`trainable_ruler_workflow.rs`), both on the code here.
 //!
 //! - `math_ruler_workflow` samples the group as `math_workflow` does (the task's reward, `math_reward` by default
 //!   with its think/answer system prompt, is the "gold reward", kept as metrics), then shows the judge the
@@ -8,11 +10,12 @@
 //!   clipped to [0, 1], are the rewards. A reply without such a list (or with a different count) gives every
 //!   candidate 0 and `judge_success` 0.
 //! - `rubric_judge_workflow` asks the judge, per response, for a 1–10 rating against the row's `rubric` list
-//!   (`{description, weight}` entries) in a fenced JSON block; the reward is `(rating − 1) / 9`, 0 when the reply
-//!   has no valid rating. `judge_success` is the group's share of valid ratings. The judge samples greedily.
+//!   (`{description, weight}` entries) in a fenced JSON block; the reward is `rating × 0.1` (Trinity-RFT 0.6.0's
+//!   normalisation: 1 → 0.1, 10 → 1), 0 when the reply has no valid rating. `judge_success` is the group's share
+//!   of valid ratings. The judge samples greedily.
 //!
-//! The prompts are Trinity-RFT's, word for word, so a judge sees what it would see there. The judge's reply is
-//! capped by its own `max_response_tokens`.
+//! The prompts are Trinity-RFT 0.6.0's, word for word, so a judge sees what it would see there. The judge's reply
+//! is capped by its own `max_response_tokens`.
 
 use trinity_buffer::{Experience, Task, TruncateStatus};
 use trinity_engine::SamplingParams;
@@ -20,18 +23,23 @@ use trinity_model::ChatMessage;
 
 use crate::auxiliary::AuxiliaryModel;
 use crate::error::ExplorerError;
+use crate::judge_endpoint::JudgeEndpoint;
 use crate::math_workflow::{describe, mix, sample_group, sampling_params, score};
 use crate::workflow::{Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture};
 
 /// The first auxiliary model, or an error naming what the workflow needs.
-fn judge<'a>(task: &Task, ctx: &'a WorkflowContext, workflow: &str) -> Result<&'a AuxiliaryModel, ExplorerError> {
+pub(crate) fn judge<'a>(
+    task: &Task,
+    ctx: &'a WorkflowContext,
+    workflow: &str,
+) -> Result<&'a AuxiliaryModel, ExplorerError> {
     ctx.model.auxiliary_models().first().ok_or_else(|| ExplorerError::Task {
         task: describe(task),
         message: format!("{workflow} needs a judge model: list it under explorer.auxiliary_models"),
     })
 }
 
-fn prompt_of(task: &Task) -> Result<String, ExplorerError> {
+pub(crate) fn prompt_of(task: &Task) -> Result<String, ExplorerError> {
     task.prompt().ok_or_else(|| ExplorerError::Task {
         task: describe(task),
         message: format!("the row has no prompt field `{}`", task.format.prompt_key),
@@ -45,8 +53,48 @@ fn judge_params(judge: &AuxiliaryModel, task: &Task, ctx: &WorkflowContext, temp
     SamplingParams { n: 1, temperature, seed: Some(seed), ..SamplingParams::default() }
 }
 
-fn answered(experiences: &[Experience]) -> bool {
+pub(crate) fn answered(experiences: &[Experience]) -> bool {
     !experiences.iter().all(|e| e.truncate_status == Some(TruncateStatus::PromptTruncated))
+}
+
+/// The task's messages for the RULER workflows: the task's system prompt, else Trinity-RFT's think/answer one when
+/// the reward is `math_reward` (its default), then the question. Returns the messages, the question and the
+/// reward's name.
+pub(crate) fn ruler_messages(task: &Task) -> Result<(Vec<ChatMessage>, String, String), ExplorerError> {
+    let prompt = prompt_of(task)?;
+    let reward = task.reward_fn.clone().unwrap_or_else(|| "math_reward".to_owned());
+    let system = task.system_prompt().or_else(|| (reward == "math_reward").then(|| RULER_MATH_SYSTEM.to_owned()));
+    let mut messages = Vec::new();
+    if let Some(system) = system {
+        messages.push(ChatMessage::new("system", system));
+    }
+    messages.push(ChatMessage::new("user", prompt.clone()));
+    Ok((messages, prompt, reward))
+}
+
+/// Scores the group with the task's reward as the "gold reward": its components and their sum (`gold_reward`)
+/// become metrics; the caller decides the reward.
+pub(crate) async fn gold_rewards(
+    task: &Task,
+    experiences: &mut [Experience],
+    reward: &str,
+    prompt: &str,
+) -> Result<(), ExplorerError> {
+    let truth = task.truth();
+    score(task, experiences, reward, &task.reward_fn_args, truth.as_deref(), Some(prompt)).await?;
+    for e in experiences.iter_mut() {
+        e.metrics.insert("gold_reward".to_owned(), e.reward);
+    }
+    Ok(())
+}
+
+/// The two messages that ask a judge to score `responses` to `question` (Trinity-RFT's RULER prompt; `layout`
+/// says which of its two spellings).
+pub(crate) fn ruler_judge_messages(question: &str, responses: &[&str], layout: RulerLayout) -> [ChatMessage; 2] {
+    [
+        ChatMessage::new("system", ruler_system_prompt(responses.len())),
+        ChatMessage::new("user", ruler_user_prompt(question, responses, layout)),
+    ]
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -56,30 +104,15 @@ impl Workflow for MathRuler {
     fn run<'a>(&'a self, task: &'a Task, ctx: &'a WorkflowContext) -> WorkflowFuture<'a> {
         Box::pin(async move {
             let judge = judge(task, ctx, "math_ruler_workflow")?;
-            let prompt = prompt_of(task)?;
-            let reward = task.reward_fn.as_deref().unwrap_or("math_reward");
-            let system =
-                task.system_prompt().or_else(|| (reward == "math_reward").then(|| RULER_MATH_SYSTEM.to_owned()));
-            let mut messages = Vec::new();
-            if let Some(system) = system {
-                messages.push(ChatMessage::new("system", system));
-            }
-            messages.push(ChatMessage::new("user", prompt.clone()));
+            let (messages, prompt, reward) = ruler_messages(task)?;
             let mut experiences = sample_group(task, ctx, &messages, sampling_params(task, ctx)).await?;
             if !answered(&experiences) {
                 return Ok(experiences);
             }
-            let truth = task.truth();
-            score(task, &mut experiences, reward, &task.reward_fn_args, truth.as_deref(), Some(prompt.as_str()))
-                .await?;
-            for e in &mut experiences {
-                e.metrics.insert("gold_reward".to_owned(), e.reward);
-            }
+            gold_rewards(task, &mut experiences, &reward, &prompt).await?;
             let responses: Vec<&str> = experiences.iter().map(|e| e.response_text.as_deref().unwrap_or("")).collect();
-            let judge_messages = [
-                ChatMessage::new("system", ruler_system_prompt(responses.len())),
-                ChatMessage::new("user", ruler_user_prompt(&prompt, &responses)),
-            ];
+            let judge_messages = ruler_judge_messages(&prompt, &responses, RulerLayout::Spaced);
+            // Trinity-RFT asks without a temperature: the judge server's default, 1.
             let reply = judge
                 .chat(&judge_messages, judge_params(judge, task, ctx, 1.0))
                 .await
@@ -98,11 +131,19 @@ impl Workflow for MathRuler {
     }
 }
 
-/// Trinity-RFT's system prompt for `math_ruler_workflow` with `math_reward` (its own line breaks).
-const RULER_MATH_SYSTEM: &str = "A conversation between User and Assistant. The user asks a question, and the \
-Assistant solves it. The assistant first thinks about the reasoning process in the mind and then provides the user \
-with the answer. The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags, \
-respectively, i.e.,\n<think> reasoning process here </think>\n<answer> answer here </answer>.\n";
+/// Trinity-RFT's system prompt for the RULER workflows with `math_reward` (its own line breaks).
+pub(crate) const RULER_MATH_SYSTEM: &str = "A conversation between User and Assistant. The user asks a question, and \
+the Assistant solves it. The assistant first thinks about the reasoning process in the mind and then provides the \
+user with the answer. The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> \
+tags, respectively, i.e.,\n<think> reasoning process here </think>\n<answer> answer here </answer>.\n";
+
+/// The two spellings of Trinity-RFT 0.6.0's RULER user prompt: `math_ruler_workflow` puts a blank line between
+/// its parts, `math_trainable_ruler_workflow` a line break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RulerLayout {
+    Spaced,
+    Compact,
+}
 
 fn ruler_system_prompt(n: usize) -> String {
     format!(
@@ -112,41 +153,67 @@ fn ruler_system_prompt(n: usize) -> String {
     )
 }
 
-fn ruler_user_prompt(question: &str, responses: &[&str]) -> String {
+fn ruler_user_prompt(question: &str, responses: &[&str], layout: RulerLayout) -> String {
     let solutions: Vec<String> =
         responses.iter().enumerate().map(|(i, r)| format!("Candidate solution {}: {r}", i + 1)).collect();
+    let gap = match layout {
+        RulerLayout::Spaced => "\n\n",
+        RulerLayout::Compact => "\n",
+    };
     let n = responses.len();
     format!(
-        "\nBelow is a question and several candidate solutions.\n\nQuestion: {question}\n\nSolution format \
-         requirement: first thinks about the reasoning process in the mind and then provides the final answer. The \
+        "\nBelow is a question and several candidate solutions.{gap}Question: {question}\n\nSolution format \
+         requirement: first think about the reasoning process in the mind and then provides the final answer. The \
          reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags, \
-         respectively, i.e.,\n<think> reasoning process here </think>\n<answer> answer here </answer>.\n\n{}\n\n\
+         respectively, i.e.,\n<think> reasoning process here </think>\n<answer> answer here </answer>.{gap}{}{gap}\
          Please assign a score within the range [0, 1] for each of them, reflecting how well they solve the \
          question.\nYou may compare them against each other and think step by step before returning your final \
-         scores, but keep your reasoning process brief and concise when possible.\n\nConclude your response with a \
-         list of scores, in the following format: [score for solution 1, score for solution 2, ..., score for \
-         solution {}]\n",
+         scores, but keep your reasoning process brief and concise when possible.{gap}Conclude your response with \
+         a list of scores, in the following format: [score for solution 1, score for solution 2, ..., score for \
+         solution {n}]\n",
         solutions.join("\n\n"),
-        n + 1
     )
 }
 
 /// The last `[...]` of the judge's reply as `n` scores clipped to [0, 1]; `None` when there is none, it does not
-/// parse as numbers, or it holds another count.
-fn ruler_scores(reply: &str, n: usize) -> Option<Vec<f64>> {
+/// parse as a list of numbers (a trailing comma is fine, as for Python's `literal_eval`), or it holds another
+/// count.
+pub(crate) fn ruler_scores(reply: &str, n: usize) -> Option<Vec<f64>> {
     let (open, close) = (reply.rfind('[')?, reply.rfind(']')?);
     if open > close {
         return None;
     }
-    let scores: Vec<f64> = reply[open + 1..close]
+    let inner = reply[open + 1..close].trim();
+    let inner = inner.strip_suffix(',').unwrap_or(inner);
+    if inner.trim().is_empty() {
+        return (n == 0).then(Vec::new);
+    }
+    let scores: Vec<f64> = inner
         .split(',')
         .map(|s| s.trim().parse::<f64>().ok().filter(|v| v.is_finite()).map(|v| v.clamp(0.0, 1.0)))
         .collect::<Option<_>>()?;
     (scores.len() == n).then_some(scores)
 }
 
+/// Who rates the answers of the rubric judge.
 #[derive(Debug, Clone, Copy)]
-struct RubricJudge;
+enum RubricJudgeSource {
+    /// The first auxiliary model (`rubric_judge_workflow`).
+    Auxiliary,
+    /// An OpenAI-compatible endpoint named by environment variables (`rubric_judge_openai_workflow`).
+    Endpoint,
+}
+
+/// The judge of one task of the rubric judge.
+enum Rater<'a> {
+    Auxiliary(&'a AuxiliaryModel),
+    Endpoint(JudgeEndpoint),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RubricJudge {
+    source: RubricJudgeSource,
+}
 
 /// Trinity-RFT's default system prompt for `rubric_judge_workflow` (with the indentation its source leaves in).
 const RUBRIC_DEFAULT_SYSTEM: &str = "A conversation between User and Assistant. The user asks a question, and the \
@@ -164,7 +231,11 @@ response:\n```json\n{\n\"rating\": 7\n}```";
 impl Workflow for RubricJudge {
     fn run<'a>(&'a self, task: &'a Task, ctx: &'a WorkflowContext) -> WorkflowFuture<'a> {
         Box::pin(async move {
-            let judge = judge(task, ctx, "rubric_judge_workflow")?;
+            // The endpoint is checked before sampling, as Trinity-RFT builds its client when the workflow starts.
+            let rater = match self.source {
+                RubricJudgeSource::Auxiliary => Rater::Auxiliary(judge(task, ctx, "rubric_judge_workflow")?),
+                RubricJudgeSource::Endpoint => Rater::Endpoint(JudgeEndpoint::from_task(task)?),
+            };
             let prompt = prompt_of(task)?;
             let system = task.system_prompt().unwrap_or_else(|| RUBRIC_DEFAULT_SYSTEM.to_owned());
             let messages = [ChatMessage::new("system", system), ChatMessage::new("user", prompt.clone())];
@@ -180,13 +251,17 @@ impl Workflow for RubricJudge {
                     ChatMessage::new("system", RUBRIC_JUDGE_SYSTEM),
                     ChatMessage::new("user", rubric_user_prompt(&prompt, response, &rubrics)),
                 ];
-                let reply = judge
-                    .chat(&judge_messages, judge_params(judge, task, ctx, 0.0))
-                    .await
-                    .map_err(|source| ExplorerError::Auxiliary { task: describe(task), source: Box::new(source) })?;
+                let reply = match &rater {
+                    Rater::Endpoint(endpoint) => endpoint.chat(task, &judge_messages).await?,
+                    Rater::Auxiliary(judge) => {
+                        judge.chat(&judge_messages, judge_params(judge, task, ctx, 0.0)).await.map_err(|source| {
+                            ExplorerError::Auxiliary { task: describe(task), source: Box::new(source) }
+                        })?
+                    }
+                };
                 let rating = rubric_rating(&reply);
                 valid += usize::from(rating.is_some());
-                e.reward = rating.map_or(0.0, |r| (r - 1.0) / 9.0);
+                e.reward = rating.map_or(0.0, |r| r * 0.1);
             }
             let success = valid as f64 / experiences.len() as f64;
             for e in &mut experiences {
@@ -243,11 +318,28 @@ inventory::submit! {
     }
 }
 
+// Trinity-RFT's async twin runs the same code through its async model API; every workflow here is async.
+inventory::submit! {
+    WorkflowEntry {
+        name: "async_math_ruler_workflow",
+        description: "Trinity's async name of math_ruler_workflow (the same workflow)",
+        build: || Box::new(MathRuler),
+    }
+}
+
 inventory::submit! {
     WorkflowEntry {
         name: "rubric_judge_workflow",
-        description: "answers rated 1-10 against the row's rubric by an auxiliary judge, reward (rating - 1) / 9",
-        build: || Box::new(RubricJudge),
+        description: "answers rated 1-10 against the row's rubric by an auxiliary judge, reward rating × 0.1",
+        build: || Box::new(RubricJudge { source: RubricJudgeSource::Auxiliary }),
+    }
+}
+
+inventory::submit! {
+    WorkflowEntry {
+        name: "rubric_judge_openai_workflow",
+        description: "rubric_judge_workflow with the judge an OpenAI-compatible endpoint (workflow_args judge_model_name, OPENAI_BASE_URL / OPENAI_API_KEY)",
+        build: || Box::new(RubricJudge { source: RubricJudgeSource::Endpoint }),
     }
 }
 
@@ -262,6 +354,8 @@ mod tests {
         assert_eq!(ruler_scores("no list", 1), None);
         assert_eq!(ruler_scores("] then [", 1), None);
         assert_eq!(ruler_scores("[a, b]", 2), None);
+        assert_eq!(ruler_scores("[0.5, 1,]", 2), Some(vec![0.5, 1.0]), "Python's literal_eval takes a trailing comma");
+        assert_eq!(ruler_scores("[]", 1), None);
     }
 
     #[test]
@@ -275,8 +369,13 @@ mod tests {
 
     #[test]
     fn the_ruler_prompt_asks_for_one_score_per_candidate() {
-        let text = ruler_user_prompt("1+1?", &["<answer>2</answer>", "3"]);
-        assert!(text.contains("Candidate solution 1: <answer>2</answer>\n\nCandidate solution 2: 3"));
-        assert!(text.contains("score for solution 3]"), "Trinity-RFT's off-by-one, kept");
+        let text = ruler_user_prompt("1+1?", &["<answer>2</answer>", "3"], RulerLayout::Spaced);
+        assert!(text.contains("Candidate solution 1: <answer>2</answer>\n\nCandidate solution 2: 3\n\nPlease"));
+        assert!(text.starts_with("\nBelow is a question and several candidate solutions.\n\nQuestion: 1+1?\n\n"));
+        assert!(text.contains("first think about") && text.ends_with("score for solution 2]\n"), "{text}");
+        let compact = ruler_user_prompt("1+1?", &["a"], RulerLayout::Compact);
+        assert!(compact.contains("solutions.\nQuestion: 1+1?\n\nSolution format"), "{compact}");
+        assert!(compact.contains("</answer>.\nCandidate solution 1: a\nPlease assign"), "{compact}");
+        assert!(compact.contains("possible.\nConclude") && compact.ends_with("score for solution 1]\n"), "{compact}");
     }
 }

@@ -12,7 +12,9 @@
 //!   run over the whole conversation, see `conversation.rs`). Workflows that call an auxiliary model
 //!   ([`AuxiliaryModel`], `explorer.auxiliary_models`): on-policy distillation (`on_policy_distill_workflow`,
 //!   `on_policy_distill_math_workflow`: the teacher's logprobs of every sampled token) and LLM-judged rewards
-//!   (`math_ruler_workflow`, `rubric_judge_workflow`). `agent_process_workflow` runs an agent program per rollout
+//!   (`math_ruler_workflow`, `async_math_ruler_workflow`, `rubric_judge_workflow`); `rubric_judge_openai_workflow`
+//!   asks a judge over an OpenAI-compatible endpoint, `math_trainable_ruler_workflow` makes the policy its own
+//!   judge and trains the judgements, and `math_rm_workflow` rewards with the taskset's reward function. `agent_process_workflow` runs an agent program per rollout
 //!   against the rollout model's OpenAI view ([`OpenAiSession`], `enable_openai_api`) and trains on the replies
 //!   recorded there (`enable_history`).
 //! * [`ExperienceOperator`]s transform one explore step's experiences before they enter the buffer: Trinity-RFT's
@@ -32,9 +34,11 @@ mod distill_workflow;
 mod error;
 mod external_model;
 mod frozen_lake_workflow;
+mod judge_endpoint;
 mod judge_workflow;
 mod math_boxed_workflow;
 mod math_eval_workflow;
+mod math_rm_workflow;
 mod math_workflow;
 mod openai_view;
 mod operator;
@@ -45,6 +49,7 @@ mod rollout_model;
 mod runner;
 mod sudoku_workflow;
 mod tool_call_workflow;
+mod trainable_ruler_workflow;
 mod workflow;
 
 pub use agent_process_workflow::set_agent_environment;

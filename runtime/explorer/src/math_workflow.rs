@@ -25,7 +25,10 @@ the user with the answer. The reasoning process and answer are enclosed within <
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SingleTurn {
     pub(crate) default_system_prompt: Option<&'static str>,
-    pub(crate) default_reward: &'static str,
+    /// The reward of a taskset that names none; `None`: the taskset must name one (its task fails otherwise).
+    pub(crate) default_reward: Option<&'static str>,
+    /// The workflow's name, for errors.
+    pub(crate) name: &'static str,
 }
 
 impl Workflow for SingleTurn {
@@ -40,7 +43,13 @@ impl Workflow for SingleTurn {
                 messages.push(ChatMessage::new("system", system));
             }
             messages.push(ChatMessage::new("user", prompt.clone()));
-            let reward = task.reward_fn.as_deref().unwrap_or(self.default_reward);
+            let reward = task.reward_fn.as_deref().or(self.default_reward).ok_or_else(|| ExplorerError::Task {
+                task: describe(task),
+                message: format!(
+                    "{} has no default reward function: set the taskset's default_reward_fn_type",
+                    self.name
+                ),
+            })?;
             let truth = task.truth();
             rollout(task, ctx, &messages, Some(&prompt), reward, truth.as_deref()).await
         })
@@ -309,11 +318,15 @@ pub(crate) fn describe(task: &Task) -> String {
 }
 
 fn simple() -> Box<dyn Workflow> {
-    Box::new(SingleTurn { default_system_prompt: None, default_reward: "math_reward" })
+    Box::new(SingleTurn { default_system_prompt: None, default_reward: Some("math_reward"), name: "simple_workflow" })
 }
 
 fn math() -> Box<dyn Workflow> {
-    Box::new(SingleTurn { default_system_prompt: Some(THINK_ANSWER_PROMPT), default_reward: "math_reward" })
+    Box::new(SingleTurn {
+        default_system_prompt: Some(THINK_ANSWER_PROMPT),
+        default_reward: Some("math_reward"),
+        name: "math_workflow",
+    })
 }
 
 inventory::submit! {
