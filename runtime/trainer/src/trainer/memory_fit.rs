@@ -45,7 +45,7 @@ impl Trainer {
         let budget = &self.memory_budget;
         let device = self.policy.device();
         let on_cpu = device == Device::Cpu;
-        let state = StateMemory::expected(budget.trained, stage, world, false);
+        let state = StateMemory::expected(budget.trained, stage, world, self.options.optimizer_offload);
         let allocated = state.allocated_beside_parameters(on_cpu) + budget.others;
         let room = activation_room(budget.available, local_ranks, allocated);
         self.recompute = plan(self.options.activation_recompute, &self.policy, room);
