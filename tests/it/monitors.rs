@@ -285,6 +285,8 @@ impl MlflowServer {
             .arg("--default-artifact-root")
             .arg(dir.path().join("artifacts"))
             .env("HOME", dir.path())
+            // The server's job runner (seven huey consumers, for GenAI jobs) has nothing to do with tracking.
+            .env("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
