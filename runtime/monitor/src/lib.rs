@@ -77,7 +77,8 @@ impl Monitor {
     }
 
     /// Opens `metrics.jsonl` in `dir`, plus the sink `spec.monitor_type` names. A hosted service's client is
-    /// started here, with `TRINITY_PYTHON` or `python3`; a missing client package or a refused login is an error.
+    /// started here, with `TRINITY_PYTHON` or `python3`; a missing client package (or monitor arguments it cannot
+    /// use) is an error, a service that is down or refuses the login a warning.
     ///
     /// Appends to existing files, so a resumed run continues its history.
     pub fn open_run(dir: &Path, spec: &MonitorSpec) -> Result<Monitor, MonitorError> {
