@@ -366,7 +366,7 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
         "OverRolloutConfig",
         "return_partial_tasks",
         P,
-        "trinity's workflows return a task's rollouts together (one batched request, or all of an agent's programs), so a task has no finished repeats to keep apart from the others; and Trinity-RFT 0.6.0 drops the unfinished tasks of an over-rolled train step with or without it; no effect here",
+        "trinity's workflows return a task's rollouts as one group (one batched request, or all of an agent's programs; a failed rollout fails the task, which is retried), so no task ends with some repeats finished; and Trinity-RFT 0.6.0 drops the unfinished tasks of an over-rolled train step with or without it; no effect here",
     ),
     ("DynamicTimeoutConfig", "enable", H, ""),
     ("DynamicTimeoutConfig", "ratio", H, ""),
