@@ -321,6 +321,9 @@ impl HostedSink {
         if let Some(missed) = self.missed {
             return missed;
         }
+        // From here on the report below says what went wrong, once: the writer's broken pipe after the process
+        // is stopped, say, is no news.
+        self.shared.warned.store(true, Ordering::Relaxed);
         drop(self.queue.take());
         let (status, stopped) = self.wait_for_exit();
         // The writer ends once the process's stdin closes; a grandchild that inherited the pipe could hold it
