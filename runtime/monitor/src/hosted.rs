@@ -646,6 +646,18 @@ mod tests {
     }
 
     #[test]
+    fn a_silent_monitor_is_warned_about_once_its_silence_has_passed() {
+        let dir = tempfile::tempdir().unwrap();
+        let python = fake(dir.path(), r#"read line; echo '{"event":"imported"}'; exec sleep 30"#);
+        let mut sink = HostedSink::start(Service::Mlflow, &python, &spec("mlflow"), dir.path(), FAST).unwrap();
+        sink.record(1, &metrics(1.0)).unwrap();
+        assert!(!sink.shared.warned.load(Ordering::Relaxed), "warned before its silence passed");
+        std::thread::sleep(FAST.silence);
+        sink.record(2, &metrics(2.0)).unwrap();
+        assert!(sink.shared.warned.load(Ordering::Relaxed), "not warned after {:?} without an answer", FAST.silence);
+    }
+
+    #[test]
     fn a_monitor_that_answers_every_step_is_waited_for_until_it_finishes() {
         let dir = tempfile::tempdir().unwrap();
         // Takes each step, then spends longer than `silence` in its finish (an upload), and finishes.
