@@ -12,8 +12,9 @@ use trinity_explorer::RolloutModel;
 use crate::calls::Sessions;
 use crate::error::PyWorkflowError;
 
-/// The worker's Python side, passed to the interpreter with `-c` so that nothing is written to disk.
-const WORKER_SCRIPT: &str = include_str!("../python/worker.py");
+/// The worker's Python side, passed to the interpreter with `-c` so that nothing is written to disk: the model
+/// wrapper, then the protocol loop (which starts at the end of `worker.py`).
+const WORKER_SCRIPT: &str = concat!(include_str!("../python/model.py"), include_str!("../python/worker.py"));
 
 /// One worker process and its pipes.
 pub(crate) struct Worker {
