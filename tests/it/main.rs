@@ -7,6 +7,7 @@ mod async_rl;
 mod auxiliary_models;
 mod cli;
 mod compat;
+mod compat_060;
 mod compat_runs;
 mod config;
 mod config_rules;

@@ -197,6 +197,11 @@ fn bring_text(kind: &str) -> String {
         "reward function" => "bring it as a WASM reward plugin (`cargo xtask new-plugin --kind reward`, then list it \
                                under `plugins:`)"
             .to_owned(),
+        "operator" => {
+            "bring it as a WASM operator plugin (`cargo xtask new-plugin --kind operator`, then list it under \
+             `plugins:`)"
+                .to_owned()
+        }
         _ => "bring it as an algorithm library (`cargo xtask new-algorithm NAME`, then list it under `plugins:`)"
             .to_owned(),
     }

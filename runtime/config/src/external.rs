@@ -26,6 +26,18 @@ const NEEDS: &[(&str, &str)] = &[
     ("bots_ref_eval_collect_math_boxed_workflow", "Python code from Trinity-RFT's BOTS example"),
 ];
 
+/// Trinity-RFT's experience operators that trinity does not have, with what each one needs.
+const OPERATOR_NEEDS: &[(&str, &str)] = &[(
+    "data_juicer",
+    "the Data-Juicer Python service, which trinity cannot start or reach (Trinity-RFT sends each batch of \
+     experiences to it)",
+)];
+
+/// What the Trinity-RFT experience operator named `name` needs from outside trinity, when trinity knows it.
+pub fn operator_needs(name: &str) -> Option<String> {
+    OPERATOR_NEEDS.iter().find(|(n, _)| *n == name).map(|(_, needs)| (*needs).to_owned())
+}
+
 /// Trinity-RFT built-ins that need nothing outside trinity but have no trinity port yet.
 const NOT_PORTED: &[&str] = &[
     // Trinity-RFT's synthetic long-context workflow of scripts/context_length_test.

@@ -109,9 +109,11 @@ impl<'a> Resolver<'a> {
         }
         let key = self.key(key);
         let note = self.catalog.unknown_note(kind, name);
-        if kind != ComponentKind::Operator
-            && let Some(needs) = crate::external::needs(name)
-        {
+        let needs = match kind {
+            ComponentKind::Operator => crate::external::operator_needs(name),
+            _ => crate::external::needs(name),
+        };
+        if let Some(needs) = needs {
             return Err(ConfigError::MissingComponent {
                 origin: self.source.origin(&key),
                 key,
