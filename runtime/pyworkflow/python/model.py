@@ -4,6 +4,7 @@ answered over the worker's pipes (`_Rpc` in worker.py, which trinity runs after 
 
 import asyncio
 import copy
+import json
 import threading
 
 
@@ -32,7 +33,15 @@ def _experience(result, messages=None):
 
 
 def _plain(kwargs):
-    return {k: v for k, v in kwargs.items() if isinstance(v, (int, float, str, bool, list, type(None)))}
+    """The keyword arguments that cross the pipe: JSON values (sampling settings, stop lists, tool schemas)."""
+    out = {}
+    for key, value in kwargs.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        out[key] = value
+    return out
 
 
 def _model_config(settings):

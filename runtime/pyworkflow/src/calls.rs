@@ -82,14 +82,17 @@ impl Call<'_> {
             }
             "chat" => {
                 let model = self.model(params)?;
-                let mut messages = chat_messages(params)?;
+                let messages = params["messages"].as_array().ok_or("messages must be a list")?;
+                let tools = params["kwargs"].get("tools").filter(|tools| !tools.is_null());
                 // A conversation ending in the assistant's turn is continued from that turn's text, as
                 // Trinity-RFT renders it with `continue_final_message`.
-                let prefix = match messages.last() {
-                    Some(last) if last.role == "assistant" => messages.pop().map(|m| m.content),
-                    _ => None,
+                let (history, prefix) = match messages.split_last() {
+                    Some((last, earlier)) if last["role"] == "assistant" => (earlier, last["content"].as_str()),
+                    _ => (&messages[..], None),
                 };
-                let prompt = model.chat_prompt(&messages, prefix.as_deref()).map_err(|e| text(&e))?;
+                let mut prompt = render(model, history, true, tools)?;
+                prompt.push_str(prefix.unwrap_or_default());
+                let prompt = model.encode_prompt(&prompt, false).map_err(|e| text(&e))?;
                 self.generate(model, prompt, &params["kwargs"]).await
             }
             "generate" => {
@@ -216,8 +219,8 @@ async fn score(model: &Arc<RolloutModel>, tokens: &[u32], temperature: f64) -> R
     scorer.logprobs(tokens, temperature).await.map_err(|e| format!("the logprobs of {} tokens: {e}", tokens.len()))
 }
 
-/// `messages[..end]` as the model sees them: the chat template with the messages as given (tool calls and
-/// `tools` included), or plain role lines for a model without one.
+/// `messages` as the model sees them: the chat template with the messages as given (tool calls and `tools`
+/// included, as Trinity-RFT's engine renders a chat), or plain role lines for a model without one.
 fn render(
     model: &RolloutModel,
     messages: &[Value],
