@@ -170,9 +170,12 @@ fn the_trainable_ruler_judges_itself_and_trains_its_judgements_when_the_truth_is
     assert_eq!(metrics.lines().count(), 2, "two train steps: {metrics}");
 }
 
+/// The requests an endpoint received: each one's head and JSON body.
+type Requests = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
+
 /// A loopback OpenAI-compatible endpoint answering every chat completion with `reply`; it keeps each request's
 /// head and body.
-fn judge_endpoint(reply: &str) -> (String, Arc<Mutex<Vec<(String, serde_json::Value)>>>) {
+fn judge_endpoint(reply: &str) -> (String, Requests) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
