@@ -1,6 +1,5 @@
-//! Algorithm libraries loaded at run time (`--plugin libmy_algo.so`, `plugins:` in a config, installed plugins):
-//! their components join a process-global registry that [`crate::registry`] consults after the built-ins, so
-//! configs, `trinity algorithm eval` and the trainer use them by name exactly like built-ins.
+//! The loaded libraries and their components, and the [`ExternalComponents`] view of them that
+//! trinity-algorithm's registry consults after the built-ins.
 //!
 //! Invariants:
 //! * A name is unique per kind across built-ins and every loaded library; a clash is an error at load, naming
@@ -12,23 +11,24 @@
 //! * Everything a library returns is checked (shapes, row indices) before the trainer sees it.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Once, RwLock};
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 use tch::Tensor;
+use trinity_algorithm::advantage::{AdvantageFn, AdvantageOutput};
+use trinity_algorithm::args::{ArgDefault, ArgSpec, Args};
+use trinity_algorithm::entropy::ENTROPY_ARGS;
+use trinity_algorithm::external::{self, ExternalComponents, ExternalEntropy, ExternalKl};
+use trinity_algorithm::kl::KL_ARGS;
+use trinity_algorithm::metrics::Metrics;
+use trinity_algorithm::policy_loss::PolicyLossFn;
+use trinity_algorithm::registry::{self, Kind};
+use trinity_algorithm::{AlgorithmError, Batch};
 use trinity_config::{ExperienceSchema, Preset};
 use trinity_plugin_sdk::algorithm::{self as sdk, ComponentKind, LoadedComponent};
 
-use crate::advantage::{AdvantageFn, AdvantageOutput};
-use crate::args::{ArgDefault, ArgSpec, Args};
-use crate::batch::Batch;
-use crate::entropy::ENTROPY_ARGS;
-use crate::error::AlgorithmError;
-use crate::kl::KL_ARGS;
-use crate::metrics::Metrics;
-use crate::policy_loss::PolicyLossFn;
-use crate::registry::{self, Kind};
+use crate::error::LibraryError;
 
 /// The algorithm-library API this trinity speaks: the trinity-plugin-sdk version libraries must be built with
 /// (in Cargo's compatibility sense), and what a registry index's `api` range is matched against.
@@ -58,16 +58,16 @@ pub struct ComponentInfo {
 
 /// A component of a loaded library, with its argument table in the registry's form.
 #[derive(Debug)]
-pub(crate) struct LibraryComponent {
-    pub(crate) kind: Kind,
-    pub(crate) args: &'static [ArgSpec],
+struct LibraryComponent {
+    kind: Kind,
+    args: &'static [ArgSpec],
     library: String,
     inner: LoadedComponent,
 }
 
 impl LibraryComponent {
     /// An error of this component, naming it and its library.
-    pub(crate) fn error(&self, message: impl Into<String>) -> AlgorithmError {
+    fn error(&self, message: impl Into<String>) -> AlgorithmError {
         AlgorithmError::Library {
             kind: self.kind,
             name: self.inner.name.clone(),
@@ -76,8 +76,18 @@ impl LibraryComponent {
         }
     }
 
-    /// Runs the library's KL estimator.
-    pub(crate) fn kl(
+    fn check_shape(&self, what: &str, t: &Tensor, want: &[i64]) -> Result<(), AlgorithmError> {
+        let got = t.size();
+        if got != want {
+            return Err(self.error(format!("returned a {what} of shape {got:?}, expected {want:?}")));
+        }
+        Ok(())
+    }
+}
+
+impl ExternalKl for LibraryComponent {
+    /// Runs the library's KL estimator; its result must have the shape of `logprob`.
+    fn kl(
         &self,
         logprob: &Tensor,
         reference: &Tensor,
@@ -88,9 +98,11 @@ impl LibraryComponent {
         self.check_shape("KL", &kl, &logprob.size())?;
         Ok(kl)
     }
+}
 
-    /// Runs the library's entropy loss: the unscaled aggregate and its metrics.
-    pub(crate) fn entropy(
+impl ExternalEntropy for LibraryComponent {
+    /// Runs the library's entropy loss: the unscaled aggregate (a scalar) and its metrics.
+    fn entropy(
         &self,
         batch: &Batch,
         mode: &str,
@@ -100,14 +112,6 @@ impl LibraryComponent {
             with_sdk_batch(batch, |b| self.inner.entropy_loss(b, mode, args)).map_err(|e| self.error(e.message()))?;
         self.check_shape("entropy loss", &out.loss, &[])?;
         Ok((out.loss, out.metrics))
-    }
-
-    fn check_shape(&self, what: &str, t: &Tensor, want: &[i64]) -> Result<(), AlgorithmError> {
-        let got = t.size();
-        if got != want {
-            return Err(self.error(format!("returned a {what} of shape {got:?}, expected {want:?}")));
-        }
-        Ok(())
     }
 }
 
@@ -139,9 +143,10 @@ fn kind_of(kind: ComponentKind) -> Kind {
 
 /// Loads an algorithm library file and registers its components. Loading a file already registered returns its
 /// first registration.
-pub fn register_file(path: &Path) -> Result<LibraryInfo, AlgorithmError> {
+pub fn register_file(path: &Path) -> Result<LibraryInfo, LibraryError> {
+    offer_to_registry();
     let canonical = std::fs::canonicalize(path)
-        .map_err(|e| AlgorithmError::LibraryFile { path: path.to_owned(), message: format!("cannot read it: {e}") })?;
+        .map_err(|e| LibraryError::File { path: path.to_owned(), message: format!("cannot read it: {e}") })?;
     if let Some(known) = libraries().iter().find(|l| l.canonical == canonical) {
         return Ok(known.info.clone());
     }
@@ -174,7 +179,7 @@ pub fn register_file(path: &Path) -> Result<LibraryInfo, AlgorithmError> {
     }
     for (i, c) in components.iter().enumerate() {
         let name = &c.inner.name;
-        let clash = |other: String| AlgorithmError::NameClash {
+        let clash = |other: String| LibraryError::NameClash {
             kind: c.kind,
             name: name.clone(),
             path: canonical.clone(),
@@ -208,21 +213,64 @@ pub fn loaded() -> Vec<LibraryInfo> {
 }
 
 /// A loaded component by kind and name.
-pub(crate) fn find(kind: Kind, name: &str) -> Option<Arc<LibraryComponent>> {
+fn find(kind: Kind, name: &str) -> Option<Arc<LibraryComponent>> {
     libraries().iter().flat_map(|l| &l.components).find(|c| c.kind == kind && c.inner.name == name).cloned()
 }
 
-/// The file of the library that provides a component, if a library does.
-pub(crate) fn origin(kind: Kind, name: &str) -> Option<PathBuf> {
-    libraries()
-        .iter()
-        .find(|l| l.components.iter().any(|c| c.kind == kind && c.inner.name == name))
-        .map(|l| l.info.path.clone())
+/// The loaded libraries as trinity-algorithm's registry sees them: every lookup reads the list above.
+#[derive(Debug)]
+struct Libraries;
+
+static LIBRARIES_SOURCE: Libraries = Libraries;
+
+/// Registers the loaded libraries with trinity-algorithm's registry, once per process (before the first library
+/// is added, so its components are visible as soon as `register_file` returns).
+fn offer_to_registry() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| external::register(&LIBRARIES_SOURCE));
 }
 
-/// The names of every loaded component of one kind.
-pub(crate) fn names(kind: Kind) -> Vec<String> {
-    libraries().iter().flat_map(|l| &l.components).filter(|c| c.kind == kind).map(|c| c.inner.name.clone()).collect()
+impl ExternalComponents for Libraries {
+    fn names(&self, kind: Kind) -> Vec<String> {
+        libraries()
+            .iter()
+            .flat_map(|l| &l.components)
+            .filter(|c| c.kind == kind)
+            .map(|c| c.inner.name.clone())
+            .collect()
+    }
+
+    fn arg_specs(&self, kind: Kind, name: &str) -> Option<&'static [ArgSpec]> {
+        find(kind, name).map(|c| c.args)
+    }
+
+    /// The file of the library that provides a component.
+    fn origin(&self, kind: Kind, name: &str) -> Option<PathBuf> {
+        libraries()
+            .iter()
+            .find(|l| l.components.iter().any(|c| c.kind == kind && c.inner.name == name))
+            .map(|l| l.info.path.clone())
+    }
+
+    fn preset(&self, name: &str) -> Option<Result<Preset, AlgorithmError>> {
+        preset(name)
+    }
+
+    fn advantage_fn(&self, name: &str, args: &Args) -> Option<(Box<dyn AdvantageFn>, bool)> {
+        advantage_fn(name, args)
+    }
+
+    fn policy_loss_fn(&self, name: &str, args: &Args) -> Option<Box<dyn PolicyLossFn>> {
+        policy_loss_fn(name, args)
+    }
+
+    fn kl_estimator(&self, name: &str) -> Option<Arc<dyn ExternalKl>> {
+        find(Kind::KlFn, name).map(|c| c as Arc<dyn ExternalKl>)
+    }
+
+    fn entropy_loss(&self, name: &str) -> Option<Arc<dyn ExternalEntropy>> {
+        find(Kind::EntropyLoss, name).map(|c| c as Arc<dyn ExternalEntropy>)
+    }
 }
 
 /// The argument table of a component in the registry's form: the arguments every KL function or entropy loss
@@ -258,7 +306,7 @@ fn arg_table(kind: Kind, c: &LoadedComponent) -> Result<&'static [ArgSpec], Stri
 }
 
 /// A library's preset in the configuration's form.
-pub(crate) fn preset(name: &str) -> Option<Result<Preset, AlgorithmError>> {
+fn preset(name: &str) -> Option<Result<Preset, AlgorithmError>> {
     let c = find(Kind::AlgorithmType, name)?;
     let p = c.inner.preset.clone()?;
     let schema = match p.schema.as_deref().map(ExperienceSchema::from_name) {
@@ -364,14 +412,14 @@ impl PolicyLossFn for LibraryPolicyLoss {
 }
 
 /// Builds a library's advantage function; the flag says whether it runs in the trainer.
-pub(crate) fn advantage_fn(name: &str, args: &Args) -> Option<(Box<dyn AdvantageFn>, bool)> {
+fn advantage_fn(name: &str, args: &Args) -> Option<(Box<dyn AdvantageFn>, bool)> {
     let component = find(Kind::AdvantageFn, name)?;
     let in_trainer = component.inner.compute_in_trainer;
     Some((Box::new(LibraryAdvantage { component, args: args.values().clone() }), in_trainer))
 }
 
 /// Builds a library's policy loss.
-pub(crate) fn policy_loss_fn(name: &str, args: &Args) -> Option<Box<dyn PolicyLossFn>> {
+fn policy_loss_fn(name: &str, args: &Args) -> Option<Box<dyn PolicyLossFn>> {
     let component = find(Kind::PolicyLoss, name)?;
     Some(Box::new(LibraryPolicyLoss { component, args: args.values().clone() }))
 }
@@ -384,8 +432,9 @@ mod tests {
     fn the_sdk_aggregation_matches_the_built_in_one() {
         let x = Tensor::from_slice(&[1.0f32, -2.0, 3.5, 4.0, 5.0, 0.25]).view([2, 3]);
         let m = Tensor::from_slice(&[1.0f32, 1.0, 0.0, 1.0, 0.0, 1.0]).view([2, 3]);
-        for name in crate::LossAggMode::NAMES {
-            let ours = name.parse::<crate::LossAggMode>().unwrap().aggregate(&x, &m, None).double_value(&[]);
+        for name in trinity_algorithm::LossAggMode::NAMES {
+            let ours =
+                name.parse::<trinity_algorithm::LossAggMode>().unwrap().aggregate(&x, &m, None).double_value(&[]);
             let theirs = sdk::aggregate(&x, &m, name).unwrap().double_value(&[]);
             assert!((ours - theirs).abs() < 1e-6, "{name}: {ours} vs {theirs}");
         }

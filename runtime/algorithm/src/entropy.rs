@@ -3,7 +3,7 @@
 //! default: entropy_coef·agg(H, m, loss_agg_mode); mix: the same over non-expert rows only (needs
 //! `expert_mask`); none: nothing. The term is *subtracted* from the loss, so a positive coefficient raises
 //! entropy. Metric: `entropy_loss` (the unscaled aggregate). An entropy loss from an algorithm library
-//! ([`EntropyKind::Library`]) computes the unscaled aggregate and its metrics; the coefficient is the host's.
+//! ([`EntropyKind::Library`], through [`crate::external::ExternalEntropy`]) computes the unscaled aggregate and its metrics; the coefficient is the host's.
 
 use std::sync::Arc;
 
@@ -14,7 +14,7 @@ use crate::aggregation::LossAggMode;
 use crate::args::{ArgDefault, ArgSpec, Args, arg};
 use crate::batch::Batch;
 use crate::error::AlgorithmError;
-use crate::library::LibraryComponent;
+use crate::external::ExternalEntropy;
 use crate::masked::scalar;
 use crate::metrics::Metrics;
 
@@ -49,8 +49,8 @@ inventory::submit! { EntropyLossFnEntry { name: "none", kind: EntropyKind::None 
 pub struct EntropyLossFn {
     pub kind: EntropyKind,
     pub entropy_coef: f64,
-    /// For [`EntropyKind::Library`]: the library's function and every resolved argument.
-    library: Option<(Arc<LibraryComponent>, Map<String, Value>)>,
+    /// For [`EntropyKind::Library`]: the external function and every resolved argument.
+    library: Option<(Arc<dyn ExternalEntropy>, Map<String, Value>)>,
 }
 
 impl EntropyLossFn {
@@ -58,8 +58,8 @@ impl EntropyLossFn {
         Ok(EntropyLossFn { kind, entropy_coef: args.f64("entropy_coef")?, library: None })
     }
 
-    /// Builds a loaded library's entropy loss from resolved arguments (`entropy_coef` and its own).
-    pub(crate) fn from_library(component: Arc<LibraryComponent>, args: &Args) -> Result<Self, AlgorithmError> {
+    /// Builds an external (library) entropy loss from resolved arguments (`entropy_coef` and its own).
+    pub(crate) fn from_external(component: Arc<dyn ExternalEntropy>, args: &Args) -> Result<Self, AlgorithmError> {
         let mut f = EntropyLossFn::from_args(EntropyKind::Library, args)?;
         f.library = Some((component, args.values().clone()));
         Ok(f)
@@ -75,7 +75,7 @@ impl EntropyLossFn {
         let rows: Vec<i64> = match self.kind {
             EntropyKind::None => return Ok((Tensor::from(0f32), Tensor::from(0f32), Metrics::new())),
             EntropyKind::Library => {
-                // `from_library` is the only constructor that selects this kind, and it sets `library`.
+                // `from_external` is the only constructor that selects this kind, and it sets `library`.
                 let Some((f, args)) = &self.library else {
                     return Err(AlgorithmError::InvalidInput(format!("{component}: library entropy loss unset")));
                 };

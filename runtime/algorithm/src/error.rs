@@ -1,7 +1,5 @@
 //! The one error type of the crate: every failure names the component, argument or batch field at fault.
 
-use std::path::PathBuf;
-
 use crate::registry::Kind;
 
 /// What went wrong while resolving or running an algorithm component.
@@ -31,19 +29,8 @@ pub enum AlgorithmError {
     #[error("invalid eval input: {0}")]
     InvalidInput(String),
 
-    /// An algorithm library could not be loaded (not a library, incompatible SDK, ABI, tch or libtorch).
-    #[error(transparent)]
-    Load(#[from] trinity_plugin_sdk::algorithm::LoadError),
-
-    /// An algorithm library file that cannot be read.
-    #[error("algorithm library {}: {message}", path.display())]
-    LibraryFile { path: PathBuf, message: String },
-
-    /// A library component whose name is already taken.
-    #[error("{kind} `{name}` of algorithm library {} clashes with {other} of the same name", path.display())]
-    NameClash { kind: Kind, name: String, path: PathBuf, other: String },
-
-    /// A library component failed or returned something malformed.
+    /// An external component (from an algorithm library) failed or returned something malformed. Loading a
+    /// library has its own errors, in `trinity-algorithm-library`, so this crate never names the plugin ABI.
     #[error("{kind} `{name}` (algorithm library `{library}`): {message}")]
     Library { kind: Kind, name: String, library: String, message: String },
 }

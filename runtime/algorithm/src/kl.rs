@@ -12,7 +12,8 @@
 //! `kl` and `kl_coef` (the coefficient used). With `adaptive`, the coefficient then moves by the proportional
 //! controller e = clip(current_kl/target_kl − 1, −0.2, 0.2), kl_coef ← kl_coef·(1 + e·batch_size/horizon).
 //!
-//! A KL function from an algorithm library ([`KlEstimator::Library`]) supplies only the per-token estimate; the
+//! A KL function from an algorithm library or other external source ([`KlEstimator::Library`], through
+//! [`crate::external::ExternalKl`]) supplies only the per-token estimate; the
 //! coefficient, aggregation, reward penalty and adaptive controller above are the host's, as for built-ins.
 //!
 //! Trinity-RFT bug fixed here: its controller calls `torch.clip` on a Python float, which raises `TypeError`,
@@ -27,7 +28,7 @@ use crate::aggregation::LossAggMode;
 use crate::args::{ArgDefault, ArgSpec, Args, arg};
 use crate::batch::Batch;
 use crate::error::AlgorithmError;
-use crate::library::LibraryComponent;
+use crate::external::ExternalKl;
 use crate::masked::{masked_mean, scalar};
 use crate::metrics::Metrics;
 
@@ -76,8 +77,8 @@ pub struct KlFn {
     pub estimator: KlEstimator,
     pub kl_coef: f64,
     adaptive: Option<(f64, f64)>,
-    /// For [`KlEstimator::Library`]: the library's function and every resolved argument.
-    library: Option<(Arc<LibraryComponent>, Map<String, Value>)>,
+    /// For [`KlEstimator::Library`]: the external estimator and every resolved argument.
+    library: Option<(Arc<dyn ExternalKl>, Map<String, Value>)>,
 }
 
 fn k3(logprob: &Tensor, reference: &Tensor) -> Tensor {
@@ -101,8 +102,8 @@ impl KlFn {
         Ok(KlFn { estimator, kl_coef: args.f64("kl_coef")?, adaptive, library: None })
     }
 
-    /// Builds a loaded library's KL function from resolved arguments (the common ones and its own).
-    pub(crate) fn from_library(component: Arc<LibraryComponent>, args: &Args) -> Result<Self, AlgorithmError> {
+    /// Builds an external (library) KL function from resolved arguments (the common ones and its own).
+    pub(crate) fn from_external(component: Arc<dyn ExternalKl>, args: &Args) -> Result<Self, AlgorithmError> {
         let mut f = KlFn::from_args(KlEstimator::Library, args)?;
         f.library = Some((component, args.values().clone()));
         Ok(f)
@@ -139,7 +140,7 @@ impl KlFn {
                 }
             }
             KlEstimator::Library => {
-                // `from_library` is the only constructor that selects this estimator, and it sets `library`.
+                // `from_external` is the only constructor that selects this estimator, and it sets `library`.
                 let Some((component, args)) = &self.library else {
                     return Err(AlgorithmError::InvalidInput("a library KL function without its library".into()));
                 };

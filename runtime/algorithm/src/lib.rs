@@ -7,8 +7,10 @@
 //!   [`preset::PresetEntry`]); [`registry`] finds them by name and [`registry::BuiltinCatalog`] shows them to
 //!   the configuration.
 //! * Arguments arrive as JSON maps; [`args::Args`] fills defaults (null = default) and rejects unknown names.
-//! * Algorithm libraries (`abi_stable` plugins built with trinity-plugin-sdk) join at run time through
-//!   [`library::register_file`]; the registry consults them after the built-ins.
+//! * Components from elsewhere join through [`external::ExternalComponents`], registered once into a
+//!   process-global list that the registry consults after the built-ins. Algorithm libraries (`abi_stable`
+//!   plugins built with trinity-plugin-sdk) are loaded by `trinity-algorithm-library`, which implements it, so
+//!   this crate and its math never link the plugin ABI.
 //! * [`eval::eval`] runs a set of components on a recorded batch (`trinity algorithm eval`), and
 //!   [`registry::list`] lists everything (`trinity algorithm list`).
 //!
@@ -28,8 +30,8 @@ pub mod batch;
 pub mod entropy;
 pub mod error;
 pub mod eval;
+pub mod external;
 pub mod kl;
-pub mod library;
 pub mod masked;
 pub mod metrics;
 pub mod policy_loss;

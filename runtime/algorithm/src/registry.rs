@@ -1,7 +1,7 @@
 //! The registry of components: built-ins, collected with `inventory` from the registration next to each
-//! component, then the components of loaded algorithm libraries ([`crate::library`]); and its [`Catalog`] view
-//! for configuration validation. A library name never shadows a built-in (`library` refuses the clash), so the
-//! lookup order only matters for speed.
+//! component, then the components registered from elsewhere ([`crate::external`]: the algorithm libraries
+//! `trinity-algorithm-library` loads); and its [`Catalog`] view for configuration validation. An external name
+//! never shadows a built-in (the loader refuses the clash), so the lookup order only matters for speed.
 
 use std::fmt;
 
@@ -13,8 +13,8 @@ use crate::advantage::{AdvantageFn, AdvantageFnEntry};
 use crate::args::{ArgDefault, ArgSpec, Args, arg, defaults_map};
 use crate::entropy::{ENTROPY_ARGS, EntropyLossFn, EntropyLossFnEntry};
 use crate::error::AlgorithmError;
+use crate::external;
 use crate::kl::{KL_ARGS, KlFn, KlFnEntry};
-use crate::library;
 use crate::policy_loss::{PolicyLossFn, PolicyLossFnEntry};
 use crate::preset::PresetEntry;
 
@@ -81,7 +81,7 @@ inventory::submit! {
 
 /// The accepted arguments of a registered component, or `None` when no such component exists.
 pub fn arg_specs(kind: Kind, name: &str) -> Option<&'static [ArgSpec]> {
-    builtin_arg_specs(kind, name).or_else(|| library::find(kind, name).map(|c| c.args))
+    builtin_arg_specs(kind, name).or_else(|| external::find(|s| s.arg_specs(kind, name)))
 }
 
 fn builtin_arg_specs(kind: Kind, name: &str) -> Option<&'static [ArgSpec]> {
@@ -97,16 +97,16 @@ fn builtin_arg_specs(kind: Kind, name: &str) -> Option<&'static [ArgSpec]> {
     }
 }
 
-/// Every registered name of one kind (built-in or from a loaded library), sorted.
+/// Every registered name of one kind (built-in or external), sorted.
 pub fn names(kind: Kind) -> Vec<String> {
     let mut names = builtin_names(kind);
-    names.extend(library::names(kind));
+    names.extend(external::names(kind));
     names.sort();
     names
 }
 
-/// The built-in names of one kind, sorted.
-pub(crate) fn builtin_names(kind: Kind) -> Vec<String> {
+/// The built-in names of one kind, sorted (what an external component may not be named).
+pub fn builtin_names(kind: Kind) -> Vec<String> {
     let mut names: Vec<String> = match kind {
         Kind::AlgorithmType => inventory::iter::<PresetEntry>.into_iter().map(|e| e.name.to_owned()).collect(),
         Kind::AdvantageFn => inventory::iter::<AdvantageFnEntry>.into_iter().map(|e| e.name.to_owned()).collect(),
@@ -139,13 +139,13 @@ fn entropy_entry(name: &str) -> Option<&'static EntropyLossFnEntry> {
     inventory::iter::<EntropyLossFnEntry>.into_iter().find(|e| e.name == name)
 }
 
-/// A preset by `algorithm_type`. A library preset that cannot be read (an unknown schema) is logged and treated
+/// A preset by `algorithm_type`. An external preset that cannot be read (an unknown schema) is logged and treated
 /// as absent, so the unknown-name error that follows lists what is available.
 pub fn preset(name: &str) -> Option<Preset> {
     if let Some(e) = inventory::iter::<PresetEntry>.into_iter().find(|e| e.name == name) {
         return Some((e.preset)());
     }
-    match library::preset(name)? {
+    match external::find(|s| s.preset(name))? {
         Ok(p) => Some(p),
         Err(e) => {
             tracing::error!("{e}");
@@ -164,7 +164,7 @@ pub fn resolve_args(kind: Kind, name: &str, user: Option<&Map<String, Value>>) -
 pub fn advantage_fn(name: &str, args: &Args) -> Result<(Box<dyn AdvantageFn>, bool), AlgorithmError> {
     match advantage_entry(name) {
         Some(entry) => Ok(((entry.build)(args)?, entry.compute_in_trainer)),
-        None => library::advantage_fn(name, args).ok_or_else(|| unknown(Kind::AdvantageFn, name)),
+        None => external::find(|s| s.advantage_fn(name, args)).ok_or_else(|| unknown(Kind::AdvantageFn, name)),
     }
 }
 
@@ -172,7 +172,7 @@ pub fn advantage_fn(name: &str, args: &Args) -> Result<(Box<dyn AdvantageFn>, bo
 pub fn policy_loss_fn(name: &str, args: &Args) -> Result<Box<dyn PolicyLossFn>, AlgorithmError> {
     match policy_loss_entry(name) {
         Some(entry) => (entry.build)(args),
-        None => library::policy_loss_fn(name, args).ok_or_else(|| unknown(Kind::PolicyLoss, name)),
+        None => external::find(|s| s.policy_loss_fn(name, args)).ok_or_else(|| unknown(Kind::PolicyLoss, name)),
     }
 }
 
@@ -180,7 +180,10 @@ pub fn policy_loss_fn(name: &str, args: &Args) -> Result<Box<dyn PolicyLossFn>, 
 pub fn kl_fn(name: &str, args: &Args) -> Result<KlFn, AlgorithmError> {
     match kl_entry(name) {
         Some(entry) => KlFn::from_args(entry.estimator, args),
-        None => KlFn::from_library(library::find(Kind::KlFn, name).ok_or_else(|| unknown(Kind::KlFn, name))?, args),
+        None => KlFn::from_external(
+            external::find(|s| s.kl_estimator(name)).ok_or_else(|| unknown(Kind::KlFn, name))?,
+            args,
+        ),
     }
 }
 
@@ -188,8 +191,8 @@ pub fn kl_fn(name: &str, args: &Args) -> Result<KlFn, AlgorithmError> {
 pub fn entropy_loss_fn(name: &str, args: &Args) -> Result<EntropyLossFn, AlgorithmError> {
     match entropy_entry(name) {
         Some(entry) => EntropyLossFn::from_args(entry.kind, args),
-        None => EntropyLossFn::from_library(
-            library::find(Kind::EntropyLoss, name).ok_or_else(|| unknown(Kind::EntropyLoss, name))?,
+        None => EntropyLossFn::from_external(
+            external::find(|s| s.entropy_loss(name)).ok_or_else(|| unknown(Kind::EntropyLoss, name))?,
             args,
         ),
     }
@@ -202,7 +205,7 @@ pub struct Listing {
     pub name: String,
     /// Every accepted argument with its default (for presets: the preset's choices).
     pub default_args: Map<String, Value>,
-    /// The file of the algorithm library that provides it; absent for built-ins.
+    /// The file of the algorithm library (or other external source) that provides it; absent for built-ins.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub library: Option<std::path::PathBuf>,
 }
@@ -216,7 +219,7 @@ pub fn list() -> Vec<Listing> {
                 Kind::AlgorithmType => preset(&name).map(preset_summary).unwrap_or_default(),
                 _ => arg_specs(kind, &name).map(defaults_map).unwrap_or_default(),
             };
-            let library = library::origin(kind, &name);
+            let library = external::find(|s| s.origin(kind, &name));
             out.push(Listing { kind, name, default_args, library });
         }
     }

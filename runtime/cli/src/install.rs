@@ -45,7 +45,7 @@ pub(crate) fn run(args: InstallArgs) -> Result<()> {
 /// The plugin API version this trinity offers to plugins of `kind`, or `None` for kinds it cannot load.
 pub(crate) fn host_api(kind: &str) -> Option<Version> {
     let version = match kind {
-        "algorithm" => trinity_algorithm::library::API_VERSION,
+        "algorithm" => trinity_algorithm_library::API_VERSION,
         "reward" | "workflow" | "operator" => crate::wasm::WIT_VERSION?,
         _ => return None,
     };

@@ -147,7 +147,7 @@ pub(crate) fn load(specs: &[PluginSpec]) -> Result<()> {
         let path = &crate::install::resolve(&spec.path, &cwd)?;
         if path.extension().is_none_or(|extension| extension != "wasm") {
             refuse_native_limits(path, &sandbox_keys(spec))?;
-            trinity_algorithm::library::register_file(path)?;
+            trinity_algorithm_library::register_file(path)?;
             continue;
         }
         crate::wasm::load(path, spec)?;
@@ -209,7 +209,7 @@ pub(crate) fn listing() -> Vec<Row> {
     rows.extend(algorithms.map(|item| builtin(&item.kind.to_string(), &item.name)));
     rows.sort_by(|a, b| (&a.kind, &a.name).cmp(&(&b.kind, &b.name)));
     let mut plugins: Vec<Row> = crate::wasm::registered();
-    for library in trinity_algorithm::library::loaded() {
+    for library in trinity_algorithm_library::loaded() {
         plugins.extend(library.components.into_iter().map(|c| Row {
             kind: c.kind.to_string(),
             name: c.name,
