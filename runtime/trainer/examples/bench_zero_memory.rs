@@ -1,0 +1,306 @@
+//! Per-rank memory of ZeRO stages 0, 1 and 2 at Qwen2.5-0.5B's and -1.5B's shapes (random weights from their
+//! published `config.json` values), measured on data-parallel ranks of this machine, with the per-GPU figures of
+//! Qwen2.5-7B and -14B projected from the measured bytes a parameter.
+//!
+//! ```text
+//! cargo run --release -p trinity-trainer --example bench_zero_memory -- [--shapes 0.5b,1.5b] [--stages 0,1,2]
+//!     [--world 2] [--layers N] [--dtype bf16|f32] [--offload]
+//! ```
+//! For each (shape, stage) `--world` ranks start (`trinity_collective::launch`, torchrun's environment, Gloo), each
+//! builds the model, joins the group with `zero_stage` set and trains one SFT step on 2 rows of 24 tokens each, so
+//! that every state exists as a step leaves it. Each rank then reports what it holds, measured from its own
+//! tensors' bytes: the trained parameters, the gradients its last update read (stage 2: its fp32 shards of the
+//! reduced gradients, stages 0 and 1: the whole gradients), and AdamW's moments and fp32 masters; next to them the
+//! trainer's own expectation ([`Trainer::expected_memory`], what it logs at start and sizes micro-batches by) and
+//! the process's resident and peak memory. The ranks share this machine's memory, so resident memory shows the
+//! sharding only per rank, and the peak includes the start, where AdamW's whole state exists on every rank until
+//! the group splits it; tensor bytes are the figures that fall as 1/N.
+//!
+//! `--layers N` keeps the shape's widths and vocabulary and only N of its layers, for a machine that cannot hold
+//! the whole model `--world` times over: the bytes a parameter do not depend on the depth (every trained
+//! parameter takes the same bytes whatever layer it is in), and the projections use the full models' counts.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tch::{Device, Kind};
+use trinity_collective::{DistEnv, LaunchOptions, launch};
+use trinity_config::algorithm::{AlgorithmConfig, LossAggMode, OptimizerConfig};
+use trinity_model::{Decoder, ModelConfig, RandomWeights};
+use trinity_trainer::{
+    Components, MicroBatching, StateMemory, TrainRow, TrainedParameters, Trainer, TrainerOptions, ZeroStage,
+};
+
+type Error = Box<dyn std::error::Error>;
+const TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Qwen2.5's published architecture values: hidden, intermediate, layers, heads, kv heads, vocabulary, tied head.
+fn qwen(shape: &str) -> Option<(i64, i64, i64, i64, i64, i64, bool)> {
+    Some(match shape {
+        "0.5b" => (896, 4864, 24, 14, 2, 151_936, true),
+        "1.5b" => (1536, 8960, 28, 12, 2, 151_936, true),
+        "7b" => (3584, 18944, 28, 28, 4, 152_064, false),
+        "14b" => (5120, 13824, 48, 40, 8, 152_064, false),
+        _ => return None,
+    })
+}
+
+/// The `config.json` of `shape` with `layers` layers (its own count when `None`).
+fn qwen_config(shape: &str, layers: Option<i64>) -> Result<ModelConfig, Error> {
+    let (hidden, inter, all, heads, kv, vocab, tied) = qwen(shape).ok_or(format!("--shapes {shape}: 0.5b or 1.5b"))?;
+    let config = json!({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": hidden,
+        "intermediate_size": inter, "num_hidden_layers": layers.unwrap_or(all), "num_attention_heads": heads,
+        "num_key_value_heads": kv, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "tie_word_embeddings": tied, "vocab_size": vocab, "hidden_act": "silu",
+        "bos_token_id": 151643, "eos_token_id": 151643, "torch_dtype": "bfloat16",
+    });
+    Ok(ModelConfig::from_json(&config)?)
+}
+
+/// Parameters of the whole published model (q/k/v biases, untied or tied head), without building it.
+fn parameter_count(shape: &str) -> u64 {
+    let Some((h, i, l, heads, kv, v, tied)) = qwen(shape) else { return 0 };
+    let d = h / heads;
+    let attention = h * heads * d + heads * d + 2 * (h * kv * d + kv * d) + heads * d * h;
+    let layer = attention + 3 * h * i + 2 * h;
+    (v * h * if tied { 1 } else { 2 } + l * layer + h) as u64
+}
+
+fn flag(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+fn stage(number: &str) -> Result<ZeroStage, Error> {
+    Ok(match number {
+        "0" => ZeroStage::Replicated,
+        "1" => ZeroStage::OptimizerState,
+        "2" => ZeroStage::Gradients,
+        other => return Err(format!("--stages {other}: 0, 1 or 2 (stage 3 is not implemented)").into()),
+    })
+}
+
+fn status_bytes(key: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = text.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
+    kib.unwrap_or(0u64) * 1024
+}
+
+fn sft() -> Result<AlgorithmConfig, Error> {
+    let p = trinity_algorithm::registry::preset("sft").ok_or("no sft preset")?;
+    Ok(AlgorithmConfig {
+        algorithm_type: "sft".into(),
+        // The preset names no advantage function (SFT has none); the trainer's resolver fills `ppo` in.
+        advantage_fn: p.advantage_fn.or(Some("ppo".into())),
+        advantage_fn_args: p.advantage_fn_args,
+        policy_loss_fn: p.policy_loss_fn.or(Some("sft".into())),
+        policy_loss_fn_args: p.policy_loss_fn_args,
+        kl_penalty_fn: p.kl_penalty_fn.or(Some("none".into())),
+        kl_loss_fn: p.kl_loss_fn.or(Some("k2".into())),
+        entropy_loss_fn: p.entropy_loss_fn.or(Some("default".into())),
+        loss_agg_mode: Some(LossAggMode::TokenMean),
+        ..AlgorithmConfig::default()
+    })
+}
+
+/// One rank: build, join, one step, report into `--out`.
+fn rank(env: &DistEnv, args: &[String]) -> Result<(), Error> {
+    tch::set_num_threads(1);
+    let shape = flag(args, "--shape").ok_or("--shape")?;
+    let layers = flag(args, "--layers").map(|l| l.parse()).transpose()?;
+    let kind = if flag(args, "--dtype").as_deref() == Some("f32") { Kind::Float } else { Kind::BFloat16 };
+    let config = qwen_config(&shape, layers)?;
+    tch::manual_seed(0);
+    let policy = Decoder::load(config.clone(), &mut RandomWeights, kind, Device::Cpu)?;
+    let options = TrainerOptions {
+        micro_batching: MicroBatching::Rows(1),
+        zero_stage: stage(&flag(args, "--stage").ok_or("--stage")?)?,
+        optimizer_offload: args.iter().any(|a| a == "--offload"),
+        total_steps: Some(1),
+        ..TrainerOptions::default()
+    };
+    let optimizer = OptimizerConfig { lr: 1e-6, ..OptimizerConfig::default() };
+    let trainer = Trainer::new(policy, Components::from_config(&sft()?)?, &optimizer, options)?;
+    let (_store, group) = env.process_group("bench_zero", TIMEOUT)?;
+    let mut trainer = trainer.with_process_group(group)?;
+    let vocab = config.vocab_size;
+    let rows: Vec<TrainRow> = (0..2 * env.world_size as i64)
+        .map(|r| {
+            let tokens: Vec<i64> = (0..24).map(|t| 2 + (r * 977 + t * 131) % (vocab - 2)).collect();
+            TrainRow::sft(&tokens[..8], &tokens[8..])
+        })
+        .collect();
+    trainer.train_step(&rows)?;
+    let params = trainer.policy().trainable_parameters()?;
+    let trained = TrainedParameters::of(params.iter().map(|(_, t)| t));
+    // Stage 2 releases the whole gradients as it reduces them and keeps fp32 shards, whose elements the trainer
+    // counts at the update; in the other stages the update reads every trained parameter's whole gradient in the
+    // parameter's dtype (released after the step, so counted from the parameters).
+    let gradients = match (trainer.expected_memory().stage, trainer.sharded_memory()) {
+        (ZeroStage::Gradients, Some(m)) => m.gradients as u64,
+        _ => params.iter().map(|(_, t)| bytes(t)).sum(),
+    };
+    let expected = trainer.expected_memory();
+    let report = json!({
+        "rank": env.rank,
+        "elements": trained.elements,
+        "parameters": trained.bytes,
+        "gradients": gradients,
+        "optimizer_state": 4 * trainer.optimizer().state_elements() as u64,
+        "expected": [expected.parameters, expected.gradients, expected.gradient_shard, expected.optimizer_state],
+        "rss": status_bytes("VmRSS:"),
+        "peak": status_bytes("VmHWM:"),
+    });
+    let out = PathBuf::from(flag(args, "--out").ok_or("--out")?).join(format!("rank{}.json", env.rank));
+    std::fs::write(out, report.to_string())?;
+    Ok(())
+}
+
+fn bytes(t: &tch::Tensor) -> u64 {
+    (t.numel() * t.kind().elt_size_in_bytes()) as u64
+}
+
+fn gib(b: f64) -> f64 {
+    b / f64::from(1u32 << 30)
+}
+
+/// Launches the ranks of one (shape, stage) and reads their reports.
+fn measure(args: &[String], shape: &str, number: &str, world: usize, dir: &Path) -> Result<Vec<Value>, Error> {
+    let exe: OsString = std::env::current_exe()?.into();
+    let mut forwarded: Vec<OsString> = vec!["--role".into(), "rank".into(), "--shape".into(), shape.into()];
+    forwarded.extend(["--stage".into(), number.into(), "--out".into(), dir.as_os_str().to_owned()]);
+    for name in ["--layers", "--dtype"] {
+        if let Some(value) = flag(args, name) {
+            forwarded.extend([name.into(), value.into()]);
+        }
+    }
+    if args.iter().any(|a| a == "--offload") {
+        forwarded.push("--offload".into());
+    }
+    let options = LaunchOptions { nproc_per_node: world, master_port: 0, ..LaunchOptions::default() };
+    launch(&options, &exe, &forwarded)?;
+    (0..world)
+        .map(|r| Ok(serde_json::from_str(&std::fs::read_to_string(dir.join(format!("rank{r}.json")))?)?))
+        .collect()
+}
+
+fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(env) = DistEnv::from_env()? {
+        return rank(&env, &args);
+    }
+    // SAFETY: single-threaded here; the ranks inherit the variable.
+    unsafe { std::env::set_var("OMP_NUM_THREADS", "1") };
+    let shapes = flag(&args, "--shapes").unwrap_or_else(|| "0.5b,1.5b".into());
+    let stages = flag(&args, "--stages").unwrap_or_else(|| "0,1,2".into());
+    let world: usize = flag(&args, "--world").map_or(Ok(2), |w| w.parse())?;
+    let kind = if flag(&args, "--dtype").as_deref() == Some("f32") { Kind::Float } else { Kind::BFloat16 };
+    let layers = flag(&args, "--layers");
+    println!(
+        "ZeRO memory per rank, {world} ranks on this machine (Gloo), {:?} parameters with fp32 AdamW state{}, one SFT \
+         step; measured = the rank's own tensors' bytes; layers: {}",
+        kind,
+        if args.iter().any(|a| a == "--offload") { ", optimizer_offload" } else { "" },
+        layers.as_deref().unwrap_or("all")
+    );
+    println!(
+        "{:<5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8} {:>8}",
+        "shape",
+        "stage",
+        "params",
+        "param GiB",
+        "grad GiB",
+        "state GiB",
+        "sum GiB",
+        "B/param",
+        "expect GiB",
+        "RSS GiB",
+        "peak GiB"
+    );
+    // Bytes a parameter each stage measured (the largest over the ranks), for the projection.
+    let mut per_parameter: Vec<(String, u64, f64, f64)> = Vec::new();
+    for shape in shapes.split(',') {
+        for number in stages.split(',') {
+            let dir = tempfile::tempdir()?;
+            let reports = measure(&args, shape, number, world, dir.path())?;
+            let mut worst = 0f64;
+            for r in &reports {
+                let get = |k: &str| r[k].as_u64().unwrap_or(0) as f64;
+                let held = get("parameters") + get("gradients") + get("optimizer_state");
+                let expected: f64 = r["expected"].as_array().map_or(0.0, |e| {
+                    // A step's peak: the whole gradients or the shard after them, whichever the rank held last.
+                    let e: Vec<f64> = e.iter().map(|x| x.as_u64().unwrap_or(0) as f64).collect();
+                    e[0] + if e[2] > 0.0 { e[2] } else { e[1] } + e[3]
+                });
+                let per = held / get("elements").max(1.0);
+                worst = worst.max(per);
+                println!(
+                    "{shape:<5} {number:>5} {:>9.1}M {:>9.3} {:>9.3} {:>9.3} {:>9.3} {per:>8.2} {:>10.3} {:>8.2} {:>8.2}  rank {}",
+                    get("elements") / 1e6,
+                    gib(get("parameters")),
+                    gib(get("gradients")),
+                    gib(get("optimizer_state")),
+                    gib(held),
+                    gib(expected),
+                    gib(get("rss")),
+                    gib(get("peak")),
+                    r["rank"],
+                );
+            }
+            // What falls as 1/N at the backward's peak, a parameter: the optimizer state (stage 2's gradient shard
+            // comes only after the whole gradients are released, so the peak still holds those).
+            let most = |k: &str| reports.iter().map(|r| r[k].as_f64().unwrap_or(0.0)).fold(0.0, f64::max);
+            let sharded = if number == "0" { 0.0 } else { most("optimizer_state") };
+            let elements = reports.first().and_then(|r| r["elements"].as_f64()).unwrap_or(1.0);
+            per_parameter.push((shape.to_owned(), number.parse()?, worst, sharded / elements));
+        }
+    }
+    project(&per_parameter, world, kind);
+    Ok(())
+}
+
+/// Per-GPU state of the whole published models from the measured bytes a parameter: at the measured world size,
+/// and at 8 ranks with the optimizer state scaled by `world / 8`. Stage 2's fp32 gradient shard replaces the whole
+/// gradients only after the backward, which still holds them whole, so at the peak stages 1 and 2 hold the same.
+fn project(measured: &[(String, u64, f64, f64)], world: usize, kind: Kind) {
+    println!(
+        "\nprojected per-GPU parameters + whole gradients + AdamW state at the backward's peak (before activations), from \
+         the measured bytes a parameter:"
+    );
+    println!(
+        "{:<6} {:>5} {:>8} {:>12} {:>12} {:>14}",
+        "model",
+        "stage",
+        "B/param",
+        "params",
+        &format!("GiB @{world}"),
+        "GiB @8 (scaled)"
+    );
+    let e = kind.elt_size_in_bytes() as f64;
+    for (shape, number, per, state) in measured.iter().filter(|m| m.0 == "0.5b") {
+        for model in ["0.5b", "1.5b", "7b", "14b"] {
+            let params = parameter_count(model) as f64;
+            let at8 = match number {
+                0 => *per,
+                _ => per - state + state * world as f64 / 8.0,
+            };
+            println!(
+                "{model:<6} {number:>5} {per:>8.2} {:>11.2}B {:>12.1} {:>14.1}   (bytes a parameter measured at {shape})",
+                params / 1e9,
+                gib(per * params),
+                gib(at8 * params)
+            );
+        }
+    }
+    let expected = |s: ZeroStage, n: usize| {
+        StateMemory::expected(TrainedParameters::uniform(1, kind), s, n, false).optimizer_state
+    };
+    println!(
+        "(per parameter the state is {} bytes replicated and {} at stage 1-2 on {world} ranks; parameters and gradients \
+         {e} each)",
+        expected(ZeroStage::Replicated, 1),
+        expected(ZeroStage::Gradients, world)
+    );
+}
