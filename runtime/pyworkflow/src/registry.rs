@@ -17,8 +17,9 @@ use serde_json::Value;
 
 use crate::error::PyWorkflowError;
 
-/// The worker's Python side; its `--check NAME` mode is the registry lookup.
-const WORKER_SCRIPT: &str = include_str!("../python/worker.py");
+/// The worker's Python side, as `worker.rs` runs it (the ModelWrapper stand-in, then the worker); its
+/// `--check NAME` mode is the registry lookup.
+const WORKER_SCRIPT: &str = concat!(include_str!("../python/model.py"), include_str!("../python/worker.py"));
 
 /// What the interpreter said about one name.
 #[derive(Debug, Clone, PartialEq)]
