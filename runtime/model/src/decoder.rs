@@ -577,7 +577,13 @@ impl Decoder {
         if let Some(head) = self.fast.as_ref().and_then(|f| f.lm_head.as_ref())
             && !hidden.requires_grad()
         {
-            return head.forward(hidden);
+            // The packed head takes fp32 input. Decoding gives it fp32 (a packed bf16 model computes in fp32), but
+            // scoring a whole sequence (`forward_hidden`: teacher logprobs, a workflow's `logprobs`) runs the
+            // layers on libtorch in the parameters' dtype.
+            return match hidden.kind() {
+                Kind::Float => head.forward(hidden),
+                _ => head.forward(&hidden.f_to_kind(Kind::Float)?),
+            };
         }
         Ok(hidden.f_linear::<Tensor>(&self.lm_head, None)?)
     }
@@ -1076,6 +1082,26 @@ mod tests {
             let want = generate_logits(&reference);
             let error = max_diff(&generate_logits(&fast), &want) / want.abs().max().double_value(&[]);
             assert!(error < 1e-2, "{family:?} after sync: relative error {error}");
+        }
+    }
+
+    /// A packed bf16 model scoring a whole sequence (layers on libtorch in bf16, then the packed fp32 head) gives
+    /// the unpacked bf16 model's logits, to bf16's precision.
+    #[test]
+    fn a_packed_bf16_model_scores_whole_sequences() {
+        for isa in sets_to_test(Kind::BFloat16) {
+            let config = ModelConfig { head_dim: 16, hidden_size: 64, intermediate_size: 64, ..tiny(Family::Qwen2) };
+            let load = || Decoder::load(config.clone(), &mut RandomWeights, Kind::BFloat16, Device::Cpu).unwrap();
+            let unpacked = load();
+            let mut packed = load();
+            packed.copy_weights_from(&unpacked).unwrap();
+            assert!(packed.prepare_decode_on(isa).unwrap(), "{isa:?}: a bf16 model packs on this CPU");
+            let ids = Tensor::from_slice(&[1i64, 2, 3, 7, 8, 9]).view([2, 3]);
+            // Without gradients, as an engine scores (with them the head is libtorch's linear anyway).
+            let want = tch::no_grad(|| unpacked.forward(&ids, None)).unwrap().to_kind(Kind::Float);
+            let got = tch::no_grad(|| packed.forward(&ids, None)).unwrap().to_kind(Kind::Float);
+            let error = max_diff(&got, &want) / want.abs().max().double_value(&[]);
+            assert!(error < 2e-2, "{isa:?}: relative error {error}");
         }
     }
 
