@@ -10,10 +10,10 @@
 //! reason until it is implemented (named per config below). Never a placement key, an unknown key or a sync
 //! style. The expected outcome of each config is written below, so a regression (or progress) shows.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use crate::support::workspace_root;
+use crate::support::{trinity_rft_python, workspace_root};
 
 /// Why a config does not pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,20 +146,6 @@ fn classify(err: &str) -> Option<Failure> {
     } else {
         None
     }
-}
-
-/// Where `cargo xtask setup` installed Trinity-RFT 0.6.0 and its workflow packages.
-fn trinity_rft_python() -> PathBuf {
-    let python = std::env::var_os("TRINITY_RFT_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
-        deps.join("trinity-rft-venv/bin/python")
-    });
-    let imports = Command::new(&python)
-        .args(["-c", "import trinity, torch, gymnasium, math_verify"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(imports, "{} cannot import Trinity-RFT's workflows: run `cargo xtask setup`", python.display());
-    python
 }
 
 fn dry_run(config: &Path, data: &Path) -> std::process::Output {

@@ -10,10 +10,10 @@
 //! brings it and a piece of text its refusal must contain. The test prints both counts.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::support::{tiny_model_dir, workspace_root};
+use crate::support::{tiny_model_dir, trinity_rft_python, workspace_root};
 
 /// The names trinity refuses: (registry, name, the issue or reason that brings it, text its refusal contains).
 const REFUSED: &[(&str, &str, &str, &str)] = &[
@@ -92,14 +92,6 @@ fn trinity(dir: &Path, args: &[&str]) -> Output {
         .env_remove("TRINITY_PLUGIN_DIRS")
         .output()
         .expect("the trinity binary runs")
-}
-
-/// Where `cargo xtask setup` installed Trinity-RFT 0.6.0 and its workflow packages.
-fn trinity_rft_python() -> PathBuf {
-    std::env::var_os("TRINITY_RFT_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
-        deps.join("trinity-rft-venv/bin/python")
-    })
 }
 
 /// A GRPO config on the tiny model with `taskset` (taskset keys), then `rest` (top-level sections or `buffer`
@@ -185,13 +177,8 @@ fn dry_runs(registry: &str, name: &str) -> Result<(), String> {
 
 #[test]
 fn every_name_trinity_rft_0_6_0_registers_runs_or_is_refused_with_what_brings_it() {
-    let python = trinity_rft_python();
-    let imports = Command::new(&python).args(["-c", "import trinity, torch, gymnasium"]).output();
-    assert!(
-        imports.is_ok_and(|o| o.status.success()),
-        "{} cannot import Trinity-RFT: run `cargo xtask setup`",
-        python.display()
-    );
+    // Python workflow names are resolved in that venv, so it must import Trinity-RFT.
+    trinity_rft_python();
     let names = registry_names();
     assert_eq!(names.len(), 136);
     for (registry, name, _, _) in REFUSED {

@@ -1,8 +1,9 @@
 //! `trinity run --dry-run`: Trinity-RFT configs load, and malformed ones fail with a named error.
 
 use std::path::Path;
+use std::process::Command;
 
-use crate::support::{assert_clean_failure, fixture, stderr, stdout, trinity};
+use crate::support::{assert_clean_failure, fixture, stderr, stdout, trinity, trinity_rft_python};
 
 /// A small valid config; the malformed cases below each break one thing in it.
 const BASE: &str = "\
@@ -83,7 +84,7 @@ fn environment_interpolation_and_overrides_apply() {
     let dir = tempfile::tempdir().unwrap();
     let text = BASE.replace("/models/tiny", "${oc.env:TRINITY_TEST_MODEL,/fallback}");
     let path = write(dir.path(), &text);
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_trinity"))
+    let output = Command::new(env!("CARGO_BIN_EXE_trinity"))
         .current_dir(dir.path())
         .args(["run", "--config", &path, "--dry-run"])
         .args(["--set", "algorithm.optimizer.lr=3e-5", "--set", "buffer.batch_size=3"])
@@ -342,14 +343,28 @@ fn separate_modes_and_stages_pass_the_dry_run() {
 
 #[test]
 fn every_example_config_validates() {
-    let examples = crate::support::workspace_root().join("examples");
+    let root = crate::support::workspace_root();
+    let examples = root.join("examples");
+    let python = trinity_rft_python();
     let mut checked = 0;
     for entry in std::fs::read_dir(&examples).unwrap() {
         for file in std::fs::read_dir(entry.unwrap().path()).into_iter().flatten() {
             let path = file.unwrap().path();
             if path.extension().is_some_and(|e| e == "yaml") {
                 let dir = tempfile::tempdir().unwrap();
-                let output = trinity(dir.path(), &["run", "--config", path.to_str().unwrap(), "--dry-run"]);
+                // In the environment the examples' READMEs ask for: Trinity-RFT 0.6.0 in the Python that runs
+                // workflow classes, and the repository root on its path (`examples.python_workflow...`).
+                let output = Command::new(env!("CARGO_BIN_EXE_trinity"))
+                    .current_dir(dir.path())
+                    .args(["run", "--config", path.to_str().unwrap(), "--dry-run"])
+                    .env_remove("RUST_LOG")
+                    .env_remove("TRINITY_CHECKPOINT_ROOT_DIR")
+                    .env_remove("TRINITY_MODEL_PATH")
+                    .env_remove("TRINITY_TASKSET_PATH")
+                    .env("TRINITY_PYTHON", &python)
+                    .env("PYTHONPATH", &root)
+                    .output()
+                    .unwrap();
                 assert!(output.status.success(), "{}: {}", path.display(), stderr(&output));
                 checked += 1;
             }

@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use crate::support::{grpo_run_config, stderr, tiny_model_dir, workspace_root};
+use crate::support::{grpo_run_config, stderr, tiny_model_dir, trinity_rft_python, workspace_root};
 
 /// Replays the runs of `experiences.jsonl` through a Trinity-RFT workflow class: `replay.py CLASS MODEL_DIR
 /// TASKS EXPERIENCES WORKFLOW_ARGS_JSON` prints one JSON line per run with the rewards trinity recorded and those
@@ -97,24 +97,6 @@ for key, exps in sorted(runs.items()):
     print(json.dumps({"run": list(key), "recorded": [e["reward"] for e in exps], "replayed": [float(e.reward) for e in out],
                       "replies": len(texts), "calls": model.calls}))
 "#;
-
-/// Where `cargo xtask setup` installed Trinity-RFT 0.6.0 with its workflow packages.
-fn trinity_rft_python() -> PathBuf {
-    let python = std::env::var_os("TRINITY_RFT_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
-        deps.join("trinity-rft-venv/bin/python")
-    });
-    let imports = Command::new(&python)
-        .args(["-c", "import torch, trinity, gymnasium, math_verify"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        imports,
-        "{} cannot import Trinity-RFT with gymnasium: run `cargo xtask setup`, which installs them",
-        python.display()
-    );
-    python
-}
 
 fn trinity(dir: &Path, python: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_trinity"));

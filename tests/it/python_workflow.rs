@@ -1,10 +1,10 @@
 //! Trinity-RFT users' Python workflow classes, named by dotted path, run by the Python workflow host on the tiny
 //! model, in the venv `cargo xtask setup` makes with `trinity-rft==0.6.0`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::support::{grpo_run_config, stderr, tiny_model_dir, workspace_root};
+use crate::support::{grpo_run_config, stderr, tiny_model_dir, trinity_rft_python};
 
 /// The user's module: a single-turn workflow that samples the group with one `chat` call (`n`) and raises, hangs
 /// or kills its own process on the rows named so; then the workflows of the other tests.
@@ -162,24 +162,6 @@ class JudgedWorkflow(Workflow):
         answer.metrics = {"judge_reply": float(len(reply.choices[0].message.content) >= 0)}
         return [answer]
 "#;
-
-/// Where `cargo xtask setup` installed Trinity-RFT 0.6.0.
-fn trinity_rft_python() -> PathBuf {
-    let python = std::env::var_os("TRINITY_RFT_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
-        deps.join("trinity-rft-venv/bin/python")
-    });
-    let imports = Command::new(&python)
-        .args(["-c", "import torch, transformers, omegaconf"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        imports,
-        "{} cannot import torch: run `cargo xtask setup`, which installs Trinity-RFT 0.6.0",
-        python.display()
-    );
-    python
-}
 
 /// A GRPO run dir whose workflow is `userwf.LengthWorkflow` from a module in the run's directory; `rows` are
 /// prompts.

@@ -109,3 +109,23 @@ pub fn openai_python() -> PathBuf {
     );
     python
 }
+
+/// The interpreter of the venv `cargo xtask setup` makes with Trinity-RFT 0.6.0 and the packages its workflow
+/// modules import (`TRINITY_RFT_PYTHON`, else `<deps>/trinity-rft-venv`); a venv that cannot import them fails the
+/// test with the command that installs them.
+pub(crate) fn trinity_rft_python() -> PathBuf {
+    let python = std::env::var_os("TRINITY_RFT_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
+        deps.join("trinity-rft-venv/bin/python")
+    });
+    let imports = Command::new(&python)
+        .args(["-c", "import trinity, torch, transformers, omegaconf, gymnasium, math_verify"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        imports,
+        "{} cannot import Trinity-RFT 0.6.0 and its workflows' packages: run `cargo xtask setup`, which installs them",
+        python.display()
+    );
+    python
+}
