@@ -133,19 +133,25 @@ pub fn same_bytes(presented: &[u8], real: &[u8]) -> bool {
     presented.len() == real.len() && presented.iter().zip(real).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
-#[cfg(test)]
-mod tests {
-    use http::HeaderValue;
+/// Header maps for the surfaces' tests (feature `testing`), so each suite does not rebuild its own.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
+    use http::{HeaderMap, HeaderValue};
 
-    use super::*;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+    /// The headers `pairs` name. Panics on a value that is not a valid header value: tests pass literals.
+    pub fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
-            map.insert(*name, HeaderValue::from_str(value).unwrap());
+            map.insert(*name, HeaderValue::from_str(value).expect("a valid header value"));
         }
         map
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::headers;
+    use super::*;
 
     #[test]
     fn authorities_parse_as_browsers_write_them() {

@@ -99,23 +99,24 @@ fn trinity_version(name: &str) -> Option<&str> {
     Some(rest.split_once('@').map_or("", |(_, version)| version))
 }
 
-/// Whether a plugin built against `version` can run on this host: the same major version, for 0.x the same
-/// minor version (semver's rule for breaking changes before 1.0), and no newer than the host (a newer release may
-/// add functions the plugin imports).
+/// Whether a plugin built against `version` can run on this host: the host must satisfy the caret requirement
+/// `^version` (the same major version, for 0.x the same minor: semver's rule for breaking changes before 1.0,
+/// and no older than the plugin, since a newer release may add functions the plugin imports). It is the rule
+/// the plugin registry applies to a release's `api` range, from the same `semver` crate. A WIT version may leave
+/// out its patch (`0.1`).
 pub(crate) fn compatible(version: &str) -> bool {
-    let parse = |v: &str| -> Option<(u64, u64, u64)> {
-        let mut parts = v.split('.');
-        let major = parts.next()?.parse().ok()?;
-        let minor = parts.next()?.parse().ok()?;
-        let patch = parts.next().map_or(Some(0), |p| p.parse().ok())?;
-        Some((major, minor, patch))
+    let full = if version.split('.').count() == 2 { format!("{version}.0") } else { version.to_owned() };
+    let (Ok(plugin), Ok(host)) = (semver::Version::parse(&full), semver::Version::parse(WIT_VERSION)) else {
+        return false;
     };
-    match (parse(version), parse(WIT_VERSION)) {
-        (Some((major, minor, patch)), Some((host_major, host_minor, host_patch))) => {
-            major == host_major && (major != 0 || minor == host_minor) && (minor, patch) <= (host_minor, host_patch)
-        }
-        _ => false,
-    }
+    let caret = semver::Comparator {
+        op: semver::Op::Caret,
+        major: plugin.major,
+        minor: Some(plugin.minor),
+        patch: Some(plugin.patch),
+        pre: plugin.pre,
+    };
+    caret.matches(&host)
 }
 
 #[cfg(test)]
@@ -130,6 +131,8 @@ mod tests {
         assert!(!compatible("0.2.0"));
         assert!(!compatible("1.0.0"));
         assert!(!compatible("garbage"));
+        assert!(compatible("0.1"), "a version without its patch");
+        assert!(!compatible("0"), "a bare major says nothing about the minor");
         assert_eq!(trinity_version("trinity:plugin/reward@0.1.0"), Some("0.1.0"));
         assert_eq!(trinity_version("wasi:cli/stderr@0.2.0"), None);
     }

@@ -125,17 +125,9 @@ fn refusal(status: StatusCode, code: &'static str, message: String) -> ApiError 
 
 #[cfg(test)]
 mod tests {
-    use axum::http::HeaderValue;
+    use trinity_http_guard::testing::headers;
 
     use super::*;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.insert(*name, HeaderValue::from_str(value).unwrap());
-        }
-        map
-    }
 
     fn status(guard: &RequestGuard, method: Method, pairs: &[(&'static str, &str)]) -> u16 {
         guard.check(&method, &headers(pairs)).map_or_else(|e| e.status.as_u16(), |()| 200)

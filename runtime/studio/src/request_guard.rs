@@ -154,6 +154,8 @@ fn random_token() -> Result<String, StudioError> {
 
 #[cfg(test)]
 mod tests {
+    use trinity_http_guard::testing::headers;
+
     use super::*;
 
     fn guard(listen: &str) -> RequestGuard {
@@ -193,14 +195,6 @@ mod tests {
         // A name given to --listen is the user's own choice.
         let g = RequestGuard::with_token("192.168.1.5:8080".parse().unwrap(), "MyBox.lan:8080", "t".into());
         assert!(host_ok(&g, "mybox.lan:8080") && !host_ok(&g, "other.lan:8080"));
-    }
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.insert(*name, HeaderValue::from_str(value).unwrap());
-        }
-        map
     }
 
     #[test]
