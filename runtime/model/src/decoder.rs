@@ -35,6 +35,7 @@ use crate::train_ops;
 use crate::weight_arena::WeightArena;
 use crate::weights::{ParamSpec, WeightSource, param_specs};
 
+mod embeds;
 mod training;
 
 #[derive(Debug)]

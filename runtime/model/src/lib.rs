@@ -50,6 +50,7 @@ mod safetensors_io;
 mod score;
 mod tokenizer;
 mod train_ops;
+pub mod vision;
 pub mod vocab_softmax;
 mod weight_arena;
 mod weights;

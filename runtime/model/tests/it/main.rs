@@ -7,4 +7,5 @@ mod fuzz_regressions;
 mod gguf_files;
 mod helpers;
 mod hf_dirs;
+mod qwen2_5_vl;
 mod smollm2;
