@@ -59,12 +59,35 @@ impl AdvantageOutput {
     }
 }
 
+/// Per-token statistics of the policy before the update that a trainer-side advantage function reads. They
+/// cost the trainer a pass through the whole output head, so it computes them only for a function that asks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyStats {
+    /// The entropy H of the next-token distribution ([`Batch::entropy`]).
+    pub entropy: bool,
+    /// `necs` ([`Batch::necs`]): Σ_v p_v²·(H + log p_v), the distribution's own expectation of the entropy
+    /// discriminator p·(H + log p) (see [`clipv`]).
+    pub necs: bool,
+}
+
+impl PolicyStats {
+    /// Whether any statistic is asked for.
+    pub fn any(self) -> bool {
+        self.entropy || self.necs
+    }
+}
+
 /// An advantage function built from its arguments.
 ///
 /// `Send` because the RFT loop runs each train step on a thread of its own.
 pub trait AdvantageFn: fmt::Debug + Send {
     /// Computes advantages for `batch`; the batch's `logprob` is never read.
     fn compute(&self, batch: &Batch) -> Result<AdvantageOutput, AlgorithmError>;
+
+    /// The policy statistics `compute` reads, which the trainer then puts in the batch (none by default).
+    fn policy_stats(&self) -> PolicyStats {
+        PolicyStats::default()
+    }
 }
 
 /// A registered advantage function.

@@ -17,6 +17,9 @@ pub struct Batch {
     pub logprob: Option<Tensor>,
     /// Logprobs of the policy that sampled the rows (the rollout logprobs by default).
     pub old_logprob: Option<Tensor>,
+    /// The rollout engine's logprobs (Trinity's `rollout_log_probs`) when `old_logprob` holds the policy's own,
+    /// recomputed before the update (`rollout_correction.bypass_mode: false`); `None` when they are the same.
+    pub rollout_logprob: Option<Tensor>,
     /// The reference model's logprobs.
     pub ref_logprob: Option<Tensor>,
     /// 1 for tokens the model produced and is trained on, 0 for padding and environment tokens.
@@ -64,6 +67,7 @@ pub struct BatchJson {
     pub reward: Option<Vec<f64>>,
     pub logprob: Option<Vec<Vec<f64>>>,
     pub old_logprob: Option<Vec<Vec<f64>>>,
+    pub rollout_logprob: Option<Vec<Vec<f64>>>,
     pub ref_logprob: Option<Vec<Vec<f64>>>,
     pub action_mask: Option<Vec<Vec<f64>>>,
     pub advantages: Option<Vec<Vec<f64>>>,
@@ -143,6 +147,7 @@ impl Batch {
         Ok(Batch {
             logprob: token("logprob", &json.logprob)?,
             old_logprob: token("old_logprob", &json.old_logprob)?,
+            rollout_logprob: token("rollout_logprob", &json.rollout_logprob)?,
             ref_logprob: token("ref_logprob", &json.ref_logprob)?,
             advantages: token("advantages", &json.advantages)?,
             token_level_rewards: token("token_level_rewards", &json.token_level_rewards)?,
@@ -167,6 +172,7 @@ impl Batch {
         Batch {
             logprob: None,
             old_logprob: None,
+            rollout_logprob: None,
             ref_logprob: None,
             action_mask: action_mask.to_kind(Kind::Float),
             advantages: None,
@@ -221,6 +227,7 @@ impl Batch {
         Batch {
             logprob: t(&self.logprob),
             old_logprob: t(&self.old_logprob),
+            rollout_logprob: t(&self.rollout_logprob),
             ref_logprob: t(&self.ref_logprob),
             action_mask: self.action_mask.index_select(0, &idx),
             advantages: t(&self.advantages),

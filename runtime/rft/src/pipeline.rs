@@ -120,6 +120,7 @@ pub fn apply_group_advantage(
     let batch = Batch {
         logprob: None,
         old_logprob: None,
+        rollout_logprob: None,
         ref_logprob: None,
         action_mask,
         advantages: None,

@@ -44,8 +44,7 @@ pub fn job_dir(config: &Config) -> PathBuf {
 }
 
 /// Checks what only the run's own components can check, so that `--dry-run` refuses it as the run would: the
-/// replay buffer's priority function and its arguments, the eval workflows an external model can run, and the
-/// trainer-side advantage functions the trainer cannot run yet.
+/// replay buffer's priority function and its arguments and the eval workflows an external model can run.
 pub fn check_components(config: &Config) -> Result<(), RftError> {
     if let Some(buffer) = &config.buffer.trainer_input.experience_buffer
         && buffer.replay_buffer.enable
@@ -55,37 +54,7 @@ pub fn check_components(config: &Config) -> Result<(), RftError> {
     if config.model.external_model.enable {
         check_external_workflows(config)?;
     }
-    check_trainer_advantage(config)?;
     Ok(())
-}
-
-/// Trainer-side advantage functions trinity-algorithm has (`trinity algorithm list`, `trinity algorithm eval`)
-/// whose inputs and output the trainer does not handle yet, with what is missing.
-const ADVANTAGES_NOT_IN_TRAINER: &[(&str, &str)] = &[
-    ("clipb", "the policy's per-token entropy before the update"),
-    (
-        "clipv",
-        "the policy's per-token entropy before the update and the per-token `necs` that Trinity-RFT's entropy \
-         example computes in a patched actor",
-    ),
-];
-
-/// Refuses a training run whose advantage function narrows the training mask (Clip_B, Clip_V): the trainer
-/// gives the advantage stage neither the entropy these read nor a way to train on the mask they return, so a
-/// run would fail at its first train step or, worse, train on the unfiltered tokens.
-fn check_trainer_advantage(config: &Config) -> Result<(), RftError> {
-    if matches!(config.mode, Mode::Explore | Mode::Bench) {
-        return Ok(());
-    }
-    let Some(name) = config.algorithm.advantage_fn.as_deref() else { return Ok(()) };
-    let Some((_, needs)) = ADVANTAGES_NOT_IN_TRAINER.iter().find(|(n, _)| *n == name) else { return Ok(()) };
-    Err(RftError::Setting {
-        key: "algorithm.advantage_fn",
-        message: format!(
-            "`{name}` runs in `trinity algorithm eval`, but trinity's trainer does not implement it yet (issue 47): \
-             at the advantage stage it needs {needs}, and the losses must train on the token mask it narrows"
-        ),
-    })
 }
 
 /// With `model.external_model`, every eval taskset's workflow must be a built-in that only sends messages and
@@ -185,18 +154,5 @@ mod tests {
         assert_eq!(at(0), "19700101000000");
         assert_eq!(at(951_782_400), "20000229000000", "leap day");
         assert_eq!(at(1_700_000_000), "20231114221320");
-    }
-
-    #[test]
-    fn token_filtering_advantages_are_refused_where_the_trainer_runs() {
-        let mut config = Config::default();
-        config.algorithm.advantage_fn = Some("clipv".into());
-        let err = check_components(&config).unwrap_err().to_string();
-        assert!(err.contains("`clipv`") && err.contains("issue 47") && err.contains("necs"), "{err}");
-        config.mode = Mode::Explore;
-        assert!(check_components(&config).is_ok());
-        config.mode = Mode::Both;
-        config.algorithm.advantage_fn = Some("grpo".into());
-        assert!(check_components(&config).is_ok());
     }
 }

@@ -41,6 +41,7 @@ pub mod lr_schedule;
 pub mod memory;
 pub mod micro_batch;
 pub mod optimizer;
+pub mod policy_stats;
 pub mod recompute;
 pub mod reference;
 pub mod shared_rows;

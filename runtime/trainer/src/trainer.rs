@@ -8,7 +8,10 @@
 //! 3. Advantages, unless every row brings its own: trainer-side functions (preset
 //!    `compute_advantage_in_trainer`) after the KL reward penalty; a group (explorer-side) function also runs
 //!    here when the rows arrive without advantages, so a loop without an experience pipeline still trains.
-//!    Rows a group function drops leave the step, duplicated ones count twice.
+//!    Rows a group function drops leave the step, duplicated ones count twice. A function that reads the
+//!    policy's entropy (and `necs`) before the update (Clip_B, Clip_V) gets them from one more pass
+//!    ([`crate::policy_stats`]), which also gives the recomputed old logprobs; the training mask it narrows is the
+//!    step's mask from then on, for every loss term and denominator.
 //!    3b. With recomputed old logprobs, the rollout correction (`rollout_correction`, veRL's decoupled mode): the
 //!    recomputed old logprobs are compared with the rollout's once for the whole step; rejection sampling sets
 //!    the action mask of rejected tokens (or responses) to 0 for every loss term, and each token's policy-loss
@@ -52,6 +55,7 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 use trinity_algorithm::Batch;
+use trinity_algorithm::advantage::PolicyStats;
 use trinity_algorithm::metrics::Metrics;
 use trinity_config::ExperienceSchema;
 use trinity_config::algorithm::OptimizerConfig;
@@ -749,7 +753,28 @@ impl Trainer {
             }
             gather(out)
         };
-        if self.options.recompute_old_logprobs {
+        let wanted = self.policy_stats_wanted(&batch);
+        if wanted.any() {
+            // One pass gives the statistics the advantage function reads and, when asked, the recomputed old
+            // logprobs; the rollout's stay beside them for functions that read those (Clip_B).
+            let zeros = || Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu));
+            let (mut lp, mut ent, mut necs) = (zeros()?, zeros()?, zeros()?);
+            for micro in &forward_batches {
+                let s =
+                    crate::policy_stats::response_stats(&self.policy, rows, micro, temperature, chunk, wanted.necs)?;
+                let idx = indices(micro);
+                lp = lp.f_index_copy(0, &idx, &pad_to(&s.logprob, w)?)?;
+                ent = ent.f_index_copy(0, &idx, &pad_to(&s.entropy, w)?)?;
+                if let Some(x) = &s.necs {
+                    necs = necs.f_index_copy(0, &idx, &pad_to(x, w)?)?;
+                }
+            }
+            if self.options.recompute_old_logprobs {
+                batch.rollout_logprob = batch.old_logprob.replace(gather(lp)?);
+            }
+            batch.entropy = Some(gather(ent)?);
+            batch.necs = if wanted.necs { Some(gather(necs)?) } else { None };
+        } else if self.options.recompute_old_logprobs {
             batch.old_logprob = Some(score_all(&self.policy)?);
         }
         if let Some(reference) = &self.reference {
@@ -896,6 +921,16 @@ impl Trainer {
         Ok(correction.weights)
     }
 
+    /// The policy statistics the step's advantage function reads, when step 3 will run it on `batch`.
+    fn policy_stats_wanted(&self, batch: &Batch) -> PolicyStats {
+        let Some((adv, in_trainer)) = &self.components.advantage else { return PolicyStats::default() };
+        let runs = *in_trainer && self.components.compute_advantage_in_trainer;
+        if !runs || batch.advantages.is_some() || self.components.schema != ExperienceSchema::Experience {
+            return PolicyStats::default();
+        }
+        adv.f.policy_stats()
+    }
+
     /// Step 3 of the module docs: fills `batch.advantages` unless present; returns the rows that train (indices
     /// into the input, repeats allowed) and the returns when an advantage function ran.
     fn advantages(&mut self, batch: &mut Batch, metrics: &mut Metrics) -> Result<(Vec<usize>, Option<Tensor>)> {
@@ -919,6 +954,11 @@ impl Trainer {
         let prefix = if in_trainer { "advantage/" } else { "" };
         metrics.extend(out.metrics.into_iter().map(|(k, v)| (format!("{prefix}{k}"), v)));
         batch.advantages = Some(out.advantages);
+        // Clip_B and Clip_V narrow the training mask, as Trinity-RFT rewrites `response_mask`: every loss term and
+        // its denominator then skip the tokens they filter out.
+        if let Some(mask) = out.action_mask {
+            batch.action_mask = mask.f_to_kind(batch.action_mask.kind())?;
+        }
         let active = match out.rows {
             Some(r) => r.into_iter().map(|i| i as usize).collect(),
             None => all,

@@ -4,8 +4,10 @@
 //! Advantages are `grpo_verl`'s: s_i = Σ_t token_level_rewards_i, per group (`group_id`) μ, σ = mean, unbiased
 //! std (one row: μ = 0, σ = 1), A_i = (s_i − μ)/(σ + ε)·m_i; returns = A.
 //!
-//! Then the training mask is narrowed. With ℓ the rollout logprobs (`old_logprob`; Trinity reads
-//! `rollout_log_probs`) and H the per-token entropy (`entropy`), S = e^ℓ·(H + ℓ). Over the mask's n = max(Σm, 1)
+//! Then the training mask is narrowed. With ℓ the rollout logprobs (Trinity reads `rollout_log_probs`:
+//! `rollout_logprob` when the trainer recomputed `old_logprob`, else `old_logprob`, which then holds them) and H
+//! the per-token entropy of the policy before the update (`entropy`, which the trainer computes for this
+//! function), S = e^ℓ·(H + ℓ). Over the mask's n = max(Σm, 1)
 //! tokens: E = Σ S·m / n, Var = Σ (S − E)²·m / n (population variance), σ_S = √Var. When σ_S < 1e-12 every
 //! token is kept; otherwise a token with A < 0 is kept only when S − E ≥ −μ·σ_S, and tokens with A ≥ 0 are
 //! always kept. The narrowed mask m·keep is what the losses train on ([`AdvantageOutput::action_mask`]).
@@ -17,7 +19,9 @@
 use tch::{Kind, Tensor};
 
 use crate::advantage::grpo_verl::sequence_scores;
-use crate::advantage::{AdvantageFn, AdvantageFnEntry, AdvantageOutput, broadcast_rows, mean_f32, std_f32};
+use crate::advantage::{
+    AdvantageFn, AdvantageFnEntry, AdvantageOutput, PolicyStats, broadcast_rows, mean_f32, std_f32,
+};
 use crate::args::{ArgDefault, ArgSpec, Args, arg};
 use crate::batch::{Batch, group_rows};
 use crate::error::AlgorithmError;
@@ -96,7 +100,10 @@ pub(crate) fn clip_fractions(mask: &Tensor, clipped: &Tensor, advantages: &Tenso
 impl AdvantageFn for ClipB {
     fn compute(&self, batch: &Batch) -> Result<AdvantageOutput, AlgorithmError> {
         let scores = group_scores(batch, self.epsilon, NAME)?;
-        let logprob = batch.need("old_logprob", &batch.old_logprob, NAME)?;
+        let logprob = match &batch.rollout_logprob {
+            Some(rollout) => rollout,
+            None => batch.need("old_logprob", &batch.old_logprob, NAME)?,
+        };
         let entropy = batch.need("entropy", &batch.entropy, NAME)?;
         let mask = &batch.action_mask;
         let advantages = broadcast_rows(&scores, mask);
@@ -116,6 +123,10 @@ impl AdvantageFn for ClipB {
         metrics.insert("ES".into(), scalar(&mean));
         metrics.insert("varS".into(), scalar(&var));
         Ok(AdvantageOutput { returns: advantages.copy(), advantages, metrics, rows: None, action_mask: Some(clipped) })
+    }
+
+    fn policy_stats(&self) -> PolicyStats {
+        PolicyStats { entropy: true, necs: false }
     }
 }
 
@@ -195,6 +206,17 @@ pub(crate) mod tests {
         b.as_object_mut().unwrap().remove("entropy");
         let err = eval_err(json!({"advantage_fn": "clipb", "batch": b}));
         assert!(err.contains("entropy") && err.contains("clipb"), "{err}");
+    }
+
+    #[test]
+    fn the_rollout_logprobs_win_over_recomputed_old_ones() {
+        // With `rollout_logprob` beside a recomputed `old_logprob`, S is built from the rollout's (Trinity reads
+        // `rollout_log_probs`): the same ES as the batch whose old_logprob holds them.
+        let mut b = batch();
+        b["rollout_logprob"] = b["old_logprob"].clone();
+        b["old_logprob"] = json!([[-3.0, -3.0], [-3.0, -3.0], [-3.0, -3.0]]);
+        let out = eval_json(json!({"advantage_fn": "clipb", "batch": b}));
+        close(&out["metrics"]["advantage/ES"], 0.208_471_03);
     }
 
     #[test]

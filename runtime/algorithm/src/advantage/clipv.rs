@@ -10,8 +10,12 @@
 //! tokens with A < 0 number more than k = max(⌊max_frac·n⌋, 1), only the k of them with the largest D stay
 //! clipped (libtorch's `topk`); clipped A = 0 tokens stay clipped either way.
 //!
-//! `necs` is not produced by Trinity-RFT 0.6.0 itself: its entropy example computes it in a patched actor
-//! forward pass (examples/entropy, "clipv_trainer.patch"), so a batch must bring it.
+//! `necs` is not produced by Trinity-RFT 0.6.0 itself: its entropy example leaves Clip_V's trainer patch "coming
+//! soon", so 0.6.0 stops on the missing field. trinity's trainer computes it from the whole next-token
+//! distribution p as N = Σ_v p_v·S_v = Σ_v p_v²·(H + log p_v), the expectation under p of the entropy
+//! discriminator S_v = p_v·(H + log p_v) (the quantity the paper's first-order entropy change
+//! ΔH ∝ −A·(S − E_p[S]) subtracts, so D = N − S is the token's share of the entropy change per unit of A); a
+//! batch for `trinity algorithm eval` brings its own.
 //!
 //! Metrics (under `advantage/` in the trainer): `frac_clipped`, `frac_clipped_pos`, `frac_clipped_neg` as
 //! [`super::clipb`] reports them, and `stdD` = σ_D.
@@ -19,7 +23,7 @@
 use tch::{Kind, Tensor};
 
 use crate::advantage::clipb::{MIN_SIGNAL_STD, clip_fractions, entropy_signal, group_scores, masked_moments, scalar};
-use crate::advantage::{AdvantageFn, AdvantageFnEntry, AdvantageOutput, broadcast_rows};
+use crate::advantage::{AdvantageFn, AdvantageFnEntry, AdvantageOutput, PolicyStats, broadcast_rows};
 use crate::args::{ArgDefault, ArgSpec, Args, arg};
 use crate::batch::Batch;
 use crate::error::AlgorithmError;
@@ -89,6 +93,10 @@ impl AdvantageFn for ClipV {
         let mut metrics = clip_fractions(mask, &clipped, &advantages);
         metrics.insert("stdD".into(), std);
         Ok(AdvantageOutput { returns: advantages.copy(), advantages, metrics, rows: None, action_mask: Some(clipped) })
+    }
+
+    fn policy_stats(&self) -> PolicyStats {
+        PolicyStats { entropy: true, necs: true }
     }
 }
 

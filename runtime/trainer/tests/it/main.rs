@@ -3,6 +3,7 @@
 mod aggregation;
 mod checkpoint;
 mod data_parallel;
+mod entropy_clip;
 mod forward_only;
 mod grpo;
 mod ppo;
