@@ -25,6 +25,8 @@
 //!   elements this rank updates; its moments and master then hold only those elements (1-D), the update reads the
 //!   shard's gradient that [`zero`] reduced, and writes only the shard of the parameter (the other ranks' shards
 //!   arrive by all-gather). Without a shard a parameter is whole, in its own shape, as above.
+//! - A state built [`AdamW::deferred`] is allocated only when first used, whole, or by [`zero`] as this rank's
+//!   shards alone, so sharding lowers the start's peak as well as the step's.
 
 mod fused;
 pub mod zero;
@@ -93,6 +95,8 @@ pub struct AdamW {
     step: i64,
     /// Whether the moments and masters are in host memory (see the module docs).
     offloaded: bool,
+    /// Whether the state is not allocated yet ([`AdamW::deferred`]): the moments are empty and no master exists.
+    deferred: bool,
 }
 
 impl AdamW {
@@ -103,29 +107,59 @@ impl AdamW {
 
     /// [`AdamW::new`] with the moments and masters in host memory when `offload` (`optimizer_offload`).
     pub fn placed(params: Vec<(String, Tensor)>, settings: AdamWSettings, offload: bool) -> Result<Self> {
-        let params = tch::no_grad(|| {
-            params
-                .into_iter()
-                .map(|(name, var)| -> Result<Param> {
-                    let home = if offload { tch::Device::Cpu } else { var.device() };
-                    let master = match var.kind() {
-                        Kind::Float => None,
-                        _ => Some(var.f_to_kind(Kind::Float)?.f_to_device(home)?),
-                    };
-                    let zeros = || Tensor::f_zeros(var.size(), (Kind::Float, home));
-                    Ok(Param {
-                        name,
-                        exp_avg: zeros()?,
-                        exp_avg_sq: zeros()?,
-                        master,
-                        var,
-                        shard: None,
-                        shard_grad: None,
-                    })
+        let mut adamw = Self::deferred(params, settings, offload)?;
+        adamw.materialize()?;
+        Ok(adamw)
+    }
+
+    /// [`AdamW::placed`] without allocating the state yet, for an optimizer that sharded data parallel may split:
+    /// [`zero::Zero::new`] then allocates only this rank's shard of it, so no rank ever holds the whole state (a
+    /// 7B model's 84 GB of fp32 moments and masters would not fit on one GPU even for a moment). Until then the
+    /// state is a fresh one: zero moments and masters equal to the parameters, which is what
+    /// [`AdamW::materialize`] allocates on first use when nothing shards it.
+    pub fn deferred(params: Vec<(String, Tensor)>, settings: AdamWSettings, offload: bool) -> Result<Self> {
+        let params = params
+            .into_iter()
+            .map(|(name, var)| -> Result<Param> {
+                let home = if offload { tch::Device::Cpu } else { var.device() };
+                let empty = || Tensor::f_empty([0], (Kind::Float, home));
+                Ok(Param {
+                    name,
+                    exp_avg: empty()?,
+                    exp_avg_sq: empty()?,
+                    master: None,
+                    var,
+                    shard: None,
+                    shard_grad: None,
                 })
-                .collect::<Result<Vec<_>>>()
-        })?;
-        Ok(AdamW { params, settings, step: 0, offloaded: offload })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(AdamW { params, settings, step: 0, offloaded: offload, deferred: true })
+    }
+
+    /// Allocates a deferred state whole ([`AdamW::deferred`]); a no-op once it exists (whole or sharded).
+    pub fn materialize(&mut self) -> Result<()> {
+        if !std::mem::replace(&mut self.deferred, false) {
+            return Ok(());
+        }
+        let offload = self.offloaded;
+        tch::no_grad(|| -> Result<()> {
+            for p in &mut self.params {
+                let home = if offload { tch::Device::Cpu } else { p.var.device() };
+                p.master = match p.var.kind() {
+                    Kind::Float => None,
+                    _ => Some(p.var.f_to_kind(Kind::Float)?.f_to_device(home)?),
+                };
+                p.exp_avg = Tensor::f_zeros(p.var.size(), (Kind::Float, home))?;
+                p.exp_avg_sq = Tensor::f_zeros(p.var.size(), (Kind::Float, home))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Whether the state is still unallocated ([`AdamW::deferred`]).
+    pub fn is_deferred(&self) -> bool {
+        self.deferred
     }
 
     /// Whether the moments and masters are in host memory (`optimizer_offload`).
@@ -158,7 +192,8 @@ impl AdamW {
     /// The fp32 values of every parameter (the master copy where there is one), by name. With a sharded state,
     /// the parameters themselves (their masters are split over the ranks).
     pub fn master_weights(&self) -> Vec<(String, Tensor)> {
-        if self.is_sharded() {
+        // A deferred state's masters would be copies of the parameters.
+        if self.is_sharded() || self.deferred {
             return self.params.iter().map(|p| (p.name.clone(), p.var.shallow_clone())).collect();
         }
         self.params.iter().map(|p| (p.name.clone(), p.master.as_ref().unwrap_or(&p.var).shallow_clone())).collect()
@@ -169,8 +204,12 @@ impl AdamW {
         self.params.iter().map(|p| p.var.shallow_clone()).collect()
     }
 
-    /// Moments and master weights by their state-file names (shallow handles), for a data-parallel start.
+    /// Moments and master weights by their state-file names (shallow handles), for a data-parallel start; none
+    /// while the state is deferred (a fresh state follows from the parameters, which are broadcast).
     pub(crate) fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        if self.deferred {
+            return Vec::new();
+        }
         let mut out = Vec::with_capacity(self.params.len() * 3);
         for p in &self.params {
             out.push((format!("exp_avg/{}", p.name), p.exp_avg.shallow_clone()));
@@ -230,6 +269,7 @@ impl AdamW {
 
     /// Scales the gradients so their global norm is at most `max_norm`; returns the norm before clipping.
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64> {
+        self.materialize()?;
         let norm = self.grad_norm()?;
         self.clip_to(norm, max_norm)?;
         Ok(norm)
@@ -237,6 +277,7 @@ impl AdamW {
 
     /// Scales the gradients by `max_norm / (norm + 1e-6)` when that is below 1 and `norm` is finite.
     pub(crate) fn clip_to(&mut self, norm: f64, max_norm: f64) -> Result<()> {
+        self.materialize()?;
         let coef = max_norm / (norm + 1e-6);
         if norm.is_finite() && coef < 1.0 {
             if let Some(slots) = self.fused_slots() {
@@ -262,6 +303,7 @@ impl AdamW {
     /// One AdamW update with learning rate `lr` from the current gradients (parameters without a gradient
     /// are left alone, as in PyTorch).
     pub fn step(&mut self, lr: f64) -> Result<()> {
+        self.materialize()?;
         self.step += 1;
         let [b1, b2] = self.settings.betas;
         let t = self.step as i32;
@@ -322,11 +364,22 @@ impl AdamW {
             ));
         }
         let mut tensors: Vec<(String, Tensor)> = Vec::with_capacity(self.params.len() * 2 + 1);
+        let cpu = tch::Device::Cpu;
         for p in &self.params {
-            tensors.push((format!("exp_avg/{}", p.name), p.exp_avg.f_to_device(tch::Device::Cpu)?));
-            tensors.push((format!("exp_avg_sq/{}", p.name), p.exp_avg_sq.f_to_device(tch::Device::Cpu)?));
+            if self.deferred {
+                // The fresh state the first use would allocate, one parameter at a time.
+                let zeros = || Tensor::f_zeros(p.var.size(), (Kind::Float, cpu));
+                tensors.push((format!("exp_avg/{}", p.name), zeros()?));
+                tensors.push((format!("exp_avg_sq/{}", p.name), zeros()?));
+                if p.var.kind() != Kind::Float {
+                    tensors.push((format!("master/{}", p.name), p.var.f_to_kind(Kind::Float)?.f_to_device(cpu)?));
+                }
+                continue;
+            }
+            tensors.push((format!("exp_avg/{}", p.name), p.exp_avg.f_to_device(cpu)?));
+            tensors.push((format!("exp_avg_sq/{}", p.name), p.exp_avg_sq.f_to_device(cpu)?));
             if let Some(m) = &p.master {
-                tensors.push((format!("master/{}", p.name), m.f_to_device(tch::Device::Cpu)?));
+                tensors.push((format!("master/{}", p.name), m.f_to_device(cpu)?));
             }
         }
         tensors.push(("step".to_owned(), Tensor::from_slice(&[self.step])));
@@ -342,6 +395,7 @@ impl AdamW {
                 "the optimizer state is sharded over the data-parallel ranks: load it through the trainer".into(),
             ));
         }
+        self.materialize()?;
         let bad = |problem: String| TrainerError::OptimizerState { path: path.to_path_buf(), problem };
         let mut saved: HashMap<String, Tensor> = Tensor::read_safetensors(path)?.into_iter().collect();
         let step = saved.remove("step").ok_or_else(|| bad("no `step` entry".into()))?;
@@ -493,6 +547,46 @@ mod tests {
             for ((rn, rt), (on, ot)) in r.iter().zip(&o) {
                 assert!(rn == on && rt.equal(ot), "{kind:?}: state entry {rn} differs");
             }
+        }
+    }
+
+    /// A deferred state holds nothing until its first use, then trains exactly as one allocated at the start, and
+    /// its state file before any step is the fresh state's.
+    #[test]
+    fn a_deferred_state_allocates_on_first_use_and_trains_as_a_placed_one() {
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let init = Tensor::from_slice(&[0.5f32, -1.5, 2.0, 0.25]).to_kind(kind);
+            let (a, b) = (init.copy().set_requires_grad(true), init.copy().set_requires_grad(true));
+            let mut placed = AdamW::placed(vec![("w".into(), a.shallow_clone())], settings(), false).unwrap();
+            let mut deferred = AdamW::deferred(vec![("w".into(), b.shallow_clone())], settings(), false).unwrap();
+            assert!(deferred.is_deferred() && !placed.is_deferred());
+            assert_eq!(deferred.state_elements(), 0);
+            assert!(deferred.state_tensors().is_empty());
+            let dir = tempfile::tempdir().unwrap();
+            placed.save(&dir.path().join("p.safetensors")).unwrap();
+            deferred.save(&dir.path().join("d.safetensors")).unwrap();
+            let read = |f: &str| {
+                let entries = Tensor::read_safetensors(dir.path().join(f)).unwrap();
+                entries.into_iter().collect::<std::collections::BTreeMap<_, _>>()
+            };
+            let (p, d) = (read("p.safetensors"), read("d.safetensors"));
+            assert_eq!(p.len(), if kind == Kind::Float { 3 } else { 4 });
+            for ((pn, pt), (dn, dt)) in p.iter().zip(&d) {
+                assert!(pn == dn && pt.equal(dt), "{kind:?}: fresh state entry {pn} differs");
+            }
+            for _ in 0..3 {
+                for (opt, x) in [(&mut placed, &a), (&mut deferred, &b)] {
+                    opt.zero_grad();
+                    (x.to_kind(Kind::Float) * Tensor::from_slice(&[1.0f32, -2.0, 3.0, 0.5]))
+                        .sum(Kind::Float)
+                        .backward();
+                    opt.clip_grad_norm(1.0).unwrap();
+                    opt.step(1e-2).unwrap();
+                }
+            }
+            assert!(!deferred.is_deferred());
+            assert_eq!(deferred.state_elements(), placed.state_elements());
+            assert!(a.equal(&b), "{kind:?}: a deferred state trains differently");
         }
     }
 

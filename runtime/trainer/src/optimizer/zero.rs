@@ -25,7 +25,8 @@
 //! **Checkpoints** keep the one-process format: [`Zero::save`] gathers the state to rank 0 bucket by bucket (a
 //! collective: every rank calls it), and a loaded or broadcast state is whole on every rank for the moment it
 //! takes ([`Zero::expand`]) and then split again ([`Zero::reshard`]), so a run saved on N ranks resumes on any
-//! number. That moment, and the start before [`Zero::new`] splits the state, hold the whole state on every rank.
+//! number. That moment holds the whole state on every rank. A fresh state is never whole: the trainer builds it
+//! [`AdamW::deferred`] and [`Zero::new`] allocates only the rank's shards.
 //!
 //! **Offload** (`optimizer_offload`): the shards of moments and masters live in host memory like the whole state
 //! ([`super`]); gradients are reduced on the parameters' device and each shard's update copies its gradient to
@@ -117,8 +118,8 @@ impl ShardedMemory {
 }
 
 impl Zero {
-    /// Shards `optimizer`'s state (whole and identical on every rank, as after the start's broadcast) over the
-    /// ranks of `dp` for `stage` (the trainer logs the memory per rank it expects, [`crate::memory`]).
+    /// Shards `optimizer`'s state (deferred, or whole and identical on every rank, as after the start's broadcast)
+    /// over the ranks of `dp` for `stage` (the trainer logs the memory per rank it expects, [`crate::memory`]).
     pub fn new(stage: ZeroStage, bucket_bytes: usize, optimizer: &mut AdamW, dp: &DataParallel) -> Result<Zero> {
         let (rank, world) = (dp.rank(), dp.world_size());
         let vars: Vec<Tensor> = optimizer.params.iter().map(|p| p.var.shallow_clone()).collect();
@@ -134,7 +135,7 @@ impl Zero {
             buckets.push(Bucket {
                 chunk: (numel + world as i64 - 1) / world as i64,
                 device: first.var.device(),
-                masters: first.master.is_some(),
+                masters: first.var.kind() != Kind::Float,
                 params: range,
                 offsets,
                 numel,
@@ -150,8 +151,38 @@ impl Zero {
             }
         }
         let zero = Zero { stage, rank, world, buckets, owned, last_gradient_elements: std::cell::Cell::new(0) };
-        zero.reshard(optimizer)?;
+        if optimizer.deferred {
+            zero.allocate(optimizer)?;
+        } else {
+            zero.reshard(optimizer)?;
+        }
         Ok(zero)
+    }
+
+    /// Allocates a deferred state ([`AdamW::deferred`]) as this rank's shards only: zero moments, and masters
+    /// cut from the parameters (identical on every rank after the start's broadcast), so the whole state never
+    /// exists on any rank.
+    fn allocate(&self, optimizer: &mut AdamW) -> Result<()> {
+        let offload = optimizer.offloaded;
+        tch::no_grad(|| -> Result<()> {
+            for (p, range) in optimizer.params.iter_mut().zip(&self.owned) {
+                let home = if offload { Device::Cpu } else { p.var.device() };
+                let len = range.end - range.start;
+                p.exp_avg = Tensor::f_zeros([len], (Kind::Float, home))?;
+                p.exp_avg_sq = Tensor::f_zeros([len], (Kind::Float, home))?;
+                p.master = match p.var.kind() {
+                    Kind::Float => None,
+                    _ => Some(
+                        p.var.f_view([-1])?.f_narrow(0, range.start, len)?.f_to_kind(Kind::Float)?.f_to_device(home)?,
+                    ),
+                };
+                p.shard = Some(range.clone());
+                p.shard_grad = None;
+            }
+            Ok(())
+        })?;
+        optimizer.deferred = false;
+        Ok(())
     }
 
     pub fn stage(&self) -> ZeroStage {
@@ -164,8 +195,11 @@ impl Zero {
         let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as i64;
         let parameters: i64 = optimizer.params.iter().map(|p| bytes(&p.var)).sum();
         if !sharded {
-            let state: i64 =
-                optimizer.params.iter().map(|p| p.var.numel() as i64 * if p.master.is_some() { 12 } else { 8 }).sum();
+            let state: i64 = optimizer
+                .params
+                .iter()
+                .map(|p| p.var.numel() as i64 * if p.var.kind() != Kind::Float { 12 } else { 8 })
+                .sum();
             return ShardedMemory { parameters, gradients: parameters, optimizer_state: state };
         }
         let gradients = match self.stage {

@@ -172,7 +172,10 @@ fn dp_child() {
     .unwrap();
     // Ranks other than 0 start from other weights: the broadcast at start must make them rank 0's.
     let model = model(&name, if rank == 0 { 3 } else { 100 + rank as i64 });
-    let mut t = trainer(model, &s.algorithm, LR, s.options).with_process_group(group).unwrap();
+    let t = trainer(model, &s.algorithm, LR, s.options);
+    // A state that will be sharded is not allocated before the group splits it: no rank ever holds it whole.
+    let state_before_group = t.optimizer().state_elements();
+    let mut t = t.with_process_group(group).unwrap();
     if let Some(from) = &resume {
         // The sharded ranks continue from the one process's checkpoint.
         resume_from(&mut t, from, "single", "single_state");
@@ -213,6 +216,7 @@ fn dp_child() {
                     let expected = t.expected_memory();
                     let memory = serde_json::json!({
                         "state_elements": t.optimizer().state_elements(),
+                        "state_elements_before_group": state_before_group,
                         "gradient_bytes": m.gradients,
                         "parameter_bytes": m.parameters,
                         "expected_state_bytes": expected.optimizer_state,
@@ -561,6 +565,7 @@ fn check_sharded(name: &str) {
     assert_eq!(held.iter().sum::<i64>(), whole, "{name}: the shards do not add up to the whole state");
     for (h, m) in held.iter().zip(&ranks) {
         assert!((*h as f64) <= 0.5 * whole as f64 * 1.01, "{name}: a rank holds {h} of {whole} state elements");
+        assert_eq!(m["state_elements_before_group"], 0, "{name}: the state was allocated before it was sharded");
         // The trainer's expected figures (what it sizes micro-batches by and logs) are what the rank holds, up to
         // the padding of each bucket's chunks.
         let expected = m["expected_state_bytes"].as_i64().unwrap() as f64;
