@@ -398,8 +398,13 @@ impl Trainer {
         let available = crate::micro_batch::available_memory();
         let schedule = LrSchedule::new(optimizer, options.total_steps)?;
         // With LoRA adapters only they are trained: the frozen base weights get no gradient and no optimizer state.
-        let adamw =
-            AdamW::placed(policy.trainable_parameters()?, AdamWSettings::from(optimizer), options.optimizer_offload)?;
+        // A state that a data-parallel group may shard is allocated when the trainer knows whether it does, so a
+        // sharded rank never holds it whole ([`AdamW::deferred`]).
+        let (settings, offload) = (AdamWSettings::from(optimizer), options.optimizer_offload);
+        let adamw = match options.zero_stage {
+            ZeroStage::Replicated => AdamW::placed(policy.trainable_parameters()?, settings, offload)?,
+            _ => AdamW::deferred(policy.trainable_parameters()?, settings, offload)?,
+        };
         let trained = TrainedParameters::of(adamw.param_vars().iter());
         let on_cpu = policy.device() == Device::Cpu;
         // A LoRA policy's base weights are the reference: scored with the adapters off (as veRL does with a LoRA
@@ -494,6 +499,8 @@ impl Trainer {
             let (stage, bucket_bytes) = (self.options.zero_stage, self.options.shard_bucket_bytes);
             dp.zero = Some(Zero::new(stage, bucket_bytes, &mut self.optimizer, dp)?);
         }
+        // Nothing shards a deferred state (one rank, or a replicated stage): it is allocated whole now.
+        self.optimizer.materialize()?;
         let stage = self.dp.as_ref().and_then(|dp| dp.zero.as_ref()).map_or(ZeroStage::Replicated, Zero::stage);
         self.fit_memory(stage, self.world_size(), crate::memory::local_ranks());
         Ok(self)
