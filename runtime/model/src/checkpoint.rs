@@ -71,6 +71,12 @@ pub(crate) fn recording(t: &Tensor) -> bool {
     t.requires_grad() || FIRST.get()
 }
 
+/// Whether this thread is inside a recomputed layer's first run (autograd off; its recomputation comes in the
+/// backward).
+pub(crate) fn in_first_run() -> bool {
+    FIRST.get()
+}
+
 /// Whether autograd records on this thread.
 pub(crate) fn grad_mode_enabled() -> bool {
     #[cfg(torch_shim)]

@@ -43,6 +43,7 @@ mod gguf_weights;
 mod grad;
 mod hf;
 mod kv_cache;
+pub mod layer_hook;
 mod lora;
 mod packed;
 mod rope;

@@ -7,6 +7,7 @@ use super::{Decoder, Dims, merge_heads};
 use crate::attention::{self, causal};
 use crate::checkpoint;
 use crate::error::{ModelError, Result};
+use crate::layer_hook;
 use crate::rope;
 
 impl Decoder {
@@ -64,7 +65,8 @@ impl Decoder {
         let (cos, sin) = rope::cos_sin(&self.inv_freq, &positions, self.kind)?;
         let (mut x, recompute) = self.first_layer_input(self.embed(&input_ids)?)?;
         let dims = self.dims();
-        for layer in &self.layers {
+        let hook = layer_hook::current();
+        for (index, layer) in self.layers.iter().enumerate() {
             let (layer, cos, sin) = (layer.share(), cos.shallow_clone(), sin.shallow_clone());
             let mask = mask.as_ref().map(Tensor::shallow_clone);
             let run = move |x: &Tensor| -> Result<Tensor> {
@@ -74,7 +76,7 @@ impl Decoder {
                 let attn = attention::attend(&heads_first(q)?, &heads_first(k)?, &heads_first(v)?, mask.as_ref())?;
                 dims.finish_layer(&layer, None, x.shallow_clone(), &merge_heads(&attn)?)
             };
-            x = run_layer(recompute, &x, run)?;
+            x = run_layer(recompute, &x, layer_hook::hooked(hook.clone(), index, recompute, run))?;
         }
         self.rms_norm(&x, &self.norm)
     }
@@ -156,7 +158,8 @@ impl Decoder {
         let ids = Tensor::f_cat(&[prompts.f_reshape([tp])?, responses.f_reshape([tr])?], 0)?.f_to_device(device)?;
         let (mut x, recompute) =
             self.first_layer_input(self.embed(&ids.f_index_select(0, &layout.real)?.f_unsqueeze(0)?)?)?;
-        for layer in &self.layers {
+        let hook = layer_hook::current();
+        for (index, layer) in self.layers.iter().enumerate() {
             let (layer, cos, sin, layout) = (layer.share(), cos.shallow_clone(), sin.shallow_clone(), layout.share());
             let run = move |x: &Tensor| -> Result<Tensor> {
                 let dims = layout.dims;
@@ -164,7 +167,7 @@ impl Decoder {
                 let (q, k, v) = dims.qkv(&layer, None, &h, &cos, &sin)?;
                 dims.finish_layer(&layer, None, x.shallow_clone(), &layout.attend(&q, &k, &v)?)
             };
-            x = run_layer(recompute, &x, run)?;
+            x = run_layer(recompute, &x, layer_hook::hooked(hook.clone(), index, recompute, run))?;
         }
         let x = self.rms_norm(&x, &self.norm)?.f_squeeze_dim(0)?;
         let hidden = self.config.hidden_size;
