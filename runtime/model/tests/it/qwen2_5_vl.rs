@@ -100,3 +100,19 @@ fn a_text_only_prompt_is_the_plain_decoder() {
     let plain = vl.decoder.forward(&ids, None).unwrap();
     assert!(max_diff(&ours, &plain) < 1e-6);
 }
+
+#[test]
+fn bf16_model_stays_close_to_f32() {
+    let e = expected();
+    let vl = Qwen25Vl::load_dir(&dir(), Kind::BFloat16, Device::Cpu).unwrap();
+    let pixels = e.get("pixel_values").unwrap();
+    let grids = [grid(&e.get("image_grid_thw").unwrap())];
+    let ids = e.get("input_ids").unwrap();
+    let vision = vl.vision.forward(&pixels, &grids).unwrap();
+    assert_eq!(vision.kind(), Kind::BFloat16);
+    let diff = max_diff(&vision, &e.get("vision_output").unwrap());
+    assert!(diff < 0.1, "bf16 vision output differs by {diff}");
+    let logits = vl.forward(&ids, None, Some((&pixels, &grids))).unwrap();
+    let diff = max_diff(&logits, &e.get("logits").unwrap());
+    assert!(diff < 0.1, "bf16 logits differ by {diff}");
+}
