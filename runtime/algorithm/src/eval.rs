@@ -34,7 +34,6 @@ use crate::batch::{Batch, BatchJson, tensor_to_rows};
 use crate::error::AlgorithmError;
 use crate::masked::scalar;
 use crate::metrics::Metrics;
-use crate::preset::GLOBAL_FALLBACK;
 use crate::registry::{self, Kind};
 
 /// The input document of `trinity algorithm eval`.
@@ -110,7 +109,7 @@ fn slot(
 }
 
 fn fallback(key: &str) -> Option<&'static str> {
-    GLOBAL_FALLBACK.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    trinity_config::algorithm::fallback_component(key)
 }
 
 /// Parses and evaluates an input document.

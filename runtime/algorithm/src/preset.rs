@@ -2,7 +2,8 @@
 //! (Trinity-RFT's `algorithm.py`).
 //!
 //! A preset only names what it sets; the rest falls back to Trinity-RFT's global defaults
-//! ([`GLOBAL_FALLBACK`]): `policy_loss_fn: ppo`, `advantage_fn: ppo`, `kl_penalty_fn: none`, `kl_loss_fn: k2`,
+//! ([`trinity_config::algorithm::FALLBACK_COMPONENTS`], the one table of them, which the config crate fills
+//! configs from): `policy_loss_fn: ppo`, `advantage_fn: ppo`, `kl_penalty_fn: none`, `kl_loss_fn: k2`,
 //! `entropy_loss_fn: default`, `sample_strategy: warmup`, `loss_agg_mode: token-mean`. DPO's `check_config`
 //! forces `repeat_times = 2` (a pair) and a KL loss (`k2` when `none`); the preset below says the first and the
 //! config layer applies the second.
@@ -18,17 +19,6 @@ pub struct PresetEntry {
 }
 
 inventory::collect!(PresetEntry);
-
-/// Trinity-RFT's `AlgorithmConfigValidator` defaults, applied where a preset is silent.
-pub const GLOBAL_FALLBACK: [(&str, &str); 7] = [
-    ("sample_strategy", "warmup"),
-    ("policy_loss_fn", "ppo"),
-    ("advantage_fn", "ppo"),
-    ("kl_penalty_fn", "none"),
-    ("kl_loss_fn", "k2"),
-    ("entropy_loss_fn", "default"),
-    ("loss_agg_mode", "token-mean"),
-];
 
 /// The common shape of the RL presets: explorer-side advantage, reference model, `default` sampling.
 fn rl(repeat: u32, advantage: &str, policy_loss: &str, kl_loss: &str, entropy: &str) -> Preset {
@@ -223,6 +213,27 @@ mod tests {
             check(Kind::KlFn, &p.kl_penalty_fn);
             check(Kind::EntropyLoss, &p.entropy_loss_fn);
             check(Kind::SampleStrategy, &p.sample_strategy);
+        }
+    }
+
+    #[test]
+    fn the_config_parses_every_registered_sample_strategy_and_falls_back_to_registered_components() {
+        use trinity_config::algorithm::{SampleStrategy, fallback_component};
+        let registered = registry::names(Kind::SampleStrategy);
+        let parsed: Vec<&str> = registered.iter().map(|n| SampleStrategy::parse(n, None).unwrap().name()).collect();
+        let mut accepted = SampleStrategy::NAMES.to_vec();
+        accepted.sort_unstable();
+        assert_eq!(parsed, accepted, "the registry and the config's SampleStrategy name the same strategies");
+        for (key, kind) in [
+            ("sample_strategy", Kind::SampleStrategy),
+            ("policy_loss_fn", Kind::PolicyLoss),
+            ("advantage_fn", Kind::AdvantageFn),
+            ("kl_penalty_fn", Kind::KlFn),
+            ("kl_loss_fn", Kind::KlFn),
+            ("entropy_loss_fn", Kind::EntropyLoss),
+        ] {
+            let name = fallback_component(key).unwrap().to_owned();
+            assert!(registry::names(kind).contains(&name), "fallback {key}: {name} is not registered");
         }
     }
 

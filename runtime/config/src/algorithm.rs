@@ -51,6 +51,131 @@ pub struct AlgorithmConfig {
     /// Off-policy corrections (importance weights, rejection sampling), Trinity-RFT 0.6.0's spelling of
     /// `trainer.trainer_config.algorithm.rollout_correction`, which it sets when given.
     pub rollout_correction: Option<crate::verl::RolloutCorrection>,
+    /// What resolution decided for the run, typed: the rollouts per task and the sample strategy with its
+    /// arguments (see [`ResolvedAlgorithm`]).
+    #[serde(skip)]
+    pub resolved: ResolvedAlgorithm,
+}
+
+/// The algorithm's values that resolution always decides, without `Option`s or names to compare: the resolver
+/// builds it once from `repeat_times` (the user's, else the preset's, else 1) and the sample strategy with its
+/// merged arguments, and refuses a config where it cannot. The `Option` fields of [`AlgorithmConfig`] keep the
+/// file's shape ("not written" must stay visible to stages, which resolve the config as written, and to
+/// `--dry-run`'s dump, which shows the filled values); the run reads this. Not read from or written to a file; an
+/// unresolved config holds `repeat_times` 0 here, which no resolved one does.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ResolvedAlgorithm {
+    /// Rollouts per task, at least 1.
+    pub repeat_times: u32,
+    /// The sample strategy and its arguments.
+    pub sample_strategy: SampleStrategy,
+}
+
+/// `algorithm.sample_strategy` with its arguments (Trinity-RFT's `SAMPLE_STRATEGY` registry), parsed once by the
+/// resolver ([`SampleStrategy::parse`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum SampleStrategy {
+    /// Every experience the buffer gives, in order.
+    #[default]
+    Default,
+    /// Trinity-RFT's global fallback; trinity reads the buffer as `default` does.
+    Warmup,
+    /// Experiences sampled with a model more than `max_staleness` versions older than the trainer's are skipped
+    /// (`None`: no limit).
+    StalenessControl { max_staleness: Option<u64> },
+    /// Each train step mixes `ceil(expert_data_ratio × train_batch_size)` expert rows from the auxiliary buffer
+    /// `sft_dataset_name` with the rest from the experience buffer (Trinity-RFT's `MixSampleStrategy`).
+    Mix { expert_data_ratio: f64, sft_dataset_name: String },
+}
+
+impl SampleStrategy {
+    /// Every name `algorithm.sample_strategy` accepts.
+    pub const NAMES: [&'static str; 4] = ["default", "warmup", "staleness_control", "mix"];
+
+    /// The strategy `name` selects, with its arguments from `args` (the merged map; what it leaves out takes
+    /// Trinity-RFT's default: `expert_data_ratio` 0.5, `sft_dataset_name` `sft_dataset`, `max_staleness` none).
+    /// The error names the argument at fault (`sample_strategy_args.<arg>`), or is `None` for an unknown name.
+    pub fn parse(name: &str, args: Option<&Map<String, Value>>) -> Result<SampleStrategy, Option<(String, String)>> {
+        let arg = |key: &str| args.and_then(|a| a.get(key)).filter(|v| !v.is_null());
+        let bad = |key: &str, message: &str| Some((format!("sample_strategy_args.{key}"), message.to_owned()));
+        Ok(match name {
+            "default" => SampleStrategy::Default,
+            "warmup" => SampleStrategy::Warmup,
+            "staleness_control" => SampleStrategy::StalenessControl {
+                max_staleness: match arg("max_staleness") {
+                    None => None,
+                    Some(v) => Some(v.as_u64().ok_or_else(|| {
+                        bad("max_staleness", "must be a whole number of model versions (null: no limit)")
+                    })?),
+                },
+            },
+            "mix" => SampleStrategy::Mix {
+                expert_data_ratio: match arg("expert_data_ratio") {
+                    None => 0.5,
+                    Some(v) => v
+                        .as_f64()
+                        .filter(|r| (0.0..=1.0).contains(r))
+                        .ok_or_else(|| bad("expert_data_ratio", "must be a number between 0 and 1"))?,
+                },
+                sft_dataset_name: match arg("sft_dataset_name") {
+                    None => "sft_dataset".to_owned(),
+                    Some(v) => v
+                        .as_str()
+                        .ok_or_else(|| bad("sft_dataset_name", "must be the name of an auxiliary buffer"))?
+                        .to_owned(),
+                },
+            },
+            _ => return Err(None),
+        })
+    }
+
+    /// The name configs use.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SampleStrategy::Default => "default",
+            SampleStrategy::Warmup => "warmup",
+            SampleStrategy::StalenessControl { .. } => "staleness_control",
+            SampleStrategy::Mix { .. } => "mix",
+        }
+    }
+
+    /// The expert rows of strategy `mix` in a train step of `train_batch_size` rows, with the ratio they come from:
+    /// `ceil(expert_data_ratio · train_batch_size)`, as Trinity-RFT's `MixSampleStrategy` computes it. `None` for
+    /// every other strategy. The run draws this many rows and the runnable check counts them.
+    pub fn expert_rows(&self, train_batch_size: u32) -> Option<(u64, f64)> {
+        match self {
+            SampleStrategy::Mix { expert_data_ratio, .. } => {
+                Some(((expert_data_ratio * f64::from(train_batch_size)).ceil() as u64, *expert_data_ratio))
+            }
+            _ => None,
+        }
+    }
+
+    /// `max_staleness` of strategy `staleness_control`; `None` for no limit and for every other strategy.
+    pub fn max_staleness(&self) -> Option<u64> {
+        match self {
+            SampleStrategy::StalenessControl { max_staleness } => *max_staleness,
+            _ => None,
+        }
+    }
+}
+
+/// Trinity-RFT's fallback components (its `AlgorithmConfigValidator`'s `default_config`), used for each key that
+/// neither the config nor the `algorithm_type` preset sets. The one table of them: resolution fills configs from
+/// it and `trinity algorithm eval` reads it.
+pub const FALLBACK_COMPONENTS: [(&str, &str); 7] = [
+    ("sample_strategy", "warmup"),
+    ("policy_loss_fn", "ppo"),
+    ("advantage_fn", "ppo"),
+    ("kl_penalty_fn", "none"),
+    ("kl_loss_fn", "k2"),
+    ("entropy_loss_fn", "default"),
+    ("loss_agg_mode", "token-mean"),
+];
+
+/// The fallback of `key` (`advantage_fn`, `sample_strategy`, ...) in [`FALLBACK_COMPONENTS`].
+pub fn fallback_component(key: &str) -> Option<&'static str> {
+    FALLBACK_COMPONENTS.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
 }
 
 impl Default for AlgorithmConfig {
@@ -75,20 +200,9 @@ impl Default for AlgorithmConfig {
             enable_router_replay: false,
             bypass_old_logprobs: true,
             rollout_correction: None,
+            resolved: ResolvedAlgorithm::default(),
         }
     }
-}
-
-/// The expert rows of sample strategy `mix` in a train step of `train_batch_size` rows, with the ratio they come
-/// from: `ceil(expert_data_ratio · train_batch_size)`, as Trinity-RFT's `MixSampleStrategy` computes it (ratio 0.5
-/// when unset). `None` for every other strategy. The run draws this many rows and the runnable check counts them.
-pub fn mix_expert_rows(algorithm: &AlgorithmConfig, train_batch_size: u32) -> Option<(u64, f64)> {
-    if algorithm.sample_strategy.as_deref() != Some("mix") {
-        return None;
-    }
-    let args = algorithm.sample_strategy_args.as_ref();
-    let ratio = args.and_then(|a| a.get("expert_data_ratio")).and_then(Value::as_f64).unwrap_or(0.5);
-    Some(((ratio * f64::from(train_batch_size)).ceil() as u64, ratio))
 }
 
 /// Token-loss reduction, with Trinity-RFT's names.
@@ -194,14 +308,42 @@ mod tests {
 
     #[test]
     fn the_mix_expert_share_rounds_up() {
-        let mix = |ratio: Option<f64>| AlgorithmConfig {
-            sample_strategy: Some("mix".into()),
-            sample_strategy_args: ratio.map(|r| Map::from_iter([("expert_data_ratio".to_owned(), Value::from(r))])),
-            ..AlgorithmConfig::default()
+        let mix = |ratio: Option<f64>| {
+            let args = ratio.map(|r| Map::from_iter([("expert_data_ratio".to_owned(), Value::from(r))]));
+            SampleStrategy::parse("mix", args.as_ref()).unwrap()
         };
-        assert_eq!(mix_expert_rows(&mix(Some(0.2)), 320), Some((64, 0.2)));
-        assert_eq!(mix_expert_rows(&mix(Some(0.11)), 864), Some((96, 0.11)));
-        assert_eq!(mix_expert_rows(&mix(None), 5), Some((3, 0.5)));
-        assert_eq!(mix_expert_rows(&AlgorithmConfig::default(), 64), None);
+        assert_eq!(mix(Some(0.2)).expert_rows(320), Some((64, 0.2)));
+        assert_eq!(mix(Some(0.11)).expert_rows(864), Some((96, 0.11)));
+        assert_eq!(mix(None).expert_rows(5), Some((3, 0.5)));
+        assert_eq!(SampleStrategy::Default.expert_rows(64), None);
+    }
+
+    #[test]
+    fn sample_strategies_parse_with_their_arguments_and_name_the_one_at_fault() {
+        for name in SampleStrategy::NAMES {
+            assert_eq!(SampleStrategy::parse(name, None).unwrap().name(), name);
+        }
+        let args = |json: Value| json.as_object().cloned();
+        let staleness =
+            SampleStrategy::parse("staleness_control", args(serde_json::json!({"max_staleness": 2})).as_ref());
+        assert_eq!(staleness.unwrap().max_staleness(), Some(2));
+        let unlimited =
+            SampleStrategy::parse("staleness_control", args(serde_json::json!({"max_staleness": null})).as_ref());
+        assert_eq!(unlimited.unwrap(), SampleStrategy::StalenessControl { max_staleness: None });
+        let named =
+            SampleStrategy::parse("mix", args(serde_json::json!({"sft_dataset_name": "gold"})).as_ref()).unwrap();
+        assert_eq!(named, SampleStrategy::Mix { expert_data_ratio: 0.5, sft_dataset_name: "gold".into() });
+        let err = SampleStrategy::parse("staleness_control", args(serde_json::json!({"max_staleness": -1})).as_ref());
+        assert_eq!(err.unwrap_err().unwrap().0, "sample_strategy_args.max_staleness");
+        let err = SampleStrategy::parse("mix", args(serde_json::json!({"expert_data_ratio": 2})).as_ref());
+        assert_eq!(err.unwrap_err().unwrap().0, "sample_strategy_args.expert_data_ratio");
+        assert_eq!(SampleStrategy::parse("mixed", None), Err(None));
+    }
+
+    #[test]
+    fn the_fallback_table_is_trinitys() {
+        assert_eq!(fallback_component("sample_strategy"), Some("warmup"));
+        assert_eq!(fallback_component("kl_loss_fn"), Some("k2"));
+        assert_eq!(fallback_component("repeat_times"), None);
     }
 }

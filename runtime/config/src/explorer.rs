@@ -4,6 +4,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::model::ModelLengths;
+
 /// The explorer: runs workflows against the rollout model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -271,11 +273,12 @@ pub struct AuxiliaryModelConfig {
     pub chat_template: Option<String>,
     /// Passed to chat templates that understand it (Qwen3).
     pub enable_thinking: Option<bool>,
-    /// Longest sequence (prompt and response) the model's engine holds; 2048 when unset.
+    /// Longest sequence (prompt and response) the model's engine holds; unset: `model.max_model_len`.
     pub max_model_len: Option<u32>,
-    /// Longest prompt the model accepts; `max_model_len − max_response_tokens` when unset.
+    /// Longest prompt the model accepts; unset: `model.max_prompt_tokens`.
     pub max_prompt_tokens: Option<u32>,
-    /// Most tokens one reply of the model may have (what a judge's reply is capped at).
+    /// Most tokens one reply of the model may have (what a judge's reply is capped at); unset:
+    /// `model.max_response_tokens`.
     pub max_response_tokens: Option<u32>,
     /// Fraction of device memory the engine's KV cache may take.
     pub gpu_memory_utilization: f64,
@@ -283,6 +286,10 @@ pub struct AuxiliaryModelConfig {
     pub enforce_eager: Option<bool>,
     /// vLLM's automatic prefix caching; trinity's engine always caches prompt starts, so no effect.
     pub enable_prefix_caching: Option<bool>,
+    /// The three length limits as resolution filled them (each unset one is the policy model's), which the
+    /// model's engine and its callers read; see [`ModelLengths`].
+    #[serde(skip)]
+    pub resolved: ModelLengths,
 }
 
 impl Default for AuxiliaryModelConfig {
@@ -303,6 +310,7 @@ impl Default for AuxiliaryModelConfig {
             gpu_memory_utilization: 0.9,
             enforce_eager: None,
             enable_prefix_caching: None,
+            resolved: ModelLengths::default(),
         }
     }
 }

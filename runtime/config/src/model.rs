@@ -55,6 +55,27 @@ pub struct ModelConfig {
     pub fully_sharded_loras: bool,
     /// vLLM's cache of adapters in host memory; trinity serves one adapter, merged.
     pub max_cpu_loras: Option<u32>,
+    /// The three length limits as resolution derived them; what the run reads (see [`ModelLengths`]).
+    #[serde(skip)]
+    pub resolved: ModelLengths,
+}
+
+/// A model's length limits after resolution, none of them optional: the resolver derives the missing ones from the
+/// others (Trinity-RFT's `_check_model_len`) and refuses a config where it cannot, so a run never has to guess one.
+///
+/// The `Option` fields beside it keep the file's shape: `None` is "not written", which resolution must tell from a
+/// value (a stage re-resolves the config as written; `--dry-run` prints the derived values in them). This view is
+/// built once, by the resolver, from those fields; it is not read from or written to a file. An unresolved config
+/// (`ModelConfig::default()`) holds zeros here, which no resolved one does (`max_model_len` is at least 2, the
+/// other two at least 1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelLengths {
+    /// Longest prompt + response, in tokens.
+    pub max_model_len: u32,
+    /// Longest prompt, in tokens.
+    pub max_prompt_tokens: u32,
+    /// Longest response, in tokens.
+    pub max_response_tokens: u32,
 }
 
 /// `model.lora_configs[i]`: Trinity-RFT's `LoRAConfig`. The trainer trains adapters `A` `[r, in]` and `B`
@@ -158,6 +179,7 @@ impl Default for ModelConfig {
             lora_configs: None,
             fully_sharded_loras: false,
             max_cpu_loras: None,
+            resolved: ModelLengths::default(),
         }
     }
 }

@@ -18,10 +18,11 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use crate::algorithm::LossAggMode;
+use crate::algorithm::{LossAggMode, ResolvedAlgorithm, SampleStrategy, fallback_component};
 use crate::catalog::{Catalog, ComponentKind, ExperienceSchema};
 use crate::config::{Config, Mode};
 use crate::error::{ConfigError, ConfigErrors, closest};
+use crate::model::ModelLengths;
 use crate::source::Source;
 use crate::stages::Scope;
 /// Kept at its old path: it moved to [`crate::stages`] with the rest of the stage rules.
@@ -29,16 +30,6 @@ pub use crate::stages::stage_config;
 
 /// A remark about the config that is not an error (a knob with no effect, a mapped value); logged at start.
 pub type Note = String;
-
-/// The fallback components used when neither the user nor the preset chooses one (Trinity-RFT's
-/// `AlgorithmConfigValidator`).
-const FALLBACK_COMPONENTS: [(ComponentKind, &str); 5] = [
-    (ComponentKind::AdvantageFn, "ppo"),
-    (ComponentKind::PolicyLossFn, "ppo"),
-    (ComponentKind::KlFn, "none"),
-    (ComponentKind::KlFn, "k2"),
-    (ComponentKind::EntropyLossFn, "default"),
-];
 
 pub(crate) struct Resolver<'a> {
     pub(crate) source: &'a Source,
@@ -158,7 +149,28 @@ impl<'a> Resolver<'a> {
         self.resolve_synchronizer(config, schema)?;
         self.resolve_monitor(config);
         self.resolve_external_model(config)?;
+        self.note_changed_defaults(config);
         Ok(())
+    }
+
+    /// One note naming each key whose default Trinity-RFT 0.6.0 changed (its `CHANGED_DEFAULTS_060`) that this
+    /// config leaves to its default, with the value used and 0.5.2's: a config written for 0.5.2 runs with 0.6.0's.
+    fn note_changed_defaults(&mut self, config: &Config) {
+        let defaulted: Vec<String> = crate::trainer::CHANGED_DEFAULTS_060
+            .iter()
+            .filter(|(key, _, _)| !self.source.writes(&self.scope.file_key(key)))
+            // The veRL section can set the checkpoints to keep (`max_actor_ckpt_to_keep`); then it is no default.
+            .filter(|(key, _, _)| {
+                *key != "trainer.max_checkpoints_to_keep" || config.trainer.max_checkpoints_to_keep.is_none()
+            })
+            .map(|(key, new, old)| format!("{key} = {new} (0.5.2: {old})"))
+            .collect();
+        if !defaulted.is_empty() {
+            self.notes.push(format!(
+                "Trinity-RFT 0.6.0's defaults, changed since 0.5.2, apply to keys this config leaves out: {}",
+                defaulted.join("; ")
+            ));
+        }
     }
 
     fn resolve_global(&mut self, config: &mut Config) {
@@ -202,19 +214,22 @@ impl<'a> Resolver<'a> {
         self.require(repeat_times >= 1, "algorithm.repeat_times", "must be at least 1")?;
         algorithm.repeat_times = Some(repeat_times);
 
-        let fill = |user: &mut Option<String>, preset: &Option<String>, fallback: &str| {
+        // The user's choice, else the preset's, else Trinity-RFT's fallback (the one table of them).
+        let fill = |user: &mut Option<String>, preset: &Option<String>, key: &str| {
             if user.is_none() {
+                let fallback = fallback_component(key).expect("every component has a fallback");
                 *user = Some(preset.clone().unwrap_or_else(|| fallback.to_owned()));
             }
         };
-        fill(&mut algorithm.advantage_fn, &preset.advantage_fn, FALLBACK_COMPONENTS[0].1);
-        fill(&mut algorithm.policy_loss_fn, &preset.policy_loss_fn, FALLBACK_COMPONENTS[1].1);
-        fill(&mut algorithm.kl_penalty_fn, &preset.kl_penalty_fn, FALLBACK_COMPONENTS[2].1);
-        fill(&mut algorithm.kl_loss_fn, &preset.kl_loss_fn, FALLBACK_COMPONENTS[3].1);
-        fill(&mut algorithm.entropy_loss_fn, &preset.entropy_loss_fn, FALLBACK_COMPONENTS[4].1);
-        fill(&mut algorithm.sample_strategy, &preset.sample_strategy, "default");
+        fill(&mut algorithm.advantage_fn, &preset.advantage_fn, "advantage_fn");
+        fill(&mut algorithm.policy_loss_fn, &preset.policy_loss_fn, "policy_loss_fn");
+        fill(&mut algorithm.kl_penalty_fn, &preset.kl_penalty_fn, "kl_penalty_fn");
+        fill(&mut algorithm.kl_loss_fn, &preset.kl_loss_fn, "kl_loss_fn");
+        fill(&mut algorithm.entropy_loss_fn, &preset.entropy_loss_fn, "entropy_loss_fn");
+        fill(&mut algorithm.sample_strategy, &preset.sample_strategy, "sample_strategy");
         if algorithm.loss_agg_mode.is_none() {
-            algorithm.loss_agg_mode = Some(match preset.loss_agg_mode.as_deref() {
+            let name = preset.loss_agg_mode.as_deref().or(fallback_component("loss_agg_mode"));
+            algorithm.loss_agg_mode = Some(match name {
                 Some("seq-mean-token-sum") => LossAggMode::SeqMeanTokenSum,
                 Some("seq-mean-token-mean") => LossAggMode::SeqMeanTokenMean,
                 Some("seq-mean-token-sum-norm") => LossAggMode::SeqMeanTokenSumNorm,
@@ -257,9 +272,13 @@ impl<'a> Resolver<'a> {
                 &None,
             ),
         ];
+        let mut strategy_known = false;
         for (key, kind, name, args, preset_args) in components {
             let name = name.as_deref().unwrap_or_default();
             let known = self.registered(&format!("algorithm.{key}"), kind, name);
+            if kind == ComponentKind::SampleStrategy {
+                strategy_known = known.is_ok();
+            }
             self.record(known);
             let mut merged = self.catalog.default_args(kind, name).unwrap_or_default();
             if let Some(preset_args) = preset_args {
@@ -270,14 +289,22 @@ impl<'a> Resolver<'a> {
             }
             *args = Some(merged);
         }
-        if algorithm.sample_strategy.as_deref() == Some("staleness_control") {
-            let max = algorithm.sample_strategy_args.as_ref().and_then(|a| a.get("max_staleness"));
-            self.check(
-                max.is_none_or(|v| v.is_null() || v.as_u64().is_some()),
-                "algorithm.sample_strategy_args.max_staleness",
-                "must be a whole number of model versions (null: no limit)",
-            );
-        }
+        // Parsed once, here: the run reads the typed strategy, never its name. An unknown name was refused just
+        // above with the registry's list; one the registry knows and this enum does not is a build mistake.
+        let name = algorithm.sample_strategy.as_deref().unwrap_or_default();
+        let sample_strategy = match SampleStrategy::parse(name, algorithm.sample_strategy_args.as_ref()) {
+            Ok(strategy) => strategy,
+            Err(fault) => {
+                if let Some((key, message)) = fault {
+                    self.check(false, &format!("algorithm.{key}"), message);
+                } else if strategy_known {
+                    let names = quoted_list(&SampleStrategy::NAMES);
+                    self.check(false, "algorithm.sample_strategy", format!("`{name}` is not one of {names}"));
+                }
+                SampleStrategy::default()
+            }
+        };
+        algorithm.resolved = ResolvedAlgorithm { repeat_times, sample_strategy };
         // Like Trinity-RFT: a policy loss that aggregates reads the algorithm's aggregation mode.
         if let (Some(args), Some(mode)) = (algorithm.policy_loss_fn_args.as_mut(), algorithm.loss_agg_mode)
             && args.contains_key("loss_agg_mode")
@@ -339,7 +366,12 @@ impl<'a> Resolver<'a> {
             model.critic_model_path = model.model_path.clone();
         }
         let given = (model.max_model_len, model.max_prompt_tokens, model.max_response_tokens);
-        match given {
+        let lengths = |max_model_len, max_prompt_tokens, max_response_tokens| ModelLengths {
+            max_model_len,
+            max_prompt_tokens,
+            max_response_tokens,
+        };
+        let lengths = match given {
             (Some(len), Some(prompt), Some(response)) => {
                 if prompt + response > len {
                     return Err(self.invalid(
@@ -347,21 +379,17 @@ impl<'a> Resolver<'a> {
                         format!("max_prompt_tokens ({prompt}) + max_response_tokens ({response}) exceed max_model_len ({len})"),
                     ));
                 }
+                lengths(len, prompt, response)
             }
-            (None, Some(prompt), Some(response)) => model.max_model_len = Some(prompt + response),
-            (Some(len), None, None) => {
-                model.max_prompt_tokens = Some(len / 2);
-                model.max_response_tokens = Some(len - len / 2);
-            }
+            (None, Some(prompt), Some(response)) => lengths(prompt + response, prompt, response),
+            (Some(len), None, None) => lengths(len, len / 2, len - len / 2),
             (Some(len), Some(prompt), None) => {
                 let prompt = prompt.min(len.saturating_sub(1));
-                model.max_prompt_tokens = Some(prompt);
-                model.max_response_tokens = Some(len - prompt);
+                lengths(len, prompt, len - prompt)
             }
             (Some(len), None, Some(response)) => {
                 let response = response.min(len.saturating_sub(1));
-                model.max_response_tokens = Some(response);
-                model.max_prompt_tokens = Some(len - response);
+                lengths(len, len - response, response)
             }
             (None, _, _) => {
                 return Err(self.invalid(
@@ -369,22 +397,25 @@ impl<'a> Resolver<'a> {
                     "set max_model_len, or both max_prompt_tokens and max_response_tokens",
                 ));
             }
-        }
-        let model = &config.model;
+        };
+        // The file's fields show the derived values in `--dry-run`'s dump; the run reads `resolved`.
+        model.max_model_len = Some(lengths.max_model_len);
+        model.max_prompt_tokens = Some(lengths.max_prompt_tokens);
+        model.max_response_tokens = Some(lengths.max_response_tokens);
         let derived = (model.max_model_len, model.max_prompt_tokens, model.max_response_tokens);
         if derived != given {
             self.notes.push(format!(
                 "model lengths derived as Trinity-RFT does: max_model_len {}, max_prompt_tokens {}, max_response_tokens {}",
-                derived.0.unwrap_or(0),
-                derived.1.unwrap_or(0),
-                derived.2.unwrap_or(0)
+                lengths.max_model_len, lengths.max_prompt_tokens, lengths.max_response_tokens
             ));
         }
-        self.require(model.max_model_len.unwrap_or(0) >= 2, "model.max_model_len", "must be at least 2")?;
-        self.require(model.max_response_tokens.unwrap_or(0) >= 1, "model.max_response_tokens", "must be at least 1")?;
-        self.require(model.max_prompt_tokens.unwrap_or(0) >= 1, "model.max_prompt_tokens", "must be at least 1")?;
+        self.require(lengths.max_model_len >= 2, "model.max_model_len", "must be at least 2")?;
+        self.require(lengths.max_response_tokens >= 1, "model.max_response_tokens", "must be at least 1")?;
+        self.require(lengths.max_prompt_tokens >= 1, "model.max_prompt_tokens", "must be at least 1")?;
+        config.model.resolved = lengths;
+        let model = &config.model;
         // Trinity-RFT: a minimum at or above the maximum becomes one token below it.
-        let max_response = model.max_response_tokens.unwrap_or(0);
+        let max_response = lengths.max_response_tokens;
         if model.min_response_tokens >= max_response && model.min_response_tokens > 0 {
             let min = max_response.saturating_sub(1);
             self.notes.push(format!(
@@ -494,6 +525,9 @@ impl<'a> Resolver<'a> {
             aux.max_model_len = aux.max_model_len.or(model.max_model_len);
             aux.max_prompt_tokens = aux.max_prompt_tokens.or(model.max_prompt_tokens);
             aux.max_response_tokens = aux.max_response_tokens.or(model.max_response_tokens);
+            // The policy's lengths are resolved (resolve_model runs first), so each is set now.
+            aux.resolved = lengths_of(aux.max_model_len, aux.max_prompt_tokens, aux.max_response_tokens)
+                .expect("the policy model's lengths are resolved");
             let aux = &*aux;
             self.one_of(&key("dtype"), &aux.dtype, &["bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "auto"]);
             self.check(
@@ -523,7 +557,7 @@ impl<'a> Resolver<'a> {
         // 0 keeps every checkpoint, as in Trinity-RFT 0.6.0 (its new default) and veRL.
         self.resolve_trainer_config(config);
         // Trinity-RFT's `_adjust_token_len_if_needed`: a budget below one full sequence is raised to it.
-        let len = config.model.max_model_len.unwrap_or(0);
+        let len = config.model.resolved.max_model_len;
         if let Some(budget) = config.trainer.max_token_len_per_gpu
             && budget < len
         {
@@ -533,6 +567,11 @@ impl<'a> Resolver<'a> {
             ));
         }
     }
+}
+
+/// The typed lengths, when all three are set.
+fn lengths_of(len: Option<u32>, prompt: Option<u32>, response: Option<u32>) -> Option<ModelLengths> {
+    Some(ModelLengths { max_model_len: len?, max_prompt_tokens: prompt?, max_response_tokens: response? })
 }
 
 /// Merges `over` into `base`; a null in `over` keeps the default (as `trinity algorithm eval` documents).
@@ -546,4 +585,94 @@ fn merge_args(base: &mut Map<String, Value>, over: &Map<String, Value>) {
 
 fn quoted_list(items: &[&str]) -> String {
     items.iter().map(|i| format!("`{i}`")).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::algorithm::SampleStrategy;
+    use crate::model::ModelLengths;
+    use crate::testing::{assert_names, loaded, refusal};
+
+    const TASKSET: &str = "buffer:\n  explorer_input:\n    taskset:\n      path: /t.jsonl\n";
+
+    fn config(algorithm: &str, model: &str) -> String {
+        format!("algorithm:\n  algorithm_type: grpo\n{algorithm}model:\n  model_path: /m\n{model}{TASKSET}")
+    }
+
+    #[test]
+    fn the_resolved_views_hold_what_the_resolver_derived() {
+        let derived = loaded(&config("", "  max_model_len: 64\n  max_response_tokens: 24\n"));
+        let lengths = ModelLengths { max_model_len: 64, max_prompt_tokens: 40, max_response_tokens: 24 };
+        assert_eq!(derived.config.model.resolved, lengths);
+        // The file's fields show the same derived values (the dump), and nothing is left unset.
+        let model = &derived.config.model;
+        assert_eq!(
+            (model.max_model_len, model.max_prompt_tokens, model.max_response_tokens),
+            (Some(64), Some(40), Some(24))
+        );
+        // No repeat_times anywhere (AnyName's presets set none): 1; the preset names no strategy: Trinity's fallback.
+        assert_eq!(derived.config.algorithm.resolved.repeat_times, 1);
+        assert_eq!(derived.config.algorithm.resolved.sample_strategy, SampleStrategy::Warmup);
+        assert_eq!(derived.config.algorithm.sample_strategy.as_deref(), Some("warmup"));
+
+        let aux = "explorer:\n  auxiliary_models:\n    - model_path: /judge\n      max_response_tokens: 8\n";
+        let judged = loaded(&format!("{}{aux}", config("  repeat_times: 3\n", "  max_model_len: 64\n")));
+        assert_eq!(judged.config.algorithm.resolved.repeat_times, 3);
+        let judge = judged.config.explorer.auxiliary_models[0].resolved;
+        assert_eq!(judge, ModelLengths { max_model_len: 64, max_prompt_tokens: 32, max_response_tokens: 8 });
+    }
+
+    #[test]
+    fn the_sample_strategy_is_parsed_once_with_its_arguments() {
+        let staleness = "  sample_strategy: staleness_control\n  sample_strategy_args:\n    max_staleness: 2\n";
+        let loaded = loaded(&config(staleness, "  max_model_len: 64\n"));
+        assert_eq!(loaded.config.algorithm.resolved.sample_strategy.max_staleness(), Some(2));
+
+        let negative = "  sample_strategy: staleness_control\n  sample_strategy_args:\n    max_staleness: -1\n";
+        let error = refusal(&config(negative, "  max_model_len: 64\n"));
+        assert_names(&error, "algorithm.sample_strategy_args.max_staleness", &["whole number"]);
+        let ratio = "  sample_strategy: mix\n  sample_strategy_args:\n    expert_data_ratio: 1.5\n";
+        let error = refusal(&config(ratio, "  max_model_len: 64\n"));
+        assert_names(&error, "algorithm.sample_strategy_args.expert_data_ratio", &["between 0 and 1"]);
+        // AnyName checks no names, so the enum is what refuses an unknown one, with every accepted name.
+        let error = refusal(&config("  sample_strategy: mixed\n", "  max_model_len: 64\n"));
+        assert_names(&error, "algorithm.sample_strategy", &["`mixed`", "`default`", "`staleness_control`", "`mix`"]);
+    }
+
+    #[test]
+    fn one_note_names_the_0_6_0_defaults_a_config_leaves_out() {
+        let changed = |text: &str| -> Vec<String> {
+            let notes = loaded(text).notes;
+            let found: Vec<&String> = notes.iter().filter(|n| n.contains("0.6.0's defaults")).collect();
+            assert!(found.len() <= 1, "one line: {found:?}");
+            found.first().map(|n| n.split("; ").map(str::to_owned).collect()).unwrap_or_default()
+        };
+        let all = changed(&config("", "  max_model_len: 64\n"));
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert!(all[0].ends_with("trainer.trainer_strategy = fsdp2 (0.5.2: fsdp)"), "{all:?}");
+        assert_eq!(all[2], "trainer.enable_preview = false (0.5.2: true)");
+
+        let trainer = "trainer:\n  trainer_strategy: fsdp\n  enable_preview: true\n";
+        let some = changed(&format!("{}{trainer}", config("", "  max_model_len: 64\n")));
+        assert_eq!(some.len(), 1, "{some:?}");
+        assert!(
+            some[0].ends_with("trainer.max_checkpoints_to_keep = 0, keep all (0.5.2: unset, keep all)"),
+            "{some:?}"
+        );
+
+        let every = "trainer:\n  trainer_strategy: fsdp2\n  enable_preview: false\n  max_checkpoints_to_keep: 3\n";
+        assert!(changed(&format!("{}{every}", config("", "  max_model_len: 64\n"))).is_empty());
+    }
+
+    #[test]
+    fn a_stage_that_sets_the_trainer_section_leaves_out_what_its_section_does_not_write() {
+        let stages = "trainer:\n  trainer_strategy: fsdp\nstages:\n  - stage_name: own\n    trainer:\n      \
+                      save_interval: 1\n  - stage_name: inherits\n";
+        let loaded = loaded(&format!("{}{stages}", config("", "  max_model_len: 64\n")));
+        let note = |i: usize| loaded.stages[i].notes.iter().find(|n| n.contains("0.6.0's defaults")).cloned();
+        assert!(note(0).is_some_and(|n| n.contains("trainer_strategy = fsdp2")), "{:?}", note(0));
+        assert!(note(1).is_some_and(|n| !n.contains("trainer_strategy")), "{:?}", note(1));
+        assert_eq!(loaded.stages[0].config.trainer.trainer_strategy, "fsdp2");
+        assert_eq!(loaded.stages[1].config.trainer.trainer_strategy, "fsdp");
+    }
 }

@@ -2,8 +2,7 @@
 //! training tasksets with complete rollout arguments, eval tasksets, the experience buffer or SFT / DPO dataset,
 //! and the auxiliary buffers, each checked for what the mode reads.
 
-use serde_json::Value;
-
+use crate::algorithm::SampleStrategy;
 use crate::buffer::{ExperienceBufferConfig, StorageType, TasksetConfig, is_database_url};
 use crate::catalog::{ComponentKind, ExperienceSchema};
 use crate::config::{Config, Mode};
@@ -12,7 +11,7 @@ use crate::resolve::Resolver;
 
 impl Resolver<'_> {
     pub(crate) fn resolve_buffer(&mut self, config: &mut Config, schema: ExperienceSchema) -> Result<(), ConfigError> {
-        let repeat_times = config.algorithm.repeat_times.unwrap_or(1);
+        let repeat_times = config.algorithm.resolved.repeat_times;
         let buffer = &mut config.buffer;
         self.require(buffer.batch_size >= 1, "buffer.batch_size", "must be at least 1")?;
         self.check(buffer.total_epochs >= 1, "buffer.total_epochs", "must be at least 1");
@@ -210,11 +209,9 @@ impl Resolver<'_> {
         config.buffer.trainer_input.auxiliary_buffers = auxiliary;
         // Sample strategy `mix` trains expert rows from a named auxiliary buffer; a missing one would only fail
         // once the run has loaded its models.
-        if config.algorithm.sample_strategy.as_deref() == Some("mix") {
-            let args = config.algorithm.sample_strategy_args.clone().unwrap_or_default();
-            let name = args.get("sft_dataset_name").and_then(Value::as_str).unwrap_or("sft_dataset").to_owned();
+        if let SampleStrategy::Mix { sft_dataset_name: name, .. } = &config.algorithm.resolved.sample_strategy {
             self.check(
-                config.buffer.trainer_input.auxiliary_buffers.contains_key(&name),
+                config.buffer.trainer_input.auxiliary_buffers.contains_key(name),
                 "buffer.trainer_input.auxiliary_buffers",
                 format!("sample strategy `mix` reads expert rows from auxiliary buffer `{name}` (sample_strategy_args.sft_dataset_name), which is not configured"),
             );
@@ -359,7 +356,7 @@ impl Resolver<'_> {
         args.top_k = Some(args.top_k.unwrap_or(model.top_k));
         args.min_p = Some(args.min_p.unwrap_or(0.0));
         args.logprobs = Some(args.logprobs.unwrap_or(model.logprobs));
-        let max_response = model.max_response_tokens.unwrap_or(1);
+        let max_response = model.resolved.max_response_tokens;
         args.max_tokens = Some(args.max_tokens.unwrap_or(max_response));
         args.min_tokens = Some(args.min_tokens.unwrap_or(model.min_response_tokens));
         args.seed = Some(args.seed.unwrap_or(config.explorer.rollout_model.seed));

@@ -138,9 +138,7 @@ impl Resolver<'_> {
              here), once, as step 0; responses are limited by rollout_args.max_tokens, else model.max_response_tokens \
              ({}); model.max_model_len and max_prompt_tokens are not enforced (trinity has no tokenizer for the \
              endpoint's model, which refuses prompts over its own limit)",
-            external.base_url_env,
-            config.model.model_path,
-            config.model.max_response_tokens.unwrap_or(0),
+            external.base_url_env, config.model.model_path, config.model.resolved.max_response_tokens,
         ));
         Ok(())
     }

@@ -5,7 +5,6 @@
 //! else. A staged config is checked stage by stage (only the stages run), each error naming `stages[i].…`.
 
 use crate::Loaded;
-use crate::algorithm::mix_expert_rows;
 use crate::buffer::{StorageType, is_database_url};
 use crate::catalog::ExperienceSchema;
 use crate::config::{Config, Mode};
@@ -215,7 +214,7 @@ impl Check<'_> {
         if buffered < 2 {
             return Ok(());
         }
-        let per_step = u64::from(config.buffer.batch_size) * u64::from(config.algorithm.repeat_times.unwrap_or(1));
+        let per_step = u64::from(config.buffer.batch_size) * u64::from(config.algorithm.resolved.repeat_times);
         let capacity = u64::from(buffer.capacity);
         let persistent = is_database_url(buffer.path.as_deref().unwrap_or_default());
         // The smallest capacity that admits the last of `buffered` steps.
@@ -246,7 +245,7 @@ impl Check<'_> {
                     ),
                 },
                 config.buffer.batch_size,
-                config.algorithm.repeat_times.unwrap_or(1),
+                config.algorithm.resolved.repeat_times,
             ),
         ))
     }
@@ -260,9 +259,9 @@ impl Check<'_> {
             return Ok(());
         }
         let buffer = &config.buffer;
-        let explored = u64::from(buffer.batch_size) * u64::from(config.algorithm.repeat_times.unwrap_or(1));
+        let explored = u64::from(buffer.batch_size) * u64::from(config.algorithm.resolved.repeat_times);
         let total = u64::from(buffer.train_batch_size);
-        let (expert, note) = match mix_expert_rows(&config.algorithm, buffer.train_batch_size) {
+        let (expert, note) = match config.algorithm.resolved.sample_strategy.expert_rows(buffer.train_batch_size) {
             Some((expert, ratio)) => {
                 (expert, format!(" and {expert} expert rows (ceil(expert_data_ratio {ratio} × train_batch_size))"))
             }
@@ -280,7 +279,7 @@ impl Check<'_> {
                  beside `mode: explore`)",
                 config.mode.name(),
                 buffer.batch_size,
-                config.algorithm.repeat_times.unwrap_or(1),
+                config.algorithm.resolved.repeat_times,
             ),
         ))
     }

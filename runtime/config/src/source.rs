@@ -36,6 +36,14 @@ impl Source {
     }
 }
 
+impl Source {
+    /// Whether the config sets `key` itself (in the file or by a `--set` of it or a section above it), as opposed
+    /// to leaving it to its default.
+    pub fn writes(&self, key: &str) -> bool {
+        self.positions.contains_key(key) || self.overrides.iter().any(|(set, _)| covers(set, key))
+    }
+}
+
 /// Whether setting `set` also set `key` (same key or one of its parents).
 pub(crate) fn covers(set: &str, key: &str) -> bool {
     key == set || key.strip_prefix(set).is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))

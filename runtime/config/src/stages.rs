@@ -99,6 +99,16 @@ impl Scope {
         }
     }
 
+    /// The key a value of this scope's config is written at in the file: inside a stage, `stages[i].key` when the
+    /// stage sets the key's section (which replaces the top-level one whole), else the top-level `key`.
+    pub(crate) fn file_key(&self, key: &str) -> String {
+        let section = key.split(['.', '[']).next().unwrap_or(key);
+        match &self.stage {
+            Some(stage) if stage.sets.contains(&section) => format!("stages[{}].{key}", stage.index),
+            _ => key.to_owned(),
+        }
+    }
+
     fn note_prefix(&self) -> String {
         match &self.stage {
             Some(stage) => format!("stages[{}] ({}): ", stage.index, stage.name),

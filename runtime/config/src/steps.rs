@@ -60,7 +60,7 @@ impl TrainSteps {
         } else if buffer.explorer_input.tasksets.is_empty() {
             TrainSteps::Unbounded
         } else {
-            from_rows(RowsOf::Tasksets, config.algorithm.repeat_times.unwrap_or(1))
+            from_rows(RowsOf::Tasksets, config.algorithm.resolved.repeat_times)
         }
     }
 

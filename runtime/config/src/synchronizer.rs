@@ -71,14 +71,24 @@ impl SynchronizerConfig {
         if self.sync_style == SyncStyle::FullyAsync {
             return u64::from(max_inflight_batches.max(1));
         }
-        let (explorer, trainer) =
-            (u64::from(self.explorer_interval().max(1)), u64::from(self.trainer_interval().max(1)));
-        let (mut a, mut b) = (explorer, trainer);
-        while b != 0 {
-            (a, b) = (b, a % b);
-        }
-        u64::from(self.sync_offset) + 1 + trainer - a
+        steps_buffered(
+            u64::from(self.explorer_interval()),
+            u64::from(self.trainer_interval()),
+            u64::from(self.sync_offset),
+        )
     }
+}
+
+/// The formula of [`SynchronizerConfig::steps_buffered`] for the fixed-style plans, in one place: trinity-rft's
+/// `SyncSchedule` (the order one process runs the two sides in) calls it too, so the runnable check and the run
+/// cannot disagree. `offset + 1 + ti − gcd(ei, ti)`, each interval at least 1.
+pub fn steps_buffered(explorer_interval: u64, trainer_interval: u64, offset: u64) -> u64 {
+    let (explorer, trainer) = (explorer_interval.max(1), trainer_interval.max(1));
+    let (mut a, mut b) = (explorer, trainer);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    offset + 1 + trainer - a
 }
 
 /// Weight transports.

@@ -72,12 +72,22 @@ pub struct TrainerConfig {
     pub dtype: String,
 }
 
+/// The keys whose default Trinity-RFT 0.6.0 changed from 0.5.2's, with (0.6.0's default, 0.5.2's), read from the
+/// two releases' config dataclasses (`trinity/common/config.py`; no other field's default changed). trinity takes
+/// 0.6.0's; resolution logs one line naming those a config leaves out, so a config written for 0.5.2 says what
+/// it now runs with.
+pub const CHANGED_DEFAULTS_060: [(&str, &str, &str); 3] = [
+    ("trainer.trainer_strategy", "fsdp2", "fsdp"),
+    ("trainer.max_checkpoints_to_keep", "0, keep all", "unset, keep all"),
+    ("trainer.enable_preview", "false", "true"),
+];
+
 impl Default for TrainerConfig {
     fn default() -> Self {
         TrainerConfig {
             name: "trainer".to_owned(),
             trainer_type: "verl".to_owned(),
-            trainer_strategy: "fsdp".to_owned(),
+            trainer_strategy: "fsdp2".to_owned(),
             save_interval: 0,
             total_steps: None,
             save_hf_checkpoint: "last".to_owned(),
@@ -97,8 +107,24 @@ impl Default for TrainerConfig {
             megatron: serde_json::Map::new(),
             trainer_config: VerlConfig::default(),
             max_checkpoints_to_keep: None,
-            enable_preview: true,
+            enable_preview: false,
             dtype: "auto".to_owned(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_trinity_rft_0_6_0s() {
+        let trainer = TrainerConfig::default();
+        let used = |key: &str| CHANGED_DEFAULTS_060.iter().find(|(k, _, _)| *k == key).map(|(_, new, _)| *new);
+        assert_eq!(Some(trainer.trainer_strategy.as_str()), used("trainer.trainer_strategy"));
+        assert_eq!(Some(trainer.enable_preview.to_string().as_str()), used("trainer.enable_preview"));
+        // Unset is 0.6.0's 0: every checkpoint is kept.
+        assert_eq!(trainer.max_checkpoints_to_keep, None);
+        assert!(used("trainer.max_checkpoints_to_keep").unwrap().starts_with("0,"));
     }
 }

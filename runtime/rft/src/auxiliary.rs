@@ -37,11 +37,11 @@ fn load(
     .map(|t| t.with_enable_thinking(aux.enable_thinking));
     let tokenizer = loaded.tokenizer.clone();
     let engine_config = EngineConfig {
-        max_model_len: aux.max_model_len.unwrap_or(2048) as usize,
+        max_model_len: aux.resolved.max_model_len as usize,
         // Each running workflow asks its judge or teacher one request at a time.
         max_num_seqs: (config.explorer.runner_per_model as usize).clamp(1, 256),
-        max_prompt_tokens: aux.max_prompt_tokens.map(|t| t as usize),
-        max_response_tokens: aux.max_response_tokens.map(|t| t as usize),
+        max_prompt_tokens: Some(aux.resolved.max_prompt_tokens as usize),
+        max_response_tokens: Some(aux.resolved.max_response_tokens as usize),
         kv_cache_bytes: models::cpu_kv_budget(device),
         num_threads: Some(threads),
         ..EngineConfig::default()

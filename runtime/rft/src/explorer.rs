@@ -142,14 +142,13 @@ impl Explorer {
         models::on_pool(threads, || crate::lora::merge_start_adapter(config, model_path, &mut generation.decoder))?;
         let template = models::chat_template(config, &mut generation)?;
         let tokenizer = generation.tokenizer.clone();
-        let model = &config.model;
+        let lengths = config.model.resolved;
         let engine_config = EngineConfig {
-            max_model_len: model.max_model_len.unwrap_or(2048) as usize,
-            max_num_seqs: (config.explorer.runner_per_model as usize
-                * config.algorithm.repeat_times.unwrap_or(1) as usize)
+            max_model_len: lengths.max_model_len as usize,
+            max_num_seqs: (config.explorer.runner_per_model as usize * config.algorithm.resolved.repeat_times as usize)
                 .clamp(1, 256),
-            max_prompt_tokens: model.max_prompt_tokens.map(|t| t as usize),
-            max_response_tokens: model.max_response_tokens.map(|t| t as usize),
+            max_prompt_tokens: Some(lengths.max_prompt_tokens as usize),
+            max_response_tokens: Some(lengths.max_response_tokens as usize),
             kv_cache_bytes: models::cpu_kv_budget(device),
             num_threads: Some(threads),
             ..EngineConfig::default()
@@ -186,7 +185,7 @@ impl Explorer {
             &base_url,
             external.model_name.clone().unwrap_or_default(),
             api_key,
-            config.model.max_response_tokens.map(|t| t as usize),
+            Some(config.model.resolved.max_response_tokens as usize),
             Duration::from_secs(config.explorer.max_timeout),
         );
         tracing::info!("the evaluated model is `{}` at {}", endpoint.model_name(), endpoint.url());

@@ -8,7 +8,7 @@
 //! SFT term and the usual rows with its PPO term.
 
 use trinity_config::Config;
-use trinity_config::algorithm::mix_expert_rows;
+use trinity_config::algorithm::SampleStrategy;
 use trinity_model::{ChatTemplate, Tokenizer};
 use trinity_trainer::TrainRow;
 
@@ -32,14 +32,12 @@ impl ExpertData {
         template: Option<&ChatTemplate>,
         trained: u64,
     ) -> Result<Option<ExpertData>, RftError> {
-        let algorithm = &config.algorithm;
-        // Resolution has set train_batch_size (batch_size × repeat_times when the config leaves it unset).
-        let Some((per_step, _)) = mix_expert_rows(algorithm, config.buffer.train_batch_size) else {
+        let strategy = &config.algorithm.resolved.sample_strategy;
+        let SampleStrategy::Mix { sft_dataset_name: name, .. } = strategy else {
             return Ok(None);
         };
-        let per_step = per_step as usize;
-        let args = algorithm.sample_strategy_args.clone().unwrap_or_default();
-        let name = args.get("sft_dataset_name").and_then(serde_json::Value::as_str).unwrap_or("sft_dataset");
+        // Resolution has set train_batch_size (batch_size × repeat_times when the config leaves it unset).
+        let per_step = strategy.expert_rows(config.buffer.train_batch_size).map_or(0, |(rows, _)| rows as usize);
         let setting = |message: String| RftError::Setting { key: "algorithm.sample_strategy_args", message };
         let buffer = config.buffer.trainer_input.auxiliary_buffers.get(name).ok_or_else(|| {
             setting(format!("sample strategy `mix` reads expert rows from buffer.trainer_input.auxiliary_buffers.{name}, which is not configured"))
@@ -54,7 +52,7 @@ impl ExpertData {
         let template = ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())
             .map_err(|e| setting(format!("{name}.format.chat_template: {e}")))?
             .with_enable_thinking(buffer.format.enable_thinking.or(config.model.enable_thinking));
-        let max_model_len = config.model.max_model_len.unwrap_or(2048) as usize;
+        let max_model_len = config.model.resolved.max_model_len as usize;
         let mut rows = SftRows::load_sft(
             buffer,
             "buffer.trainer_input.auxiliary_buffers",

@@ -71,16 +71,11 @@ impl SyncSchedule {
     }
 
     /// The most explore steps whose experiences wait in the buffer at once, the one being stored included, under
-    /// [`next_action`]'s order. `trinity_config`'s runnable check refuses a buffer too small for it, with the same
-    /// formula ([`SynchronizerConfig::steps_buffered`]).
+    /// [`next_action`]'s order. The config crate owns the formula ([`trinity_config::synchronizer::steps_buffered`]):
+    /// its runnable check refuses a buffer too small for the same number.
     pub fn steps_buffered(&self) -> u64 {
-        let (explorer, trainer) = (self.explorer_interval.max(1), self.trainer_interval.max(1));
-        self.offset + 1 + trainer - gcd(explorer, trainer)
+        trinity_config::synchronizer::steps_buffered(self.explorer_interval, self.trainer_interval, self.offset)
     }
-}
-
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// What a single-device run does next.

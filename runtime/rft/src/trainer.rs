@@ -352,10 +352,7 @@ pub(crate) fn intact_latest(checkpoints: &CheckpointDir) -> Result<Option<Checkp
 }
 
 fn max_staleness(config: &Config) -> Option<u64> {
-    if config.algorithm.sample_strategy.as_deref() != Some("staleness_control") {
-        return None;
-    }
-    config.algorithm.sample_strategy_args.as_ref()?.get("max_staleness")?.as_u64()
+    config.algorithm.resolved.sample_strategy.max_staleness()
 }
 
 /// The rows train step `step` trains with prioritised replay: the step's experiences enter the replay buffer as one

@@ -337,8 +337,9 @@ fn a_trainer_behind_the_explorer_skips_experiences_older_than_max_staleness() {
     // Then a trainer that accepts experiences at most one version old: step 1 takes 8 of version 0; from step 2
     // on version 0 is too old, so the 32 left are skipped and, every explorer having finished, training ends.
     let mut trainer = rl_config(dir.path(), "train", sync);
-    trainer.algorithm.sample_strategy = Some("staleness_control".into());
-    trainer.algorithm.sample_strategy_args = Some(serde_json::json!({"max_staleness": 1}).as_object().unwrap().clone());
+    // What `sample_strategy: staleness_control` with `max_staleness: 1` resolves to (the run reads the typed view).
+    trainer.algorithm.resolved.sample_strategy =
+        trinity_config::algorithm::SampleStrategy::StalenessControl { max_staleness: Some(1) };
     let summary = trinity_rft::run(&trainer, &job).unwrap();
     assert_eq!(summary.train_steps, 1);
     let db = rusqlite::Connection::open(job.join("buffer/exp.db")).unwrap();

@@ -18,7 +18,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use trinity_buffer::{Experience, ExperienceBuffer, ProducerState};
-use trinity_config::algorithm::mix_expert_rows;
 use trinity_config::steps::TrainSteps;
 use trinity_config::synchronizer::{SyncMethod, SyncStyle};
 use trinity_config::{Config, ExperienceSchema};
@@ -120,7 +119,7 @@ fn load_dataset(
         key: KEY,
         message: format!("algorithm `{}` trains on a dataset: set its path here", config.algorithm.algorithm_type),
     })?;
-    let max_model_len = config.model.max_model_len.unwrap_or(2048) as usize;
+    let max_model_len = config.model.resolved.max_model_len as usize;
     let epochs = config.buffer.total_epochs;
     if schema == ExperienceSchema::Cpt {
         // Plain text, tokenized as it is: no chat template is needed or read.
@@ -350,7 +349,7 @@ impl<'a> TrainRun<'a> {
         let buffer = buffer.clone();
         // Sample strategy `mix` fills `ceil(expert_data_ratio × train_batch_size)` of the batch with expert rows.
         let batch = self.config.buffer.train_batch_size;
-        let expert = mix_expert_rows(&self.config.algorithm, batch).map_or(0, |(expert, _)| expert);
+        let expert = self.config.algorithm.resolved.sample_strategy.expert_rows(batch).map_or(0, |(expert, _)| expert);
         let wanted = u64::from(batch).saturating_sub(expert).max(1) as usize;
         let min_version = self.trainer.min_model_version(step);
         let timeout = Duration::from_secs_f64(
