@@ -8,12 +8,14 @@ use super::{Decoder, merge_heads};
 use crate::attention::{self, causal};
 use crate::checkpoint;
 use crate::error::{ModelError, Result};
+use crate::layer_hook;
 
 impl Decoder {
     /// Final-normed hidden states `[B, T, hidden]` of the layers run on `embeds` `[B, T, hidden]` (in the model
     /// dtype), rotated by `cos`/`sin` `[B, T, head_dim]`, with causal attention over the real tokens of
-    /// `attention_mask` `[B, T]` (nonzero at real tokens; all real without one). Differentiable, and recomputed
-    /// in the backward when [`Decoder::set_recompute_activations`] is on.
+    /// `attention_mask` `[B, T]` (nonzero at real tokens; all real without one). Differentiable, recomputed in
+    /// the backward when [`Decoder::set_recompute_activations`] is on, each layer inside the thread's
+    /// [`layer_hook`].
     pub(crate) fn forward_hidden_from_embeds(
         &self,
         embeds: Tensor,
@@ -43,7 +45,8 @@ impl Decoder {
         let mut x =
             if recompute && !embeds.requires_grad() { embeds.f_detach()?.set_requires_grad(true) } else { embeds };
         let dims = self.dims();
-        for layer in &self.layers {
+        let hook = layer_hook::current();
+        for (index, layer) in self.layers.iter().enumerate() {
             let (layer, cos, sin) = (layer.share(), cos.shallow_clone(), sin.shallow_clone());
             let mask = mask.as_ref().map(Tensor::shallow_clone);
             let run = move |x: &Tensor| -> Result<Tensor> {
@@ -53,6 +56,8 @@ impl Decoder {
                 let attn = attention::attend(&heads_first(q)?, &heads_first(k)?, &heads_first(v)?, mask.as_ref())?;
                 dims.finish_layer(&layer, None, x.shallow_clone(), &merge_heads(&attn)?)
             };
+            // Around each layer the thread's layer hook, as in `forward_hidden` (ZeRO stage 3 gathers there).
+            let run = layer_hook::hooked(hook.clone(), index, recompute, run);
             x = if recompute { checkpoint::segment(&x, Box::new(run))? } else { run(&x)? };
         }
         self.rms_norm(&x, &self.norm)
