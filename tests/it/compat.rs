@@ -74,9 +74,10 @@ const EXPECTED: &[(&str, Outcome)] = &[
     ("examples/dapo_math/dapo.yaml", Pass),
     ("examples/dpo_human_in_the_loop/dpo.yaml", Fails(Refused, "data_processor.task_pipeline")),
     ("examples/dpo_humanlike/dpo.yaml", Pass),
-    // Top-20 logprobs first; with `logprobs: 0` the trainer's refusal of clipb / clipv (issue 47) comes next.
-    ("examples/entropy/clipb.yaml", Fails(Refused, "rollout_args.logprobs")),
-    ("examples/entropy/clipv.yaml", Fails(Refused, "rollout_args.logprobs")),
+    // Top-20 logprobs are noted (experiences keep the sampled token's only, as in Trinity-RFT); clipb and clipv
+    // train (issue 47).
+    ("examples/entropy/clipb.yaml", Pass),
+    ("examples/entropy/clipv.yaml", Pass),
     ("examples/grpo_alfworld/alfworld.yaml", Fails(MissingComponent, "pip install alfworld textworld")),
     // Its workflow resolves; trinity then refuses `enable_history` without the OpenAI API, which Trinity-RFT 0.6.0
     // also records `self.model` calls for.
@@ -89,7 +90,8 @@ const EXPECTED: &[(&str, Outcome)] = &[
     ("examples/grpo_gsm8k_task_pipeline/gsm8k.yaml", Fails(Refused, "`service`")),
     ("examples/grpo_gsm8k_trainable_ruler/gsm8k_ruler.yaml", Fails(Refused, "buffer.train_batch_size")),
     ("examples/grpo_lora_gsm8k/gsm8k.yaml", Pass),
-    ("examples/grpo_math/math.yaml", Fails(MissingComponent, "rm_gallery_reward")),
+    // rm_gallery_reward with RM-Gallery's rule-based math_verify_reward is built in.
+    ("examples/grpo_math/math.yaml", Pass),
     ("examples/grpo_rubric_as_reward/rubric.yaml", Pass),
     ("examples/grpo_sciworld/sciworld.yaml", Fails(MissingComponent, "pip install scienceworld")),
     ("examples/grpo_toolcall/toolace.yaml", Pass),

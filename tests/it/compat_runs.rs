@@ -17,6 +17,8 @@ fn gsm8k_rows(dir: &Path) -> String {
             let row = serde_json::json!({
                 "question": question, "problem": question, "prompt": question, "answer": answer,
                 "reward_model.ground_truth": format!("{}", 2 * i),
+                // The bare answer under the entropy examples' and grpo_math's response keys.
+                "ground_truth": format!("{}", 2 * i), "gt_answer": format!("{}", 2 * i),
                 "qwen2.5_7b_pass_rate": 0.1 * i as f64, "qwen3_30b_pass_rate": 0.5,
             });
             format!("{row}\n")
@@ -183,6 +185,42 @@ fn bots_selects_tasks_by_difficulty_from_measured_pass_rates() {
     assert!(meta["beliefs"][0].is_object(), "no difficulty beliefs in the checkpoint: {meta}");
     assert_eq!(line["pipeline/pass_rate_calculator/errors"], 0.0, "{line}");
     assert_eq!(line["train/perf/rows"], 32.0, "two tasks × sixteen rollouts: {line}");
+}
+
+#[test]
+fn entropy_examples_train_on_the_tokens_their_clipping_keeps() {
+    // examples/entropy: grpo_verl with the Clip_B / Clip_V advantage, top-20 logprobs asked for (noted: only the
+    // sampled token's is kept, as in Trinity-RFT), old logprobs recomputed (`bypass_mode: false`), four eval
+    // tasksets (here the local file, once per task).
+    let mut extra = vec!["model.max_prompt_tokens=56".to_owned()];
+    for i in 0..4 {
+        extra.push(format!("buffer.explorer_input.eval_tasksets[{i}].path=TASKS"));
+        extra.push(format!("buffer.explorer_input.eval_tasksets[{i}].repeat_times=1"));
+    }
+    for (config, rows, signal) in
+        [("entropy/clipb.yaml", 32.0, "train/advantage/ES"), ("entropy/clipv.yaml", 16.0, "train/advantage/stdD")]
+    {
+        let lines = run_example(config, &extra);
+        for s in [1, 2] {
+            let line = step(&lines, s);
+            assert_eq!(line["train/perf/rows"], rows, "{config} step {s}: two tasks × repeat_times: {line}");
+            let clipped = line["train/advantage/frac_clipped"].as_f64();
+            assert!(clipped.is_some_and(|f| (0.0..=1.0).contains(&f)), "{config} step {s}: {line}");
+            assert!(line[signal].as_f64().is_some_and(f64::is_finite), "{config} step {s}: {line}");
+            assert!(line["train/loss"].as_f64().is_some_and(f64::is_finite), "{config} step {s}: {line}");
+        }
+    }
+}
+
+#[test]
+fn grpo_math_scores_with_rm_gallery_s_math_verify_reward() {
+    // `rm_gallery_reward` with `reward_name: math_verify_reward` is RM-Gallery's rule-based answer check, scored
+    // under its dimension name `math_verify`.
+    let lines = run_example("grpo_math/math.yaml", &[]);
+    let line = step(&lines, 2);
+    assert_eq!(line["train/perf/rows"], 16.0, "{line}");
+    let component = line.as_object().unwrap().keys().find(|k| k.contains("math_verify")).cloned();
+    assert!(component.is_some(), "no math_verify reward component in {line}");
 }
 
 #[test]

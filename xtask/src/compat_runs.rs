@@ -39,13 +39,15 @@ enum Data {
 struct Example {
     path: &'static str,
     data: Data,
-    /// Extra `--set` overrides; `MODEL` stands for the SmolLM2 file, `TOKENS` for `--max-response-tokens`, `MIX`
+    /// Extra `--set` overrides; `MODEL` stands for the SmolLM2 file, `TASKS` for the taskset file, `TOKENS` for
+    /// `--max-response-tokens`, `MIX`
     /// and `GROUPED` for train batch sizes derived from `--batch`.
     extra: &'static [&'static str],
 }
 
-/// The configs issue 14 and issue 16 name: the group algorithms on GSM8K, PPO with its critic and replay on
-/// Countdown, mix with its SFT set, on-policy distillation from a teacher and judged rewards (RULER, rubrics).
+/// The configs issues 14, 16 and 47 name: the group algorithms on GSM8K, PPO with its critic and replay on
+/// Countdown, mix with its SFT set, on-policy distillation from a teacher, judged rewards (RULER, rubrics),
+/// RM-Gallery's math check and the entropy-clipping advantages.
 const EXAMPLES: &[Example] = &[
     Example { path: "grpo_gsm8k/gsm8k.yaml", data: Data::Gsm8k, extra: &[] },
     Example { path: "ppo_countdown/countdown.yaml", data: Data::Countdown, extra: &[] },
@@ -68,6 +70,12 @@ const EXAMPLES: &[Example] = &[
             "explorer.auxiliary_models[0].max_response_tokens=TOKENS",
         ],
     },
+    // RM-Gallery's rule-based math_verify_reward through math_rm_workflow (the answer is `gt_answer`).
+    Example { path: "grpo_math/math.yaml", data: Data::Gsm8k, extra: &[] },
+    // Clip_B / Clip_V (issue 47): the four eval tasksets (Hugging Face ids and a placeholder path as shipped) read the
+    // local file, once per task instead of 32 times.
+    Example { path: "entropy/clipb.yaml", data: Data::Gsm8k, extra: ENTROPY_EVALS },
+    Example { path: "entropy/clipv.yaml", data: Data::Gsm8k, extra: ENTROPY_EVALS },
     Example {
         path: "grpo_rubric_as_reward/rubric.yaml",
         data: Data::Gsm8k,
@@ -77,6 +85,18 @@ const EXAMPLES: &[Example] = &[
             "buffer.train_batch_size=GROUPED",
         ],
     },
+];
+
+/// The entropy examples' eval tasksets on the local data (`TASKS`), one rollout a task.
+const ENTROPY_EVALS: &[&str] = &[
+    "buffer.explorer_input.eval_tasksets[0].path=TASKS",
+    "buffer.explorer_input.eval_tasksets[0].repeat_times=1",
+    "buffer.explorer_input.eval_tasksets[1].path=TASKS",
+    "buffer.explorer_input.eval_tasksets[1].repeat_times=1",
+    "buffer.explorer_input.eval_tasksets[2].path=TASKS",
+    "buffer.explorer_input.eval_tasksets[2].repeat_times=1",
+    "buffer.explorer_input.eval_tasksets[3].path=TASKS",
+    "buffer.explorer_input.eval_tasksets[3].repeat_times=1",
 ];
 
 pub(crate) struct Options {
@@ -142,6 +162,8 @@ impl DataFiles {
                 let solution = format!("{working} = {answer}\n#### {answer}");
                 serde_json::json!({
                     "question": question, "problem": question, "answer": solution,
+                    // The entropy examples' `ground_truth` and grpo_math's `gt_answer`: the bare answer.
+                    "ground_truth": answer.to_string(), "gt_answer": answer.to_string(),
                     "reference_answer": format!("{working} = {answer}, so the answer is {answer}."),
                     "rubric": [
                         {"description": format!("The final answer is {answer}."), "weight": 3},
@@ -239,6 +261,7 @@ fn run_one(
         sets.push(
             extra
                 .replace("MODEL", &model.display().to_string())
+                .replace("TASKS", &tasks.display().to_string())
                 .replace("TOKENS", &options.max_response_tokens.to_string())
                 // mix: the usual rows plus expert rows at the shipped ratio, 64 / 320 = 0.2 of the train batch.
                 .replace("MIX", &((batch * repeat) as f64 / 0.8).ceil().to_string())

@@ -243,7 +243,7 @@ pub struct RolloutArgs {
     pub max_tokens: Option<u32>,
     /// Shortest response before end-of-sequence may be sampled.
     pub min_tokens: Option<u32>,
-    /// Number of top logprobs besides the sampled token's; only 0 is supported.
+    /// Top logprobs besides the sampled token's; above 0 is noted: experiences keep the sampled token's only.
     pub logprobs: Option<u32>,
     /// Samples per task; set from `repeat_times`, do not set it here.
     pub n: Option<u32>,

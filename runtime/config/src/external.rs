@@ -17,11 +17,6 @@ const NEEDS: &[(&str, &str)] = &[
     ("agentscope_react_math_workflow", "the AgentScope Python agent framework"),
     ("agentscopev0_react_math_workflow", "the AgentScope Python agent framework"),
     ("agentscope_v1_react_search_workflow", "the AgentScope Python agent framework and a web-search service"),
-    (
-        "rm_gallery_reward",
-        "the RM-Gallery Python reward-model library (Trinity-RFT 0.6.0 no longer registers it either; name a reward \
-         function or a WASM reward plugin for `math_rm_workflow`)",
-    ),
     ("simple_mm_workflow", "a vision-language model and image inputs"),
     ("bots_ref_eval_collect_math_boxed_workflow", "Python code from Trinity-RFT's BOTS example"),
 ];

@@ -369,11 +369,15 @@ impl Resolver<'_> {
             own.top_k.unwrap_or(-1),
             args.min_p,
         );
-        self.check(
-            own.logprobs.is_none_or(|logprobs| logprobs == 0),
-            &format!("{at}.logprobs"),
-            "only 0 is supported: the sampled token's logprob is always returned",
-        );
+        // Trinity-RFT's vLLM path asks for the top-k but keeps only the sampled token's logprob in each experience
+        // (the first entry of each position's dict), so for the workflows that only train on their experiences the
+        // key changes nothing; trinity always returns that logprob and never the top-k.
+        if let Some(k) = own.logprobs.filter(|&k| k > 0) {
+            self.notes.push(format!(
+                "{at}.logprobs {k}: experiences keep the sampled token's logprob only, as Trinity-RFT's keep it; \
+                 the top-{k} alternatives are not computed"
+            ));
+        }
         let max_tokens = args.max_tokens.unwrap_or(1);
         self.check(max_tokens >= 1, &format!("{at}.max_tokens"), "must be at least 1");
         self.check(

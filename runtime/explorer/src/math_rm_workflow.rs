@@ -6,7 +6,9 @@
 //! called with the whole experience, the messages and the ground truth; its components become the metrics and
 //! their sum the reward. That reward function is where a reward model lives: 0.5.2 shipped `rm_gallery_reward`
 //! (RM-Gallery's rule and LLM-judge rewards in Python), which 0.6.0 no longer registers, so there the workflow runs
-//! with a user's reward class and stops on a task without one. trinity does the same over its own reward
+//! with a user's reward class and stops on a task without one. trinity keeps `rm_gallery_reward` for the one
+//! RM-Gallery reward that needs no model (`reward_name: math_verify_reward`, as `grpo_math` names it; see
+//! `trinity_reward::rm_gallery`), and otherwise does the same over its own reward
 //! registry: built-in rewards and WASM reward plugins (which see the response, the truth, the prompt and
 //! `reward_fn_args`), and no default, so a taskset that names no reward function is refused before the run.
 

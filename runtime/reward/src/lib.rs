@@ -4,8 +4,9 @@
 //! A reward function scores one response against a task's reference answer and returns named components
 //! ([`RewardComponents`]); the workflow sums them into the experience's reward and reports each component as
 //! a metric. Functions are registered by name with `inventory` ([`registry`]): `math_reward`,
-//! `accuracy_reward`, `math_boxed_reward`, `format_reward`, `countdown_reward`, `math_dapo_reward` (Trinity-RFT's
-//! `rm_gallery_reward` and its other judge rewards call a model service and are not built in).
+//! `accuracy_reward`, `math_boxed_reward`, `format_reward`, `countdown_reward`, `math_dapo_reward`, and
+//! `rm_gallery_reward` for RM-Gallery's rule-based `math_verify_reward` ([`rm_gallery`]; its judge rewards call a
+//! model service and are not built in).
 //!
 //! Errors ([`RewardError`]) mean the *task* is broken (missing or unparseable reference answer, bad
 //! `reward_fn_args`); a wrong or malformed *response* is never an error, only a low score.
@@ -24,6 +25,7 @@ pub mod expr;
 pub mod format;
 pub mod math;
 pub mod registry;
+pub mod rm_gallery;
 mod rng;
 
 pub use crate::error::RewardError;

@@ -212,7 +212,8 @@ mod tests {
                 "math_boxed_reward",
                 "math_boxed_reward_naive_dapo",
                 "math_dapo_reward",
-                "math_reward"
+                "math_reward",
+                "rm_gallery_reward"
             ]
         );
         let args = Map::new();
