@@ -15,6 +15,7 @@ mod cpt;
 mod data_parallel;
 mod digit_model;
 mod external_model;
+mod gigpo;
 mod judged_workflows;
 mod model_commands;
 mod monitors;

@@ -99,6 +99,28 @@ impl Conversation {
         Ok(completion)
     }
 
+    /// Tokens recorded so far (the length a turn starts from, for [`Conversation::turn_experience`]).
+    pub(crate) fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The experience of one turn of a step-wise workflow: everything recorded before `start` as its prompt (the
+    /// earlier answers are context, not trained) and the tokens after it, the turn's answer, as its response.
+    /// `None` when nothing was answered after `start`.
+    pub(crate) fn turn_experience(&self, start: usize, eid: Eid, model: &RolloutModel) -> Option<Experience> {
+        let end = self.mask.iter().rposition(|m| *m).map_or(start, |last| last + 1);
+        if end <= start {
+            return None;
+        }
+        let mut experience =
+            Experience::single_turn(eid, self.tokens[..end].to_vec(), start, self.logprobs[start..end].to_vec());
+        experience.action_mask = self.mask[start..end].to_vec();
+        experience.model_version = model.model_version();
+        experience.prompt_text = model.decode(&experience.tokens[..start]).ok();
+        experience.response_text = model.decode(&experience.tokens[start..]).ok();
+        Some(experience)
+    }
+
     /// The experience of the conversation: up to its last answer (context tokens after it are not trained).
     /// `None` when the model never answered.
     pub fn into_experience(mut self, eid: Eid, model: &RolloutModel) -> Option<Experience> {

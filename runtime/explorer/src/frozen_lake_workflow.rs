@@ -19,7 +19,14 @@
 //!
 //! Each of the `repeat_times` runs plays the same map from the start and is one experience over the whole
 //! conversation, the model's tokens being its actions; reward 1 when the goal was reached, else 0. Metrics
-//! (and info): `env_steps`, `env_done`, `test_score`. Maps are generated with this crate's generator, so a seed
+//! (and info): `env_steps`, `env_done`, `test_score`.
+//!
+//! `step_wise_frozen_lake_workflow` plays the same game but records one experience per turn (as Trinity-RFT's
+//! `step_wise_alfworld_workflow` does for ALFWorld), for step-level advantages (`gigpo`, `step_wise_grpo`): turn
+//! t's experience is the conversation before its answer as the prompt and the answer as the response, `eid.step`
+//! = t, the episode's reward on every turn, and in `info` the keys gigpo groups by: `env_state_hash`, a hash of
+//! the grid the model saw before it acted (the anchor state: runs that stand on the same tile share it), and
+//! `step_reward`, that turn's own reward from the game. Maps are generated with this crate's generator, so a seed
 //! gives another map than in Trinity (NumPy); rows with `desc` play the same map. `workflow_args.reward_fn_type`
 //! (an LLM judge in Trinity) is refused: it needs a model service.
 
@@ -348,13 +355,21 @@ pub(crate) fn observation_prompt(step: usize, observation: &str, unchanged: bool
     content
 }
 
-/// One run: the conversation until the game ends, as one experience.
+/// A stable 64-bit FNV-1a hash of an observation, in hex: the anchor state of a step-wise turn.
+fn state_hash(observation: &str) -> String {
+    let hash =
+        observation.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    format!("{hash:016x}")
+}
+
+/// One run: the conversation until the game ends, as one experience, or with `step_wise` one per turn.
 async fn episode(
     task: &Task,
     ctx: &WorkflowContext,
     settings: &Settings,
     run: u32,
-) -> Result<Experience, ExplorerError> {
+    step_wise: bool,
+) -> Result<Vec<Experience>, ExplorerError> {
     let model = &ctx.model;
     let fail = |error: TurnError| ExplorerError::Task { task: describe(task), message: error.to_string() };
     let mut game = Game::new(settings.lake.clone(), settings.slippery, settings.seed);
@@ -364,6 +379,7 @@ async fn episode(
     let (mut steps, mut total, mut acted) = (0usize, 0.0, false);
     let mut truncated = false;
     let mut initial_length = 0;
+    let mut turns = Vec::new();
     for turn in 0..settings.agent_max_steps {
         let unchanged = acted && last_observation.as_deref() == Some(observation.as_str());
         messages.push(ChatMessage::new(
@@ -390,10 +406,21 @@ async fn episode(
         let mut params = sampling_params(task, ctx);
         params.max_tokens = Some(budget as usize);
         params.seed = params.seed.map(|seed| mix(&[seed, u64::from(run), turn as u64]));
+        let (start, version) = (conversation.len(), model.model_version());
         let completion = conversation.answer(model, params).await.map_err(fail)?;
         messages.push(ChatMessage::new("assistant", completion.text.clone()));
         let action = parse_action(&completion.text);
-        total += game.step(action);
+        let reward = game.step(action);
+        total += reward;
+        if step_wise {
+            let eid = Eid { batch: task.batch_id, task: task.index as u64, run: u64::from(run), step: turn as u64 };
+            if let Some(mut experience) = conversation.turn_experience(start, eid, model) {
+                experience.model_version = version;
+                experience.info.insert("env_state_hash".to_owned(), state_hash(&observation).into());
+                experience.info.insert("step_reward".to_owned(), reward.into());
+                turns.push(experience);
+            }
+        }
         acted = true;
         last_observation = Some(std::mem::replace(&mut observation, game.render()));
         steps += 1;
@@ -401,26 +428,39 @@ async fn episode(
             break;
         }
     }
-    let eid = Eid { batch: task.batch_id, task: task.index as u64, run: u64::from(run), step: 0 };
-    let mut experience = conversation.into_experience(eid, model).ok_or_else(|| ExplorerError::Task {
+    let never = || ExplorerError::Task {
         task: describe(task),
         message: "the model never answered (agent_max_steps is 0 or the first prompt left no token budget)".into(),
-    })?;
-    experience.reward = total;
-    if truncated {
-        experience.truncate_status = Some(TruncateStatus::ResponseTruncated);
-    }
+    };
+    let mut experiences = if step_wise {
+        if turns.is_empty() {
+            return Err(never());
+        }
+        turns
+    } else {
+        let eid = Eid { batch: task.batch_id, task: task.index as u64, run: u64::from(run), step: 0 };
+        vec![conversation.into_experience(eid, model).ok_or_else(never)?]
+    };
     let facts = [("env_steps", steps as f64), ("env_done", f64::from(game.done())), ("test_score", total)];
-    for (key, value) in facts {
-        experience.metrics.insert(key.to_owned(), value);
-        experience.info.insert(key.to_owned(), value.into());
+    let last = experiences.len() - 1;
+    for (i, experience) in experiences.iter_mut().enumerate() {
+        experience.reward = total;
+        if truncated && i == last {
+            experience.truncate_status = Some(TruncateStatus::ResponseTruncated);
+        }
+        for (key, value) in facts {
+            experience.metrics.insert(key.to_owned(), value);
+            experience.info.insert(key.to_owned(), value.into());
+        }
+        experience.info.insert("taskset".to_owned(), task.taskset.clone().into());
     }
-    experience.info.insert("taskset".to_owned(), task.taskset.clone().into());
-    Ok(experience)
+    Ok(experiences)
 }
 
 #[derive(Debug, Clone, Copy)]
-struct FrozenLake;
+struct FrozenLake {
+    step_wise: bool,
+}
 
 impl Workflow for FrozenLake {
     fn run<'a>(&'a self, task: &'a Task, ctx: &'a WorkflowContext) -> WorkflowFuture<'a> {
@@ -429,12 +469,13 @@ impl Workflow for FrozenLake {
                 Settings::from_task(task).map_err(|message| ExplorerError::Task { task: describe(task), message })?;
             // The runs play concurrently so that the engine batches their turns together.
             let shared = Arc::new((task.clone(), ctx.clone(), settings));
+            let step_wise = self.step_wise;
             let mut runs = JoinSet::new();
             for run in 0..ctx.repeat_times {
                 let shared = Arc::clone(&shared);
                 runs.spawn(async move {
                     let (task, ctx, settings) = &*shared;
-                    (run, episode(task, ctx, settings, run).await)
+                    (run, episode(task, ctx, settings, run, step_wise).await)
                 });
             }
             let mut experiences = Vec::with_capacity(ctx.repeat_times as usize);
@@ -446,13 +487,17 @@ impl Workflow for FrozenLake {
                 experiences.push((run, result?));
             }
             experiences.sort_by_key(|(run, _)| *run);
-            Ok(experiences.into_iter().map(|(_, experience)| experience).collect())
+            Ok(experiences.into_iter().flat_map(|(_, turns)| turns).collect())
         })
     }
 }
 
 fn frozen_lake() -> Box<dyn Workflow> {
-    Box::new(FrozenLake)
+    Box::new(FrozenLake { step_wise: false })
+}
+
+fn step_wise_frozen_lake() -> Box<dyn Workflow> {
+    Box::new(FrozenLake { step_wise: true })
 }
 
 inventory::submit! {
@@ -460,6 +505,14 @@ inventory::submit! {
         name: "frozen_lake_workflow",
         description: "Trinity's multi-turn FrozenLake: actions in ``` ```, reward 1 at the goal",
         build: frozen_lake,
+    }
+}
+
+inventory::submit! {
+    WorkflowEntry {
+        name: "step_wise_frozen_lake_workflow",
+        description: "FrozenLake with one experience per turn and gigpo's anchor states (env_state_hash, step_reward)",
+        build: step_wise_frozen_lake,
     }
 }
 

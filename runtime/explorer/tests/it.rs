@@ -182,7 +182,7 @@ fn one_task(row: serde_json::Value, workflow: &str, workflow_args: serde_json::V
         task.repeat_times = repeat;
         // FrozenLake spends this over the whole conversation (Trinity's response token budget): room for a few
         // turns of observations, which this tokenizer spells out almost a token per character.
-        task.rollout_args.max_tokens = Some(if workflow == "frozen_lake_workflow" { 1500 } else { 4 });
+        task.rollout_args.max_tokens = Some(if workflow.contains("frozen_lake") { 1500 } else { 4 });
     }
     batch
 }
@@ -210,6 +210,39 @@ async fn frozen_lake_runs_are_whole_conversations_with_their_answers_masked() {
         assert!(experience.reward == 0.0 || experience.reward == 1.0);
         assert_eq!(experience.info["task_index"], json!({"taskset_id": 0, "index": 0}));
     }
+}
+
+#[tokio::test]
+async fn step_wise_frozen_lake_records_each_turn_with_its_anchor_state() {
+    let model = roomy_model();
+    let args = json!({"desc": ["SF", "FG"], "agent_max_steps": 3});
+    let batch = one_task(json!({"prompt": "lake"}), "step_wise_frozen_lake_workflow", args, 3);
+    let report = run_tasks(model, batch, &options("step_wise_frozen_lake_workflow")).await;
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    let turns = &report.groups[0];
+    let mut first_states = Vec::new();
+    for run in 0..3u64 {
+        let of_run: Vec<_> = turns.iter().filter(|e| e.eid.run == run).collect();
+        let steps = of_run[0].metrics["env_steps"] as usize;
+        assert_eq!(of_run.len(), steps, "one experience per turn of run {run}");
+        for (t, experience) in of_run.iter().enumerate() {
+            experience.validate().unwrap();
+            assert_eq!(experience.eid.step, t as u64);
+            // Only this turn's answer is trained; the earlier turns are the prompt.
+            assert!(experience.action_mask.iter().all(|&m| m), "{:?}", experience.action_mask);
+            assert_eq!(experience.reward, of_run[0].reward, "the episode's reward on every turn");
+            let reward = experience.info["step_reward"].as_f64().unwrap();
+            // The goal's reward comes on the turn that reaches it, the last one.
+            assert_eq!(reward, if t + 1 == steps { experience.reward } else { 0.0 });
+            assert!(experience.info["env_state_hash"].as_str().is_some_and(|h| h.len() == 16));
+        }
+        for pair in of_run.windows(2) {
+            assert!(pair[1].prompt_length > pair[0].prompt_length, "each turn's prompt holds the one before");
+        }
+        first_states.push(of_run[0].info["env_state_hash"].clone());
+    }
+    // Every run starts on the same tile: the first turns form one anchor group.
+    assert!(first_states.iter().all(|h| *h == first_states[0]), "{first_states:?}");
 }
 
 #[tokio::test]

@@ -18,8 +18,9 @@
 //! used, so F = 1 under `fnorm: none`), `gigpo/anchor_groups_total`, `gigpo/anchor_groups_size_gt1`,
 //! `gigpo/anchor_group_hit_ratio`, `gigpo/mean_abs_A_E`, `gigpo/mean_abs_A_S` and `experience_count`.
 //!
-//! Trinity's workflows must write the two `info` keys; none of trinity's built-in workflows does yet, so with them
-//! the step level is empty and A = A_E (see issue 47).
+//! The workflow must write the two `info` keys, as Trinity's `step_wise_alfworld_workflow` does; of trinity's
+//! built-in workflows `step_wise_frozen_lake_workflow` writes them (with any other the step level is empty and
+//! A = A_E).
 
 use serde_json::Value;
 
