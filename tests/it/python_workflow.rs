@@ -161,6 +161,52 @@ class JudgedWorkflow(Workflow):
         answer.reward = float(len(verdict.response_text) % 2)
         answer.metrics = {"judge_reply": float(len(reply.choices[0].message.content) >= 0)}
         return [answer]
+
+
+class BudgetWorkflow(Workflow):
+    """Runs once per repeat (can_repeat is False), asking the model until the task's budget refuses: row `fits`
+    stays within it, `loop` lets the refusal raise, `swallow` catches it (and sees the next call refused too) and
+    returns what it has, `wide` asks for more samples than the token budget holds."""
+
+    def run(self):
+        row = self.task.raw_task["prompt"]
+        messages = [{"role": "user", "content": row}]
+        if row == "wide":
+            return self.model.chat(messages, n=30, max_tokens=1)
+        experiences = []
+        for _ in range(3 if row == "fits" else 10):
+            try:
+                experiences += self.model.chat(messages, n=1, max_tokens=2)
+            except RuntimeError as error:
+                assert type(error).__name__ == "ModelBudgetExceeded", repr(error)
+                if row != "swallow":
+                    raise
+                try:
+                    self.model.chat(messages, n=1, max_tokens=2)
+                    raise AssertionError("a call after the refusal was answered")
+                except RuntimeError as again:
+                    assert type(again).__name__ == "ModelBudgetExceeded", repr(again)
+                break
+        for exp in experiences:
+            exp.reward = 1.0
+        return experiences
+
+
+class FlakyWorkflow(Workflow):
+    """Runs once per repeat (can_repeat is False); the second run of each task raises, and every run of row
+    `boom`."""
+
+    runs = {}
+
+    def run(self):
+        row = self.task.raw_task["prompt"]
+        FlakyWorkflow.runs[row] = FlakyWorkflow.runs.get(row, 0) + 1
+        if row == "boom" or FlakyWorkflow.runs[row] == 2:
+            raise ValueError(f"run {FlakyWorkflow.runs[row]} of row {row} failed")
+        exp = self.model.chat([{"role": "user", "content": row}], n=1, max_tokens=3)[0]
+        exp.reward = float(FlakyWorkflow.runs[row])
+        exp.info = {"call": float(FlakyWorkflow.runs[row])}
+        return [exp]
 "#;
 
 /// A GRPO run dir whose workflow is `userwf.LengthWorkflow` from a module in the run's directory; `rows` are
@@ -333,4 +379,109 @@ fn a_workflow_that_kills_its_own_process_costs_only_its_task() {
     let (experiences, metrics) = outputs(&job);
     assert_eq!(metrics.len(), 2, "both steps trained: {metrics:?}");
     assert_eq!(experiences.len(), 6, "the three other tasks' groups");
+}
+
+#[test]
+fn a_call_past_the_model_budget_raises_in_the_workflow_and_fails_its_task() {
+    let python = trinity_rft_python();
+    let limits =
+        "explorer:\n  max_retry_times: 0\n  python_workflows:\n    max_model_calls: 8\n    max_model_tokens: 20\n";
+    let rows = ["fits", "loop", "wide", "fits", "swallow", "fits"];
+    let dir = workflow_dir("BudgetWorkflow", &rows, 40, limits);
+    let output = run(dir.path(), &python, &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let job = dir.path().join("ckpt/p/n");
+    let failed = std::fs::read_to_string(job.join("failed_tasks.jsonl")).unwrap();
+    let failed: Vec<serde_json::Value> = failed.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let by_row = |row: &str| {
+        let found = failed.iter().find(|f| f["row"]["prompt"] == row);
+        found.unwrap_or_else(|| panic!("row {row} did not fail: {failed:?}")).to_string()
+    };
+    assert_eq!(failed.len(), 3, "{failed:?}");
+    // Two runs of three calls fit in eight; the ninth call is refused, whether the workflow raises or not.
+    for row in ["loop", "swallow"] {
+        let text = by_row(row);
+        assert!(text.contains("model call 9 is past the limit of 8") && text.contains("max_model_calls"), "{text}");
+    }
+    let wide = by_row("wide");
+    assert!(wide.contains("max_model_tokens") && wide.contains("n = 30 cannot fit"), "{wide}");
+    let (experiences, metrics) = outputs(&job);
+    assert_eq!(metrics.len(), 3, "every step trained on its `fits` task: {metrics:?}");
+    assert_eq!(experiences.len(), 3 * 6, "three calls in each of two runs of the three `fits` tasks");
+
+    let dir = workflow_dir("BudgetWorkflow", &["fits"], 40, "explorer:\n  python_workflows:\n    max_model_calls: 0\n");
+    let output = run(dir.path(), &python, &["run", "--config", "config.yaml", "--dry-run"]);
+    let err = stderr(&output);
+    assert!(!output.status.success() && err.contains("explorer.python_workflows.max_model_calls"), "{err}");
+}
+
+#[test]
+fn a_failed_run_of_a_repeated_task_costs_only_that_run() {
+    let python = trinity_rft_python();
+    let config = ["run", "--config", "config.yaml", "--set", "algorithm.repeat_times=4"];
+    // Trinity-RFT's default (`return_partial_tasks: false`): the runs after the failed one are skipped, the run
+    // before it is kept.
+    let dir = workflow_dir("FlakyWorkflow", &["ab1", "ab2", "boom", "ab3"], 40, "explorer:\n  max_retry_times: 0\n");
+    let output = run(dir.path(), &python, &config);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let job = dir.path().join("ckpt/p/n");
+    let (experiences, metrics) = outputs(&job);
+    assert_eq!(metrics.len(), 2, "{metrics:?}");
+    let runs = |experiences: &[serde_json::Value]| -> Vec<(String, u64)> {
+        let mut runs: Vec<(String, u64)> = experiences
+            .iter()
+            .map(|e| (e["eid"]["task"].to_string(), e["info"]["call"].as_f64().unwrap() as u64))
+            .collect();
+        runs.sort();
+        runs
+    };
+    assert_eq!(runs(&experiences).iter().map(|r| r.1).collect::<Vec<_>>(), [1, 1, 1], "{experiences:?}");
+    let failed = std::fs::read_to_string(job.join("failed_tasks.jsonl")).unwrap();
+    assert_eq!(failed.lines().count(), 1, "only the task none of whose runs completed: {failed}");
+    assert!(failed.contains("run 1 of row boom failed"), "{failed}");
+    let log = std::fs::read_to_string(job.join("log/trinity.log")).unwrap();
+    assert!(
+        log.contains("1 of 4 runs completed and are kept, 1 raised, 2 skipped")
+            && log.contains("run 2 of row ab1 failed"),
+        "{log}"
+    );
+
+    // With `return_partial_tasks: true` the other runs go on: runs 1, 3 and 4 of each task are kept.
+    let partial = "explorer:\n  max_retry_times: 0\n  over_rollout:\n    return_partial_tasks: true\nsynchronizer:\n  sync_style: explorer_driven\n";
+    let dir = workflow_dir("FlakyWorkflow", &["ab1", "ab2"], 40, partial);
+    let output = run(dir.path(), &python, &config);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let (experiences, _) = outputs(&dir.path().join("ckpt/p/n"));
+    let calls: Vec<u64> = runs(&experiences).iter().map(|r| r.1).collect();
+    assert_eq!(calls, [1, 3, 4, 1, 3, 4], "{experiences:?}");
+}
+
+#[test]
+fn a_bench_evaluates_the_model_with_a_python_workflow() {
+    let python = trinity_rft_python();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("userwf.py"), USER_MODULE).unwrap();
+    std::fs::write(
+        dir.path().join("eval.jsonl"),
+        "{\"prompt\": \"ab1\"}\n{\"prompt\": \"ab2\"}\n{\"prompt\": \"ab3\"}\n",
+    )
+    .unwrap();
+    let config = format!(
+        "mode: bench\nproject: p\nname: n\ncheckpoint_root_dir: ./ckpt\nmodel:\n  model_path: {}\n  max_model_len: 40\n  \
+         max_response_tokens: 6\nbuffer:\n  explorer_input:\n    eval_tasksets:\n      - name: lengths\n        path: \
+         eval.jsonl\n        repeat_times: 2\n    default_eval_workflow_type: userwf.LengthWorkflow\nexplorer:\n  \
+         max_retry_times: 0\nmonitor:\n  monitor_type: jsonl\n",
+        tiny_model_dir().display()
+    );
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let output = run(dir.path(), &python, &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let job = dir.path().join("ckpt/p/n");
+    let lines = std::fs::read_to_string(job.join("monitor/bench/metrics.jsonl")).unwrap();
+    let step: serde_json::Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    assert_eq!(step["step"], 0, "{step}");
+    assert_eq!(step["bench/lengths/failed_tasks"], 0.0, "{step}");
+    assert!(step["bench/lengths/reward_mean"].is_number(), "{step}");
+    let out = stderr(&output);
+    assert!(out.contains("sampled 2 for ab3"), "the workflow ran in Python:\n{out}");
 }

@@ -155,7 +155,7 @@ fn effective_level(flag: LogLevel, config_level: &str) -> LogLevel {
 /// or package is a `--dry-run` error naming the import and the pip line rather than a failure of every task.
 fn check_python_workflows(config: &trinity_config::Config) -> Result<()> {
     trinity_pyworkflow::install(&config.model.model_path);
-    trinity_pyworkflow::configure(config);
+    trinity_pyworkflow::configure(config)?;
     let input = &config.buffer.explorer_input;
     let mut names: Vec<&str> = input
         .tasksets

@@ -63,6 +63,33 @@ pub struct ExplorerConfig {
     /// With `synchronizer.sync_style: fully_async`, the train batches the explorer keeps in flight (submitted and
     /// not yet stored) at once; at the limit it first finishes the oldest (Trinity-RFT 0.6.0).
     pub max_inflight_batches: u32,
+    /// The model budget of each task of a Python workflow (a Trinity-RFT workflow class run by trinity's Python
+    /// workflow host), as a WASM workflow plugin's `plugins:` entry sets one.
+    pub python_workflows: PythonWorkflowLimits,
+}
+
+/// `explorer.python_workflows`: what one attempt of a task of a Python workflow may ask of the model, over every
+/// model wrapper it holds (`self.model`, its clones and the auxiliary models' wrappers; not the requests its
+/// OpenAI clients send to the rollout model's OpenAI server, which `max_timeout` alone bounds). `max_timeout`
+/// bounds how long an attempt runs; this bounds the engine work it asks for, so that a runaway loop cannot keep
+/// the engine busy, at the other tasks' expense, until its timeout. The call past either limit raises
+/// `ModelBudgetExceeded` (a `RuntimeError`) in the workflow, later calls raise it too, and the task fails, as a
+/// WASM workflow's does, whatever the workflow does with the exception.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct PythonWorkflowLimits {
+    /// Most generation calls (`chat`, `generate`: one per prompt; and their async forms) one task attempt may
+    /// make (default 1024, a WASM plugin's).
+    pub max_model_calls: u32,
+    /// Most tokens the model may generate for one task attempt, over all its calls and samples (default
+    /// 4194304, a WASM plugin's).
+    pub max_model_tokens: u64,
+}
+
+impl Default for PythonWorkflowLimits {
+    fn default() -> Self {
+        PythonWorkflowLimits { max_model_calls: 1024, max_model_tokens: 1 << 22 }
+    }
 }
 
 /// `explorer.over_rollout`: do not wait for the slowest tasks of a train step. Once `ceil(batch_size × (1 −
@@ -75,7 +102,8 @@ pub struct OverRolloutConfig {
     pub ratio: f64,
     /// Seconds to wait for stragglers once the required tasks are done.
     pub wait_after_min: f64,
-    /// Keep the finished repeats of an unfinished task.
+    /// Keep the finished repeats of an unfinished task; for a Python workflow class that cannot repeat, also run
+    /// a task's other repeats after one raised (Trinity-RFT 0.6.0's runner's `collect_partial_runs`).
     pub return_partial_tasks: bool,
 }
 
@@ -150,6 +178,7 @@ impl Default for ExplorerConfig {
             runner_prepare_concurrency: 128,
             runner_prepare_max_retries: 3,
             max_inflight_batches: 2,
+            python_workflows: PythonWorkflowLimits::default(),
         }
     }
 }

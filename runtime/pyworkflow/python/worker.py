@@ -3,10 +3,15 @@
 Protocol: JSON lines. trinity writes to this process's stdin, the worker answers on the stdout it was started
 with; the workflow's own prints go to stderr (fd 1 is pointed there), which trinity logs. Messages:
   trinity -> worker  {"type": "run", "workflow": NAME, "task": {...}, "model": {...}, "auxiliary_models": [...],
-                     "concurrent_mode": MODE}   (model settings: InferenceModelConfig fields)
+                     "concurrent_mode": MODE, "collect_partial_runs": BOOL}
+                     (model settings: InferenceModelConfig fields)
   worker -> trinity  {"type": "call", "id": I, "method": M, "params": {...}}   (a model call)
   trinity -> worker  {"type": "reply", "id": I, "result": ...} or {"type": "reply", "id": I, "error": "..."}
-  worker -> trinity  {"type": "done", "experiences": [...]} or {"type": "failed", "traceback": "..."}
+  worker -> trinity  {"type": "done", "experiences": [...], "failed_runs": [{"run": R, "traceback": "..."}],
+                     "completed_runs": C, "total_runs": N} or {"type": "failed", "traceback": "..."}
+A reply with `"budget": true` refuses a call past the task's model budget (ModelBudgetExceeded). A workflow
+that cannot repeat runs once per repeat; the runs that raised are listed in `failed_runs`, the others' experiences
+are kept, as Trinity-RFT's runner keeps them.
 Calls carry ids: any number may be in flight (from coroutines or threads) and trinity answers them in any order.
 The worker keeps its model wrappers and its last workflow instance across tasks, as Trinity-RFT's runner does.
 trinity runs model.py (the ModelWrapper stand-in) and this file as one script. With `--check NAME` (this file
@@ -90,6 +95,12 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 sys.meta_path.append(_StandInFinder())
 
 
+class ModelBudgetExceeded(RuntimeError):
+    """A model call past the task's budget (`explorer.python_workflows.max_model_calls` / `max_model_tokens`):
+    raised by the call that would break it and by every call after it. The task fails whatever the workflow does
+    with it, as a WASM workflow's task fails when it goes past its budget."""
+
+
 class _Rpc:
     """The worker's side of the pipes. A reader thread takes trinity's messages: replies complete the call of
     their id, so any number of calls can be in flight at once (from a coroutine or from a thread), and trinity
@@ -120,7 +131,8 @@ class _Rpc:
                 if future is None:
                     print(f"trinity answered a call that is not waiting: {message!r}", file=sys.stderr)
                 elif "error" in message:
-                    future.set_exception(RuntimeError(f"trinity's model refused the call: {message['error']}"))
+                    refused = ModelBudgetExceeded if message.get("budget") else RuntimeError
+                    future.set_exception(refused(f"trinity's model refused the call: {message['error']}"))
                 else:
                     future.set_result(message.get("result"))
             else:
@@ -339,29 +351,74 @@ class _Host:
             workflow = self.instance_for(task)
             workflow.set_repeat_times(repeat_times, 0)
             await self.model.clean_workflow_state()
-            return [export(exp, exp.eid.run) for exp in await _run_one(workflow)]
+            experiences = [export(exp, exp.eid.run) for exp in await _run_one(workflow)]
+            return {"experiences": experiences, "failed_runs": [], "completed_runs": repeat_times, "total_runs": repeat_times}
         mode = message.get("concurrent_mode") or "sequential"
+        # Trinity-RFT's runner keeps the runs that finished when others raise; with `return_partial_tasks` false
+        # (its default) the first failure ends the task's other runs: those after it (sequential) or those still
+        # running (asynchronous, multi-threading).
+        keep_going = bool(message.get("collect_partial_runs"))
         if mode in ("asynchronous", "multi-threading"):
-            runs = [self._isolated_run(task, i, threads=mode == "multi-threading") for i in range(repeat_times)]
-            groups = await asyncio.gather(*runs)
+            threads = mode == "multi-threading"
+            runs = [self._isolated_run(task, i, threads) for i in range(repeat_times)]
+            results = await _gather_runs(runs, keep_going)
         else:
-            groups = []
+            results = []
             for run_index in range(repeat_times):
-                await self.model.clean_workflow_state()
-                groups.append(await _run_one(self.instance_for(task)))
-        out = []
-        for run_index, experiences in enumerate(groups):
+                results.append(await _attempt(run_index, self._sequential_run(task)))
+                if results[-1][1][1] is not None and not keep_going:
+                    break
+        out, failed = [], []
+        for run_index, (experiences, error) in sorted(results, key=lambda r: r[0]):
+            if error is not None:
+                failed.append({"run": run_index, "traceback": error})
+                continue
             for exp in experiences:
                 exp.eid.run = run_index
                 out.append(export(exp, run_index))
-        return out
+        completed = sum(1 for _, (_, error) in results if error is None)
+        return {"experiences": out, "failed_runs": failed, "completed_runs": completed, "total_runs": repeat_times}
+
+    async def _sequential_run(self, task):
+        await self.model.clean_workflow_state()
+        return await _run_one(self.instance_for(task))
 
     async def _isolated_run(self, task, run_index, threads):
-        workflow = self.isolated_instance(task)
-        await self.model.clean_workflow_state()
-        if threads:
-            return await asyncio.to_thread(lambda: asyncio.run(_run_one(workflow)))
-        return await _run_one(workflow)
+        async def run():
+            workflow = self.isolated_instance(task)
+            await self.model.clean_workflow_state()
+            if threads:
+                return await asyncio.to_thread(lambda: asyncio.run(_run_one(workflow)))
+            return await _run_one(workflow)
+
+        return await _attempt(run_index, run())
+
+
+async def _attempt(run_index, run):
+    """(run index, (experiences, None)) or, where the run raised, (run index, (None, its traceback))."""
+    try:
+        return run_index, (await run, None)
+    except Exception:
+        return run_index, (None, traceback.format_exc().rstrip())
+
+
+async def _gather_runs(runs, keep_going):
+    """The results of concurrent runs; unless `keep_going`, the first failure cancels the runs still going, whose
+    results are then missing (a thread's run is not stopped, only no longer waited for), as in Trinity-RFT's
+    runner."""
+    if keep_going:
+        return list(await asyncio.gather(*runs))
+    pending = {asyncio.ensure_future(run) for run in runs}
+    results = []
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        results.extend(future.result() for future in done)
+        if any(result[1][1] is not None for result in results) and pending:
+            for future in pending:
+                future.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            break
+    return results
 
 
 async def _run_one(workflow):
@@ -520,7 +577,7 @@ def main():
         if message is None:
             return
         try:
-            rpc.send({"type": "done", "experiences": asyncio.run(host.run(message))})
+            rpc.send({"type": "done", **asyncio.run(host.run(message))})
         except Exception:
             rpc.send({"type": "failed", "traceback": traceback.format_exc().rstrip()})
 

@@ -46,11 +46,96 @@ impl Sessions {
     }
 }
 
+/// Why a model call was not answered: an error the workflow sees as a `RuntimeError`, or the task's model budget,
+/// which it sees as `ModelBudgetExceeded` and which fails the task.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Refusal {
+    Error(String),
+    Budget(String),
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Self {
+        Refusal::Error(message)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(message: &str) -> Self {
+        Refusal::Error(message.to_owned())
+    }
+}
+
+/// One task attempt's model budget (`explorer.python_workflows`), shared by its concurrent calls over every model
+/// wrapper, as a WASM workflow's is per task run. The first refusal sticks: every later call is refused with it,
+/// so a workflow that catches the exception cannot go on asking.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    max_calls: u64,
+    max_tokens: u64,
+    spent: Mutex<Spent>,
+}
+
+#[derive(Debug, Default)]
+struct Spent {
+    calls: u64,
+    generated: u64,
+    exceeded: Option<String>,
+}
+
+impl Budget {
+    pub(crate) fn new(max_calls: u64, max_tokens: u64) -> Self {
+        Budget { max_calls, max_tokens, spent: Mutex::default() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Spent> {
+        self.spent.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Admits one generation call of `n` samples (counted whether or not it then succeeds), or refuses it naming
+    /// the limit it would break.
+    fn admit(&self, n: u64) -> Result<(), Refusal> {
+        let mut spent = self.lock();
+        if let Some(exceeded) = &spent.exceeded {
+            return Err(Refusal::Budget(exceeded.clone()));
+        }
+        let exceeded = if spent.calls >= self.max_calls {
+            format!(
+                "model call {} is past the limit of {} per task (explorer.python_workflows.max_model_calls)",
+                spent.calls + 1,
+                self.max_calls
+            )
+        } else if n.max(1) > self.max_tokens.saturating_sub(spent.generated) {
+            format!(
+                "{} tokens generated of the {} allowed per task (explorer.python_workflows.max_model_tokens); a \
+                 call of n = {n} cannot fit",
+                spent.generated, self.max_tokens
+            )
+        } else {
+            spent.calls += 1;
+            return Ok(());
+        };
+        spent.exceeded = Some(exceeded.clone());
+        Err(Refusal::Budget(exceeded))
+    }
+
+    fn spend(&self, tokens: u64) {
+        let mut spent = self.lock();
+        spent.generated = spent.generated.saturating_add(tokens);
+    }
+
+    /// The refusal that ended the task's budget, if one did.
+    pub(crate) fn exceeded(&self) -> Option<String> {
+        self.lock().exceeded.clone()
+    }
+}
+
 /// One model call of a task.
 pub(crate) struct Call<'a> {
     pub(crate) task: &'a Task,
     pub(crate) ctx: &'a WorkflowContext,
     pub(crate) sessions: &'a Sessions,
+    pub(crate) budget: &'a Budget,
     /// Its number in the task, which seeds its sampling.
     pub(crate) number: u64,
 }
@@ -71,7 +156,7 @@ impl Call<'_> {
     }
 
     /// Answers `method` the way Trinity-RFT's `ModelWrapper` would.
-    pub(crate) async fn answer(&self, method: &str, params: &Value) -> Result<Value, String> {
+    pub(crate) async fn answer(&self, method: &str, params: &Value) -> Result<Value, Refusal> {
         let text = |e: &dyn std::fmt::Display| e.to_string();
         match method {
             "model_version" => Ok(self.model(params)?.model_version().into()),
@@ -108,18 +193,21 @@ impl Call<'_> {
             }
             "convert_messages" => {
                 let temperature = params["temperature"].as_f64().unwrap_or(1.0);
-                convert_messages(self.model(params)?, params, temperature).await
+                Ok(convert_messages(self.model(params)?, params, temperature).await?)
             }
-            "openai" => self.openai(params),
-            "history" => self.history(params),
-            other => Err(format!("`{other}` is not a model call trinity serves")),
+            "openai" => Ok(self.openai(params)?),
+            "history" => Ok(self.history(params)?),
+            other => Err(format!("`{other}` is not a model call trinity serves").into()),
         }
     }
 
-    /// Samples `n` completions of `prompt` with the call's keyword arguments over the taskset's rollout arguments.
-    async fn generate(&self, model: &RolloutModel, prompt: Vec<u32>, kwargs: &Value) -> Result<Value, String> {
+    /// Samples `n` completions of `prompt` with the call's keyword arguments over the taskset's rollout
+    /// arguments, within the task's budget.
+    async fn generate(&self, model: &RolloutModel, prompt: Vec<u32>, kwargs: &Value) -> Result<Value, Refusal> {
+        let n = kwargs["n"].as_u64().unwrap_or(1).max(1);
+        self.budget.admit(n)?;
         if let Some(limit) = model.prompt_over_limit(prompt.len()) {
-            return Err(format!("the prompt of {} tokens is over the model's limit of {limit}", prompt.len()));
+            return Err(format!("the prompt of {} tokens is over the model's limit of {limit}", prompt.len()).into());
         }
         let (task, args) = (self.task, &self.task.rollout_args);
         let float = |key: &str, default: Option<f64>| kwargs[key].as_f64().or(default);
@@ -132,7 +220,7 @@ impl Call<'_> {
             self.number,
         ]);
         let params = SamplingParams {
-            n: kwargs["n"].as_u64().unwrap_or(1).max(1) as usize,
+            n: n as usize,
             temperature: float("temperature", args.temperature).unwrap_or(1.0) as f32,
             top_p: float("top_p", args.top_p).unwrap_or(1.0) as f32,
             top_k: kwargs["top_k"].as_i64().or(args.top_k).filter(|k| *k > 0).map_or(0, |k| k as usize),
@@ -146,6 +234,7 @@ impl Call<'_> {
             ..SamplingParams::default()
         };
         let generation = model.generate(prompt.clone(), params).await.map_err(|e| e.to_string())?;
+        self.budget.spend(generation.completions.iter().map(|c| c.tokens.len() as u64).sum());
         let prompt_text = model.decode(&prompt).map_err(|e| e.to_string())?;
         let completions = generation.completions.into_iter().map(|completion| {
             let mut tokens = prompt.clone();

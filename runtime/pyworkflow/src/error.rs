@@ -28,6 +28,9 @@ pub enum PyWorkflowError {
         interpreter.display()
     )]
     ModuleNotFound { workflow: String, interpreter: PathBuf, module: String, top: String },
+    /// A setting of the Python workflow host that cannot be honoured.
+    #[error("{key}: {message}")]
+    Setting { key: String, message: String },
     /// The check answered something other than its one JSON line.
     #[error("workflow `{workflow}`: the Python check by `{}` answered {answer:?}", interpreter.display())]
     Check { workflow: String, interpreter: PathBuf, answer: String },

@@ -24,6 +24,13 @@
 //! cleanly on the protocol (done, or a Python exception reported with its traceback). A worker whose task
 //! timed out (the runner drops the task's future at `explorer.max_timeout`), that exited or that broke the
 //! protocol is killed and dropped, so it costs only its task and the next task starts a fresh one.
+//!
+//! Each task attempt's generation calls, over all its model wrappers, are budgeted by `explorer.python_workflows`
+//! (`max_model_calls`, `max_model_tokens`, a WASM plugin's defaults): the call past a limit raises
+//! `ModelBudgetExceeded` in the workflow, so do the calls after it, and the task fails. A class that cannot
+//! repeat runs once per repeat; the runs that completed are kept when another raises (with
+//! `explorer.over_rollout.return_partial_tasks` false, Trinity-RFT's default, the runs after the failed one are
+//! skipped), and a task fails only when none completed.
 
 mod calls;
 mod error;

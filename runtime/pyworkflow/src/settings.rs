@@ -1,5 +1,6 @@
 //! What a Python workflow's `self.model` says about its model: Trinity-RFT's `InferenceModelConfig` of the
-//! rollout model and of each auxiliary model, and how the runner repeats a non-batched workflow.
+//! rollout model and of each auxiliary model, how the runner repeats a non-batched workflow, and each task's model
+//! budget.
 //!
 //! Trinity-RFT fills an auxiliary model's unset sampling and length settings from `model:` and always serves it
 //! over the OpenAI API without history; the same is done here, so `model_config`, `generate_kwargs` and
@@ -9,6 +10,9 @@ use std::sync::RwLock;
 
 use serde_json::{Value, json};
 use trinity_config::Config;
+use trinity_config::explorer::PythonWorkflowLimits;
+
+use crate::PyWorkflowError;
 
 /// The running config's model settings, as the worker builds its `InferenceModelConfig`s from them.
 #[derive(Debug, Clone, Default)]
@@ -19,13 +23,30 @@ pub(crate) struct Settings {
     pub(crate) auxiliary: Vec<Value>,
     /// `explorer.concurrent_mode`.
     pub(crate) concurrent_mode: String,
+    /// `explorer.over_rollout.return_partial_tasks`: whether a non-repeatable workflow's other runs go on after
+    /// one raised (Trinity-RFT's runner's `collect_partial_runs`).
+    pub(crate) collect_partial_runs: bool,
+    /// `explorer.python_workflows`: each task attempt's model budget.
+    pub(crate) limits: PythonWorkflowLimits,
 }
 
 /// Process-wide because workflows are built by name and see no config; stages set theirs in turn.
 static SETTINGS: RwLock<Option<Settings>> = RwLock::new(None);
 
-/// Records the model settings the Python workflows of this run see (replacing those of an earlier stage).
-pub fn configure(config: &Config) {
+/// Records the model settings and budgets the Python workflows of this run see (replacing those of an earlier
+/// stage); a budget of zero is refused, since no workflow could make a single call.
+pub fn configure(config: &Config) -> Result<(), PyWorkflowError> {
+    let limits = config.explorer.python_workflows.clone();
+    for (key, value) in
+        [("max_model_calls", u64::from(limits.max_model_calls)), ("max_model_tokens", limits.max_model_tokens)]
+    {
+        if value == 0 {
+            return Err(PyWorkflowError::Setting {
+                key: format!("explorer.python_workflows.{key}"),
+                message: "must be positive: a Python workflow could not make a single model call".to_owned(),
+            });
+        }
+    }
     let model = &config.model;
     let rollout_model = &config.explorer.rollout_model;
     let shared = json!({
@@ -87,8 +108,15 @@ pub fn configure(config: &Config) {
             settings
         })
         .collect();
-    let settings = Settings { rollout, auxiliary, concurrent_mode: config.explorer.concurrent_mode.clone() };
+    let settings = Settings {
+        rollout,
+        auxiliary,
+        concurrent_mode: config.explorer.concurrent_mode.clone(),
+        collect_partial_runs: config.explorer.over_rollout.return_partial_tasks,
+        limits,
+    };
     *SETTINGS.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(settings);
+    Ok(())
 }
 
 fn extend(target: &mut Value, more: Value) {
@@ -104,6 +132,8 @@ pub(crate) fn current() -> Settings {
         rollout: json!({"model_path": crate::MODEL_PATH.get(), "api_key": "EMPTY"}),
         auxiliary: Vec::new(),
         concurrent_mode: "sequential".to_owned(),
+        collect_partial_runs: false,
+        limits: PythonWorkflowLimits::default(),
     })
 }
 
@@ -124,7 +154,8 @@ mod tests {
             ..Default::default()
         });
         config.explorer.concurrent_mode = "asynchronous".to_owned();
-        configure(&config);
+        config.explorer.python_workflows.max_model_calls = 7;
+        configure(&config).unwrap();
         let settings = current();
         assert_eq!(settings.rollout["model_path"], "policy");
         assert_eq!(settings.rollout["enable_openai_api"], true);
@@ -135,5 +166,14 @@ mod tests {
         assert_eq!(judge["max_response_tokens"], 4);
         assert_eq!(judge["enable_history"], false);
         assert_eq!(settings.concurrent_mode, "asynchronous");
+        assert_eq!((settings.limits.max_model_calls, settings.limits.max_model_tokens), (7, 1 << 22));
+    }
+
+    #[test]
+    fn a_zero_budget_is_refused_naming_its_key() {
+        let mut config = Config::default();
+        config.explorer.python_workflows.max_model_tokens = 0;
+        let error = configure(&config).unwrap_err().to_string();
+        assert!(error.contains("explorer.python_workflows.max_model_tokens"), "{error}");
     }
 }

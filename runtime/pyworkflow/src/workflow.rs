@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 use trinity_buffer::{Eid, Experience, Task, TruncateStatus};
 use trinity_explorer::{ExplorerError, Workflow, WorkflowContext, WorkflowFuture};
 
-use crate::calls::Call;
+use crate::calls::{Budget, Call, Refusal};
 use crate::worker::{self, Worker};
 
 /// The Python workflow class `name` (a dotted path, or a name in Trinity-RFT's `WORKFLOWS`).
@@ -40,9 +40,26 @@ impl Workflow for PythonWorkflow {
             // Dropped here unless checked in: a timed-out (cancelled) or broken task kills its worker.
             let outcome = drive(&mut worker, self, task, ctx).await;
             match outcome {
-                Outcome::Done(experiences) => {
+                Outcome::Done(done) => {
                     worker::check_in(worker);
-                    convert(task, ctx, experiences).map_err(failed)
+                    if let Some((run, traceback)) = done.failed_runs.first() {
+                        tracing::warn!(
+                            "task {}: python workflow `{}`: {} of {} runs completed and are kept, {} raised, {} \
+                             skipped after the first failure; run {} raised first:\n{traceback}",
+                            describe(task),
+                            self.name,
+                            done.completed_runs,
+                            done.total_runs,
+                            done.failed_runs.len(),
+                            done.total_runs.saturating_sub(done.completed_runs + done.failed_runs.len() as u64),
+                            run + 1,
+                        );
+                    }
+                    convert(task, ctx, done.experiences).map_err(failed)
+                }
+                Outcome::OverBudget(message) => {
+                    worker::check_in(worker);
+                    Err(failed(format!("python workflow `{}` went past its model budget: {message}", self.name)))
                 }
                 Outcome::Raised(traceback) => {
                     worker::check_in(worker);
@@ -59,13 +76,48 @@ impl Workflow for PythonWorkflow {
 }
 
 enum Outcome {
-    Done(Vec<Value>),
+    Done(Done),
+    /// The task's model budget refused a call (the message says which limit), whether or not the workflow
+    /// then raised.
+    OverBudget(String),
     Raised(String),
     Broken(String),
 }
 
+/// A task the worker finished: the experiences of the runs that completed, and the runs that raised (a workflow
+/// that cannot repeat runs once per repeat, and Trinity-RFT's runner keeps the runs that completed).
+struct Done {
+    experiences: Vec<Value>,
+    /// (run index, traceback) of each run that raised.
+    failed_runs: Vec<(u64, String)>,
+    completed_runs: u64,
+    total_runs: u64,
+}
+
+impl Done {
+    /// The task's end from the worker's `done` message: a task none of whose runs completed raised, with the
+    /// first run's traceback.
+    fn from_message(message: &Value) -> Outcome {
+        let failed_runs: Vec<(u64, String)> = message["failed_runs"]
+            .as_array()
+            .map(|runs| {
+                runs.iter()
+                    .map(|r| (r["run"].as_u64().unwrap_or(0), r["traceback"].as_str().unwrap_or_default().to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let experiences = message["experiences"].as_array().cloned().unwrap_or_default();
+        let total_runs = message["total_runs"].as_u64().unwrap_or(1);
+        let completed_runs = message["completed_runs"].as_u64().unwrap_or(total_runs);
+        match failed_runs.first() {
+            Some((_, traceback)) if completed_runs == 0 => Outcome::Raised(traceback.clone()),
+            _ => Outcome::Done(Done { experiences, failed_runs, completed_runs, total_runs }),
+        }
+    }
+}
+
 /// A model call being answered: the call's id and its result.
-type Answering<'a> = Pin<Box<dyn Future<Output = (Value, Result<Value, String>)> + Send + 'a>>;
+type Answering<'a> = Pin<Box<dyn Future<Output = (Value, Result<Value, Refusal>)> + Send + 'a>>;
 
 /// Sends the task and answers the worker's model calls until it reports the task's end. Calls are answered
 /// concurrently, each replied to as soon as it is done, so a workflow that gathers several async calls has
@@ -79,7 +131,10 @@ async fn drive(worker: &mut Worker, workflow: &PythonWorkflow, task: &Task, ctx:
         "model": settings.rollout,
         "auxiliary_models": settings.auxiliary,
         "concurrent_mode": settings.concurrent_mode,
+        "collect_partial_runs": settings.collect_partial_runs,
     });
+    let limits = &settings.limits;
+    let budget = Budget::new(u64::from(limits.max_model_calls), limits.max_model_tokens);
     if let Err(error) = worker.send(&message).await {
         return Outcome::Broken(format!("did not take the task: {error}"));
     }
@@ -96,7 +151,8 @@ async fn drive(worker: &mut Worker, workflow: &PythonWorkflow, task: &Task, ctx:
             Some((id, result)) = answering.next(), if !answering.is_empty() => {
                 let reply = match result {
                     Ok(result) => json!({"type": "reply", "id": id, "result": result}),
-                    Err(error) => json!({"type": "reply", "id": id, "error": error}),
+                    Err(Refusal::Error(error)) => json!({"type": "reply", "id": id, "error": error}),
+                    Err(Refusal::Budget(error)) => json!({"type": "reply", "id": id, "error": error, "budget": true}),
                 };
                 if let Err(error) = worker.send(&reply).await {
                     return Outcome::Broken(format!("did not take a model reply: {error}"));
@@ -107,15 +163,21 @@ async fn drive(worker: &mut Worker, workflow: &PythonWorkflow, task: &Task, ctx:
         match message["type"].as_str() {
             Some("done") => {
                 sessions.end_task();
-                return Outcome::Done(message["experiences"].as_array().cloned().unwrap_or_default());
+                return match budget.exceeded() {
+                    Some(exceeded) => Outcome::OverBudget(exceeded),
+                    None => Done::from_message(&message),
+                };
             }
             Some("failed") => {
                 sessions.end_task();
-                return Outcome::Raised(message["traceback"].as_str().unwrap_or_default().to_owned());
+                return match budget.exceeded() {
+                    Some(exceeded) => Outcome::OverBudget(exceeded),
+                    None => Outcome::Raised(message["traceback"].as_str().unwrap_or_default().to_owned()),
+                };
             }
             Some("call") => {
                 calls += 1;
-                let call = Call { task, ctx, sessions: &sessions, number: calls };
+                let call = Call { task, ctx, sessions: &sessions, budget: &budget, number: calls };
                 answering.push(Box::pin(async move {
                     let method = message["method"].as_str().unwrap_or_default();
                     let result = call.answer(method, &message["params"]).await;
