@@ -51,6 +51,34 @@ impl WeightSource for TextWeights<'_> {
     }
 }
 
+/// Expands each image placeholder of a rendered prompt to the tokens its image takes, as the processor does
+/// before tokenized prompts reach the model: chat templates write one `<|image_pad|>` per image between
+/// `<|vision_start|>` and `<|vision_end|>`, the model needs `t · h · w / merge²` of them (`grids` in order,
+/// `[t, h, w]` patches each). Errors when the prompt has more or fewer placeholders than images.
+pub fn expand_image_placeholders(config: &VlConfig, ids: &[i64], grids: &[[i64; 3]]) -> Result<Vec<i64>> {
+    let unit = config.vision.merge_unit();
+    let mut out = Vec::with_capacity(ids.len());
+    let mut images = grids.iter();
+    for &id in ids {
+        if id != config.image_token_id {
+            out.push(id);
+            continue;
+        }
+        let [t, h, w] = images.next().ok_or_else(|| {
+            ModelError::InvalidInput(format!("the prompt has more image placeholders than the {} images", grids.len()))
+        })?;
+        out.extend(std::iter::repeat_n(id, (t * h * w / unit) as usize));
+    }
+    if images.len() > 0 {
+        return Err(ModelError::InvalidInput(format!(
+            "{} images but only {} placeholders in the prompt",
+            grids.len(),
+            grids.len() - images.len()
+        )));
+    }
+    Ok(out)
+}
+
 /// Images for one forward: their patches one after another (`[patches, patch_dim]`) and each one's grid.
 pub type Images<'a> = (&'a Tensor, &'a [[i64; 3]]);
 
@@ -160,5 +188,30 @@ impl Qwen25Vl {
     /// Logits `[B, T, vocab]` of [`Qwen25Vl::forward_hidden`].
     pub fn forward(&self, ids: &Tensor, attention_mask: Option<&Tensor>, images: Option<Images<'_>>) -> Result<Tensor> {
         self.decoder.logits(&self.forward_hidden(ids, attention_mask, images)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn each_placeholder_expands_to_its_image_tokens() {
+        let c = VlConfig::from_json(&json!({
+            "model_type": "qwen2_5_vl", "image_token_id": 60, "video_token_id": 61,
+            "text_config": {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "num_key_value_heads": 1,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1]}},
+            "vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 24, "num_heads": 2,
+                "window_size": 56, "out_hidden_size": 16},
+        }))
+        .unwrap();
+        let ids = [1, 58, 60, 59, 5, 58, 60, 59];
+        let out = expand_image_placeholders(&c, &ids, &[[1, 4, 2], [1, 2, 2]]).unwrap();
+        assert_eq!(out, vec![1, 58, 60, 60, 59, 5, 58, 60, 59]);
+        assert!(expand_image_placeholders(&c, &ids, &[[1, 4, 2]]).is_err());
+        assert!(expand_image_placeholders(&c, &ids, &[[1, 2, 2]; 3]).is_err());
     }
 }
