@@ -161,5 +161,6 @@ fn model_config() -> ModelConfig {
         bos_token_id: None,
         eos_token_ids: vec![IM_END],
         torch_dtype: None,
+        moe: None,
     }
 }

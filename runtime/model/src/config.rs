@@ -1,8 +1,9 @@
 //! The architecture description of a decoder: read from Hugging Face `config.json` or GGUF metadata, written
 //! back as a `config.json` that transformers loads.
 //!
-//! One struct covers the three families because they differ only in switches: Qwen2 adds q/k/v biases, Qwen3
-//! adds per-head RMSNorm on q and k, Llama may have biases (`attention_bias`) and llama3 RoPE scaling.
+//! One struct covers the families because they differ only in switches: Qwen2 adds q/k/v biases, Qwen3 adds
+//! per-head RMSNorm on q and k, Llama may have biases (`attention_bias`) and llama3 RoPE scaling, and Qwen3-MoE
+//! is Qwen3 whose layers' MLPs are mixtures of experts ([`MoeConfig`]).
 
 use std::path::Path;
 
@@ -20,9 +21,11 @@ pub enum Family {
     Qwen2,
     /// `Qwen3ForCausalLM`: RMSNorm on q and k per head, no biases.
     Qwen3,
+    /// `Qwen3MoeForCausalLM`: Qwen3's attention, sparse mixture-of-experts MLPs ([`ModelConfig::moe`]).
+    Qwen3Moe,
 }
 
-pub(crate) const SUPPORTED: &str = "llama, qwen2, qwen3";
+pub(crate) const SUPPORTED: &str = "llama, qwen2, qwen3, qwen3_moe";
 
 impl Family {
     /// From HF `model_type` (or GGUF `general.architecture`, which uses the same words).
@@ -31,6 +34,8 @@ impl Family {
             "llama" | "mistral" | "smollm" => Ok(Self::Llama),
             "qwen2" => Ok(Self::Qwen2),
             "qwen3" => Ok(Self::Qwen3),
+            // llama.cpp's architecture name has no underscore.
+            "qwen3_moe" | "qwen3moe" => Ok(Self::Qwen3Moe),
             other => Err(ModelError::UnknownArchitecture { architecture: other.to_owned(), supported: SUPPORTED }),
         }
     }
@@ -41,6 +46,7 @@ impl Family {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Qwen3Moe => "qwen3_moe",
         }
     }
 
@@ -50,7 +56,49 @@ impl Family {
             Self::Llama => "LlamaForCausalLM",
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::Qwen3Moe => "Qwen3MoeForCausalLM",
         }
+    }
+
+    /// Per-head RMSNorm on q and k.
+    fn qk_norm(self) -> bool {
+        matches!(self, Self::Qwen3 | Self::Qwen3Moe)
+    }
+}
+
+/// The sparse MLP of a mixture-of-experts model (transformers' `Qwen3MoeSparseMoeBlock`): a router (a linear map
+/// from the hidden state to one logit per expert, no bias) whose softmax, taken in fp32, picks the top
+/// `num_experts_per_tok` experts of each token; their SwiGLU MLPs (width `moe_intermediate_size`) are summed,
+/// weighted by those probabilities (renormalised to sum 1 over the chosen ones when `norm_topk_prob`).
+///
+/// A separate struct rather than more family switches because which layers are sparse is itself configuration
+/// (`mlp_only_layers`, `decoder_sparse_step`), and the next MoE families (Qwen2-MoE's shared expert) extend this
+/// rather than the attention switches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per sparse layer (`num_experts`; transformers 5 writes it as `num_local_experts`).
+    pub num_experts: i64,
+    /// Experts each token is routed to (top-k).
+    pub num_experts_per_tok: i64,
+    /// Width of each expert's MLP.
+    pub moe_intermediate_size: i64,
+    /// Renormalise the chosen experts' probabilities to sum 1.
+    pub norm_topk_prob: bool,
+    /// Layer `i` is sparse when `(i + 1) % decoder_sparse_step == 0` and it is not in `mlp_only_layers`.
+    pub decoder_sparse_step: i64,
+    /// Layers that keep a dense MLP of `intermediate_size`.
+    pub mlp_only_layers: Vec<i64>,
+    /// Weight of the load-balancing loss in transformers' training loss (kept for the trainer; the model crate
+    /// only computes the loss, [`crate::load_balancing_loss`]).
+    pub router_aux_loss_coef: f64,
+    /// Whether the checkpoint asks for router logits (and so the load-balancing loss) during training.
+    pub output_router_logits: bool,
+}
+
+impl MoeConfig {
+    /// Whether layer `layer` has a sparse MLP.
+    pub fn is_sparse(&self, layer: i64) -> bool {
+        !self.mlp_only_layers.contains(&layer) && (layer + 1) % self.decoder_sparse_step == 0
     }
 }
 
@@ -120,6 +168,8 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<i64>,
     /// The dtype the checkpoint declares (`torch_dtype` / `dtype`), e.g. `bfloat16`.
     pub torch_dtype: Option<String>,
+    /// The mixture-of-experts MLPs, for [`Family::Qwen3Moe`] (always set there, never elsewhere).
+    pub moe: Option<MoeConfig>,
 }
 
 fn get<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a Value> {
@@ -218,7 +268,11 @@ impl ModelConfig {
         let attention_bias = opt_bool(obj, "attention_bias", false)?;
         let (qkv_bias, o_bias) = match family {
             Family::Qwen2 => (true, false),
-            Family::Llama | Family::Qwen3 => (attention_bias, attention_bias),
+            Family::Llama | Family::Qwen3 | Family::Qwen3Moe => (attention_bias, attention_bias),
+        };
+        let moe = match family {
+            Family::Qwen3Moe => Some(moe_from_json(obj)?),
+            _ => None,
         };
         let config = Self {
             family,
@@ -239,10 +293,11 @@ impl ModelConfig {
             // Only Llama reads `mlp_bias`: transformers builds Qwen2 and Qwen3 MLPs without biases whatever the
             // config says (and `to_json` writes the key for Llama alone).
             mlp_bias: opt_bool(obj, "mlp_bias", false)? && family == Family::Llama,
-            qk_norm: family == Family::Qwen3,
+            qk_norm: family.qk_norm(),
             bos_token_id: obj.get("bos_token_id").and_then(Value::as_i64),
             eos_token_ids: ids(obj.get("eos_token_id")),
             torch_dtype: obj.get("dtype").or_else(|| obj.get("torch_dtype")).and_then(Value::as_str).map(str::to_owned),
+            moe,
         };
         config.validate()?;
         Ok(config)
@@ -304,10 +359,14 @@ impl ModelConfig {
             qkv_bias: family == Family::Qwen2 || gguf.tensor_info("blk.0.attn_q.bias").is_some(),
             o_bias: gguf.tensor_info("blk.0.attn_output.bias").is_some(),
             mlp_bias: gguf.tensor_info("blk.0.ffn_up.bias").is_some(),
-            qk_norm: family == Family::Qwen3,
+            qk_norm: family.qk_norm(),
             bos_token_id: tok("tokenizer.ggml.bos_token_id"),
             eos_token_ids: tok("tokenizer.ggml.eos_token_id").into_iter().collect(),
             torch_dtype: None,
+            moe: match family {
+                Family::Qwen3Moe => Some(moe_from_gguf(gguf, &arch, u("block_count")?)?),
+                _ => None,
+            },
         };
         config.validate().map_err(|e| match e {
             // GGUF metadata keys carry the architecture prefix (`llama.block_count`).
@@ -348,8 +407,22 @@ impl ModelConfig {
                 obj.insert("attention_bias".into(), json!(self.o_bias));
                 obj.insert("mlp_bias".into(), json!(self.mlp_bias));
             }
-            if self.family == Family::Qwen3 {
+            if matches!(self.family, Family::Qwen3 | Family::Qwen3Moe) {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
+            }
+            if let Some(moe) = &self.moe {
+                for (key, value) in [
+                    ("num_experts", json!(moe.num_experts)),
+                    ("num_experts_per_tok", json!(moe.num_experts_per_tok)),
+                    ("moe_intermediate_size", json!(moe.moe_intermediate_size)),
+                    ("norm_topk_prob", json!(moe.norm_topk_prob)),
+                    ("decoder_sparse_step", json!(moe.decoder_sparse_step)),
+                    ("mlp_only_layers", json!(moe.mlp_only_layers)),
+                    ("router_aux_loss_coef", json!(moe.router_aux_loss_coef)),
+                    ("output_router_logits", json!(moe.output_router_logits)),
+                ] {
+                    obj.insert(key.into(), value);
+                }
             }
             if let Some(b) = self.bos_token_id {
                 obj.insert("bos_token_id".into(), json!(b));
@@ -440,6 +513,9 @@ fn gguf_key(arch: &str, field: &str) -> String {
         "rms_norm_eps" => "attention.layer_norm_rms_epsilon",
         "rope_theta" => "rope.freq_base",
         "vocab_size" => "vocab_size",
+        "num_experts" => "expert_count",
+        "num_experts_per_tok" => "expert_used_count",
+        "moe_intermediate_size" => "expert_feed_forward_length",
         other if other.starts_with(&format!("{arch}.")) => return other.to_owned(),
         other => other,
     };
@@ -475,6 +551,9 @@ impl ModelConfig {
         }
         check_dim("max_position_embeddings", self.max_position_embeddings, MAX_CONTEXT)?;
         check_positive("rms_norm_eps", self.rms_norm_eps)?;
+        if let Some(moe) = &self.moe {
+            moe.validate(self.num_hidden_layers)?;
+        }
         check_positive("rope_theta", self.rope_theta)?;
         match self.rope_scaling {
             RopeScaling::None => {}
@@ -494,6 +573,91 @@ impl ModelConfig {
         }
         Ok(())
     }
+}
+
+const MAX_EXPERTS: i64 = 1 << 12;
+
+impl MoeConfig {
+    fn validate(&self, layers: i64) -> Result<()> {
+        check_dim("num_experts", self.num_experts, MAX_EXPERTS)?;
+        check_dim("num_experts_per_tok", self.num_experts_per_tok, self.num_experts)?;
+        check_dim("moe_intermediate_size", self.moe_intermediate_size, MAX_FFN)?;
+        check_dim("decoder_sparse_step", self.decoder_sparse_step, MAX_LAYERS)?;
+        if let Some(bad) = self.mlp_only_layers.iter().find(|&&l| !(0..layers).contains(&l)) {
+            return Err(out_of_range("mlp_only_layers", format!("layer {bad} is not in 0..{layers}")));
+        }
+        if !self.router_aux_loss_coef.is_finite() || self.router_aux_loss_coef < 0.0 {
+            return Err(out_of_range(
+                "router_aux_loss_coef",
+                format!("must be a finite number of at least 0, found {}", self.router_aux_loss_coef),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The MoE keys of a Qwen3-MoE `config.json`, with transformers' defaults where a key is absent.
+fn moe_from_json(obj: &Map<String, Value>) -> Result<MoeConfig> {
+    let num_experts = match obj.get("num_experts").filter(|v| !v.is_null()) {
+        Some(_) => get_i64(obj, "num_experts")?,
+        None => get_i64(obj, "num_local_experts")?,
+    };
+    let opt_i64 = |key: &str, default: i64| match obj.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => {
+            v.as_i64().ok_or_else(|| ModelError::Metadata { key: key.to_owned(), reason: "expected an integer".into() })
+        }
+    };
+    let mlp_only_layers = match obj.get("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|v| {
+                v.as_i64().ok_or_else(|| ModelError::Metadata {
+                    key: "mlp_only_layers".into(),
+                    reason: "expected a list of layer indices".into(),
+                })
+            })
+            .collect::<Result<_>>()?,
+        Some(_) => {
+            return Err(ModelError::Metadata {
+                key: "mlp_only_layers".into(),
+                reason: "expected a list of layer indices".into(),
+            });
+        }
+    };
+    Ok(MoeConfig {
+        num_experts,
+        num_experts_per_tok: opt_i64("num_experts_per_tok", 8)?,
+        moe_intermediate_size: get_i64(obj, "moe_intermediate_size")?,
+        norm_topk_prob: opt_bool(obj, "norm_topk_prob", false)?,
+        decoder_sparse_step: opt_i64("decoder_sparse_step", 1)?,
+        mlp_only_layers,
+        router_aux_loss_coef: opt_f64(obj, "router_aux_loss_coef", 0.001)?,
+        output_router_logits: opt_bool(obj, "output_router_logits", false)?,
+    })
+}
+
+/// The MoE shape of a llama.cpp `qwen3moe` file: `expert_count`, `expert_used_count`,
+/// `expert_feed_forward_length`. llama.cpp renormalises the top-k weights of every Qwen3-MoE (there is no
+/// metadata key for it) and makes a layer dense only by leaving out its router, so a layer without
+/// `blk.N.ffn_gate_inp.weight` is listed in `mlp_only_layers`.
+fn moe_from_gguf(gguf: &GgufFile, arch: &str, layers: i64) -> Result<MoeConfig> {
+    let u =
+        |k: &str| -> Result<i64> { Ok(i64::try_from(gguf.require_u64(&format!("{arch}.{k}"))?).unwrap_or(i64::MAX)) };
+    let mlp_only_layers = (0..layers.min(MAX_LAYERS))
+        .filter(|i| gguf.tensor_info(&format!("blk.{i}.ffn_gate_inp.weight")).is_none())
+        .collect();
+    Ok(MoeConfig {
+        num_experts: u("expert_count")?,
+        num_experts_per_tok: u("expert_used_count")?,
+        moe_intermediate_size: u("expert_feed_forward_length")?,
+        norm_topk_prob: true,
+        decoder_sparse_step: 1,
+        mlp_only_layers,
+        router_aux_loss_coef: 0.001,
+        output_router_logits: false,
+    })
 }
 
 fn parse_rope_scaling(r: &Map<String, Value>) -> Result<RopeScaling> {
@@ -597,6 +761,57 @@ mod tests {
         assert_eq!(ModelConfig::from_json(&c.to_json("float32")).unwrap().mlp_bias, c.mlp_bias);
         v["model_type"] = json!("llama");
         assert!(ModelConfig::from_json(&v).unwrap().mlp_bias);
+    }
+
+    fn qwen3_moe() -> Value {
+        let mut v = base();
+        v["model_type"] = json!("qwen3_moe");
+        v["head_dim"] = json!(8);
+        v["num_local_experts"] = json!(4);
+        v["num_experts_per_tok"] = json!(2);
+        v["moe_intermediate_size"] = json!(8);
+        v["norm_topk_prob"] = json!(true);
+        v["mlp_only_layers"] = json!([1]);
+        v
+    }
+
+    #[test]
+    fn qwen3_moe_parses_and_round_trips() {
+        let c = ModelConfig::from_json(&qwen3_moe()).unwrap();
+        assert_eq!(c.family, Family::Qwen3Moe);
+        assert!(c.qk_norm && !c.qkv_bias);
+        let moe = c.moe.clone().unwrap();
+        assert_eq!((moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size), (4, 2, 8));
+        assert!(moe.norm_topk_prob && moe.is_sparse(0) && !moe.is_sparse(1));
+        let json = c.to_json("bfloat16");
+        assert_eq!(json["architectures"][0], "Qwen3MoeForCausalLM");
+        assert_eq!(json["num_experts"], 4);
+        let again = ModelConfig::from_json(&json).unwrap();
+        assert_eq!(ModelConfig { torch_dtype: None, ..again }, c);
+        // Every other layer sparse: 1, 3, ...
+        let step = MoeConfig { decoder_sparse_step: 2, mlp_only_layers: vec![], ..moe };
+        assert_eq!((0..4).map(|l| step.is_sparse(l)).collect::<Vec<_>>(), [false, true, false, true]);
+        assert!(ModelConfig::from_json(&base()).unwrap().moe.is_none());
+    }
+
+    #[test]
+    fn bad_moe_keys_are_named() {
+        let cases: [(&str, Value); 5] = [
+            ("num_experts_per_tok", json!(5)),
+            ("num_experts_per_tok", json!(0)),
+            ("moe_intermediate_size", json!(0)),
+            ("mlp_only_layers", json!([2])),
+            ("decoder_sparse_step", json!(0)),
+        ];
+        for (key, value) in cases {
+            let mut v = qwen3_moe();
+            v[key] = value.clone();
+            let err = ModelConfig::from_json(&v).unwrap_err();
+            assert!(matches!(err, ModelError::Metadata { key: ref k, .. } if k == key), "{key} = {value}: {err}");
+        }
+        let mut v = qwen3_moe();
+        v.as_object_mut().unwrap().remove("moe_intermediate_size");
+        assert!(ModelConfig::from_json(&v).unwrap_err().to_string().contains("moe_intermediate_size"));
     }
 
     #[test]

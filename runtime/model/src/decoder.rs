@@ -1,4 +1,4 @@
-//! The decoder-only transformer (Llama / Qwen2 / Qwen3) on libtorch.
+//! The decoder-only transformer (Llama / Qwen2 / Qwen3 / Qwen3-MoE) on libtorch.
 //!
 //! Parameters live in a [`tch::nn::VarStore`] under their Hugging Face names (`model.layers.0.mlp.up_proj.weight`),
 //! all trainable, so a trainer can run autograd and an optimizer over [`Decoder::var_store`], a synchronizer can
@@ -29,6 +29,7 @@ use crate::decode_step::{self, DecodeLayer, DecodeShape};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::lora::LoraBranch;
+use crate::moe::{Expert, Routed, SparseMlp};
 use crate::packed::{self, PackedLinear};
 use crate::rope;
 use crate::train_ops;
@@ -37,6 +38,8 @@ use crate::weights::{ParamSpec, WeightSource, param_specs};
 
 mod embeds;
 mod training;
+
+pub use training::RoutedHidden;
 
 #[derive(Debug)]
 pub(crate) struct Linear {
@@ -48,7 +51,7 @@ pub(crate) struct Linear {
 
 impl Linear {
     /// A copy sharing the tensors.
-    fn share(&self) -> Linear {
+    pub(crate) fn share(&self) -> Linear {
         Linear {
             weight: self.weight.shallow_clone(),
             bias: self.bias.as_ref().map(Tensor::shallow_clone),
@@ -56,7 +59,7 @@ impl Linear {
         }
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = x.f_linear(&self.weight, self.bias.as_ref())?;
         match &self.lora {
             Some(lora) => lora.add_to(y, x),
@@ -75,9 +78,23 @@ pub(crate) struct Layer {
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
     post_norm: Tensor,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    mlp: Mlp,
+}
+
+/// A layer's MLP: one SwiGLU, or a mixture of experts ([`crate::moe`]).
+#[derive(Debug)]
+enum Mlp {
+    Dense { gate: Linear, up: Linear, down: Linear },
+    Sparse(SparseMlp),
+}
+
+impl Mlp {
+    fn share(&self) -> Mlp {
+        match self {
+            Mlp::Dense { gate, up, down } => Mlp::Dense { gate: gate.share(), up: up.share(), down: down.share() },
+            Mlp::Sparse(sparse) => Mlp::Sparse(sparse.share()),
+        }
+    }
 }
 
 impl Layer {
@@ -92,42 +109,48 @@ impl Layer {
             q_norm: self.q_norm.as_ref().map(Tensor::shallow_clone),
             k_norm: self.k_norm.as_ref().map(Tensor::shallow_clone),
             post_norm: self.post_norm.shallow_clone(),
-            gate: self.gate.share(),
-            up: self.up.share(),
-            down: self.down.share(),
+            mlp: self.mlp.share(),
         }
     }
 
-    /// The projections LoRA can adapt, by their module name inside the layer (PEFT's names).
-    pub(crate) fn linears(&self) -> [(&'static str, &Linear); 7] {
-        [
+    /// The projections LoRA can adapt, by their module name inside the layer (PEFT's names): the attention
+    /// projections, and the MLP's in a dense layer (adapters on experts are not implemented).
+    pub(crate) fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        let mut out = vec![
             ("self_attn.q_proj", &self.q),
             ("self_attn.k_proj", &self.k),
             ("self_attn.v_proj", &self.v),
             ("self_attn.o_proj", &self.o),
-            ("mlp.gate_proj", &self.gate),
-            ("mlp.up_proj", &self.up),
-            ("mlp.down_proj", &self.down),
-        ]
+        ];
+        if let Mlp::Dense { gate, up, down } = &self.mlp {
+            out.extend([("mlp.gate_proj", gate), ("mlp.up_proj", up), ("mlp.down_proj", down)]);
+        }
+        out
     }
 
     /// [`Layer::linears`], mutable.
-    pub(crate) fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 7] {
-        [
+    pub(crate) fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        let mut out = vec![
             ("self_attn.q_proj", &mut self.q),
             ("self_attn.k_proj", &mut self.k),
             ("self_attn.v_proj", &mut self.v),
             ("self_attn.o_proj", &mut self.o),
-            ("mlp.gate_proj", &mut self.gate),
-            ("mlp.up_proj", &mut self.up),
-            ("mlp.down_proj", &mut self.down),
-        ]
+        ];
+        if let Mlp::Dense { gate, up, down } = &mut self.mlp {
+            out.extend([("mlp.gate_proj", gate), ("mlp.up_proj", up), ("mlp.down_proj", down)]);
+        }
+        out
     }
 
     /// The projections the packed decode path stacks into one matmul each, in [`FastLayer::packed_mut`]'s order:
-    /// those reading the same input go together (q, k and v; gate and up).
+    /// those reading the same input go together (q, k and v; gate and up). Only dense models are packed
+    /// ([`Decoder::prepare_decode_on`]); a sparse layer's MLP groups are empty.
     fn packed_groups(&self) -> [Vec<&Linear>; 4] {
-        [vec![&self.q, &self.k, &self.v], vec![&self.o], vec![&self.gate, &self.up], vec![&self.down]]
+        let (gate_up, down) = match &self.mlp {
+            Mlp::Dense { gate, up, down } => (vec![gate, up], vec![down]),
+            Mlp::Sparse(_) => (Vec::new(), Vec::new()),
+        };
+        [vec![&self.q, &self.k, &self.v], vec![&self.o], gate_up, down]
     }
 }
 
@@ -237,6 +260,16 @@ fn weights_and_biases<'a>(linears: &[&'a Linear]) -> (Vec<&'a Tensor>, Vec<Optio
     (linears.iter().map(|l| &l.weight).collect(), linears.iter().map(|l| l.bias.as_ref()).collect())
 }
 
+/// Each sparse layer's `[B·T, k]` experts → `[B, T, layers, k]` (`[B, T, 0, 0]` for none).
+fn routing_layout(layers: Vec<Tensor>, b: i64, t: i64) -> Result<Tensor> {
+    if layers.is_empty() {
+        return Ok(Tensor::f_zeros([b, t, 0, 0], (Kind::Int64, Device::Cpu))?);
+    }
+    let k = layers[0].size()[1];
+    let n = layers.len() as i64;
+    Ok(Tensor::f_stack(&layers, 1)?.f_reshape([b, t, n, k])?)
+}
+
 /// Adds `tensor` to the var store under a dotted HF name (tch paths cannot contain dots in one component).
 fn add_var(vs: &VarStore, name: &str, tensor: Tensor) -> Tensor {
     let mut parts = name.split('.');
@@ -323,27 +356,43 @@ impl Dims {
         Ok((train_ops::rope(&q, cos, sin)?, train_ops::rope(&k, cos, sin)?, v))
     }
 
-    /// Output projection, residual, MLP, residual. `attn` is `[B, T, H·D]`.
-    fn finish_layer(self, layer: &Layer, fast: Option<&FastLayer>, x: Tensor, attn: &Tensor) -> Result<Tensor> {
+    /// Output projection, residual, MLP, residual. `attn` is `[B, T, H·D]`. A sparse layer also returns what its
+    /// router decided for the `B·T` tokens, routing them to `replay` `[B·T, k]` when given.
+    fn finish_layer(
+        self,
+        layer: &Layer,
+        fast: Option<&FastLayer>,
+        x: Tensor,
+        attn: &Tensor,
+        replay: Option<&Tensor>,
+    ) -> Result<(Tensor, Option<Routed>)> {
         let o = match fast.and_then(|f| f.o.as_ref()) {
             Some(o) => o.forward(attn)?,
             None => layer.o.forward(attn)?,
         };
         let x = x + o;
         let h = self.rms_norm(&x, fast.map_or(&layer.post_norm, |f| &f.post_norm))?;
+        let (gate, up, down) = match &layer.mlp {
+            Mlp::Dense { gate, up, down } => (gate, up, down),
+            Mlp::Sparse(sparse) => {
+                let mut routed = sparse.forward(&h, replay)?;
+                let out = std::mem::replace(&mut routed.out, Tensor::new());
+                return Ok((x + out, Some(routed)));
+            }
+        };
         let act = match fast.and_then(|f| f.gate_up.as_ref()) {
             Some(gate_up) => {
                 let y = gate_up.forward(&h)?;
                 let inter = gate_up.out_features() / 2;
                 y.f_narrow(-1, 0, inter)?.f_silu()? * y.f_narrow(-1, inter, inter)?
             }
-            None => train_ops::swiglu(&layer.gate.forward(&h)?, &layer.up.forward(&h)?)?,
+            None => train_ops::swiglu(&gate.forward(&h)?, &up.forward(&h)?)?,
         };
         let mlp = match fast.and_then(|f| f.down.as_ref()) {
             Some(down) => down.forward(&act)?,
-            None => layer.down.forward(&act)?,
+            None => down.forward(&act)?,
         };
-        Ok(x + mlp)
+        Ok((x + mlp, None))
     }
 }
 
@@ -385,6 +434,28 @@ impl Decoder {
             } else {
                 (None, None)
             };
+            let mlp = match &config.moe {
+                Some(moe) if moe.is_sparse(i) => Mlp::Sparse(SparseMlp {
+                    router: take(&mut vars, &format!("{p}.mlp.gate.weight"))?,
+                    experts: (0..moe.num_experts)
+                        .map(|e| {
+                            let e = format!("{p}.mlp.experts.{e}");
+                            Ok(Expert {
+                                gate: linear(&mut vars, &format!("{e}.gate_proj"), false)?,
+                                up: linear(&mut vars, &format!("{e}.up_proj"), false)?,
+                                down: linear(&mut vars, &format!("{e}.down_proj"), false)?,
+                            })
+                        })
+                        .collect::<Result<_>>()?,
+                    top_k: moe.num_experts_per_tok,
+                    norm_topk_prob: moe.norm_topk_prob,
+                }),
+                _ => Mlp::Dense {
+                    gate: linear(&mut vars, &format!("{p}.mlp.gate_proj"), config.mlp_bias)?,
+                    up: linear(&mut vars, &format!("{p}.mlp.up_proj"), config.mlp_bias)?,
+                    down: linear(&mut vars, &format!("{p}.mlp.down_proj"), config.mlp_bias)?,
+                },
+            };
             layers.push(Layer {
                 input_norm: take(&mut vars, &format!("{p}.input_layernorm.weight"))?,
                 q: linear(&mut vars, &format!("{p}.self_attn.q_proj"), config.qkv_bias)?,
@@ -394,9 +465,7 @@ impl Decoder {
                 q_norm,
                 k_norm,
                 post_norm: take(&mut vars, &format!("{p}.post_attention_layernorm.weight"))?,
-                gate: linear(&mut vars, &format!("{p}.mlp.gate_proj"), config.mlp_bias)?,
-                up: linear(&mut vars, &format!("{p}.mlp.up_proj"), config.mlp_bias)?,
-                down: linear(&mut vars, &format!("{p}.mlp.down_proj"), config.mlp_bias)?,
+                mlp,
             });
         }
         let embed = take(&mut vars, "model.embed_tokens.weight")?;
@@ -427,8 +496,8 @@ impl Decoder {
     /// dtype (the tests run every set the CPU has; `decode_profile --isa` compares two).
     pub fn prepare_decode_on(&mut self, isa: packed::Isa) -> Result<bool> {
         self.fast = None;
-        // The packed kernels know nothing of adapters; a model carrying them keeps the libtorch path.
-        if self.device() != Device::Cpu || !isa.runs(self.kind) || self.has_lora() {
+        // The packed kernels know nothing of adapters or experts; a model carrying them keeps the libtorch path.
+        if self.device() != Device::Cpu || !isa.runs(self.kind) || self.has_lora() || self.config.moe.is_some() {
             return Ok(false);
         }
         // One arena for the whole model, so that its projections fill whole huge pages together.
@@ -638,6 +707,20 @@ impl Decoder {
         slots: &[usize],
         new_lens: &[usize],
     ) -> Result<Tensor> {
+        Ok(self.forward_with_cache_routed(input_ids, cache, slots, new_lens)?.0)
+    }
+
+    /// [`Decoder::forward_with_cache`], also returning the experts every new token was routed to: `[B, T, L, k]`
+    /// int64 for the model's `L` sparse layers ([`Decoder::sparse_layers`]) and `k` experts a token, best first
+    /// (`[B, T, 0, 0]` for a dense model). Positions past `new_lens[b]` in row `b` are padding: ignore them. This is
+    /// what a rollout records for routing replay (Trinity-RFT's `routed_experts`, one `[L, k]` row a token).
+    pub fn forward_with_cache_routed(
+        &self,
+        input_ids: &Tensor,
+        cache: &mut KvCache,
+        slots: &[usize],
+        new_lens: &[usize],
+    ) -> Result<(Tensor, Tensor)> {
         let size = input_ids.size();
         let [b, t] = size[..] else {
             return Err(ModelError::InvalidInput(format!("input_ids must be [B, T], got {size:?}")));
@@ -674,7 +757,7 @@ impl Decoder {
             for (&slot, &start) in slots.iter().zip(&starts) {
                 cache.set_len(slot, start + 1);
             }
-            return Ok(hidden);
+            return Ok((hidden, routing_layout(Vec::new(), b, t)?));
         }
         let device = self.device();
         let kmax = starts.iter().zip(new_lens).map(|(s, n)| s + n).max().unwrap_or(0) as i64;
@@ -702,6 +785,7 @@ impl Decoder {
         let (kv_heads, head_dim) = (self.config.num_key_value_heads, self.config.head_dim);
         let groups = self.config.num_attention_heads / kv_heads;
         let kind = self.compute_kind();
+        let mut experts = Vec::new();
         let hidden = tch::no_grad(|| -> Result<Tensor> {
             let (cos, sin) = rope::cos_sin(&self.inv_freq, &pos, kind)?;
             let mut x = self.embed(&input_ids.f_to_device(device)?)?.f_to_kind(kind)?;
@@ -748,14 +832,21 @@ impl Decoder {
                 } else {
                     Tensor::f_scaled_dot_product_attention(&q, &keys, &values, Some(&mask), 0.0, false, None, true)?
                 };
-                x = dims.finish_layer(layer, fast, x, &merge_heads(&attn)?)?;
+                let routed;
+                (x, routed) = dims.finish_layer(layer, fast, x, &merge_heads(&attn)?, None)?;
+                experts.extend(routed.map(|r| r.experts));
             }
             self.rms_norm(&x, self.fast.as_ref().map_or(&self.norm, |f| &f.norm))
         })?;
         for ((&slot, &start), &n) in slots.iter().zip(&starts).zip(new_lens) {
             cache.set_len(slot, start + n);
         }
-        Ok(hidden)
+        Ok((hidden, routing_layout(experts, b, t)?))
+    }
+
+    /// The indices of the layers whose MLP is a mixture of experts, in the order the routing tensors list them.
+    pub fn sparse_layers(&self) -> Vec<usize> {
+        (0..self.layers.len()).filter(|&i| matches!(self.layers[i].mlp, Mlp::Sparse(_))).collect()
     }
 
     /// One decode step through the fused kernel ([`crate::decode_step`]) when every layer is packed; `None`

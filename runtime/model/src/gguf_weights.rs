@@ -5,6 +5,11 @@
 //! rotary halves) because its RoPE kernel rotates adjacent pairs; transformers rotates halves. We apply the
 //! inverse permutation so the HF forward pass works on the weights. Qwen2/Qwen3 files use the "neox" RoPE
 //! layout in llama.cpp and are stored unpermuted.
+//!
+//! A `qwen3moe` file stacks each layer's experts into one tensor per projection (`blk.N.ffn_gate_exps.weight`
+//! `[experts, moe_intermediate, hidden]`, and `ffn_up_exps`, `ffn_down_exps`), where Hugging Face names every
+//! expert's projection; an expert is decoded from its own byte range of the stacked tensor (each expert is whole
+//! rows, so whole quantization blocks), and the router is `ffn_gate_inp`.
 
 use tch::{Device, Kind, Tensor};
 
@@ -27,7 +32,24 @@ impl<'a> GgufWeights<'a> {
     }
 }
 
-/// The llama.cpp tensor name for an HF parameter name.
+/// The llama.cpp tensor name for an HF parameter name, and for an expert's projection the expert's index in the
+/// stacked tensor of that name.
+pub(crate) fn gguf_location(hf: &str) -> Option<(String, Option<i64>)> {
+    let expert = hf.strip_prefix("model.layers.").and_then(|rest| {
+        let (layer, rest) = rest.split_once(".mlp.experts.")?;
+        let (index, rest) = rest.split_once('.')?;
+        let name = match rest {
+            "gate_proj.weight" => "ffn_gate_exps",
+            "up_proj.weight" => "ffn_up_exps",
+            "down_proj.weight" => "ffn_down_exps",
+            _ => return None,
+        };
+        Some((format!("blk.{layer}.{name}.weight"), Some(index.parse().ok()?)))
+    });
+    expert.or_else(|| gguf_name(hf).map(|name| (name, None)))
+}
+
+/// The llama.cpp tensor name for an HF parameter name (not an expert's: see [`gguf_location`]).
 pub(crate) fn gguf_name(hf: &str) -> Option<String> {
     match hf {
         "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
@@ -50,6 +72,7 @@ pub(crate) fn gguf_name(hf: &str) -> Option<String> {
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
+        "mlp.gate" => "ffn_gate_inp",
         _ => return None,
     };
     Some(format!("blk.{layer}.{name}.{suffix}"))
@@ -66,20 +89,48 @@ pub(crate) fn unpermute_rows(t: &Tensor, heads: i64) -> Result<Tensor> {
 
 impl WeightSource for GgufWeights<'_> {
     fn load(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
-        let file_name = gguf_name(name).ok_or_else(|| ModelError::MissingTensor { tensor: name.to_owned() })?;
+        let (file_name, expert) =
+            gguf_location(name).ok_or_else(|| ModelError::MissingTensor { tensor: name.to_owned() })?;
         let info = self
             .gguf
             .tensor_info(&file_name)
             .ok_or_else(|| ModelError::MissingTensor { tensor: format!("{name} (gguf `{file_name}`)") })?;
-        check_shape(&format!("{name} (gguf `{file_name}`)"), shape, &info.shape)?;
+        let label = || format!("{name} (gguf `{file_name}`)");
+        // For an expert, `[experts, rows, cols]` in the file.
+        let experts = info.shape.first().copied().unwrap_or(0);
+        match expert {
+            None => check_shape(&label(), shape, &info.shape)?,
+            Some(e) => {
+                let stacked: Vec<i64> = std::iter::once(experts).chain(shape.iter().copied()).collect();
+                check_shape(&label(), &stacked, &info.shape)?;
+                if !(0..experts).contains(&e) {
+                    return Err(ModelError::ShapeMismatch {
+                        tensor: label(),
+                        expected: stacked,
+                        found: info.shape.clone(),
+                    });
+                }
+            }
+        }
         // Refused before the output is allocated: a tensor of an undecodable type has no checked byte range, so
         // its dims alone must never size an allocation.
         if !info.ggml_type.is_decodable() {
             return Err(ModelError::UnsupportedQuantization { tensor: file_name, ggml_type: info.ggml_type.name() });
         }
+        let mut data = self.gguf.tensor_data(info);
+        if let Some(e) = expert {
+            // Expert `e` is the `e`-th of `experts` equal byte ranges (each expert is whole rows, so whole blocks);
+            // dequantize_into checks that the range holds exactly its values.
+            let per = data.len() / experts as usize;
+            data = &data[per * e as usize..per * (e as usize + 1)];
+        }
         let mut t = Tensor::f_empty(shape, (Kind::Float, Device::Cpu))?;
-        let numel = info.numel();
-        if t.numel() != numel {
+        let numel = t.numel();
+        let expected = match expert {
+            None => info.numel(),
+            Some(_) => info.numel() / experts.max(1) as usize,
+        };
+        if numel != expected {
             return Err(ModelError::ShapeMismatch {
                 tensor: name.to_owned(),
                 expected: shape.to_vec(),
@@ -90,7 +141,7 @@ impl WeightSource for GgufWeights<'_> {
             // SAFETY: `t` is a freshly allocated, contiguous f32 CPU tensor of exactly `numel` elements that
             // nothing else references; the slice is dropped before `t` is used again.
             let out = unsafe { std::slice::from_raw_parts_mut(t.data_ptr().cast::<f32>(), numel) };
-            crate::dequant::dequantize_into(info.ggml_type, self.gguf.tensor_data(info), out)
+            crate::dequant::dequantize_into(info.ggml_type, data, out)
                 .map_err(|ggml_type| ModelError::UnsupportedQuantization { tensor: file_name.clone(), ggml_type })?;
         }
         if self.config.family == Family::Llama {
@@ -115,6 +166,10 @@ mod tests {
         assert_eq!(gguf_name("model.layers.3.self_attn.q_norm.weight").unwrap(), "blk.3.attn_q_norm.weight");
         assert_eq!(gguf_name("lm_head.weight").unwrap(), "output.weight");
         assert!(gguf_name("model.rotary_emb.inv_freq").is_none());
+        assert_eq!(gguf_name("model.layers.2.mlp.gate.weight").unwrap(), "blk.2.ffn_gate_inp.weight");
+        let expert = gguf_location("model.layers.2.mlp.experts.17.down_proj.weight").unwrap();
+        assert_eq!(expert, ("blk.2.ffn_down_exps.weight".to_owned(), Some(17)));
+        assert_eq!(gguf_location("model.layers.1.mlp.up_proj.weight").unwrap(), ("blk.1.ffn_up.weight".into(), None));
     }
 
     #[test]

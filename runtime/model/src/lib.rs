@@ -45,6 +45,7 @@ mod hf;
 mod kv_cache;
 pub mod layer_hook;
 mod lora;
+mod moe;
 mod packed;
 mod rope;
 mod safetensors_io;
@@ -57,8 +58,8 @@ mod weight_arena;
 mod weights;
 
 pub use chat_template::{ChatMessage, ChatTemplate, civil_from_days};
-pub use config::{Family, ModelConfig, RopeScaling};
-pub use decoder::Decoder;
+pub use config::{Family, ModelConfig, MoeConfig, RopeScaling};
+pub use decoder::{Decoder, RoutedHidden};
 pub use dequant::GgmlType;
 pub use device::{DeviceRequest, cuda_devices, fast_bf16, hand_over_threads, select_device};
 pub use error::{ModelError, Result};
@@ -70,6 +71,7 @@ pub use hf::{
 };
 pub use kv_cache::KvCache;
 pub use lora::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraSpec, ModuleSelector};
+pub use moe::load_balancing_loss;
 pub use packed::Isa as PackedIsa;
 pub use safetensors_io::{SafetensorsWeights, write_safetensors};
 pub use score::{ScoreRequest, ScoredSequence, score};
@@ -94,7 +96,7 @@ pub fn parse_kind(name: &str) -> Result<tch::Kind> {
 
 #[cfg(test)]
 pub(crate) mod testing {
-    use crate::config::{Family, ModelConfig, RopeScaling};
+    use crate::config::{Family, ModelConfig, MoeConfig, RopeScaling};
 
     /// A two-layer model small enough for unit tests.
     pub(crate) fn tiny_config(family: Family) -> ModelConfig {
@@ -115,11 +117,26 @@ pub(crate) mod testing {
             qkv_bias: family == Family::Qwen2,
             o_bias: false,
             mlp_bias: false,
-            qk_norm: family == Family::Qwen3,
+            qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe),
             bos_token_id: None,
             eos_token_ids: vec![1],
             torch_dtype: None,
+            moe: (family == Family::Qwen3Moe).then(|| MoeConfig {
+                num_experts: 4,
+                num_experts_per_tok: 2,
+                moe_intermediate_size: 8,
+                norm_topk_prob: true,
+                decoder_sparse_step: 1,
+                mlp_only_layers: vec![1],
+                router_aux_loss_coef: 0.001,
+                output_router_logits: false,
+            }),
         }
+    }
+
+    /// [`tiny_config`] of Qwen3-MoE: layer 0 sparse (4 experts, top 2), layer 1 dense.
+    pub(crate) fn tiny_moe_config() -> ModelConfig {
+        tiny_config(Family::Qwen3Moe)
     }
 }
 

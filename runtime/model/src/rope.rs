@@ -82,6 +82,7 @@ mod tests {
             bos_token_id: None,
             eos_token_ids: vec![],
             torch_dtype: None,
+            moe: None,
         }
     }
 

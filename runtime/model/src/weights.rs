@@ -49,6 +49,19 @@ pub fn param_specs(config: &ModelConfig) -> Vec<ParamSpec> {
             add(format!("{p}.self_attn.k_norm.weight"), vec![config.head_dim]);
         }
         add(format!("{p}.post_attention_layernorm.weight"), vec![h]);
+        if let Some(moe) = config.moe.as_ref().filter(|m| m.is_sparse(i)) {
+            // The router, then each expert's SwiGLU under the names Hugging Face checkpoints use.
+            let inter = moe.moe_intermediate_size;
+            add(format!("{p}.mlp.gate.weight"), vec![moe.num_experts, h]);
+            for e in 0..moe.num_experts {
+                for (proj, shape) in
+                    [("gate_proj", vec![inter, h]), ("up_proj", vec![inter, h]), ("down_proj", vec![h, inter])]
+                {
+                    add(format!("{p}.mlp.experts.{e}.{proj}.weight"), shape);
+                }
+            }
+            continue;
+        }
         for (proj, shape) in [("gate_proj", vec![ffn, h]), ("up_proj", vec![ffn, h]), ("down_proj", vec![h, ffn])] {
             let out = shape[0];
             add(format!("{p}.mlp.{proj}.weight"), shape);
@@ -118,5 +131,18 @@ mod tests {
         let names: Vec<String> = param_specs(&c).into_iter().map(|s| s.name).collect();
         assert!(names.contains(&"lm_head.weight".to_owned()));
         assert!(names.contains(&"model.layers.0.self_attn.q_norm.weight".to_owned()));
+    }
+
+    #[test]
+    fn sparse_layers_list_the_router_and_every_expert() {
+        let c = crate::testing::tiny_moe_config();
+        let specs = param_specs(&c);
+        let shape = |name: &str| specs.iter().find(|s| s.name == name).map(|s| s.shape.clone());
+        assert_eq!(shape("model.layers.0.mlp.gate.weight"), Some(vec![4, 32]));
+        assert_eq!(shape("model.layers.0.mlp.experts.3.down_proj.weight"), Some(vec![32, 8]));
+        assert_eq!(shape("model.layers.1.mlp.gate_proj.weight"), Some(vec![48, 32]), "layer 1 is dense");
+        assert!(
+            shape("model.layers.0.mlp.gate_proj.weight").is_none() && shape("model.layers.1.mlp.gate.weight").is_none()
+        );
     }
 }

@@ -90,6 +90,7 @@ fn random_model() -> Result<Decoder, Error> {
         bos_token_id: None,
         eos_token_ids: vec![1],
         torch_dtype: None,
+        moe: None,
     };
     Ok(Decoder::load(config, &mut RandomWeights, Kind::Float, Device::Cpu)?)
 }

@@ -333,6 +333,7 @@ pub(crate) mod tests {
             bos_token_id: None,
             eos_token_ids: vec![1],
             torch_dtype: None,
+            moe: None,
         };
         Decoder::load(config, &mut RandomWeights, Kind::Float, Device::Cpu).unwrap()
     }

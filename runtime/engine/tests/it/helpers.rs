@@ -32,6 +32,7 @@ pub fn tiny_config(vocab_size: i64) -> ModelConfig {
         bos_token_id: None,
         eos_token_ids: vec![i64::from(EOS)],
         torch_dtype: None,
+        moe: None,
     }
 }
 

@@ -54,7 +54,7 @@ impl Decoder {
                 let (q, k, v) = dims.qkv(&layer, None, &h, &cos, &sin)?;
                 let heads_first = |t: Tensor| t.f_transpose(1, 2);
                 let attn = attention::attend(&heads_first(q)?, &heads_first(k)?, &heads_first(v)?, mask.as_ref())?;
-                dims.finish_layer(&layer, None, x.shallow_clone(), &merge_heads(&attn)?)
+                Ok(dims.finish_layer(&layer, None, x.shallow_clone(), &merge_heads(&attn)?, None)?.0)
             };
             // Around each layer the thread's layer hook, as in `forward_hidden` (ZeRO stage 3 gathers there).
             let run = layer_hook::hooked(hook.clone(), index, recompute, run);

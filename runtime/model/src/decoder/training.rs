@@ -1,9 +1,11 @@
 //! The full-sequence forwards that training and scoring run ([`Decoder::forward_hidden`] and its shared-prompt
 //! form), each layer kept for autograd or recomputed in the backward ([`Decoder::set_recompute_activations`]).
 
+use std::sync::{Arc, Mutex};
+
 use tch::{Kind, Tensor};
 
-use super::{Decoder, Dims, merge_heads};
+use super::{Decoder, Dims, merge_heads, routing_layout};
 use crate::attention::{self, causal};
 use crate::checkpoint;
 use crate::error::{ModelError, Result};
@@ -49,9 +51,46 @@ impl Decoder {
     /// as transformers does when given a mask. Outputs at padding positions are finite but meaningless.
     /// Differentiable when called with gradients enabled.
     pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        Ok(self.forward_hidden_routed(input_ids, attention_mask, None, false)?.hidden)
+    }
+
+    /// [`Decoder::forward_hidden`] of a mixture-of-experts model, with its routing: the experts every token was
+    /// routed to (`[B, T, L, k]` int64 over the `L` [`Decoder::sparse_layers`]; `[B, T, 0, 0]` for a dense model)
+    /// and, when `router_logits` is asked for, each sparse layer's router logits `[B·T, experts]` (differentiable,
+    /// for [`crate::load_balancing_loss`]).
+    ///
+    /// `replay` `[B, T, L, k]` (any integer kind) routes each token to the given experts instead of its router's
+    /// top k (routing replay: a trainer computing with the experts its rollout chose); the weights are still this
+    /// model's router probabilities at those experts, so gradients reach the router. Positions at padding may
+    /// hold any valid expert id.
+    ///
+    /// Router logits cannot be had with activation recompute on ([`Decoder::set_recompute_activations`]): a
+    /// recomputed layer hands the backward one output, its hidden states.
+    pub fn forward_hidden_routed(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        replay: Option<&Tensor>,
+        router_logits: bool,
+    ) -> Result<RoutedHidden> {
         let size = input_ids.size();
         let [b, t] = size[..] else {
             return Err(ModelError::InvalidInput(format!("input_ids must be [B, T], got {size:?}")));
+        };
+        let sparse = self.sparse_layers();
+        let replay = match replay {
+            None => None,
+            Some(r) => {
+                let k = self.config.moe.as_ref().map_or(0, |m| m.num_experts_per_tok);
+                let want = [b, t, sparse.len() as i64, k];
+                if sparse.is_empty() || r.size() != want {
+                    return Err(ModelError::InvalidInput(format!(
+                        "replayed experts of shape {:?}; this model wants {want:?} ([B, T, sparse layers, top k])",
+                        r.size()
+                    )));
+                }
+                Some(r.f_to_device(self.device())?)
+            }
         };
         let device = self.device();
         let input_ids = input_ids.f_to_device(device)?;
@@ -64,21 +103,49 @@ impl Decoder {
         };
         let (cos, sin) = rope::cos_sin(&self.inv_freq, &positions, self.kind)?;
         let (mut x, recompute) = self.first_layer_input(self.embed(&input_ids)?)?;
+        if recompute && router_logits && !sparse.is_empty() {
+            return Err(ModelError::InvalidInput(
+                "router logits (the load-balancing loss) need activation recompute off".into(),
+            ));
+        }
         let dims = self.dims();
         let hook = layer_hook::current();
+        let (mut experts, mut logits) = (Vec::new(), Vec::new());
         for (index, layer) in self.layers.iter().enumerate() {
             let (layer, cos, sin) = (layer.share(), cos.shallow_clone(), sin.shallow_clone());
             let mask = mask.as_ref().map(Tensor::shallow_clone);
+            let layer_replay = match (&replay, sparse.iter().position(|&s| s == index)) {
+                (Some(r), Some(l)) => Some(r.f_select(2, l as i64)?.f_reshape([b * t, -1])?),
+                _ => None,
+            };
+            // A recomputed layer runs twice; both runs route alike, and the last one's decisions are kept.
+            let decided = Arc::new(Mutex::new(None));
+            let record = Arc::clone(&decided);
             let run = move |x: &Tensor| -> Result<Tensor> {
                 let h = dims.rms_norm(x, &layer.input_norm)?;
                 let (q, k, v) = dims.qkv(&layer, None, &h, &cos, &sin)?;
                 let heads_first = |t: Tensor| t.f_transpose(1, 2);
                 let attn = attention::attend(&heads_first(q)?, &heads_first(k)?, &heads_first(v)?, mask.as_ref())?;
-                dims.finish_layer(&layer, None, x.shallow_clone(), &merge_heads(&attn)?)
+                let (out, routed) =
+                    dims.finish_layer(&layer, None, x.shallow_clone(), &merge_heads(&attn)?, layer_replay.as_ref())?;
+                if let (Some(routed), Ok(mut slot)) = (routed, record.lock()) {
+                    *slot = Some((routed.experts, routed.logits));
+                }
+                Ok(out)
             };
             x = run_layer(recompute, &x, layer_hook::hooked(hook.clone(), index, recompute, run))?;
+            if let Some((e, l)) = decided.lock().ok().and_then(|mut slot| slot.take()) {
+                experts.push(e);
+                if router_logits {
+                    logits.push(l);
+                }
+            }
         }
-        self.rms_norm(&x, &self.norm)
+        Ok(RoutedHidden {
+            hidden: self.rms_norm(&x, &self.norm)?,
+            experts: routing_layout(experts, b, t)?,
+            router_logits: logits,
+        })
     }
 
     /// [`Decoder::forward_hidden`] for rows that share prompts, running each distinct prompt once: GRPO trains on
@@ -165,7 +232,7 @@ impl Decoder {
                 let dims = layout.dims;
                 let h = dims.rms_norm(x, &layer.input_norm)?;
                 let (q, k, v) = dims.qkv(&layer, None, &h, &cos, &sin)?;
-                dims.finish_layer(&layer, None, x.shallow_clone(), &layout.attend(&q, &k, &v)?)
+                Ok(dims.finish_layer(&layer, None, x.shallow_clone(), &layout.attend(&q, &k, &v)?, None)?.0)
             };
             x = run_layer(recompute, &x, layer_hook::hooked(hook.clone(), index, recompute, run))?;
         }
@@ -174,6 +241,17 @@ impl Decoder {
         let x = Tensor::f_zeros([tp + tr, hidden], (x.kind(), device))?.f_index_copy(0, &layout.real, &x)?;
         Ok((x.f_narrow(0, 0, tp)?.f_reshape([g, p, hidden])?, x.f_narrow(0, tp, tr)?.f_reshape([n, r, hidden])?))
     }
+}
+
+/// What [`Decoder::forward_hidden_routed`] returns.
+#[derive(Debug)]
+pub struct RoutedHidden {
+    /// Final-normed hidden states `[B, T, hidden]`, as [`Decoder::forward_hidden`] gives them.
+    pub hidden: Tensor,
+    /// `[B, T, L, k]` int64: the experts of every token in each sparse layer (the replayed ones when replaying).
+    pub experts: Tensor,
+    /// Each sparse layer's router logits `[B·T, experts]`, when asked for; empty otherwise.
+    pub router_logits: Vec<Tensor>,
 }
 
 /// `run(x)`: kept for autograd, or recomputed in the backward ([`checkpoint::segment`]).

@@ -7,5 +7,6 @@ mod fuzz_regressions;
 mod gguf_files;
 mod helpers;
 mod hf_dirs;
+mod moe;
 mod qwen2_5_vl;
 mod smollm2;

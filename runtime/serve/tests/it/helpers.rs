@@ -182,6 +182,7 @@ fn chain_rollout(before_call: &[i64]) -> Arc<RolloutModel> {
         bos_token_id: None,
         eos_token_ids: vec![IM_END],
         torch_dtype: None,
+        moe: None,
     };
     let decoder = Decoder::load(config, &mut ChainWeights(chain), Kind::Float, Device::Cpu).unwrap();
     let template = ChatTemplate::new(TOOL_TEMPLATE, Some("<|im_start|>"), Some("<|im_end|>")).unwrap();

@@ -48,6 +48,7 @@ pub(crate) fn tiny_model(seed: i64, kind: Kind) -> Decoder {
         bos_token_id: None,
         eos_token_ids: vec![1],
         torch_dtype: None,
+        moe: None,
     };
     Decoder::load(config, &mut RandomWeights, kind, Device::Cpu).unwrap()
 }
