@@ -64,7 +64,8 @@ pub fn load_model(path: &Path, kind: Kind, device: Device) -> Result<LoadedModel
 
 /// Loads a Hugging Face model directory.
 pub fn load_hf_dir(dir: &Path, kind: Kind, device: Device) -> Result<LoadedModel> {
-    let config = ModelConfig::from_file(&dir.join("config.json"))?;
+    let config_path = dir.join("config.json");
+    let config = ModelConfig::from_file(&config_path).map_err(|e| vision_language_hint(&config_path, e))?;
     let mut weights = SafetensorsWeights::open_dir(dir)?;
     let tok_config = read_json(&dir.join("tokenizer_config.json"))?;
     let tokenizer = Tokenizer::from_files(&dir.join("tokenizer.json"), tok_config.as_ref())?;
@@ -92,6 +93,22 @@ pub fn load_hf_dir(dir: &Path, kind: Kind, device: Device) -> Result<LoadedModel
     }
     let decoder = Decoder::load(config, &mut weights, kind, device)?;
     Ok(LoadedModel { decoder, tokenizer, chat_template, eos_token_ids })
+}
+
+/// A Qwen2.5-VL directory is refused by the text-only loader with a message saying where it does load, rather
+/// than as an unknown architecture.
+fn vision_language_hint(config_path: &Path, err: ModelError) -> ModelError {
+    match err.cause() {
+        ModelError::UnknownArchitecture { architecture, .. } if architecture == "qwen2_5_vl" => {
+            ModelError::InvalidFile {
+                path: config_path.to_path_buf(),
+                reason: "`model_type` qwen2_5_vl is a vision-language model: trinity_model::vision::Qwen25Vl loads \
+                         it, but the text-only loader, and so the CLI, engine and trainer, do not take one yet"
+                    .into(),
+            }
+        }
+        _ => err,
+    }
 }
 
 /// `chat_template` in tokenizer_config.json is a string, or a list of `{name, template}` (we take `default`).

@@ -141,3 +141,9 @@ fn gradients_flow_through_an_image_prompt_and_recompute_agrees() {
         assert!(max_diff(g, &grads[0]) < 1e-5, "recomputed gradients differ");
     }
 }
+
+#[test]
+fn the_text_only_loader_says_where_a_vl_model_loads() {
+    let err = trinity_model::load_model(&dir(), Kind::Float, Device::Cpu).unwrap_err().to_string();
+    assert!(err.contains("config.json") && err.contains("vision::Qwen25Vl"), "{err}");
+}
