@@ -12,9 +12,10 @@
 //! tensors' bytes: the trained parameters, the gradients its last update read (stage 2: its fp32 shards of the
 //! reduced gradients, stages 0 and 1: the whole gradients), and AdamW's moments and fp32 masters; next to them the
 //! trainer's own expectation ([`Trainer::expected_memory`], what it logs at start and sizes micro-batches by) and
-//! the process's resident and peak memory. The ranks share this machine's memory, so resident memory shows the
-//! sharding only per rank, and the peak includes the start, where AdamW's whole state exists on every rank until
-//! the group splits it; tensor bytes are the figures that fall as 1/N.
+//! the process's resident memory, its peak when the trainer has joined the group (`start`: the model built, rank
+//! 0's state broadcast and AdamW's state allocated, under ZeRO only as the rank's shard) and its peak after the
+//! step. The ranks share this machine's memory, so resident memory shows the sharding only per rank; tensor bytes
+//! are the figures that fall as 1/N.
 //!
 //! `--layers N` keeps the shape's widths and vocabulary and only N of its layers, for a machine that cannot hold
 //! the whole model `--world` times over: the bytes a parameter do not depend on the depth (every trained
@@ -125,6 +126,8 @@ fn rank(env: &DistEnv, args: &[String]) -> Result<(), Error> {
     let trainer = Trainer::new(policy, Components::from_config(&sft()?)?, &optimizer, options)?;
     let (_store, group) = env.process_group("bench_zero", TIMEOUT)?;
     let mut trainer = trainer.with_process_group(group)?;
+    // The start's peak: the model built, the state broadcast and (under ZeRO) allocated as the rank's shard.
+    let start_peak = status_bytes("VmHWM:");
     let vocab = config.vocab_size;
     let rows: Vec<TrainRow> = (0..2 * env.world_size as i64)
         .map(|r| {
@@ -152,6 +155,7 @@ fn rank(env: &DistEnv, args: &[String]) -> Result<(), Error> {
         "expected": [expected.parameters, expected.gradients, expected.gradient_shard, expected.optimizer_state],
         "rss": status_bytes("VmRSS:"),
         "peak": status_bytes("VmHWM:"),
+        "start_peak": start_peak,
     });
     let out = PathBuf::from(flag(args, "--out").ok_or("--out")?).join(format!("rank{}.json", env.rank));
     std::fs::write(out, report.to_string())?;
@@ -206,7 +210,7 @@ fn main() -> Result<(), Error> {
         layers.as_deref().unwrap_or("all")
     );
     println!(
-        "{:<5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8} {:>8}",
+        "{:<5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8} {:>9} {:>8}",
         "shape",
         "stage",
         "params",
@@ -217,6 +221,7 @@ fn main() -> Result<(), Error> {
         "B/param",
         "expect GiB",
         "RSS GiB",
+        "start GiB",
         "peak GiB"
     );
     // Bytes a parameter each stage measured (the largest over the ranks), for the projection.
@@ -237,7 +242,7 @@ fn main() -> Result<(), Error> {
                 let per = held / get("elements").max(1.0);
                 worst = worst.max(per);
                 println!(
-                    "{shape:<5} {number:>5} {:>9.1}M {:>9.3} {:>9.3} {:>9.3} {:>9.3} {per:>8.2} {:>10.3} {:>8.2} {:>8.2}  rank {}",
+                    "{shape:<5} {number:>5} {:>9.1}M {:>9.3} {:>9.3} {:>9.3} {:>9.3} {per:>8.2} {:>10.3} {:>8.2} {:>9.2} {:>8.2}  rank {}",
                     get("elements") / 1e6,
                     gib(get("parameters")),
                     gib(get("gradients")),
@@ -245,6 +250,7 @@ fn main() -> Result<(), Error> {
                     gib(held),
                     gib(expected),
                     gib(get("rss")),
+                    gib(get("start_peak")),
                     gib(get("peak")),
                     r["rank"],
                 );
