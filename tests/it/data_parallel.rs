@@ -172,7 +172,8 @@ fn two_launched_ranks_train_a_dataset_as_one_process_does() {
     assert_same_training(one.path(), two.path(), "monitor/trainer/metrics.jsonl");
     let log = std::fs::read_to_string(two.path().join("ckpt/p/dp/log/trainer.log")).unwrap();
     assert!(log.contains("data parallel: 2 ranks from the launcher"), "{log}");
-    // `trainer_strategy: fsdp` (the default) shards the optimizer state and gradients.
+    // `trainer_strategy: fsdp2` (the default, Trinity-RFT 0.6.0's; `fsdp` the same) shards the optimizer state and
+    // gradients.
     assert!(log.contains("sharded data parallel: ZeRO stage 2 over 2 ranks"), "{log}");
 }
 
