@@ -208,24 +208,30 @@ fn ids(v: Option<&Value>) -> Vec<i64> {
     }
 }
 
+/// Reads the JSON file at `path` and parses it with `parse`; a missing file, bad JSON or a bad key is an error
+/// naming the file (and the key), whichever architecture's `config.json` it is.
+pub(crate) fn read_config_json<T>(path: &Path, parse: impl FnOnce(&Value) -> Result<T>) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            ModelError::MissingFile { path: path.to_path_buf() }
+        } else {
+            ModelError::io(path, e)
+        }
+    })?;
+    let value: Value =
+        serde_json::from_str(&text).map_err(|source| ModelError::Json { path: path.to_path_buf(), source })?;
+    parse(&value).map_err(|e| match e {
+        ModelError::Metadata { key, reason } => {
+            ModelError::InvalidFile { path: path.to_path_buf(), reason: format!("`{key}` {reason}") }
+        }
+        other => ModelError::in_file(path, other),
+    })
+}
+
 impl ModelConfig {
     /// Reads a `config.json` file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                ModelError::MissingFile { path: path.to_path_buf() }
-            } else {
-                ModelError::io(path, e)
-            }
-        })?;
-        let value: Value =
-            serde_json::from_str(&text).map_err(|source| ModelError::Json { path: path.to_path_buf(), source })?;
-        Self::from_json(&value).map_err(|e| match e {
-            ModelError::Metadata { key, reason } => {
-                ModelError::InvalidFile { path: path.to_path_buf(), reason: format!("`{key}` {reason}") }
-            }
-            other => ModelError::in_file(path, other),
-        })
+        read_config_json(path, Self::from_json)
     }
 
     /// Parses a `config.json` value.

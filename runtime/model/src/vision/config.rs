@@ -211,21 +211,7 @@ impl VlConfig {
 
     /// Reads a `config.json` file; errors name the file and the key.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                ModelError::MissingFile { path: path.to_path_buf() }
-            } else {
-                ModelError::io(path, e)
-            }
-        })?;
-        let value: Value =
-            serde_json::from_str(&text).map_err(|source| ModelError::Json { path: path.to_path_buf(), source })?;
-        Self::from_json(&value).map_err(|e| match e {
-            ModelError::Metadata { key, reason } => {
-                ModelError::InvalidFile { path: path.to_path_buf(), reason: format!("`{key}` {reason}") }
-            }
-            other => ModelError::in_file(path, other),
-        })
+        crate::config::read_config_json(path, Self::from_json)
     }
 
     /// Parses a `config.json` value of either layout.
