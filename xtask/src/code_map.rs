@@ -202,8 +202,14 @@ Never imports: `trinity-*`.
         let map = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
         let rules = parse_rules(&map).unwrap();
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        // Only the host's graph: offline, cargo can resolve only packages it has downloaded, and a fresh machine
+        // has downloaded none of the other platforms' dependencies (android_system_properties, windows-sys, ...).
+        let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+        let host = Command::new(rustc).args(["--print", "host-tuple"]).output().unwrap();
+        assert!(host.status.success(), "rustc --print host-tuple: {}", String::from_utf8_lossy(&host.stderr));
+        let host = String::from_utf8(host.stdout).unwrap();
         let output = Command::new(cargo)
-            .args(["metadata", "--format-version", "1", "--offline", "--locked"])
+            .args(["metadata", "--format-version", "1", "--offline", "--locked", "--filter-platform", host.trim()])
             .current_dir(root)
             .output()
             .unwrap();
