@@ -150,7 +150,11 @@ class _Rpc:
         with self._lock:
             pending, self._pending = self._pending, {}
         for future in pending.values():
-            future.set_exception(RuntimeError("the task ended before trinity answered this model call"))
+            # A call the run already cancelled (asyncio cancels a gathered sibling when one raises) is done.
+            try:
+                future.set_exception(RuntimeError("the task ended before trinity answered this model call"))
+            except concurrent.futures.InvalidStateError:
+                pass
 
     def start(self, method, params):
         """Sends a call; its reply completes the returned concurrent future."""
