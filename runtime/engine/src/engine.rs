@@ -16,7 +16,7 @@ use trinity_model::{Decoder, LoadedModel, ModelError, Tokenizer};
 
 use crate::engine_config::EngineConfig;
 use crate::error::{EngineError, Result};
-use crate::request::{Generation, GenerationStream, PendingGeneration, PendingRequest, Reply};
+use crate::request::{Generation, GenerationStream, PendingGeneration, PendingRequest, Reply, RoutingLayout};
 use crate::rng::fresh_seed;
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{Command, Scheduler, SchedulerSetup};
@@ -59,6 +59,9 @@ pub struct EngineInfo {
     pub device: Device,
     /// Bytes the KV cache takes.
     pub kv_cache_bytes: u64,
+    /// A mixture-of-experts model's routing layout (`None` for a dense model), the shape of
+    /// [`crate::Completion::routed_experts`].
+    pub routing: Option<RoutingLayout>,
 }
 
 /// A running generation engine; see the crate docs for the request lifecycle.
@@ -84,6 +87,21 @@ impl Engine {
         let cache_kind = decoder.decode_cache_kind();
         let num_slots = config.num_slots(decoder.config(), cache_kind)?;
         let (max_prompt_tokens, prompt_limit_name) = config.prompt_limit();
+        let routing = decoder.config().moe.as_ref().map(|moe| RoutingLayout {
+            layers: decoder.sparse_layers().len(),
+            top_k: moe.num_experts_per_tok as usize,
+            num_experts: moe.num_experts as usize,
+        });
+        let routing = routing.filter(|r| r.layers > 0);
+        if config.return_routed_experts && routing.is_none() {
+            return Err(EngineError::InvalidConfig {
+                key: "return_routed_experts",
+                reason: format!(
+                    "the model ({:?}) has no mixture-of-experts layer, so there are no routed experts to return",
+                    decoder.config().family
+                ),
+            });
+        }
         let info = EngineInfo {
             num_slots,
             max_model_len: config.max_model_len,
@@ -92,6 +110,7 @@ impl Engine {
             kind,
             device: decoder.device(),
             kv_cache_bytes: config.bytes_per_slot(decoder.config(), cache_kind) * num_slots as u64,
+            routing,
         };
         let eos = eos_token_ids.iter().filter_map(|&t| u32::try_from(t).ok()).collect();
         let has_tokenizer = tokenizer.is_some();
@@ -101,6 +120,7 @@ impl Engine {
             max_model_len: config.max_model_len,
             max_response_tokens: config.max_response_tokens,
             max_prefill_tokens: config.max_prefill_tokens,
+            routed: config.return_routed_experts,
         };
         // libtorch's intra-op thread count is per thread: carry the caller's (or the configured) setting over.
         let threads = config.num_threads.map_or_else(tch::get_num_threads, |n| n as i32);

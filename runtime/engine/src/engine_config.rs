@@ -29,6 +29,11 @@ pub struct EngineConfig {
     pub max_prefill_tokens: usize,
     /// libtorch intra-op threads for the engine thread; `None` keeps the starting thread's setting.
     pub num_threads: Option<usize>,
+    /// Return the experts a mixture-of-experts model routed every token to ([`crate::Completion::routed_experts`],
+    /// Trinity-RFT's `rollout_model.enable_return_routed_experts`), for routing replay in training. Every prompt
+    /// is then prefilled in full (no prefix cache, no shared prefix: a reused start has no routing to report);
+    /// off, nothing is recorded. A dense model refuses it at start-up.
+    pub return_routed_experts: bool,
 }
 
 impl Default for EngineConfig {
@@ -41,6 +46,7 @@ impl Default for EngineConfig {
             max_response_tokens: None,
             max_prefill_tokens: 8192,
             num_threads: None,
+            return_routed_experts: false,
         }
     }
 }

@@ -36,6 +36,12 @@
 //! does not know about them). In f32 the engine's values equal the training forward pass's within 1e-4 (the
 //! cached decode path sums attention in a different order; 5e-5 measured on SmolLM2-135M).
 //!
+//! # Routed experts
+//! With [`EngineConfig::return_routed_experts`], a mixture-of-experts model's completions carry the experts its
+//! router chose for every token it read, prompt and response ([`Completion::routed_experts`]), which the
+//! trainer's routing replay forces so that training computes with the rollout's experts. Prompts are then
+//! prefilled whole (no prefix reuse), and each forward pass makes one more device→host transfer.
+//!
 //! # Reproducibility
 //! Each sample draws from its own counter-based stream keyed by (request seed, sample index, token index)
 //! ([`rng`]), never from torch's global generator, so a seeded request gives the same tokens whichever requests
@@ -67,8 +73,8 @@ pub use engine::{Engine, EngineInfo, EngineModel};
 pub use engine_config::EngineConfig;
 pub use error::{EngineError, Result};
 pub use request::{
-    Completion, FinishReason, Generation, GenerationEvent, GenerationStream, PendingGeneration, StreamedToken,
-    TopLogprob,
+    Completion, FinishReason, Generation, GenerationEvent, GenerationStream, PendingGeneration, RoutedExperts,
+    RoutingLayout, StreamedToken, TopLogprob,
 };
 pub use sampling_params::SamplingParams;
 pub use stats::EngineStats;

@@ -37,6 +37,42 @@ pub struct Completion {
     pub logprobs: Vec<f32>,
     /// Why the sample ended.
     pub finish_reason: FinishReason,
+    /// The experts each token was routed to, when the engine records them
+    /// ([`crate::EngineConfig::return_routed_experts`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routed_experts: Option<RoutedExperts>,
+}
+
+/// The experts a mixture-of-experts model routed a sequence's tokens to: Trinity-RFT's `routed_experts`,
+/// `[tokens, layers, top_k]` row-major, one row for every token the model read (the prompt, then every
+/// generated token but the last, which no forward pass has read: `prompt + generated - 1` rows), the `top_k`
+/// experts of each of the model's sparse layers best first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RoutedExperts {
+    /// Sparse layers a token row covers ([`trinity_model::Decoder::sparse_layers`]).
+    pub layers: usize,
+    /// Experts a token is routed to in each layer.
+    pub top_k: usize,
+    /// The expert ids, `tokens × layers × top_k` of them.
+    pub ids: Vec<u16>,
+}
+
+impl RoutedExperts {
+    /// Token rows held.
+    pub fn tokens(&self) -> usize {
+        self.ids.len() / (self.layers * self.top_k).max(1)
+    }
+}
+
+/// How a mixture-of-experts model's routing is laid out ([`crate::EngineInfo::routing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RoutingLayout {
+    /// Sparse layers.
+    pub layers: usize,
+    /// Experts a token is routed to in each.
+    pub top_k: usize,
+    /// Experts a layer holds.
+    pub num_experts: usize,
 }
 
 /// The answer to one request: its `n` completions in sample order.

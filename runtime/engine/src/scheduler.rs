@@ -34,7 +34,8 @@ use trinity_model::{Decoder, KvCache, Tokenizer};
 use crate::error::{EngineError, Result};
 use crate::prefix_cache::{MIN_REUSE, Match, PrefixCache, common_start};
 use crate::request::{
-    Completion, FinishReason, Generation, GenerationEvent, PendingRequest, Reply, StreamedToken, TopLogprob,
+    Completion, FinishReason, Generation, GenerationEvent, PendingRequest, Reply, RoutedExperts, StreamedToken,
+    TopLogprob,
 };
 use crate::rng::uniform;
 use crate::sampling::{RowSpec, sample};
@@ -86,6 +87,8 @@ struct Sequence {
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     stop: Option<StopStrings>,
+    /// The experts of every token read so far, `[tokens, layers, k]` flat, when the engine records them.
+    routed: Vec<u16>,
 }
 
 /// Everything the scheduler thread owns.
@@ -107,6 +110,9 @@ pub(crate) struct Scheduler {
     /// The pass in progress, counted into `stats` as soon as its tokens are sampled (before any reply goes
     /// out, so a caller that sees its answer also sees it in the stats), or at the end of a failed pass.
     pass: Option<Pass>,
+    /// Record each token's routed experts ([`crate::EngineConfig::return_routed_experts`]); the layout is
+    /// `(sparse layers, top k)`.
+    routed: Option<(usize, usize)>,
 }
 
 /// A forward pass being timed.
@@ -129,6 +135,7 @@ pub(crate) struct SchedulerSetup {
     pub(crate) max_model_len: usize,
     pub(crate) max_response_tokens: Option<usize>,
     pub(crate) max_prefill_tokens: usize,
+    pub(crate) routed: bool,
 }
 
 /// Tokens at the start of every prompt in `requests` that one prefill can share (each prompt keeps at least
@@ -153,6 +160,25 @@ fn store(prefixes: &mut PrefixCache, cache: &mut KvCache, first_free: usize, src
     }
 }
 
+/// Each row's routed experts from a `[B, T, L, k]` routing tensor: its first `lens[b]` tokens, flat. One
+/// device→host transfer for the batch.
+fn routing_rows(experts: &Tensor, lens: &[usize], (layers, k): (usize, usize)) -> Result<Vec<Vec<u16>>> {
+    let size = experts.size();
+    if size.len() != 4 || size[2] as usize != layers || size[3] as usize != k {
+        return Err(EngineError::Model(trinity_model::ModelError::InvalidInput(format!(
+            "the model returned routed experts of shape {size:?}, not [B, T, {layers}, {k}]"
+        ))));
+    }
+    let width = size[1] as usize * layers * k;
+    let flat =
+        Vec::<i64>::try_from(experts.f_to_kind(tch::Kind::Int64)?.f_reshape([-1])?.f_to_device(tch::Device::Cpu)?)?;
+    Ok(lens
+        .iter()
+        .enumerate()
+        .map(|(b, &n)| flat[b * width..b * width + n * layers * k].iter().map(|&e| e as u16).collect())
+        .collect())
+}
+
 /// What happened to a sequence after its newest token.
 enum Outcome {
     Running,
@@ -167,6 +193,8 @@ impl Scheduler {
         commands: Receiver<Command>,
         stats: Arc<Mutex<EngineStats>>,
     ) -> Self {
+        let k = decoder.config().moe.as_ref().map_or(0, |m| m.num_experts_per_tok as usize);
+        let routed = setup.routed.then(|| (decoder.sparse_layers().len(), k));
         Self {
             decoder,
             cache,
@@ -182,6 +210,7 @@ impl Scheduler {
             stats,
             prefixes: PrefixCache::default(),
             pass: None,
+            routed,
         }
     }
 
@@ -314,7 +343,8 @@ impl Scheduler {
         let first_free = base + admitted.iter().map(|r| r.params.n).sum::<usize>();
         let heads: Vec<&[u32]> = admitted.iter().map(|r| &r.prompt[..r.prompt.len() - 1]).collect();
         self.prefixes.make_room(&mut self.cache, first_free, &heads)?;
-        let starts = self.fill_starts(&admitted, &heads, base)?;
+        // Recording routing, every prompt runs whole: a start copied from another slot has no routing to report.
+        let starts = if self.routed.is_some() { vec![0; m] } else { self.fill_starts(&admitted, &heads, base)? };
         let device = self.decoder.device();
         let width = admitted.iter().zip(&starts).map(|(r, &s)| r.prompt.len() - s).max().unwrap_or(0);
         let mut ids = vec![0i64; m * width];
@@ -330,12 +360,18 @@ impl Scheduler {
         }
         let ids = Tensor::from_slice(&ids).f_view([m as i64, width as i64])?.f_to_device(device)?;
         let slots: Vec<usize> = (base..base + m).collect();
-        let hidden = self.decoder.forward_with_cache(&ids, &mut self.cache, &slots, &lens)?;
-        for (row, (id, _, _)) in samples.iter().enumerate() {
-            if let Some(state) = self.requests.get(id) {
-                store(&mut self.prefixes, &mut self.cache, first_free, base + row, &state.prompt);
+        let (hidden, experts) = self.decoder.forward_with_cache_routed(&ids, &mut self.cache, &slots, &lens)?;
+        let prompt_routing = match self.routed {
+            Some(layout) => routing_rows(&experts, &lens, layout)?,
+            None => {
+                for (row, (id, _, _)) in samples.iter().enumerate() {
+                    if let Some(state) = self.requests.get(id) {
+                        store(&mut self.prefixes, &mut self.cache, first_free, base + row, &state.prompt);
+                    }
+                }
+                vec![Vec::new(); m]
             }
-        }
+        };
         let logits = self.decoder.logits(&self.decoder.last_hidden(&hidden, &lens)?)?;
 
         // Slots: each request's first sample in its prefill slot (`base + row`), the other samples after all
@@ -352,9 +388,10 @@ impl Scheduler {
                     extra_slot - 1
                 };
                 let stop = (!stop.is_empty()).then(|| StopStrings::new(&stop));
+                let routed = prompt_routing[row].clone();
                 sequences.push((
                     row as i64,
-                    Sequence { request, sample, slot, tokens: Vec::new(), logprobs: Vec::new(), stop },
+                    Sequence { request, sample, slot, tokens: Vec::new(), logprobs: Vec::new(), stop, routed },
                 ));
             }
         }
@@ -458,7 +495,12 @@ impl Scheduler {
             let ids = Tensor::from_slice(&last).f_view([b as i64, 1])?.f_to_device(self.decoder.device())?;
             let slots: Vec<usize> = (0..b).collect();
             let ones = vec![1usize; b];
-            let hidden = self.decoder.forward_with_cache(&ids, &mut self.cache, &slots, &ones)?;
+            let (hidden, experts) = self.decoder.forward_with_cache_routed(&ids, &mut self.cache, &slots, &ones)?;
+            if let Some(layout) = self.routed {
+                for (seq, row) in self.running.iter_mut().zip(routing_rows(&experts, &ones, layout)?) {
+                    seq.routed.extend(row);
+                }
+            }
             let logits = self.decoder.logits(&hidden.f_squeeze_dim(1)?)?;
             self.sample_and_advance(&logits, 0)
         })();
@@ -566,7 +608,7 @@ impl Scheduler {
     fn keep_conversation(&mut self, index: usize) {
         let seq = &self.running[index];
         let Some(state) = self.requests.get(&seq.request) else { return };
-        if state.params.n != 1 {
+        if state.params.n != 1 || self.routed.is_some() {
             return;
         }
         let held = self.cache.len(seq.slot);
@@ -587,6 +629,11 @@ impl Scheduler {
             tokens: std::mem::take(&mut seq.tokens),
             logprobs: std::mem::take(&mut seq.logprobs),
             finish_reason: reason,
+            routed_experts: self.routed.map(|(layers, top_k)| RoutedExperts {
+                layers,
+                top_k,
+                ids: std::mem::take(&mut seq.routed),
+            }),
         };
         let id = seq.request;
         let Some(state) = self.requests.get_mut(&id) else { return Ok(()) };

@@ -5,6 +5,7 @@ mod batching;
 mod helpers;
 mod limits;
 mod logprobs;
+mod routing;
 mod seeds;
 mod smollm2;
 mod streaming;
