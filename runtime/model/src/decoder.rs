@@ -948,7 +948,7 @@ mod tests {
     }
 
     fn tiny(family: Family) -> ModelConfig {
-        let mut c = crate::testing::tiny_config(family);
+        let mut c = ModelConfig::tiny(family);
         c.tie_word_embeddings = family != Family::Llama;
         c
     }

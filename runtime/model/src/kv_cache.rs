@@ -127,7 +127,7 @@ mod tests {
 
     #[test]
     fn copy_prefix_copies_the_first_entries_and_refuses_more_than_the_source_holds() {
-        let config = crate::testing::tiny_config(Family::Llama);
+        let config = ModelConfig::tiny(Family::Llama);
         let mut cache = KvCache::new(&config, 3, 8, Kind::Float, Device::Cpu).unwrap();
         for t in cache.keys.iter_mut().chain(cache.values.iter_mut()) {
             let _ =

@@ -90,9 +90,8 @@ mod tests {
     use tch::{Device, Kind, Tensor};
 
     use super::*;
-    use crate::config::Family;
+    use crate::config::{Family, ModelConfig};
     use crate::decoder::Decoder;
-    use crate::testing::tiny_config;
     use crate::weights::RandomWeights;
 
     /// What full sharding does with a layer's parameters, on one process: each layer's parameters are emptied
@@ -166,7 +165,8 @@ mod tests {
     #[cfg(torch_shim)]
     fn layers_freed_after_their_forward_and_gathered_for_their_recomputation_give_the_same_gradients() {
         tch::manual_seed(0);
-        let mut m = Decoder::load(tiny_config(Family::Qwen2), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
+        let mut m =
+            Decoder::load(ModelConfig::tiny(Family::Qwen2), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
         m.set_recompute_activations(true).unwrap();
         let want_loss = loss(&m);
         want_loss.backward();
@@ -211,7 +211,8 @@ mod tests {
     /// Without autograd a layer computes once, as a forward, and may be freed right after.
     #[test]
     fn a_forward_without_autograd_calls_each_layer_once() {
-        let mut m = Decoder::load(tiny_config(Family::Llama), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
+        let mut m =
+            Decoder::load(ModelConfig::tiny(Family::Llama), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
         m.set_recompute_activations(checkpoint::AVAILABLE).unwrap();
         struct Count(Mutex<Vec<(usize, LayerRun, bool)>>);
         impl LayerHook for Count {

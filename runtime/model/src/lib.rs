@@ -50,6 +50,7 @@ mod packed;
 mod rope;
 mod safetensors_io;
 mod score;
+mod tiny;
 mod tokenizer;
 mod train_ops;
 pub mod vision;
@@ -91,52 +92,6 @@ pub fn parse_kind(name: &str) -> Result<tch::Kind> {
         "bf16" | "bfloat16" => Ok(tch::Kind::BFloat16),
         "f16" | "float16" | "half" => Ok(tch::Kind::Half),
         other => Err(ModelError::InvalidInput(format!("unknown dtype `{other}` (f32, bf16, f16)"))),
-    }
-}
-
-#[cfg(test)]
-pub(crate) mod testing {
-    use crate::config::{Family, ModelConfig, MoeConfig, RopeScaling};
-
-    /// A two-layer model small enough for unit tests.
-    pub(crate) fn tiny_config(family: Family) -> ModelConfig {
-        ModelConfig {
-            family,
-            vocab_size: 32,
-            hidden_size: 32,
-            intermediate_size: 48,
-            num_hidden_layers: 2,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            head_dim: 8,
-            rms_norm_eps: 1e-6,
-            rope_theta: 10000.0,
-            rope_scaling: RopeScaling::None,
-            max_position_embeddings: 128,
-            tie_word_embeddings: true,
-            qkv_bias: family == Family::Qwen2,
-            o_bias: false,
-            mlp_bias: false,
-            qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe),
-            bos_token_id: None,
-            eos_token_ids: vec![1],
-            torch_dtype: None,
-            moe: (family == Family::Qwen3Moe).then(|| MoeConfig {
-                num_experts: 4,
-                num_experts_per_tok: 2,
-                moe_intermediate_size: 8,
-                norm_topk_prob: true,
-                decoder_sparse_step: 1,
-                mlp_only_layers: vec![1],
-                router_aux_loss_coef: 0.001,
-                output_router_logits: false,
-            }),
-        }
-    }
-
-    /// [`tiny_config`] of Qwen3-MoE: layer 0 sparse (4 experts, top 2), layer 1 dense.
-    pub(crate) fn tiny_moe_config() -> ModelConfig {
-        tiny_config(Family::Qwen3Moe)
     }
 }
 

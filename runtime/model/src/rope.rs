@@ -62,7 +62,6 @@ mod tests {
 
     fn cfg(scaling: RopeScaling) -> ModelConfig {
         ModelConfig {
-            family: Family::Llama,
             vocab_size: 8,
             hidden_size: 16,
             intermediate_size: 32,
@@ -71,18 +70,10 @@ mod tests {
             num_key_value_heads: 1,
             head_dim: 16,
             rms_norm_eps: 1e-5,
-            rope_theta: 10000.0,
             rope_scaling: scaling,
             max_position_embeddings: 64,
-            tie_word_embeddings: true,
-            qkv_bias: false,
-            o_bias: false,
-            mlp_bias: false,
-            qk_norm: false,
-            bos_token_id: None,
             eos_token_ids: vec![],
-            torch_dtype: None,
-            moe: None,
+            ..ModelConfig::tiny(Family::Llama)
         }
     }
 

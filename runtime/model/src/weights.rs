@@ -121,7 +121,7 @@ mod tests {
 
     #[test]
     fn specs_follow_the_family_switches() {
-        let mut c = crate::testing::tiny_config(Family::Qwen2);
+        let mut c = ModelConfig::tiny(Family::Qwen2);
         let names: Vec<String> = param_specs(&c).into_iter().map(|s| s.name).collect();
         assert!(names.contains(&"model.layers.1.self_attn.k_proj.bias".to_owned()));
         assert!(!names.iter().any(|n| n.contains("o_proj.bias") || n.contains("q_norm")));
@@ -135,7 +135,7 @@ mod tests {
 
     #[test]
     fn sparse_layers_list_the_router_and_every_expert() {
-        let c = crate::testing::tiny_moe_config();
+        let c = ModelConfig::tiny_moe();
         let specs = param_specs(&c);
         let shape = |name: &str| specs.iter().find(|s| s.name == name).map(|s| s.shape.clone());
         assert_eq!(shape("model.layers.0.mlp.gate.weight"), Some(vec![4, 32]));

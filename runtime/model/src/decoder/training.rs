@@ -34,7 +34,7 @@ impl Decoder {
     /// The input of the first layer, and whether the layers are recomputed in this forward: only when asked and
     /// autograd records. A recomputed layer hands gradients only through an input that requires one, so an
     /// embedding output that does not (a frozen embedding, as under LoRA) becomes a leaf that does.
-    fn first_layer_input(&self, embedded: Tensor) -> Result<(Tensor, bool)> {
+    pub(super) fn first_layer_input(&self, embedded: Tensor) -> Result<(Tensor, bool)> {
         if !(self.recompute && checkpoint::grad_mode_enabled()) {
             return Ok((embedded, false));
         }
@@ -102,20 +102,44 @@ impl Decoder {
             }
         };
         let (cos, sin) = rope::cos_sin(&self.inv_freq, &positions, self.kind)?;
-        let (mut x, recompute) = self.first_layer_input(self.embed(&input_ids)?)?;
+        let (x, recompute) = self.first_layer_input(self.embed(&input_ids)?)?;
         if recompute && router_logits && !sparse.is_empty() {
             return Err(ModelError::InvalidInput(
                 "router logits (the load-balancing loss) need activation recompute off".into(),
             ));
         }
+        let (hidden, experts, router_logits) =
+            self.run_layers(x, recompute, &cos, &sin, mask.as_ref(), replay.as_ref(), router_logits)?;
+        Ok(RoutedHidden { hidden, experts: routing_layout(experts, b, t)?, router_logits })
+    }
+
+    /// The layers and the final norm over `x` `[B, T, hidden]`, the one layer loop of the full-sequence forwards
+    /// ([`Decoder::forward_hidden_routed`] and the embeddings' forward of [`crate::vision`]): rotated by
+    /// `cos`/`sin` `[B, T, head_dim]`, attending under `mask` (`[B, 1, T, T]`; causal without one), each layer
+    /// inside the thread's [`layer_hook`] and, when `recompute`, recomputed in the backward. `replay`
+    /// `[B, T, L, k]` forces the sparse layers' experts. Returns the final-normed hidden states, each sparse
+    /// layer's experts `[B·T, k]` and, when `router_logits`, its router logits.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_layers(
+        &self,
+        mut x: Tensor,
+        recompute: bool,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&Tensor>,
+        replay: Option<&Tensor>,
+        router_logits: bool,
+    ) -> Result<(Tensor, Vec<Tensor>, Vec<Tensor>)> {
+        let rows = x.size()[..2].iter().product::<i64>();
+        let sparse = self.sparse_layers();
         let dims = self.dims();
         let hook = layer_hook::current();
         let (mut experts, mut logits) = (Vec::new(), Vec::new());
         for (index, layer) in self.layers.iter().enumerate() {
             let (layer, cos, sin) = (layer.share(), cos.shallow_clone(), sin.shallow_clone());
-            let mask = mask.as_ref().map(Tensor::shallow_clone);
-            let layer_replay = match (&replay, sparse.iter().position(|&s| s == index)) {
-                (Some(r), Some(l)) => Some(r.f_select(2, l as i64)?.f_reshape([b * t, -1])?),
+            let mask = mask.map(Tensor::shallow_clone);
+            let layer_replay = match (replay, sparse.iter().position(|&s| s == index)) {
+                (Some(r), Some(l)) => Some(r.f_select(2, l as i64)?.f_reshape([rows, -1])?),
                 _ => None,
             };
             // A recomputed layer runs twice; both runs route alike, and the last one's decisions are kept.
@@ -141,11 +165,7 @@ impl Decoder {
                 }
             }
         }
-        Ok(RoutedHidden {
-            hidden: self.rms_norm(&x, &self.norm)?,
-            experts: routing_layout(experts, b, t)?,
-            router_logits: logits,
-        })
+        Ok((self.rms_norm(&x, &self.norm)?, experts, logits))
     }
 
     /// [`Decoder::forward_hidden`] for rows that share prompts, running each distinct prompt once: GRPO trains on
@@ -263,14 +283,18 @@ fn run_layer(recompute: bool, x: &Tensor, run: impl Fn(&Tensor) -> Result<Tensor
 /// the `[B, 1, T, T]` attention mask, causal over real keys. A query always sees itself, so rows of padding
 /// never go fully masked (NaN in softmax).
 fn padded_positions_and_mask(valid: &Tensor) -> Result<(Tensor, Tensor)> {
+    let positions = (valid.f_to_kind(Kind::Int64)?.f_cumsum(1, Kind::Int64)? - 1).f_clamp_min(0)?;
+    Ok((positions, padded_mask(valid)?))
+}
+
+/// [`padded_positions_and_mask`]'s mask alone, for a forward given its positions.
+pub(super) fn padded_mask(valid: &Tensor) -> Result<Tensor> {
     let size = valid.size();
     let (b, t) = (size[0], size[1]);
-    let positions = (valid.f_to_kind(Kind::Int64)?.f_cumsum(1, Kind::Int64)? - 1).f_clamp_min(0)?;
-    let mask = causal(t, valid.device())?
+    Ok(causal(t, valid.device())?
         .f_view([1, 1, t, t])?
         .f_logical_and(&valid.f_view([b, 1, 1, t])?)?
-        .f_logical_or(&Tensor::f_eye(t, (Kind::Bool, valid.device()))?)?;
-    Ok((positions, mask))
+        .f_logical_or(&Tensor::f_eye(t, (Kind::Bool, valid.device()))?)?)
 }
 
 /// Where the real tokens of [`Decoder::forward_hidden_shared_prompts`]'s flat layout sit in the padded prompt
@@ -344,10 +368,9 @@ impl SharedLayout {
 mod tests {
     use tch::{Device, Kind, Tensor};
 
-    use crate::config::Family;
+    use crate::config::{Family, ModelConfig};
     use crate::decoder::Decoder;
     use crate::lora::LoraSpec;
-    use crate::testing::tiny_config;
     use crate::weights::RandomWeights;
 
     /// A loss over both forwards: padded rows (one left-padded) and two prompts shared by three responses.
@@ -428,7 +451,7 @@ mod tests {
         ];
         for (family, kind, with_lora) in cases {
             tch::manual_seed(0);
-            let mut m = Decoder::load(tiny_config(family), &mut RandomWeights, kind, Device::Cpu).unwrap();
+            let mut m = Decoder::load(ModelConfig::tiny(family), &mut RandomWeights, kind, Device::Cpu).unwrap();
             if with_lora {
                 add_live_adapters(&mut m);
             }
@@ -462,7 +485,8 @@ mod tests {
     /// before the backward.
     #[test]
     fn recomputation_uses_the_adapters_as_the_forward_had_them() {
-        let mut m = Decoder::load(tiny_config(Family::Qwen2), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
+        let mut m =
+            Decoder::load(ModelConfig::tiny(Family::Qwen2), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
         add_live_adapters(&mut m);
         let mut run = |recompute: bool| {
             m.set_recompute_activations(recompute).unwrap();
@@ -478,7 +502,8 @@ mod tests {
     /// Without autograd nothing is recomputed or kept: the plain forward's values.
     #[test]
     fn recomputation_leaves_a_forward_without_autograd_alone() {
-        let mut m = Decoder::load(tiny_config(Family::Qwen2), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
+        let mut m =
+            Decoder::load(ModelConfig::tiny(Family::Qwen2), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
         let want = tch::no_grad(|| loss(&m));
         m.set_recompute_activations(true).unwrap();
         let got = tch::no_grad(|| loss(&m));
