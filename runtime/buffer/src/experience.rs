@@ -3,7 +3,8 @@
 //! Invariants (checked by [`Experience::validate`], which stores call before accepting an experience):
 //! `prompt_length <= tokens.len()`; the per-response-token arrays (`logprobs`, `action_mask`,
 //! `token_level_rewards`, `advantages`, `returns`, `teacher_logprobs`) all have `tokens.len() - prompt_length`
-//! entries. Keeping the check at the store boundary means a bad workflow is caught where it wrote the
+//! entries, and `routed_experts`, when present, one row for each of the `tokens.len() - 1` tokens read. Keeping
+//! the check at the store boundary means a bad workflow is caught where it wrote the
 //! experience, not deep inside the trainer.
 
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{BufferError, Result};
+use crate::routed_experts::RoutedExperts;
 
 /// Which rollout an experience comes from (Trinity's `EID` without the random suffix: these four numbers are
 /// unique within a run).
@@ -87,6 +89,10 @@ pub struct Experience {
     pub response_text: Option<String>,
     /// Version of the weights that generated the response (the synchronizer's counter); used for staleness.
     pub model_version: u64,
+    /// The experts a mixture-of-experts rollout routed every token it read to (`tokens.len() - 1` rows), for
+    /// routing replay (`algorithm.enable_router_replay`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_experts: Option<RoutedExperts>,
 }
 
 impl Experience {
@@ -111,6 +117,7 @@ impl Experience {
             prompt_text: None,
             response_text: None,
             model_version: 0,
+            routed_experts: None,
         }
     }
 
@@ -138,6 +145,19 @@ impl Experience {
         check("teacher_logprobs", self.teacher_logprobs.as_ref().map(Vec::len))?;
         if !self.reward.is_finite() {
             return Err(fail(format!("reward is {}", self.reward)));
+        }
+        if let Some(routed) = &self.routed_experts {
+            let read = self.tokens.len().saturating_sub(1);
+            if !routed.is_well_formed() || routed.tokens() != read {
+                return Err(fail(format!(
+                    "routed_experts holds {} ids of {} layers × top {} for {} tokens; want one row for each of the \
+                     {read} tokens the model read (all but the last)",
+                    routed.ids.len(),
+                    routed.layers,
+                    routed.top_k,
+                    self.tokens.len()
+                )));
+            }
         }
         Ok(())
     }
@@ -183,5 +203,17 @@ mod tests {
         assert!(text.contains("\"response_truncated\""));
         let back: Experience = serde_json::from_str(&text).unwrap();
         assert_eq!(back, exp);
+    }
+
+    #[test]
+    fn routed_experts_need_a_row_for_every_token_read() {
+        let mut exp = Experience::single_turn(Eid::default(), vec![1, 2, 3, 4], 2, vec![0.0; 2]);
+        exp.routed_experts = Some(RoutedExperts { layers: 2, top_k: 2, ids: vec![1; 12] });
+        exp.validate().unwrap();
+        let back: Experience = serde_json::from_str(&serde_json::to_string(&exp).unwrap()).unwrap();
+        assert_eq!(back, exp);
+        exp.routed_experts = Some(RoutedExperts { layers: 2, top_k: 2, ids: vec![1; 16] });
+        let text = exp.validate().unwrap_err().to_string();
+        assert!(text.contains("routed_experts") && text.contains("3 tokens the model read"), "{text}");
     }
 }

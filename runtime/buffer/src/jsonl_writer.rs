@@ -97,6 +97,21 @@ mod tests {
     }
 
     #[test]
+    fn routed_experts_are_dumped_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("experiences.jsonl");
+        let mut routed = exp(0);
+        routed.routed_experts = Some(crate::RoutedExperts { layers: 1, top_k: 2, ids: vec![3, 1, 0, 2] });
+        JsonlWriter::open(&path).unwrap().write_batch(std::slice::from_ref(&routed)).unwrap();
+        let line = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            line.contains(r#""routed_experts":{"layers":1,"top_k":2,"dtype":"uint8","data":"AwEAAg=="}"#),
+            "{line}"
+        );
+        assert_eq!(read_experiences(&path).unwrap(), [routed]);
+    }
+
+    #[test]
     fn a_torn_last_line_is_skipped_but_a_bad_middle_line_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("e.jsonl");

@@ -88,6 +88,21 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn routed_experts_round_trip_compactly() {
+        let mut exp = realistic_experience(200, 300, 3);
+        // 499 tokens read, 2 sparse layers, top 4 of 64 experts.
+        let ids: Vec<u16> = (0..499u32 * 2 * 4).map(|i| (i.wrapping_mul(2654435761) >> 26) as u16).collect();
+        exp.routed_experts = Some(crate::RoutedExperts { layers: 2, top_k: 4, ids });
+        exp.validate().unwrap();
+        let without = encode(&realistic_experience(200, 300, 3)).unwrap().len();
+        let stored = encode(&exp).unwrap();
+        assert_eq!(decode(&stored).unwrap(), exp);
+        // 3,992 ids: about a byte each after compression, not the 3-4 of JSON numbers.
+        let extra = stored.len() - without;
+        assert!(extra < 3992 * 3 / 2, "{extra} bytes for 3992 ids");
+    }
+
+    #[test]
     fn realistic_experience_shrinks() {
         let exp = realistic_experience(200, 300, 7);
         let json = serde_json::to_vec(&exp).unwrap().len();

@@ -90,6 +90,19 @@ async fn idempotent_put(f: Fixture) {
     assert_eq!(buffer.producers().await.unwrap()[0].steps, 1);
 }
 
+/// An experience with routed experts (uint8 and uint16 ids) comes back as it went in.
+async fn routed_experts_survive_the_store(f: Fixture) {
+    let buffer = f.open().await;
+    let mut small = exp(1, 0, 0);
+    small.routed_experts = Some(crate::RoutedExperts { layers: 2, top_k: 2, ids: vec![0, 5, 3, 1, 7, 2, 255, 4] });
+    let mut large = exp(1, 1, 0);
+    large.routed_experts = Some(crate::RoutedExperts { layers: 1, top_k: 2, ids: vec![300, 2, 4095, 0] });
+    let rows = vec![small, large];
+    buffer.put_step("explorer", 1, rows.clone(), "{}").await.unwrap();
+    let batch = buffer.try_take_for_step(2, None, 1).await.unwrap().unwrap();
+    assert_eq!(batch, rows);
+}
+
 async fn two_producers_interleave(f: Fixture) {
     let buffer = f.open().await;
     let other = f.open().await;
@@ -278,6 +291,7 @@ macro_rules! suite {
 suite! {
     idempotent_put: memory, sqlite, postgres;
     two_producers_interleave: memory, sqlite, postgres;
+    routed_experts_survive_the_store: memory, sqlite, postgres;
     a_short_take_takes_nothing: memory, sqlite, postgres;
     stale_rows_are_skipped: memory, sqlite, postgres;
     take_release_commit: sqlite, postgres;
