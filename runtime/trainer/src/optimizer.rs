@@ -30,6 +30,7 @@
 
 mod fused;
 pub mod zero;
+pub mod zero3;
 
 use std::collections::HashMap;
 use std::ops::Range;

@@ -32,8 +32,9 @@
 //! ([`super`]); gradients are reduced on the parameters' device and each shard's update copies its gradient to
 //! the host, and the state's gathers for checkpoints run on the host.
 //!
-//! Not here: stage 3 (parameters sharded and gathered per layer), gradients reduced per bucket during the
-//! backward (the full gradients exist until it ends), and the critic's optimizer, which stays replicated.
+//! Not here: stage 3 (parameters sharded and gathered per layer: [`super::zero3`]), gradients reduced per bucket
+//! during the backward (the full gradients exist until it ends), and the critic's optimizer, which stays
+//! replicated.
 
 use std::ops::Range;
 use std::path::Path;
