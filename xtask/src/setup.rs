@@ -69,6 +69,12 @@ const TRINITY_RFT_IMPORTS: [&str; 18] = [
 /// torch. alfworld, agentscope and webshop are left out (large, with game files or services): a config naming
 /// their workflows is a dry-run error naming the import and its pip line.
 const TRINITY_RFT_ENV_PACKAGES: [&str; 3] = ["gymnasium==1.4.0", "latex2sympy2_extended==1.11.0", "math-verify==0.9.0"];
+/// AgentScope for Trinity-RFT 0.6.0's `agentscope_*` workflows (the range its `agent` extra names,
+/// `>=1.0.19,<2`), in a venv of its own layered on the Trinity-RFT venv (see `install_agentscope`). Pinned with
+/// two packages that agentscope's own requirements leave open but that it breaks without: MCP's 2.x client no
+/// longer has the `streamablehttp_client` agentscope 1.x imports, and SQLAlchemy 2.1 made `greenlet`, which its
+/// asyncio module (imported by agentscope) needs, optional. About 200 MB, under a minute.
+const AGENTSCOPE_PACKAGES: [&str; 3] = ["agentscope==1.0.21", "mcp==1.30.0", "greenlet==3.5.6"];
 /// The studio's npm packages, pinned: the charting library the page embeds and the browser driver of its test.
 const NPM_PACKAGES: [(&str, &str); 2] = [("uplot", "1.6.32"), ("playwright-core", "1.65.1")];
 /// Where Debian's chromium package puts the browser the studio's end-to-end test drives.
@@ -114,6 +120,11 @@ impl Deps {
         self.dir.join("trinity-rft-venv").join("bin").join("python")
     }
 
+    /// The interpreter of the AgentScope venv (`.deps/agentscope-venv`): Trinity-RFT 0.6.0 and AgentScope.
+    pub(crate) fn agentscope_python(&self) -> PathBuf {
+        self.dir.join("agentscope-venv").join("bin").join("python")
+    }
+
     /// The npm prefix holding the studio's packages (`node_modules/` inside).
     pub(crate) fn npm_dir(&self) -> PathBuf {
         self.dir.join("npm")
@@ -126,6 +137,7 @@ impl Deps {
         command.env("TRINITY_SMOLLM2_GGUF", self.smollm2_gguf());
         command.env("TRINITY_OPENAI_PYTHON", self.openai_python());
         command.env("TRINITY_RFT_PYTHON", self.trinity_rft_python());
+        command.env("TRINITY_AGENTSCOPE_PYTHON", self.agentscope_python());
         command.env("TRINITY_MONITORS_PYTHON", self.monitors_python());
         // Our libtorch crates embed libtorch's run path, but a crate that reaches tch only through feature
         // unification (a WASM plugin crate whose SDK also has the `algorithm` feature on in a workspace build)
@@ -180,6 +192,7 @@ impl Deps {
         self.install_openai()?;
         self.install_trinity_rft()?;
         self.install_trinity_rft_envs()?;
+        self.install_agentscope()?;
         self.install_monitors()?;
         install_postgres()?;
         install_gloo_headers()?;
@@ -354,6 +367,44 @@ impl Deps {
                 .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
                 .args(TRINITY_RFT_ENV_PACKAGES))
             .context("pip cannot install Trinity-RFT's workflow packages (PyPI must be reachable)")?;
+            std::fs::write(&marker, pins.as_bytes())?;
+            Ok(())
+        })
+    }
+
+    /// AgentScope ([`AGENTSCOPE_PACKAGES`]) in `.deps/agentscope-venv`, a venv whose `.pth` file puts the
+    /// Trinity-RFT venv's packages on its path: agentscope's dependencies (OpenTelemetry, MCP, pydantic's
+    /// settings, ...) stay out of the venv the other Python workflow tests use, and torch is not installed twice.
+    fn install_agentscope(&self) -> Result<()> {
+        let base = self.trinity_rft_python();
+        let venv = self.dir.join("agentscope-venv");
+        let python = self.agentscope_python();
+        let pins = AGENTSCOPE_PACKAGES.join(",");
+        let marker = venv.join(format!(".installed-{pins}"));
+        if marker.exists() {
+            return Ok(());
+        }
+        step(&format!("setup: Python {pins} from PyPI into {}", venv.display()), || {
+            if venv.exists() {
+                std::fs::remove_dir_all(&venv)
+                    .with_context(|| format!("cannot clear the partial install at {}", venv.display()))?;
+            }
+            run(Command::new(&base).args(["-m", "venv"]).arg(&venv))
+                .context("the Trinity-RFT venv's Python cannot create a virtual environment")?;
+            let site = |python: &Path| -> Result<PathBuf> {
+                let output = Command::new(python)
+                    .args(["-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
+                    .output()
+                    .with_context(|| format!("cannot run {}", python.display()))?;
+                Ok(PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()))
+            };
+            let (own, layered) = (site(&python)?, site(&base)?);
+            std::fs::write(own.join("trinity_rft_venv.pth"), format!("{}\n", layered.display()))?;
+            run(Command::new(&python)
+                .env("PIP_ROOT_USER_ACTION", "ignore")
+                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+                .args(AGENTSCOPE_PACKAGES))
+            .context("pip cannot install AgentScope (PyPI must be reachable)")?;
             std::fs::write(&marker, pins.as_bytes())?;
             Ok(())
         })

@@ -190,11 +190,16 @@ pub(crate) fn unknown_note(interpreter: &Path, name: &str, native: &[String]) ->
 }
 
 /// The `pip install` line for missing top-level modules: Trinity-RFT's package for `trinity`, the distribution
-/// for the few modules whose distribution has another name, else the module's name (alfworld, agentscope,
-/// gymnasium, textworld are their own distributions).
+/// for the few modules whose distribution has another name, else the module's name (alfworld, gymnasium,
+/// textworld are their own distributions). AgentScope is given the range Trinity-RFT 0.6.0's `agent` extra
+/// names (agentscope 2 has no `agentscope.agent.ReActAgent`, which 0.6.0's workflows build) with the two
+/// packages agentscope 1.x needs but leaves open: `mcp` below 2 (its 2.x client dropped the
+/// `streamablehttp_client` agentscope imports) and `greenlet` (SQLAlchemy 2.1's asyncio module, which agentscope
+/// imports, no longer brings it).
 fn pip_line(modules: &[String]) -> String {
     const DISTRIBUTIONS: &[(&str, &str)] = &[
         ("trinity", "trinity-rft==0.6.0"),
+        ("agentscope", "'agentscope>=1.0.19,<2' 'mcp<2' greenlet"),
         ("yaml", "pyyaml"),
         ("sklearn", "scikit-learn"),
         ("PIL", "pillow"),
@@ -242,6 +247,12 @@ mod tests {
         let no_trinity = parse(&json!({"ok": false, "import": "trinity", "error": "No module named 'trinity'"}));
         assert!(matches!(no_trinity, Answer::NoRegistry { ref import, .. } if import == "trinity"));
         assert_eq!(pip_line(&["trinity.common".to_owned()]), "pip install trinity-rft==0.6.0");
+    }
+
+    #[test]
+    fn agentscope_is_installed_in_the_range_trinity_rft_060_runs() {
+        let line = pip_line(&["agentscope.agent".to_owned(), "gymnasium".to_owned()]);
+        assert_eq!(line, "pip install 'agentscope>=1.0.19,<2' 'mcp<2' greenlet gymnasium");
     }
 
     #[test]
