@@ -192,6 +192,56 @@ class BudgetWorkflow(Workflow):
         return experiences
 
 
+class OpenAiBudgetWorkflow(Workflow):
+    """Runs once per repeat (can_repeat is False), spending the task's budget through the OpenAI client as well:
+    row `fits` mixes a `chat` call with two requests and stays within it, `loop` asks until the refusal raises,
+    `swallow` catches it and finds `self.model` refused too, `wide` asks for more choices than the token budget
+    holds, `tokens` generates 6 tokens a request until the generated tokens are spent."""
+
+    def run(self):
+        import openai
+
+        row = self.task.raw_task["prompt"]
+        client = self.model.get_openai_client()
+        messages = [{"role": "user", "content": row}]
+
+        def ask(**kwargs):
+            return client.chat.completions.create(model=client.model_path, messages=messages, **kwargs)
+
+        if row == "wide":
+            ask(n=30, max_tokens=1)
+            raise AssertionError("30 choices were answered within a budget of 20 tokens")
+        if row == "fits":
+            self.model.chat(messages, n=1, max_tokens=2)
+            ask(max_tokens=2)
+            ask(max_tokens=2)
+            experiences = self.model.extract_experience_from_history()
+            assert len(experiences) == 3, len(experiences)
+            for exp in experiences:
+                exp.reward = 1.0
+            return experiences
+        for _ in range(10):
+            try:
+                if row == "tokens":
+                    ask(max_tokens=6, extra_body={"ignore_eos": True})
+                else:
+                    ask(max_tokens=1)
+            except openai.RateLimitError as error:
+                assert error.status_code == 429, error.status_code
+                # What tells the client not to retry: the refusal is final for the task.
+                assert error.response.headers.get("x-should-retry") == "false", dict(error.response.headers)
+                assert "explorer.python_workflows.max_model_" in error.message, error.message
+                if row != "swallow":
+                    raise
+                try:
+                    self.model.chat(messages, n=1, max_tokens=1)
+                    raise AssertionError("a call after the refusal was answered")
+                except RuntimeError as again:
+                    assert type(again).__name__ == "ModelBudgetExceeded", repr(again)
+                return self.model.extract_experience_from_history()
+        raise AssertionError("ten requests were answered")
+
+
 class FlakyWorkflow(Workflow):
     """Runs once per repeat (can_repeat is False); the second run of each task raises, and every run of row
     `boom`."""
@@ -415,6 +465,41 @@ fn a_call_past_the_model_budget_raises_in_the_workflow_and_fails_its_task() {
     let output = run(dir.path(), &python, &["run", "--config", "config.yaml", "--dry-run"]);
     let err = stderr(&output);
     assert!(!output.status.success() && err.contains("explorer.python_workflows.max_model_calls"), "{err}");
+}
+
+#[test]
+fn requests_through_the_openai_client_spend_the_same_budget_and_the_one_past_it_raises() {
+    let python = trinity_rft_python();
+    let extra = "explorer:\n  max_retry_times: 0\n  rollout_model:\n    enable_openai_api: true\n    enable_history: true\n  python_workflows:\n    max_model_calls: 8\n    max_model_tokens: 20\n";
+    let rows = ["fits", "loop", "wide", "fits", "swallow", "fits", "tokens", "fits"];
+    let dir = workflow_dir("OpenAiBudgetWorkflow", &rows, 40, extra);
+    let started = std::time::Instant::now();
+    let output = run(dir.path(), &python, &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let job = dir.path().join("ckpt/p/n");
+    let failed = std::fs::read_to_string(job.join("failed_tasks.jsonl")).unwrap();
+    let failed: Vec<serde_json::Value> = failed.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let by_row = |row: &str| {
+        let found = failed.iter().find(|f| f["row"]["prompt"] == row);
+        found.unwrap_or_else(|| panic!("row {row} did not fail: {failed:?}")).to_string()
+    };
+    assert_eq!(failed.len(), 4, "{failed:?}");
+    // Eight requests fit; the ninth gets the 429, whether the workflow raises it or not, and fails the task as a
+    // refused `self.model` call does.
+    for row in ["loop", "swallow"] {
+        let text = by_row(row);
+        assert!(text.contains("went past its model budget"), "{text}");
+        assert!(text.contains("model call 9 is past the limit of 8") && text.contains("max_model_calls"), "{text}");
+    }
+    let wide = by_row("wide");
+    assert!(wide.contains("max_model_tokens") && wide.contains("n = 30 cannot fit"), "{wide}");
+    // Four requests of six tokens spend 24 of the 20: the server counts what each request generated.
+    let tokens = by_row("tokens");
+    assert!(tokens.contains("24 tokens generated of the 20 allowed"), "{tokens}");
+    let (experiences, metrics) = outputs(&job);
+    assert_eq!(metrics.len(), 4, "every step trained on its `fits` task: {metrics:?}");
+    assert_eq!(experiences.len(), 4 * 2 * 3, "a chat call and two recorded requests in each of two runs");
+    println!("{:.1} s", started.elapsed().as_secs_f64());
 }
 
 #[test]

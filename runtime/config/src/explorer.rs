@@ -69,8 +69,10 @@ pub struct ExplorerConfig {
 }
 
 /// `explorer.python_workflows`: what one attempt of a task of a Python workflow may ask of the model, over every
-/// model wrapper it holds (`self.model`, its clones and the auxiliary models' wrappers; not the requests its
-/// OpenAI clients send to the rollout model's OpenAI server, which `max_timeout` alone bounds). `max_timeout`
+/// model wrapper it holds (`self.model`, its clones and the auxiliary models' wrappers) and every OpenAI client
+/// they hand out (`get_openai_client`, `get_openai_async_client`, `self.auxiliary_models`: a chat completion of
+/// `n` choices is one call, a completions request one call per prompt; the request past a limit gets a 429 the
+/// client raises as `RateLimitError`, without retrying). `max_timeout`
 /// bounds how long an attempt runs; this bounds the engine work it asks for, so that a runaway loop cannot keep
 /// the engine busy, at the other tasks' expense, until its timeout. The call past either limit raises
 /// `ModelBudgetExceeded` (a `RuntimeError`) in the workflow, later calls raise it too, and the task fails, as a

@@ -61,7 +61,7 @@ pub use external_model::{
     runs_on_external_model,
 };
 pub use math_workflow::mix as seed_mix;
-pub use openai_view::{OpenAiSession, OpenAiView, RunClosed};
+pub use openai_view::{OpenAiSession, OpenAiView, RunBudget, RunClosed};
 pub use operator::{
     ExperienceOperator, OperatorEntry, OperatorOutput, PipelineOutput, apply_operators, apply_pipeline,
     apply_pipeline_blocking, builtin_operators, lookup_operator, operator_names, register_operator,

@@ -5,8 +5,16 @@
 //! `get_openai_client` hands out base URLs of the rollout model's OpenAI-compatible server
 //! (`explorer.rollout_model.enable_openai_api`): a wrapper's URL is an [`OpenAiSession`] of its own, kept in
 //! [`Sessions`], so that with `enable_history` the server files the replies it sends there for the wrapper's
-//! `extract_experience_from_history`. Auxiliary models answer on the server's plain URL under their names, never
-//! recorded, as Trinity-RFT serves them without history.
+//! `extract_experience_from_history`. Auxiliary models answer on the worker's own session URL under their names,
+//! never recorded, as Trinity-RFT serves them without history.
+//!
+//! Requests through those clients spend the task attempt's [`Budget`] as `self.model`'s calls do: each session is
+//! under the running task's budget ([`Sessions::start_task`]), which the server consults for every request on
+//! the session's URL. A chat completion of `n` choices is one call that needs room for `n` tokens, and a
+//! completions request one call per prompt, as `chat(n=...)` and `generate([...])` count; its generated tokens
+//! are spent when it ends. The request past a limit gets a 429 (`RateLimitError` in the `openai` client, not
+//! retried) whose message names the key, and the task fails as for any refusal. Only requests on the URLs
+//! trinity handed out are counted: a client the workflow points at the server's plain URL is not.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +22,9 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 use trinity_buffer::{Eid, Experience, Task, TruncateStatus};
 use trinity_engine::{FinishReason, SamplingParams};
-use trinity_explorer::{AuxiliaryModel, Conversation, OpenAiSession, RolloutModel, WorkflowContext, seed_mix};
+use trinity_explorer::{
+    AuxiliaryModel, Conversation, OpenAiSession, OpenAiView, RolloutModel, RunBudget, WorkflowContext, seed_mix,
+};
 use trinity_model::ChatMessage;
 
 /// What the rollout model's OpenAI API needs, said where a workflow asks for it without it.
@@ -28,6 +38,8 @@ const NO_OPENAI_API: &str = "trinity serves the OpenAI clients of `self.model` a
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
     open: Mutex<HashMap<u64, OpenAiSession>>,
+    /// The running task's budget, which every session is under while the task runs.
+    budget: Mutex<Option<Arc<Budget>>>,
 }
 
 impl Sessions {
@@ -35,13 +47,40 @@ impl Sessions {
         self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Closes the sessions of the task's cloned wrappers (their late requests are refused) and forgets what the
-    /// worker's own session recorded but the workflow never took, so it cannot leak into the next task.
+    fn budget(&self) -> Option<Arc<Budget>> {
+        self.budget.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Puts the worker's sessions, and those its task opens, under the task attempt's `budget`.
+    pub(crate) fn start_task(&self, budget: &Arc<Budget>) {
+        *self.budget.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::clone(budget));
+        for session in self.lock().values() {
+            session.set_budget(Some(Arc::clone(budget) as _));
+        }
+    }
+
+    /// The session `id`, opened on `view` (under the running task's budget) if it is not yet.
+    fn session<R>(&self, id: u64, view: &Arc<OpenAiView>, then: impl FnOnce(&OpenAiSession) -> R) -> R {
+        let budget = self.budget();
+        let mut open = self.lock();
+        let session = open.entry(id).or_insert_with(|| {
+            let session = OpenAiSession::open(view);
+            session.set_budget(budget.map(|b| b as _));
+            session
+        });
+        then(session)
+    }
+
+    /// Closes the sessions of the task's cloned wrappers (their late requests are refused), forgets what the
+    /// worker's own session recorded but the workflow never took, so it cannot leak into the next task, and takes
+    /// the task's budget off the worker's session.
     pub(crate) fn end_task(&self) {
+        *self.budget.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         let mut open = self.lock();
         open.retain(|id, _| *id == 0);
         if let Some(own) = open.get(&0) {
             own.extract_experience_from_history();
+            own.set_budget(None);
         }
     }
 }
@@ -127,6 +166,19 @@ impl Budget {
     /// The refusal that ended the task's budget, if one did.
     pub(crate) fn exceeded(&self) -> Option<String> {
         self.lock().exceeded.clone()
+    }
+}
+
+/// The budget as the OpenAI server sees it, for requests on the task's session URLs.
+impl RunBudget for Budget {
+    fn admit(&self, n: u64) -> Result<(), String> {
+        Budget::admit(self, n).map_err(|refusal| match refusal {
+            Refusal::Budget(message) | Refusal::Error(message) => message,
+        })
+    }
+
+    fn spend(&self, tokens: u64) {
+        Budget::spend(self, tokens);
     }
 }
 
@@ -227,6 +279,7 @@ impl Call<'_> {
             min_p: float("min_p", args.min_p).unwrap_or(0.0) as f32,
             seed: Some(seed),
             max_tokens: kwargs["max_tokens"].as_u64().map(|t| t as usize).or(args.max_tokens.map(|t| t as usize)),
+            min_tokens: kwargs["min_tokens"].as_u64().or(args.min_tokens.map(u64::from)).unwrap_or(0) as usize,
             stop: match kwargs["stop"].as_array() {
                 Some(stop) => stop.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect(),
                 None => args.stop.clone(),
@@ -252,20 +305,22 @@ impl Call<'_> {
         Ok(Value::Array(completions.collect()))
     }
 
-    /// The base URL and model name of an OpenAI client: the wrapper's own session on the rollout model, or the
-    /// server's plain URL under an auxiliary model's name.
+    /// The base URL and model name of an OpenAI client: the wrapper's own session, under the rollout model's
+    /// name or an auxiliary model's (the server answers a request by the model it names; the session's URL puts
+    /// it under the task's budget).
     fn openai(&self, params: &Value) -> Result<Value, String> {
         let view = self.ctx.model.openai_view().ok_or(NO_OPENAI_API)?;
-        if !params["model"].is_null() {
-            let index = params["model"].as_u64().unwrap_or_default() as usize;
-            self.model(params)?;
-            let name = self.ctx.model.auxiliary_models()[index].name();
-            return Ok(json!({"base_url": view.base_url(), "model_name": name}));
-        }
+        let name = match &params["model"] {
+            Value::Null => view.model_name().to_owned(),
+            index => {
+                self.model(params)?;
+                let index = index.as_u64().unwrap_or_default() as usize;
+                self.ctx.model.auxiliary_models()[index].name().to_owned()
+            }
+        };
         let id = params["session"].as_u64().unwrap_or(0);
-        let mut open = self.sessions.lock();
-        let session = open.entry(id).or_insert_with(|| OpenAiSession::open(view));
-        Ok(json!({"base_url": session.base_url(), "model_name": session.model_name()}))
+        let base_url = self.sessions.session(id, view, OpenAiSession::base_url);
+        Ok(json!({"base_url": base_url, "model_name": name}))
     }
 
     /// The replies recorded for a wrapper's session since the last call (none before it opened one).
@@ -407,5 +462,30 @@ mod tests {
         assert_eq!(key(0), own, "the worker keeps its session");
         let left = sessions.lock().get(&0).and_then(OpenAiSession::extract_experience_from_history).unwrap();
         assert!(left.is_empty(), "nothing recorded leaks into the next task");
+    }
+
+    #[test]
+    fn a_tasks_budget_covers_its_sessions_requests_and_ends_with_it() {
+        let view = Arc::new(OpenAiView::new("http://127.0.0.1:9", "m", false));
+        let sessions = Sessions::default();
+        let own = sessions.session(0, &view, |s| s.key().to_owned());
+        let budget = Arc::new(Budget::new(2, 10));
+        sessions.start_task(&budget);
+        let clone = sessions.session(4, &view, |s| s.key().to_owned());
+        let (a, b) = (view.budget(&own).unwrap(), view.budget(&clone).unwrap());
+        // The server's view and the pipe's calls spend one budget.
+        a.admit(3).unwrap();
+        a.spend(8);
+        let refused = b.admit(3).unwrap_err();
+        assert!(refused.contains("max_model_tokens") && refused.contains("n = 3 cannot fit"), "{refused}");
+        assert_eq!(budget.exceeded().as_deref(), Some(refused.as_str()), "the refusal sticks for the task");
+        assert!(matches!(budget.admit(1), Err(Refusal::Budget(_))));
+        sessions.end_task();
+        assert!(view.budget(&own).is_none(), "the worker's session outlives the task's budget");
+        let fresh = Arc::new(Budget::new(1, 10));
+        sessions.start_task(&fresh);
+        view.budget(&own).unwrap().admit(1).unwrap();
+        let second = view.budget(&own).unwrap().admit(1).unwrap_err();
+        assert!(second.contains("model call 2 is past the limit of 1"), "{second}");
     }
 }

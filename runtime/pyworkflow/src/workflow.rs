@@ -134,11 +134,13 @@ async fn drive(worker: &mut Worker, workflow: &PythonWorkflow, task: &Task, ctx:
         "collect_partial_runs": settings.collect_partial_runs,
     });
     let limits = &settings.limits;
-    let budget = Budget::new(u64::from(limits.max_model_calls), limits.max_model_tokens);
+    let budget = std::sync::Arc::new(Budget::new(u64::from(limits.max_model_calls), limits.max_model_tokens));
+    let sessions = worker.sessions();
+    // Requests through the workflow's OpenAI clients spend the same budget.
+    sessions.start_task(&budget);
     if let Err(error) = worker.send(&message).await {
         return Outcome::Broken(format!("did not take the task: {error}"));
     }
-    let sessions = worker.sessions();
     let mut calls = 0u64;
     let mut answering: FuturesUnordered<Answering<'_>> = FuturesUnordered::new();
     loop {

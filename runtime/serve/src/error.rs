@@ -107,6 +107,19 @@ impl ApiError {
         }
     }
 
+    /// 429 for a request past its workflow run's model budget (`RunBudget`), with `x-should-retry: false`:
+    /// the refusal is final for the task, so the `openai` client raises `RateLimitError` at once instead of
+    /// retrying, as it does for OpenAI's own `insufficient_quota`.
+    pub(crate) fn over_budget(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: message.into(),
+            kind: "insufficient_quota",
+            param: None,
+            code: Some(OVER_BUDGET),
+        }
+    }
+
     /// 500 for a failure on the server's side.
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         ApiError {
@@ -147,8 +160,29 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// The code of [`ApiError::over_budget`].
+const OVER_BUDGET: &str = "model_budget_exceeded";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if self.code == Some(OVER_BUDGET) {
+            response.headers_mut().insert("x-should-retry", axum::http::HeaderValue::from_static("false"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_budget_refusal_tells_the_client_not_to_retry() {
+        let refused = ApiError::over_budget("model call 9 is past the limit of 8").into_response();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.headers().get("x-should-retry").map(|v| v.to_str().unwrap()), Some("false"));
+        let busy = ApiError { code: Some("recorder_full"), ..ApiError::over_budget("busy") }.into_response();
+        assert!(busy.headers().get("x-should-retry").is_none(), "another 429 may be retried");
     }
 }

@@ -4,7 +4,10 @@
 //!
 //! A [`Run`] owns the engine streams: dropping it (the client disconnected, so axum dropped the handler or the
 //! response body) drops them, and the engine frees their KV-cache slots at its next step. It also owns the
-//! recorder reservation (released if the run never records) and counts itself in the metrics.
+//! recorder reservation (released if the run never records) and counts itself in the metrics. A request on a
+//! workflow run's URL is admitted against the run's model budget before anything is submitted (one call per
+//! prompt, each of `n` samples, as the Python host's `generate` and the WASM host count), and what it generated
+//! is spent when the run ends, however it ends.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -95,6 +98,11 @@ impl Run {
     pub(crate) fn start(state: &Arc<AppState>, job: Job) -> Result<Run, ApiError> {
         let n = job.params.n;
         let total = n * job.prompts.len();
+        if let Some(budget) = &job.target.budget {
+            for _ in &job.prompts {
+                budget.admit(n as u64).map_err(ApiError::over_budget)?;
+            }
+        }
         // Only the rollout model's replies are recorded, and only mode `serve` bounds what it holds.
         let reservation = match &state.recording {
             Recording::Feedback(recorder) if job.target.policy => Some(recorder.reserve(total)?),
@@ -253,6 +261,9 @@ impl Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
+        if let Some(budget) = &self.target.budget {
+            budget.spend(self.usage().1 as u64);
+        }
         self.state.metrics.leave();
         if !self.done {
             // The client went away before the response was complete; the engine streams drop with `self`.

@@ -4,11 +4,12 @@
 //! under its own name (`explorer.auxiliary_models[].name`), samples at the temperature the request asks and is
 //! never recorded, since only the policy is trained. Replies of the rollout model are recorded for `/feedback`
 //! and `/commit` (mode `serve`), or, on a workflow run's URL (`/runs/<key>/v1/...`), filed under that run for
-//! its workflow ([`trinity_explorer::OpenAiView`]).
+//! its workflow ([`trinity_explorer::OpenAiView`]). A request on a run's URL spends that run's model budget, if
+//! its host set one, whichever model it names.
 
 use std::sync::Arc;
 
-use trinity_explorer::{OpenAiView, RolloutModel};
+use trinity_explorer::{OpenAiView, RolloutModel, RunBudget};
 
 use crate::error::ApiError;
 use crate::recorder::Recorder;
@@ -33,6 +34,8 @@ pub(crate) struct Target {
     pub(crate) policy: bool,
     /// The workflow run the request came from (`/runs/<key>/v1/...`).
     pub(crate) run: Option<String>,
+    /// The model budget of the workflow run whose URL the request used (an auxiliary model's requests too).
+    pub(crate) budget: Option<Arc<dyn RunBudget>>,
 }
 
 /// The workflow run key of a request path `/runs/<key>/...`.
@@ -53,14 +56,22 @@ impl AppState {
                 return Err(ApiError::not_found(trinity_explorer::RunClosed(key.clone()).to_string(), None));
             }
         }
+        let budget = match (&self.recording, &run) {
+            (Recording::Workflows(view), Some(key)) => view.budget(key),
+            _ => None,
+        };
         let served = &self.options.model_name;
         match requested {
-            None => Ok(self.policy_target(run)),
-            Some(name) if name == served => Ok(self.policy_target(run)),
+            None => Ok(self.policy_target(run, budget)),
+            Some(name) if name == served => Ok(self.policy_target(run, budget)),
             Some(name) => match self.rollout.auxiliary_model(name) {
-                Some(aux) => {
-                    Ok(Target { model: Arc::clone(aux.model()), name: name.to_owned(), policy: false, run: None })
-                }
+                Some(aux) => Ok(Target {
+                    model: Arc::clone(aux.model()),
+                    name: name.to_owned(),
+                    policy: false,
+                    run: None,
+                    budget,
+                }),
                 None => Err(ApiError::model_not_found(name, &self.served_names().join("`, `"))),
             },
         }
@@ -72,8 +83,8 @@ impl AppState {
         if target.policy { self.options.temperature } else { None }
     }
 
-    fn policy_target(&self, run: Option<String>) -> Target {
-        Target { model: Arc::clone(&self.rollout), name: self.options.model_name.clone(), policy: true, run }
+    fn policy_target(&self, run: Option<String>, budget: Option<Arc<dyn RunBudget>>) -> Target {
+        Target { model: Arc::clone(&self.rollout), name: self.options.model_name.clone(), policy: true, run, budget }
     }
 
     /// Every model name requests may use: the rollout model's, then the auxiliary models' in config order.
