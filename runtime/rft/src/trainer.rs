@@ -405,6 +405,11 @@ pub(crate) fn train_row(experience: &Experience) -> TrainRow {
         group_id: Some(experience.eid.tid()),
         run_id: Some(format!("{}/{}", experience.eid.tid(), experience.eid.run)),
         step: Some(experience.eid.batch as i64),
+        routed_experts: experience.routed_experts.as_ref().map(|r| trinity_trainer::RoutedExperts {
+            layers: r.layers,
+            top_k: r.top_k,
+            ids: r.ids.clone(),
+        }),
     }
 }
 

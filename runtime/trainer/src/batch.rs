@@ -49,6 +49,9 @@ pub struct TrainRow {
     pub run_id: Option<String>,
     /// The explore step the row was produced in (MIX-CHORD's schedule).
     pub step: Option<i64>,
+    /// The experts the rollout routed every token but the last to, for routing replay
+    /// ([`crate::router_replay`]).
+    pub routed_experts: Option<crate::router_replay::RoutedExperts>,
 }
 
 impl TrainRow {
@@ -102,6 +105,9 @@ pub fn validate(rows: &[TrainRow], vocab_size: i64) -> Result<()> {
             Ok(())
         };
         check("action_mask", r.action_mask.len(), false)?;
+        if let Some(problem) = crate::router_replay::row_problem(r) {
+            return Err(bad(problem));
+        }
         check("logprobs", r.logprobs.len(), true)?;
         for (field, v) in [
             ("token_level_rewards", &r.token_level_rewards),
@@ -131,8 +137,9 @@ pub struct PaddedInputs {
 
 #[derive(Debug)]
 enum Layout {
-    /// Every row in full: `[B, P + R]` ids and (when any row is padded) mask, `P` the longest prompt.
-    Rows { input_ids: Tensor, attention_mask: Option<Tensor>, prompt_width: i64 },
+    /// Every row in full: `[B, P + R]` ids and (when any row is padded) mask, `P` the longest prompt; with
+    /// routing replay, the `[B, P + R, layers, k]` experts to force ([`crate::router_replay`]).
+    Rows { input_ids: Tensor, attention_mask: Option<Tensor>, prompt_width: i64, replay: Option<Tensor> },
     /// Each distinct prompt once (`[G, P]` ids and mask, left-padded), the responses `[B, R]`, and the prompt
     /// of each row.
     SharedPrompts { prompts: Tensor, prompt_mask: Tensor, groups: Vec<i64>, responses: Tensor, response_lens: Vec<i64> },
@@ -155,6 +162,14 @@ pub(crate) fn layout_tokens(prompts: usize, rows: usize, p: usize, r: usize) -> 
 impl PaddedInputs {
     /// Pads `rows` (indices into `all`) onto `device`, sharing repeated prompts when that saves work.
     pub fn new(all: &[TrainRow], rows: &[usize], device: Device) -> Result<Self> {
+        Self::with_replay(all, rows, device, false)
+    }
+
+    /// [`PaddedInputs::new`], and with `replay` the rows' routed experts forced in the forward (routing replay,
+    /// [`crate::router_replay`]: the full-row layout, since the shared-prompt forward does not replay). Rows that
+    /// carry no routing run with the model's own; some carrying it and some not is an error naming the row.
+    pub fn with_replay(all: &[TrainRow], rows: &[usize], device: Device, replay: bool) -> Result<Self> {
+        let routing = if replay { crate::router_replay::layout_of(all, rows)? } else { None };
         let p = rows.iter().map(|&i| all[i].prompt_length).max().unwrap_or(0);
         let r = rows.iter().map(|&i| all[i].response_length()).max().unwrap_or(0);
         let b = rows.len();
@@ -178,7 +193,7 @@ impl PaddedInputs {
                 })
             })
             .collect();
-        let layout = if layout_tokens(distinct.len(), b, p, r).1 {
+        let layout = if routing.is_none() && layout_tokens(distinct.len(), b, p, r).1 {
             let g = distinct.len();
             let (mut ids, mut mask) = (vec![0i64; g * p], vec![0i64; g * p]);
             for (k, prompt) in distinct.iter().enumerate() {
@@ -214,6 +229,9 @@ impl PaddedInputs {
                     None
                 },
                 prompt_width: p as i64,
+                replay: routing
+                    .map(|layout| crate::router_replay::replay_tensor(all, rows, p, t, layout, device))
+                    .transpose()?,
             }
         };
         Ok(PaddedInputs { layout, targets, response_width: r as i64 })
@@ -224,8 +242,13 @@ impl PaddedInputs {
     pub fn hidden(&self, decoder: &Decoder) -> Result<Tensor> {
         let r = self.response_width;
         match &self.layout {
-            Layout::Rows { input_ids, attention_mask, prompt_width } => {
-                let hidden = decoder.forward_hidden(input_ids, attention_mask.as_ref())?;
+            Layout::Rows { input_ids, attention_mask, prompt_width, replay } => {
+                let hidden = match replay {
+                    None => decoder.forward_hidden(input_ids, attention_mask.as_ref())?,
+                    Some(forced) => {
+                        decoder.forward_hidden_routed(input_ids, attention_mask.as_ref(), Some(forced), false)?.hidden
+                    }
+                };
                 Ok(hidden.f_narrow(1, prompt_width - 1, r)?)
             }
             Layout::SharedPrompts { prompts, prompt_mask, groups, responses, response_lens } => {
@@ -236,6 +259,14 @@ impl PaddedInputs {
                 let last_prompt = prompt_hidden.f_select(1, p - 1)?.f_index_select(0, &group)?.f_unsqueeze(1)?;
                 Ok(Tensor::f_cat(&[last_prompt, response_hidden.f_narrow(1, 0, r - 1)?], 1)?)
             }
+        }
+    }
+
+    /// The `[B, P + R, layers, k]` experts the forward forces, with routing replay.
+    pub fn replayed_experts(&self) -> Option<&Tensor> {
+        match &self.layout {
+            Layout::Rows { replay, .. } => replay.as_ref(),
+            Layout::SharedPrompts { .. } => None,
         }
     }
 
@@ -291,7 +322,9 @@ mod tests {
         let rows = vec![row(&[5, 6, 7], &[8]), row(&[9], &[10, 11, 12])];
         let p = PaddedInputs::new(&rows, &[0, 1], Device::Cpu).unwrap();
         assert_eq!(p.response_width, 3);
-        let Layout::Rows { input_ids, attention_mask, prompt_width } = &p.layout else { panic!("distinct prompts") };
+        let Layout::Rows { input_ids, attention_mask, prompt_width, .. } = &p.layout else {
+            panic!("distinct prompts")
+        };
         assert_eq!(*prompt_width, 3);
         assert_eq!(ints(input_ids), vec![5, 6, 7, 8, 0, 0, 0, 0, 9, 10, 11, 12]);
         assert_eq!(ints(attention_mask.as_ref().unwrap()), vec![1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]);

@@ -44,6 +44,7 @@ pub mod optimizer;
 pub mod policy_stats;
 pub mod recompute;
 pub mod reference;
+pub mod router_replay;
 pub mod shared_rows;
 pub mod trainer;
 
@@ -60,5 +61,6 @@ pub use optimizer::zero::{ShardedMemory, ZeroStage};
 pub use optimizer::{AdamW, AdamWSettings};
 pub use recompute::ActivationRecompute;
 pub use reference::ReferenceModel;
+pub use router_replay::RoutedExperts;
 pub use shared_rows::share_rows;
 pub use trainer::{StartingModels, StepMetrics, Trainer, TrainerOptions};

@@ -34,7 +34,19 @@ pub fn response_stats(
     chunk_tokens: i64,
     necs: bool,
 ) -> Result<TokenStats> {
-    let inputs = PaddedInputs::new(rows, micro, decoder.device())?;
+    replayed_response_stats(decoder, rows, micro, (temperature, chunk_tokens), necs, false)
+}
+
+/// [`response_stats`], with `replay` forcing the rows' routed experts ([`crate::router_replay`]).
+pub fn replayed_response_stats(
+    decoder: &Decoder,
+    rows: &[TrainRow],
+    micro: &[usize],
+    (temperature, chunk_tokens): (f64, i64),
+    necs: bool,
+    replay: bool,
+) -> Result<TokenStats> {
+    let inputs = PaddedInputs::with_replay(rows, micro, decoder.device(), replay)?;
     tch::no_grad(|| {
         let hidden = inputs.hidden(decoder)?;
         head_stats(decoder, &hidden, &inputs.targets, temperature, chunk_tokens, necs)

@@ -55,20 +55,22 @@ impl ReferenceModel {
 
     /// Logprobs of the response tokens of `rows[micro]`, `[b, R]` f32 on the CPU (R = longest response there).
     pub fn logprobs(&self, rows: &[TrainRow], micro: &[usize], temperature: f64, chunk_tokens: i64) -> Result<Tensor> {
-        response_logprobs(&self.decoder, rows, micro, temperature, chunk_tokens)
+        response_logprobs(&self.decoder, rows, micro, temperature, chunk_tokens, false)
     }
 }
 
 /// Logprobs of the response tokens of `rows[micro]` under `decoder`, without gradients: `[b, R]` f32 on the CPU
-/// (R = longest response there). The reference model's scores, and the policy's when old logprobs are recomputed.
+/// (R = longest response there). The reference model's scores, and the policy's when old logprobs are recomputed
+/// (`replay`: with the rows' routed experts, [`crate::router_replay`]).
 pub(crate) fn response_logprobs(
     decoder: &Decoder,
     rows: &[TrainRow],
     micro: &[usize],
     temperature: f64,
     chunk_tokens: i64,
+    replay: bool,
 ) -> Result<Tensor> {
-    let inputs = PaddedInputs::new(rows, micro, decoder.device())?;
+    let inputs = PaddedInputs::with_replay(rows, micro, decoder.device(), replay)?;
     tch::no_grad(|| {
         let hidden = inputs.hidden(decoder)?;
         let stats = logprobs::score(decoder, &hidden, &inputs.targets, temperature, chunk_tokens, false)?;

@@ -62,6 +62,12 @@ pub fn encode(rows: &[TrainRow]) -> Vec<u8> {
         w.opt(r.group_id.as_deref(), Writer::str);
         w.opt(r.run_id.as_deref(), Writer::str);
         w.opt(r.step.as_ref(), |w, v| w.0.extend_from_slice(&v.to_le_bytes()));
+        w.opt(r.routed_experts.as_ref(), |w, v| {
+            w.u64(v.layers as u64);
+            w.u64(v.top_k as u64);
+            w.u64(v.ids.len() as u64);
+            v.ids.iter().for_each(|e| w.0.extend_from_slice(&e.to_le_bytes()));
+        });
     }
     w.0
 }
@@ -123,6 +129,14 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<TrainRow>> {
         let group_id = if r.flag()? { Some(r.string()?) } else { None };
         let run_id = if r.flag()? { Some(r.string()?) } else { None };
         let step = if r.flag()? { Some(i64::from_le_bytes(r.take()?)) } else { None };
+        let routed_experts = if r.flag()? {
+            let (layers, top_k) = (r.u64()? as usize, r.u64()? as usize);
+            let n = r.len()?;
+            let ids = (0..n).map(|_| Ok(u16::from_le_bytes(r.take()?))).collect::<Result<Vec<_>>>()?;
+            Some(crate::router_replay::RoutedExperts { layers, top_k, ids })
+        } else {
+            None
+        };
         rows.push(TrainRow {
             tokens,
             prompt_length,
@@ -136,6 +150,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<TrainRow>> {
             group_id,
             run_id,
             step,
+            routed_experts,
         });
     }
     if !r.0.is_empty() {
@@ -162,6 +177,7 @@ mod tests {
         b.token_level_rewards = Some(vec![0.5]);
         b.teacher_logprobs = Some(vec![-2.0]);
         b.run_id = Some("r".into());
+        b.routed_experts = Some(crate::router_replay::RoutedExperts { layers: 1, top_k: 2, ids: vec![3, 300] });
         let rows = vec![a, b];
         assert_eq!(decode(&encode(&rows)).unwrap(), rows);
         assert_eq!(decode(&encode(&[])).unwrap(), vec![]);

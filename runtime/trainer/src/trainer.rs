@@ -156,6 +156,9 @@ pub struct TrainerOptions {
     /// over every rank. Hybrid sharding (smaller groups, replicated across) is not implemented, so a smaller
     /// value is refused when the trainer joins its group.
     pub fsdp_size: Option<usize>,
+    /// Routing replay (`algorithm.enable_router_replay`, [`crate::router_replay`]): the policy's forwards use
+    /// the experts each row's rollout chose; every row must carry them.
+    pub router_replay: bool,
 }
 
 impl Default for TrainerOptions {
@@ -186,6 +189,7 @@ impl Default for TrainerOptions {
             optimizer_offload: false,
             param_offload: false,
             fsdp_size: None,
+            router_replay: false,
         }
     }
 }
@@ -235,6 +239,7 @@ impl TrainerOptions {
             critic_epochs: critic.ppo_epochs,
             critic_optimizer: critic.optim_resolved.clone(),
             recompute_old_logprobs: !verl.algorithm.rollout_correction.bypass_mode,
+            router_replay: config.algorithm.enable_router_replay,
             // Resolution has checked the keys (and refused what bypass mode cannot do), so `settings` succeeds.
             rollout_correction: (!verl.algorithm.rollout_correction.bypass_mode)
                 .then(|| verl.algorithm.rollout_correction.settings().ok())
@@ -703,6 +708,9 @@ impl Trainer {
             tracing::info!("{}", self.state_memory.describe(self.memory_budget.trained.elements));
         }
         validate(rows, self.policy.config().vocab_size)?;
+        if self.options.router_replay {
+            crate::router_replay::check_rows(rows, &self.policy)?;
+        }
         let n = rows.len();
         let width = rows.iter().map(TrainRow::response_length).max().unwrap_or(0);
         let w = width as i64;
@@ -752,10 +760,11 @@ impl Trainer {
             }
             Ok(out)
         };
-        let score_all = |decoder: &Decoder| -> Result<Tensor> {
+        let replay = self.options.router_replay;
+        let score_all = |decoder: &Decoder, replay: bool| -> Result<Tensor> {
             let mut out = Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu))?;
             for micro in &forward_batches {
-                let lp = pad_to(&response_logprobs(decoder, rows, micro, temperature, chunk)?, w)?;
+                let lp = pad_to(&response_logprobs(decoder, rows, micro, temperature, chunk, replay)?, w)?;
                 out = out.f_index_copy(0, &indices(micro), &lp)?;
             }
             gather(out)
@@ -767,8 +776,14 @@ impl Trainer {
             let zeros = || Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu));
             let (mut lp, mut ent, mut necs) = (zeros()?, zeros()?, zeros()?);
             for micro in &forward_batches {
-                let s =
-                    crate::policy_stats::response_stats(&self.policy, rows, micro, temperature, chunk, wanted.necs)?;
+                let s = crate::policy_stats::replayed_response_stats(
+                    &self.policy,
+                    rows,
+                    micro,
+                    (temperature, chunk),
+                    wanted.necs,
+                    replay,
+                )?;
                 let idx = indices(micro);
                 lp = lp.f_index_copy(0, &idx, &pad_to(&s.logprob, w)?)?;
                 ent = ent.f_index_copy(0, &idx, &pad_to(&s.entropy, w)?)?;
@@ -782,12 +797,13 @@ impl Trainer {
             batch.entropy = Some(gather(ent)?);
             batch.necs = if wanted.necs { Some(gather(necs)?) } else { None };
         } else if self.options.recompute_old_logprobs {
-            batch.old_logprob = Some(score_all(&self.policy)?);
+            batch.old_logprob = Some(score_all(&self.policy, replay)?);
         }
         if let Some(reference) = &self.reference {
-            batch.ref_logprob = Some(score_all(reference.decoder())?);
+            // Trinity-RFT's reference keeps its own routing; a LoRA policy's base is scored by the actor, replaying.
+            batch.ref_logprob = Some(score_all(reference.decoder(), false)?);
         } else if self.reference_is_base {
-            batch.ref_logprob = Some(self.policy.without_lora(|| score_all(&self.policy))?);
+            batch.ref_logprob = Some(self.policy.without_lora(|| score_all(&self.policy, replay))?);
         }
         if let Some(critic) = &self.critic {
             let mut out = Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu))?;

@@ -108,7 +108,8 @@ impl Trainer {
             let quiet_rows: Vec<usize> = forward_only.iter().map(|&k| pass_rows[k]).collect();
             let (temperature, chunk) = (self.options.temperature, self.options.logit_chunk_tokens);
             let stats = tch::no_grad(|| -> Result<logprobs::HeadStats> {
-                let inputs = PaddedInputs::new(rows, &quiet_rows, self.policy.device())?;
+                let inputs =
+                    PaddedInputs::with_replay(rows, &quiet_rows, self.policy.device(), self.options.router_replay)?;
                 let hidden = inputs.hidden(&self.policy)?;
                 logprobs::score(&self.policy, &hidden, &inputs.targets, temperature, chunk, want_entropy)
             })?;
@@ -126,7 +127,7 @@ impl Trainer {
         want_entropy: bool,
     ) -> Result<GraphRows> {
         let step_rows: Vec<usize> = positions.iter().map(|&k| pass_rows[k]).collect();
-        let inputs = PaddedInputs::new(rows, &step_rows, self.policy.device())?;
+        let inputs = PaddedInputs::with_replay(rows, &step_rows, self.policy.device(), self.options.router_replay)?;
         let hidden = inputs.hidden(&self.policy)?;
         let c = &self.components;
         let head = logprobs::forward(

@@ -8,6 +8,7 @@ mod forward_only;
 mod grpo;
 mod ppo;
 mod rollout_correction;
+mod router_replay;
 mod sft;
 
 use serde_json::Map;
