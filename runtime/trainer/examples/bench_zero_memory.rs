@@ -1,11 +1,16 @@
-//! Per-rank memory of ZeRO stages 0, 1 and 2 at Qwen2.5-0.5B's and -1.5B's shapes (random weights from their
+//! Per-rank memory and step time of ZeRO stages 0, 1, 2 and 3 at Qwen2.5-0.5B's and -1.5B's shapes (random weights from their
 //! published `config.json` values), measured on data-parallel ranks of this machine, with the per-GPU figures of
 //! Qwen2.5-7B and -14B projected from the measured bytes a parameter.
 //!
 //! ```text
 //! cargo run --release -p trinity-trainer --example bench_zero_memory -- [--shapes 0.5b,1.5b] [--stages 0,1,2]
-//!     [--world 2] [--layers N] [--dtype bf16|f32] [--offload]
+//!     [--world 2] [--layers N] [--dtype bf16|f32] [--offload] [--steps 3]
 //! ```
+//! Stage `3` runs [`FullShard`] (`trinity_trainer::optimizer::zero3`, not yet behind the trainer's config) in its
+//! own loop: a whole-vocabulary SFT loss with activation recomputation, parameters gathered per layer; `3-base` is
+//! the same loop unsharded (whole parameters, gradients summed over the ranks, AdamW), its step-time baseline,
+//! since the trainer's own step (stages 0-2) computes the head in vocabulary chunks and costs otherwise. The step
+//! time is the last of `--steps` steps.
 //! For each (shape, stage) `--world` ranks start (`trinity_collective::launch`, torchrun's environment, Gloo), each
 //! builds the model, joins the group with `zero_stage` set and trains one SFT step on 2 rows of 24 tokens each, so
 //! that every state exists as a step leaves it. Each rank then reports what it holds, measured from its own
@@ -23,15 +28,17 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tch::{Device, Kind};
 use trinity_collective::{DistEnv, LaunchOptions, launch};
 use trinity_config::algorithm::{AlgorithmConfig, LossAggMode, OptimizerConfig};
 use trinity_model::{Decoder, ModelConfig, RandomWeights};
+use trinity_trainer::optimizer::zero3::FullShard;
 use trinity_trainer::{
-    Components, MicroBatching, StateMemory, TrainRow, TrainedParameters, Trainer, TrainerOptions, ZeroStage,
+    AdamW, AdamWSettings, Components, DataParallel, MicroBatching, StateMemory, TrainRow, TrainedParameters, Trainer,
+    TrainerOptions, ZeroStage,
 };
 
 type Error = Box<dyn std::error::Error>;
@@ -79,8 +86,110 @@ fn stage(number: &str) -> Result<ZeroStage, Error> {
         "0" => ZeroStage::Replicated,
         "1" => ZeroStage::OptimizerState,
         "2" => ZeroStage::Gradients,
-        other => return Err(format!("--stages {other}: 0, 1 or 2 (stage 3 is not implemented)").into()),
+        other => return Err(format!("--stages {other}: 0, 1, 2, 3 or 3-base").into()),
     })
+}
+
+/// Steps each rank takes; the report's step time is the last one's (the first allocates the gradients and the
+/// state a step leaves).
+fn steps(args: &[String]) -> Result<usize, Error> {
+    Ok(flag(args, "--steps").map_or(Ok(3), |s| s.parse())?.max(1))
+}
+
+/// The rows of the measured steps: 2 a rank, 24 tokens each (8 prompt, 16 response).
+fn bench_rows(world: usize, vocab: i64) -> Vec<TrainRow> {
+    (0..2 * world as i64)
+        .map(|r| {
+            let tokens: Vec<i64> = (0..24).map(|t| 2 + (r * 977 + t * 131) % (vocab - 2)).collect();
+            TrainRow::sft(&tokens[..8], &tokens[8..])
+        })
+        .collect()
+}
+
+/// The SFT loss of `rows` (whole-vocabulary logits; stage 3's own loop, not the trainer's chunked head), divided
+/// by `total` response tokens so the ranks' losses add up to the batch mean.
+fn direct_loss(m: &Decoder, rows: &[TrainRow], total: f64) -> Result<tch::Tensor, Error> {
+    let ids: Vec<i64> = rows.iter().flat_map(|r| r.tokens.iter().copied()).collect();
+    let t = rows[0].tokens.len() as i64;
+    let ids = tch::Tensor::from_slice(&ids).view([rows.len() as i64, t]);
+    let logits = m.logits(&m.forward_hidden(&ids, None)?)?;
+    let p = rows[0].prompt_length as i64;
+    let logp = logits.f_narrow(1, p - 1, t - p)?.f_log_softmax(-1, Kind::Float)?;
+    let nll = -logp.f_gather(2, &ids.f_narrow(1, p, t - p)?.f_unsqueeze(-1)?, false)?;
+    Ok(nll.f_sum(Kind::Float)? / total)
+}
+
+/// One rank of stage 3 (`FullShard`, parameters gathered per layer) or of its replicated baseline (`3-base`:
+/// the same loop with whole parameters, gradients summed over the ranks, plain AdamW): build, shard, `--steps`
+/// SFT steps on the rank's 2 rows, report into `--out`.
+fn rank_direct(env: &DistEnv, args: &[String], sharded: bool) -> Result<(), Error> {
+    tch::set_num_threads(1);
+    let shape = flag(args, "--shape").ok_or("--shape")?;
+    let layers = flag(args, "--layers").map(|l| l.parse()).transpose()?;
+    let kind = if flag(args, "--dtype").as_deref() == Some("f32") { Kind::Float } else { Kind::BFloat16 };
+    let config = qwen_config(&shape, layers)?;
+    tch::manual_seed(0);
+    let mut policy = Decoder::load(config.clone(), &mut RandomWeights, kind, Device::Cpu)?;
+    policy.set_recompute_activations(true)?;
+    let params = policy.trainable_parameters()?;
+    let trained = TrainedParameters::of(params.iter().map(|(_, t)| t));
+    let (_store, group) = env.process_group("bench_zero", TIMEOUT)?;
+    let settings = AdamWSettings::from(&OptimizerConfig::default());
+    let rows = bench_rows(env.world_size, config.vocab_size);
+    let total = rows.iter().map(|r| (r.tokens.len() - r.prompt_length) as f64).sum::<f64>();
+    let mine = rows[trinity_trainer::data_parallel::share(rows.len(), env.rank, env.world_size, 1)].to_vec();
+    let mut times = Vec::new();
+    let (start_peak, parameters, gradients, state, pass) = if sharded {
+        let layers = config.num_hidden_layers as usize;
+        let mut fs = FullShard::new(params, layers, settings, false, &group)?;
+        let start_peak = status_bytes("VmHWM:");
+        let mut gradients = 0;
+        for _ in 0..steps(args)? {
+            let start = Instant::now();
+            fs.pass(&group, true, || -> Result<(), Error> {
+                direct_loss(&policy, &mine, total)?.f_backward()?;
+                Ok(())
+            })??;
+            gradients = fs.memory().gradient_shards;
+            fs.step(&group, 1.0, 1e-6)?;
+            times.push(start.elapsed().as_secs_f64());
+        }
+        let m = fs.memory();
+        (start_peak, m.parameter_shards, gradients, m.optimizer_state, m.pass_parameters)
+    } else {
+        let mut adamw = AdamW::new(params, settings)?;
+        let dp = DataParallel::new(group);
+        let start_peak = status_bytes("VmHWM:");
+        let vars: Vec<tch::Tensor> = policy.trainable_parameters()?.into_iter().map(|(_, t)| t).collect();
+        let mut gradients = 0;
+        for _ in 0..steps(args)? {
+            let start = Instant::now();
+            direct_loss(&policy, &mine, total)?.f_backward()?;
+            dp.reduce_gradients(&vars)?;
+            gradients = vars.iter().map(|v| bytes(&v.grad())).sum::<u64>() as i64;
+            adamw.clip_grad_norm(1.0)?;
+            adamw.step(1e-6)?;
+            adamw.zero_grad();
+            times.push(start.elapsed().as_secs_f64());
+        }
+        (start_peak, trained.bytes as i64, gradients, 4 * adamw.state_elements(), 0)
+    };
+    let report = json!({
+        "rank": env.rank,
+        "elements": trained.elements,
+        "parameters": parameters,
+        "gradients": gradients,
+        "optimizer_state": state,
+        "pass_parameters": pass,
+        "expected": [0, 0, 0, 0],
+        "rss": status_bytes("VmRSS:"),
+        "peak": status_bytes("VmHWM:"),
+        "start_peak": start_peak,
+        "step_s": times.last().copied().unwrap_or(0.0),
+    });
+    let out = PathBuf::from(flag(args, "--out").ok_or("--out")?).join(format!("rank{}.json", env.rank));
+    std::fs::write(out, report.to_string())?;
+    Ok(())
 }
 
 fn status_bytes(key: &str) -> u64 {
@@ -108,6 +217,11 @@ fn sft() -> Result<AlgorithmConfig, Error> {
 
 /// One rank: build, join, one step, report into `--out`.
 fn rank(env: &DistEnv, args: &[String]) -> Result<(), Error> {
+    match flag(args, "--stage").as_deref() {
+        Some("3") => return rank_direct(env, args, true),
+        Some("3-base") => return rank_direct(env, args, false),
+        _ => {}
+    }
     tch::set_num_threads(1);
     let shape = flag(args, "--shape").ok_or("--shape")?;
     let layers = flag(args, "--layers").map(|l| l.parse()).transpose()?;
@@ -128,14 +242,13 @@ fn rank(env: &DistEnv, args: &[String]) -> Result<(), Error> {
     let mut trainer = trainer.with_process_group(group)?;
     // The start's peak: the model built, the state broadcast and (under ZeRO) allocated as the rank's shard.
     let start_peak = status_bytes("VmHWM:");
-    let vocab = config.vocab_size;
-    let rows: Vec<TrainRow> = (0..2 * env.world_size as i64)
-        .map(|r| {
-            let tokens: Vec<i64> = (0..24).map(|t| 2 + (r * 977 + t * 131) % (vocab - 2)).collect();
-            TrainRow::sft(&tokens[..8], &tokens[8..])
-        })
-        .collect();
-    trainer.train_step(&rows)?;
+    let rows = bench_rows(env.world_size, config.vocab_size);
+    let mut step_s = 0.0;
+    for _ in 0..steps(args)? {
+        let start = Instant::now();
+        trainer.train_step(&rows)?;
+        step_s = start.elapsed().as_secs_f64();
+    }
     let params = trainer.policy().trainable_parameters()?;
     let trained = TrainedParameters::of(params.iter().map(|(_, t)| t));
     // Stage 2 releases the whole gradients as it reduces them and keeps fp32 shards, whose elements the trainer
@@ -156,6 +269,7 @@ fn rank(env: &DistEnv, args: &[String]) -> Result<(), Error> {
         "rss": status_bytes("VmRSS:"),
         "peak": status_bytes("VmHWM:"),
         "start_peak": start_peak,
+        "step_s": step_s,
     });
     let out = PathBuf::from(flag(args, "--out").ok_or("--out")?).join(format!("rank{}.json", env.rank));
     std::fs::write(out, report.to_string())?;
@@ -175,7 +289,7 @@ fn measure(args: &[String], shape: &str, number: &str, world: usize, dir: &Path)
     let exe: OsString = std::env::current_exe()?.into();
     let mut forwarded: Vec<OsString> = vec!["--role".into(), "rank".into(), "--shape".into(), shape.into()];
     forwarded.extend(["--stage".into(), number.into(), "--out".into(), dir.as_os_str().to_owned()]);
-    for name in ["--layers", "--dtype"] {
+    for name in ["--layers", "--dtype", "--steps"] {
         if let Some(value) = flag(args, name) {
             forwarded.extend([name.into(), value.into()]);
         }
@@ -210,7 +324,7 @@ fn main() -> Result<(), Error> {
         layers.as_deref().unwrap_or("all")
     );
     println!(
-        "{:<5} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8} {:>9} {:>8}",
+        "{:<5} {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8} {:>9} {:>8} {:>7}",
         "shape",
         "stage",
         "params",
@@ -222,7 +336,8 @@ fn main() -> Result<(), Error> {
         "expect GiB",
         "RSS GiB",
         "start GiB",
-        "peak GiB"
+        "peak GiB",
+        "step s"
     );
     // Bytes a parameter each stage measured (the largest over the ranks), for the projection.
     let mut per_parameter: Vec<(String, u64, f64, f64)> = Vec::new();
@@ -242,17 +357,22 @@ fn main() -> Result<(), Error> {
                 let per = held / get("elements").max(1.0);
                 worst = worst.max(per);
                 println!(
-                    "{shape:<5} {number:>5} {:>9.1}M {:>9.3} {:>9.3} {:>9.3} {:>9.3} {per:>8.2} {:>10.3} {:>8.2} {:>9.2} {:>8.2}  rank {}",
+                    "{shape:<5} {number:>6} {:>9.1}M {:>9.3} {:>9.3} {:>9.3} {:>9.3} {per:>8.2} {:>10} {:>8.2} {:>9.2} {:>8.2} {:>7.2}  rank {}{}",
                     get("elements") / 1e6,
                     gib(get("parameters")),
                     gib(get("gradients")),
                     gib(get("optimizer_state")),
                     gib(held),
-                    gib(expected),
+                    if expected > 0.0 { format!("{:.3}", gib(expected)) } else { "-".into() },
                     gib(get("rss")),
                     gib(get("start_peak")),
                     gib(get("peak")),
+                    r["step_s"].as_f64().unwrap_or(0.0),
                     r["rank"],
+                    match r["pass_parameters"].as_u64() {
+                        Some(p) if p > 0 => format!(" (+ up to {:.3} GiB of whole units during a pass)", gib(p as f64)),
+                        _ => String::new(),
+                    },
                 );
             }
             // What falls as 1/N at the backward's peak, a parameter: the optimizer state (stage 2's gradient shard
@@ -260,7 +380,9 @@ fn main() -> Result<(), Error> {
             let most = |k: &str| reports.iter().map(|r| r[k].as_f64().unwrap_or(0.0)).fold(0.0, f64::max);
             let sharded = if number == "0" { 0.0 } else { most("optimizer_state") };
             let elements = reports.first().and_then(|r| r["elements"].as_f64()).unwrap_or(1.0);
-            per_parameter.push((shape.to_owned(), number.parse()?, worst, sharded / elements));
+            if let Ok(number) = number.parse() {
+                per_parameter.push((shape.to_owned(), number, worst, sharded / elements));
+            }
         }
     }
     project(&per_parameter, world, kind);
@@ -290,6 +412,8 @@ fn project(measured: &[(String, u64, f64, f64)], world: usize, kind: Kind) {
             let params = parameter_count(model) as f64;
             let at8 = match number {
                 0 => *per,
+                // Parameters, gradients and state are all sharded (the whole units a pass holds come on top).
+                3 => per * world as f64 / 8.0,
                 _ => per - state + state * world as f64 / 8.0,
             };
             println!(
