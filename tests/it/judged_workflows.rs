@@ -170,6 +170,54 @@ fn the_trainable_ruler_judges_itself_and_trains_its_judgements_when_the_truth_is
     assert_eq!(metrics.lines().count(), 2, "two train steps: {metrics}");
 }
 
+/// Trinity-RFT's trainable RULER example trains 960 experiences a step of the 768 rollouts an explore step makes
+/// plus the judgements of a fifth of its groups: with a `train_batch_size` that is not one explore step's output,
+/// each train step reads exactly that many in arrival order and carries the rest over, as Trinity's trainer reads
+/// its queue.
+#[test]
+fn a_train_batch_size_above_one_explore_step_reads_fixed_size_batches_in_arrival_order() {
+    let policy = tempfile::tempdir().unwrap();
+    write_judge_model(policy.path());
+    let dir =
+        run_dir(policy.path(), "math_trainable_ruler_workflow", "explorer:\n  rollout_model:\n    dtype: float32\n");
+    // Four tasks × two rollouts a step, and the judgements of the tasks whose truth is known; ten a train step.
+    let config = std::fs::read_to_string(dir.path().join("config.yaml"))
+        .unwrap()
+        .replace("batch_size: 2", "batch_size: 4\n  train_batch_size: 10")
+        .replace("total_steps: 2", "total_steps: 3");
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
+    let log = stderr(&output);
+    assert!(output.status.success(), "{log}");
+    assert!(log.contains("each train step reads 10 in arrival order"), "{log}");
+    let experiences = experiences(dir.path());
+    let made: Vec<usize> =
+        (1..=3u64).map(|step| experiences.iter().filter(|e| e["eid"]["batch"] == step).count()).collect();
+    assert!(made.iter().all(|&n| n >= 8) && made.iter().any(|&n| n > 8), "some judgements are trained: {made:?}");
+    // What a trainer reading batches of ten as soon as they are there carries over after each train step.
+    let (mut waiting, mut carried) = (0, Vec::new());
+    for n in &made {
+        waiting += n;
+        while waiting >= 10 {
+            waiting -= 10;
+            carried.push(waiting as f64);
+        }
+    }
+    let metrics = std::fs::read_to_string(dir.path().join("ckpt/p/n/monitor/metrics.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = metrics.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let train: Vec<&serde_json::Value> = rows.iter().filter(|r| r.get("train/loss").is_some()).collect();
+    let got: Vec<f64> = train.iter().map(|r| r["buffer/carried_over"].as_f64().unwrap()).collect();
+    assert_eq!(got, carried, "train steps and what each leaves for the next: {metrics}");
+    for (i, r) in train.iter().enumerate() {
+        assert_eq!(r["step"].as_u64(), Some(i as u64 + 1), "{r}");
+    }
+    let explored: Vec<f64> = rows.iter().filter_map(|r| r.get("rollout/experience_count")?.as_f64()).collect();
+    assert_eq!(explored, made.iter().map(|&n| n as f64).collect::<Vec<_>>(), "one record per explore step");
+    assert!(log.contains(&format!("{waiting} experiences are left in the buffer")) || waiting == 0, "{log}");
+    let last = train.len();
+    assert!(dir.path().join(format!("ckpt/p/n/global_step_{last}")).is_dir(), "the last train step is saved");
+}
+
 /// The requests an endpoint received: each one's head and JSON body.
 type Requests = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
 

@@ -64,6 +64,7 @@ pub use crate::config::{Config, Mode};
 pub use crate::error::{ConfigError, ConfigErrors, Origin};
 pub use crate::interpolate::EnvLookup;
 pub use crate::resolve::Note;
+pub use crate::runnable::fixed_size_train_batch;
 pub use crate::source::Source;
 pub use crate::stages::Stage;
 pub use crate::steps::{RowsOf, TrainSteps};

@@ -209,6 +209,10 @@ impl Check<'_> {
         if buffer.schema_type.as_deref() != Some(ExperienceSchema::Experience.name()) {
             return Ok(());
         }
+        // Fixed-size batches train as soon as one is there; check_train_batch_size checks their capacity.
+        if fixed_size_train_batch(config).is_some() {
+            return Ok(());
+        }
         let offset = u64::from(config.synchronizer.sync_offset);
         let buffered = config.synchronizer.steps_buffered(config.explorer.max_inflight_batches);
         if buffered < 2 {
@@ -251,38 +255,90 @@ impl Check<'_> {
     }
 
     /// In modes `both` and `colocate` train step `s` trains explore step `s`'s experiences (plus the expert rows of
-    /// sample strategy `mix`), so `buffer.train_batch_size` must be what that makes. Modes `explore` and `train`
-    /// are free of this rule: their trainer reads batches of `train_batch_size` whatever the explore steps made.
+    /// sample strategy `mix`) when `buffer.train_batch_size` is what that makes. Any other size reads fixed-size
+    /// batches in arrival order, as Trinity-RFT's trainer reads its queue ([`fixed_size_train_batch`]); that
+    /// schedule takes the trainer's newest weights at each of the explorer's sync points, so it needs one sync
+    /// interval for both sides and no `fully_async`. Modes `explore` and `train` are free of this rule: their
+    /// trainer reads batches of `train_batch_size` whatever the explore steps made.
     fn check_train_batch_size(&self) -> Result<(), ConfigError> {
         let config = self.config;
-        if !matches!(config.mode, Mode::Both | Mode::Colocate) {
+        let Some(per_batch) = fixed_size_train_batch(config) else {
             return Ok(());
-        }
+        };
         let buffer = &config.buffer;
         let explored = u64::from(buffer.batch_size) * u64::from(config.algorithm.resolved.repeat_times);
-        let total = u64::from(buffer.train_batch_size);
-        let (expert, note) = match config.algorithm.resolved.sample_strategy.expert_rows(buffer.train_batch_size) {
-            Some((expert, ratio)) => {
-                (expert, format!(" and {expert} expert rows (ceil(expert_data_ratio {ratio} × train_batch_size))"))
-            }
-            None => (0, String::new()),
-        };
-        if total.saturating_sub(expert) == explored {
-            return Ok(());
+        let why = format!(
+            "train_batch_size {} differs from one explore step's experiences (batch_size {} × repeat_times {} = \
+             {explored}), so in mode `{}` each train step reads {per_batch} of them in arrival order, as Trinity-RFT's \
+             trainer reads its queue",
+            buffer.train_batch_size,
+            buffer.batch_size,
+            config.algorithm.resolved.repeat_times,
+            config.mode.name()
+        );
+        let synchronizer = &config.synchronizer;
+        if synchronizer.sync_style == SyncStyle::FullyAsync {
+            return Err(self.refuse(
+                "synchronizer.sync_style",
+                format!(
+                    "{why}; in one process that schedule syncs at the explorer's sync points, which `fully_async` \
+                     does not have: use another sync_style, or set train_batch_size to {explored}"
+                ),
+            ));
         }
-        Err(self.refuse(
-            "buffer.train_batch_size",
-            format!(
-                "{total} experiences per train step, but in mode `{}` a train step trains one explore step's \
-                 experiences (batch_size {} × repeat_times {} = {explored}){note}; set train_batch_size to match, or \
-                 leave it unset (a trainer that reads batches of any size runs as a separate process: `mode: train` \
-                 beside `mode: explore`)",
-                config.mode.name(),
-                buffer.batch_size,
-                config.algorithm.resolved.repeat_times,
-            ),
-        ))
+        if synchronizer.explorer_interval() != synchronizer.trainer_interval() {
+            return Err(self.refuse(
+                "synchronizer.trainer_sync_interval",
+                format!(
+                    "{why}; then the explorer takes the trainer's newest weights at each of its sync points, so \
+                     explorer_sync_interval {} and trainer_sync_interval {} must be one `sync_interval`, or set \
+                     train_batch_size to {explored}",
+                    synchronizer.explorer_interval(),
+                    synchronizer.trainer_interval()
+                ),
+            ));
+        }
+        // A train step runs as soon as a batch is there, so at most `per_batch − 1` experiences wait when a step is
+        // stored. An in-memory queue admits a step when it fits under `capacity` (or is empty).
+        let Some(experience) = &buffer.trainer_input.experience_buffer else {
+            return Ok(());
+        };
+        let needed = per_batch - 1 + explored;
+        let persistent = is_database_url(experience.path.as_deref().unwrap_or_default());
+        let needed = if persistent { per_batch } else { needed };
+        if u64::from(experience.capacity) < needed {
+            return Err(self.refuse(
+                "buffer.trainer_input.experience_buffer.capacity",
+                format!(
+                    "{} experiences, but {why}: up to {} wait while the next explore step's {explored} are stored, \
+                     and the trainer that would make room runs in the same process; set capacity to at least {needed}",
+                    experience.capacity,
+                    per_batch - 1
+                ),
+            ));
+        }
+        Ok(())
     }
+}
+
+/// In modes `both` and `colocate`, the experiences each train step reads from the buffer in arrival order when
+/// `buffer.train_batch_size` is not one explore step's output (`batch_size × repeat_times`, plus the expert rows of
+/// sample strategy `mix`): Trinity-RFT's trainer reads `train_batch_size` experiences from its queue whatever
+/// explore step they came from, leaving the rest for the next step (`QueueStorage.get_batch`). `None` when a train
+/// step trains one explore step, or in the other modes.
+pub fn fixed_size_train_batch(config: &Config) -> Option<u64> {
+    if !matches!(config.mode, Mode::Both | Mode::Colocate) {
+        return None;
+    }
+    let schema = config.buffer.trainer_input.experience_buffer.as_ref().and_then(|b| b.schema_type.as_deref());
+    if schema.is_some_and(|s| s != ExperienceSchema::Experience.name()) {
+        return None;
+    }
+    let buffer = &config.buffer;
+    let explored = u64::from(buffer.batch_size) * u64::from(config.algorithm.resolved.repeat_times);
+    let expert = config.algorithm.resolved.sample_strategy.expert_rows(buffer.train_batch_size).map_or(0, |(e, _)| e);
+    let usual = u64::from(buffer.train_batch_size).saturating_sub(expert).max(1);
+    (usual != explored).then_some(usual)
 }
 
 #[cfg(test)]
@@ -331,14 +387,38 @@ mod tests {
     }
 
     #[test]
-    fn train_batch_size_is_one_explore_step_in_mode_both() {
+    fn a_train_batch_of_another_size_reads_fixed_size_batches_with_one_sync_interval() {
         assert!(with_train_batch(load(""), 8).check_runnable().is_ok());
-        let error = with_train_batch(load(""), 7).check_runnable().unwrap_err();
-        assert!(
-            matches!(&error, ConfigError::NotRunnable { key, message, .. }
-                if key == "buffer.train_batch_size" && message.contains("batch_size 2 × repeat_times 4 = 8")),
-            "{error}"
+        assert_eq!(crate::fixed_size_train_batch(&with_train_batch(load(""), 8).config), None);
+        // 10 is no explore step's output (2 tasks × 4 rollouts = 8): read 10 at a time in arrival order.
+        let ten = with_train_batch(load(""), 10);
+        assert_eq!(crate::fixed_size_train_batch(&ten.config), Some(10));
+        assert!(ten.check_runnable().is_ok());
+        let refused = |loaded: Loaded, key: &str, words: &[&str]| {
+            let error = loaded.check_runnable().unwrap_err();
+            assert!(
+                matches!(&error, ConfigError::NotRunnable { key: k, message, .. }
+                    if k == key && words.iter().all(|w| message.contains(w))),
+                "{error}"
+            );
+        };
+        let mut split = with_train_batch(load(""), 10);
+        split.config.synchronizer.trainer_sync_interval = Some(2);
+        refused(
+            split,
+            "synchronizer.trainer_sync_interval",
+            &["batch_size 2 × repeat_times 4 = 8", "one `sync_interval`"],
         );
+        let mut fully_async = with_train_batch(load(""), 10);
+        fully_async.config.synchronizer.sync_style = crate::synchronizer::SyncStyle::FullyAsync;
+        refused(fully_async, "synchronizer.sync_style", &["fully_async", "set train_batch_size to 8"]);
+        // Up to 9 wait while the next step's 8 are stored in memory: 17 at least.
+        let capacity = |c: u32| {
+            let buffer = format!("  trainer_input:\n    experience_buffer:\n      capacity: {c}\n");
+            with_train_batch(load_with("", &buffer), 10)
+        };
+        assert!(capacity(17).check_runnable().is_ok());
+        refused(capacity(16), "buffer.trainer_input.experience_buffer.capacity", &["at least 17"]);
     }
 
     #[test]
@@ -380,8 +460,9 @@ mod tests {
         let load = |extra: &str| load_with(extra, sft);
         // ceil(0.2 · 10) = 2 expert rows beside the 8 rollouts.
         assert!(with_train_batch(load(mix), 10).check_runnable().is_ok());
-        let error = with_train_batch(load(mix), 8).check_runnable().unwrap_err();
-        assert!(error.to_string().contains("2 expert rows"), "{error}");
+        assert_eq!(crate::fixed_size_train_batch(&with_train_batch(load(mix), 10).config), None);
+        // ceil(0.2 · 8) = 2 expert rows and 6 read in arrival order.
+        assert_eq!(crate::fixed_size_train_batch(&with_train_batch(load(mix), 8).config), Some(6));
     }
 }
 
@@ -461,9 +542,8 @@ mod mode_tests {
 
     #[test]
     fn separate_trainers_read_batches_of_any_size() {
-        // 7 is no explore step's output (2 tasks × 4 rollouts = 8): refused in mode both, fine apart.
-        let error = refusal(&rl("both", "  train_batch_size: 7\n", SQLITE));
-        assert_names(&error, "buffer.train_batch_size", &["batch_size 2 × repeat_times 4 = 8"]);
+        // 7 is no explore step's output (2 tasks × 4 rollouts = 8): read 7 at a time in mode both too.
+        loaded(&rl("both", "  train_batch_size: 7\n", SQLITE)).check_runnable().unwrap();
         loaded(&rl("explore", "  train_batch_size: 7\n", SQLITE)).check_runnable().unwrap();
         loaded(&rl("train", "  train_batch_size: 7\n", SQLITE)).check_runnable().unwrap();
     }

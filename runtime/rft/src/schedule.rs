@@ -122,6 +122,42 @@ pub fn next_action_fully_async(max_inflight: u64, explored: u64, trained: u64, t
     }
 }
 
+/// What a one-device run reading fixed-size train batches does next (`modes/both/fixed.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FixedAction {
+    /// Run train step N on the batch just read.
+    Train(u64),
+    /// Run explore step N.
+    Explore(u64),
+    /// The explorer is at a sync point: take the trainer's newest weights.
+    Sync,
+    /// Nothing is left.
+    Done,
+}
+
+/// The next action of a one-device run whose train steps read fixed-size batches in arrival order: train whenever
+/// a full batch waits (`batch_ready`) and `train_limit` allows, as Trinity-RFT's trainer takes a batch as soon as
+/// its queue can fill one; else explore while the sync plan allows, syncing at each of the explorer's sync points
+/// ([`SyncSchedule::required_syncs`]); done once the limit is reached, or the tasksets are used up and no full
+/// batch waits.
+pub fn next_action_fixed(
+    schedule: &SyncSchedule,
+    batch_ready: bool,
+    (explored, explore_steps): (u64, u64),
+    (trained, train_limit): (u64, u64),
+    syncs: u64,
+) -> FixedAction {
+    if trained < train_limit && batch_ready {
+        FixedAction::Train(trained + 1)
+    } else if trained >= train_limit || explored >= explore_steps {
+        FixedAction::Done
+    } else if schedule.required_syncs(explored + 1) <= syncs {
+        FixedAction::Explore(explored + 1)
+    } else {
+        FixedAction::Sync
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,5 +353,63 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The timeline of a fixed-size run: `steps` explore steps making `made(step)` experiences each, batches of
+    /// `per_batch`, `E1(16) T1 S …` with what waits after each action.
+    fn fixed_timeline(schedule: &SyncSchedule, made: impl Fn(u64) -> u64, per_batch: u64, steps: u64) -> String {
+        fixed_timeline_to(schedule, made, per_batch, steps, u64::MAX)
+    }
+
+    fn fixed_timeline_to(
+        schedule: &SyncSchedule,
+        made: impl Fn(u64) -> u64,
+        per_batch: u64,
+        steps: u64,
+        train_steps: u64,
+    ) -> String {
+        let (mut explored, mut trained, mut syncs, mut waiting, mut version) = (0, 0, 0, 0, 0);
+        let mut out = Vec::new();
+        loop {
+            match next_action_fixed(schedule, waiting >= per_batch, (explored, steps), (trained, train_steps), syncs) {
+                FixedAction::Train(s) => {
+                    trained = s;
+                    waiting -= per_batch;
+                    out.push(format!("T{s}({waiting})"));
+                }
+                FixedAction::Explore(s) => {
+                    explored = s;
+                    waiting += made(s);
+                    out.push(format!("E{s}@{version}({waiting})"));
+                }
+                FixedAction::Sync => {
+                    syncs += 1;
+                    version = trained;
+                    out.push("S".to_owned());
+                }
+                FixedAction::Done => return out.join(" "),
+            }
+        }
+    }
+
+    #[test]
+    fn fixed_size_batches_read_in_arrival_order_and_sync_at_the_explorers_sync_points() {
+        // 16 experiences a step, batches of 20 (Trinity's RULER example: 768 rollouts, 960 a train step), sync
+        // every step: the surplus is carried over, and a sync with no train step before it keeps the weights.
+        let every = SyncSchedule::equal(1, 0);
+        assert_eq!(
+            fixed_timeline(&every, |_| 16, 20, 5),
+            "E1@0(16) S E2@0(32) T1(12) S E3@1(28) T2(8) S E4@2(24) T3(4) S E5@3(20) T4(0)"
+        );
+        // Every second step, one step ahead: explore steps 1-3 sample with the first weights, 4-5 with step 2's.
+        let ahead = SyncSchedule::equal(2, 1);
+        assert_eq!(
+            fixed_timeline(&ahead, |_| 16, 20, 6),
+            "E1@0(16) E2@0(32) T1(12) E3@0(28) T2(8) S E4@2(24) T3(4) E5@2(20) T4(0) S E6@4(16)"
+        );
+        // Steps that make more than a batch (a judge's experiences on top): two train steps after one explore step.
+        assert_eq!(fixed_timeline(&every, |s| if s == 1 { 44 } else { 4 }, 20, 2), "E1@0(44) T1(24) T2(4) S E2@2(8)");
+        // trainer.total_steps stops the run at its train step.
+        assert_eq!(fixed_timeline_to(&every, |_| 16, 20, 5, 2), "E1@0(16) S E2@0(32) T1(12) S E3@1(28) T2(8)");
     }
 }

@@ -49,6 +49,10 @@ pub(crate) struct Meta {
     /// Rows of the training dataset served so far (SFT and DPO in mode `train`).
     #[serde(default)]
     pub dataset_rows: Option<usize>,
+    /// The explore steps made when the checkpoint was written, where they are not the train steps (mode `both`
+    /// reading fixed-size batches, [`trinity_config::fixed_size_train_batch`]): the explorer continues after them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explored: Option<u64>,
 }
 
 /// The trainer of a run.

@@ -10,6 +10,9 @@
 //! the explored steps survive: rows taken by train steps after the checkpoint are handed back, and exploring
 //! continues after the last explore step the database recorded (its rows and taskset position are committed in
 //! one transaction), so no experience is lost or made twice.
+//!
+//! A `buffer.train_batch_size` other than one explore step's output reads fixed-size batches in arrival order
+//! instead ([`fixed`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,6 +32,8 @@ use crate::run::RunSummary;
 use crate::schedule::{Action, SyncSchedule, next_action, next_action_fully_async};
 use crate::synchronizer::{WeightStore, take_named};
 use crate::trainer::{Meta, Rank0, Trainer};
+
+mod fixed;
 
 /// What a persistent buffer records with each explore step, to continue after it on resume.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -76,6 +81,8 @@ struct Both<'a> {
     pending: BTreeMap<u64, (usize, Metrics)>,
     /// End of the previous train step (or the start of the loop): `time/step_s` is measured from here.
     step_mark: Instant,
+    /// `train_batch_size` is not one explore step's output: each train step reads a fixed-size batch.
+    fixed: Option<fixed::Fixed>,
 }
 
 impl<'a> Both<'a> {
@@ -91,8 +98,16 @@ impl<'a> Both<'a> {
         };
         // The tasksets' length bounds the run; the trainer's own limit may shorten it. (Read after the model loads,
         // so that a missing model is the error a run with two missing inputs reports.)
+        let per_batch = trinity_config::fixed_size_train_batch(config);
+        let (explore_steps, nominal) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
         let planned = |_: &_, _: Option<&_>, _| {
             let steps = trinity_buffer::TaskScheduler::from_config(&config.buffer)?.total_steps();
+            explore_steps.set(steps);
+            let steps = match per_batch {
+                Some(per_batch) => fixed::planned_train_steps(config, steps, per_batch),
+                None => steps,
+            };
+            nominal.set(steps);
             Ok(config.trainer.total_steps.map_or(steps, |t| t.min(steps)))
         };
         let started = Trainer::start(config, job_dir, device, threads, planned, dp)?;
@@ -124,7 +139,25 @@ impl<'a> Both<'a> {
         let mut explored = trained;
         let mut positions = BTreeMap::new();
         let mut pending = BTreeMap::new();
-        for recorded in buffer.resume_after(&config.explorer.name, trained).await? {
+        // Fixed-size batches train as many steps as the explored experiences fill, unless the trainer's own limit
+        // (trainer.total_steps, or mix's expert rows) is below the plan.
+        let limited = config.trainer.total_steps.is_some() || trainer.total_steps() < nominal.get();
+        let limit = if limited { trainer.total_steps() } else { u64::MAX };
+        let fixed = per_batch.map(|per_batch| fixed::Fixed::new(per_batch, explore_steps.get(), trained, limit));
+        if fixed.is_some() {
+            explored = started.resumed.as_ref().and_then(|(_, meta)| meta.explored).unwrap_or(trained);
+            buffer.release_after(trained).await?;
+            for recorded in buffer.explored_after(&config.explorer.name, explored).await? {
+                let record: ExploreRecord = serde_json::from_str(&recorded.state).map_err(|e| {
+                    RftError::Unsupported(format!("buffer {}: unreadable explore record: {e}", buffer.name()))
+                })?;
+                explorer.scheduler().restore(record.scheduler)?;
+                explored = recorded.step;
+            }
+        }
+        let records =
+            if fixed.is_some() { Vec::new() } else { buffer.resume_after(&config.explorer.name, trained).await? };
+        for recorded in records {
             let record: ExploreRecord = serde_json::from_str(&recorded.state).map_err(|e| {
                 RftError::Unsupported(format!("buffer {}: unreadable explore record: {e}", buffer.name()))
             })?;
@@ -162,10 +195,14 @@ impl<'a> Both<'a> {
             positions,
             pending,
             step_mark: Instant::now(),
+            fixed,
         })
     }
 
     async fn drive(mut self) -> Result<RunSummary, RftError> {
+        if self.fixed.is_some() {
+            return self.drive_fixed().await;
+        }
         tracing::info!(
             "run {}: {} steps, explorer syncs every {} step(s), trainer every {}, offset {}",
             self.job_dir.display(),
@@ -308,6 +345,7 @@ impl<'a> Both<'a> {
             scheduler: Some(scheduler),
             beliefs: self.explorer.scheduler().beliefs(),
             dataset_rows: None,
+            explored: self.fixed.is_some().then_some(self.explored),
         };
         self.trainer.save(&meta)?;
         self.positions.retain(|&s, _| s > step);
