@@ -6,6 +6,7 @@
 mod bench_async;
 mod bench_grpo;
 mod bench_lora;
+mod bench_pyworkflow;
 #[cfg(test)]
 mod code_map;
 mod compat_runs;
@@ -208,6 +209,32 @@ enum Bench {
         #[arg(long)]
         pair_threads: Option<usize>,
     },
+    /// A Python workflow against the same task built in, on the same engine in one `trinity run` (mode bench):
+    /// `simple_workflow` and an equivalent Trinity-RFT `Workflow` class by dotted path, the same rows and forced
+    /// answer length; rollouts per second, per-call overhead, and the worker's no-op call round trip.
+    Pyworkflow {
+        /// `model.model_path`: `tiny` (the test fixture), `smollm2` (the SmolLM2 GGUF) or a path.
+        #[arg(long, default_value = "tiny")]
+        model: String,
+        /// Addition questions in each taskset.
+        #[arg(long, default_value_t = 32)]
+        tasks: usize,
+        /// Samples of each task (one call of n).
+        #[arg(long, default_value_t = 4)]
+        repeat_times: u32,
+        /// Tokens of every answer (max_tokens = min_tokens).
+        #[arg(long, default_value_t = 16)]
+        max_tokens: u32,
+        /// Timed runs of each side after its warm-up; the figures are medians.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// explorer.runner_per_model (tasks in flight, Python workers).
+        #[arg(long, default_value_t = 8)]
+        runners: u32,
+        /// Use the debug binary instead of building the release one.
+        #[arg(long)]
+        debug: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -386,6 +413,23 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
     if let Bench::Async { steps, pair_threads } = which {
         return bench_async::bench(root, &deps, steps, pair_threads);
     }
+    if let Bench::Pyworkflow { model, tasks, repeat_times, max_tokens, runs, runners, debug } = which {
+        let model = match model.as_str() {
+            "tiny" => root.join("runtime/model/tests/fixtures/tiny/llama_tied"),
+            "smollm2" => deps.smollm2_gguf(),
+            path => PathBuf::from(path),
+        };
+        // The tiny model has 64 positions; a question and its template take 27 of them.
+        let tiny = model.ends_with("tiny/llama_tied");
+        if tiny && max_tokens > 32 {
+            anyhow::bail!("the tiny model has 64 positions: --max-tokens must be at most 32");
+        }
+        let max_model_len = if tiny { 64 } else { 96 + max_tokens };
+        let trinity = build_trinity(root, debug, None)?;
+        let options =
+            bench_pyworkflow::Options { model, tasks, repeat_times, max_tokens, runs, runners, max_model_len };
+        return bench_pyworkflow::bench(root, &deps, &trinity, &options);
+    }
     let python = deps.reference_python()?;
     match which {
         Bench::Generate { shape, threads, batch_sizes, prompt_tokens, new_tokens, repeat, no_transformers } => {
@@ -461,7 +505,7 @@ fn bench(root: &Path, which: Bench) -> Result<()> {
         }
         Bench::Grpo { threads, steps, reward } => bench_grpo::bench(root, &deps, &python, threads, steps, &reward),
         Bench::Lora { threads, adapter } => bench_lora::bench(root, &deps, &python, threads, adapter),
-        Bench::Async { .. } => unreachable!("handled above: it needs no Python reference"),
+        Bench::Async { .. } | Bench::Pyworkflow { .. } => unreachable!("handled above: it needs no Python reference"),
     }
 }
 
