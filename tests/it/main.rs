@@ -18,6 +18,7 @@ mod external_model;
 mod gigpo;
 mod judged_workflows;
 mod model_commands;
+mod moe;
 mod monitors;
 mod over_rollout;
 mod plugins;

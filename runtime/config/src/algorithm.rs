@@ -43,7 +43,11 @@ pub struct AlgorithmConfig {
     pub entropy_loss_fn_args: Option<Map<String, Value>>,
     /// How token losses are reduced to one number. Unset: the preset's choice, else `token-mean`.
     pub loss_agg_mode: Option<LossAggMode>,
-    /// Replay the rollout's mixture-of-experts routing in training (newer Trinity-RFT).
+    /// Replay the rollout's mixture-of-experts routing in training (Trinity-RFT 0.6.0; veRL's router replay
+    /// mode R3): the rollout engine records the experts of every token (`explorer.rollout_model.
+    /// enable_return_routed_experts` is set from this), experiences store them, and the policy's forwards (the
+    /// update and the old-logprob recomputation) use them; the reference model keeps its own routing. Needs a
+    /// mixture-of-experts model (Qwen3-MoE).
     pub enable_router_replay: bool,
     /// Use the rollout engine's logprobs as the old logprobs (newer Trinity-RFT's spelling of
     /// `trainer.trainer_config.algorithm.rollout_correction.bypass_mode`).

@@ -111,12 +111,7 @@ pub const RULES: &[(&str, &str, Category, &str)] = &[
     ("AlgorithmConfig", "entropy_loss_fn", H, ""),
     ("AlgorithmConfig", "entropy_loss_fn_args", H, ""),
     ("AlgorithmConfig", "loss_agg_mode", H, ""),
-    (
-        "AlgorithmConfig",
-        "enable_router_replay",
-        P,
-        "mixture-of-experts routing replay; trinity's models are dense, so no effect here",
-    ),
+    ("AlgorithmConfig", "enable_router_replay", H, ""),
     ("AlgorithmConfig", "bypass_old_logprobs", H, ""),
     ("AlgorithmConfig", "rollout_correction", H, ""),
     ("OptimizerConfig", "lr", H, ""),

@@ -139,8 +139,9 @@ pub const VERL_RULES: &[(&str, &str, Category, &str)] = &[
     (
         "VerlActor",
         "router_replay",
-        P,
-        "mixture-of-experts routing replay; trinity's models are dense, so no effect here",
+        D,
+        "Trinity-RFT builds it from algorithm.enable_router_replay (mode R3 when true), which trinity honours; the \
+         value here is replaced",
     ),
     ("VerlActor", "loss_agg_mode", H, ""),
     (
@@ -171,7 +172,12 @@ pub const VERL_RULES: &[(&str, &str, Category, &str)] = &[
     ("VerlRef", "profile", P, PROFILER),
     ("VerlRef", "load_weight", R, LOAD_WEIGHT),
     ("VerlRef", "profiler", P, PROFILER),
-    ("VerlRef", "router_replay", P, "mixture-of-experts routing replay; trinity's models are dense, so no effect here"),
+    (
+        "VerlRef",
+        "router_replay",
+        D,
+        "Trinity-RFT disables it: the reference model keeps its own routing, as here; the value here is replaced",
+    ),
     (
         "VerlCritic",
         "enable",

@@ -62,6 +62,8 @@ pub struct EngineInfo {
     /// A mixture-of-experts model's routing layout (`None` for a dense model), the shape of
     /// [`crate::Completion::routed_experts`].
     pub routing: Option<RoutingLayout>,
+    /// Whether completions carry their routed experts ([`EngineConfig::return_routed_experts`]).
+    pub returns_routed_experts: bool,
 }
 
 /// A running generation engine; see the crate docs for the request lifecycle.
@@ -111,6 +113,7 @@ impl Engine {
             device: decoder.device(),
             kv_cache_bytes: config.bytes_per_slot(decoder.config(), cache_kind) * num_slots as u64,
             routing,
+            returns_routed_experts: config.return_routed_experts,
         };
         let eos = eos_token_ids.iter().filter_map(|&t| u32::try_from(t).ok()).collect();
         let has_tokenizer = tokenizer.is_some();

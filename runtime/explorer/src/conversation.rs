@@ -12,7 +12,7 @@
 //! [`Conversation::extend_text`], each assistant turn with [`Conversation::extend_reply_text`]; its reply tokens
 //! carry no logprobs until the caller scores the sequence.
 
-use trinity_buffer::{Eid, Experience};
+use trinity_buffer::{Eid, Experience, RoutedExperts};
 use trinity_engine::{Completion, SamplingParams};
 use trinity_model::ChatMessage;
 
@@ -45,6 +45,10 @@ pub struct Conversation {
     text: String,
     /// Weights version of the first answer.
     model_version: Option<u64>,
+    /// The routed experts of the latest answer's request, when the engine records them: its prompt (the whole
+    /// conversation before it) and its answer but the last token. Routing is causal, so its first rows are the
+    /// routing of any shorter start of the conversation.
+    routed: Option<RoutedExperts>,
 }
 
 impl Conversation {
@@ -96,7 +100,21 @@ impl Conversation {
         self.tokens.extend_from_slice(&completion.tokens);
         self.logprobs.extend_from_slice(&completion.logprobs);
         self.mask.extend(std::iter::repeat_n(true, completion.tokens.len()));
+        self.routed = completion.routed_experts.as_ref().map(|r| RoutedExperts {
+            layers: r.layers,
+            top_k: r.top_k,
+            ids: r.ids.clone(),
+        });
         Ok(completion)
+    }
+
+    /// The routing of `tokens[..end]` (its first `end - 1` tokens, what the model read), when the latest answer's
+    /// request covered them.
+    fn routing_until(&self, end: usize) -> Option<RoutedExperts> {
+        let routed = self.routed.as_ref()?;
+        let read = end.checked_sub(1)?;
+        let unit = routed.layers * routed.top_k;
+        (routed.ids.len() >= read * unit).then(|| RoutedExperts { ids: routed.ids[..read * unit].to_vec(), ..*routed })
     }
 
     /// Tokens recorded so far (the length a turn starts from, for [`Conversation::turn_experience`]).
@@ -115,6 +133,7 @@ impl Conversation {
         let mut experience =
             Experience::single_turn(eid, self.tokens[..end].to_vec(), start, self.logprobs[start..end].to_vec());
         experience.action_mask = self.mask[start..end].to_vec();
+        experience.routed_experts = self.routing_until(end);
         experience.model_version = model.model_version();
         experience.prompt_text = model.decode(&experience.tokens[..start]).ok();
         experience.response_text = model.decode(&experience.tokens[start..]).ok();
@@ -126,12 +145,14 @@ impl Conversation {
     pub fn into_experience(mut self, eid: Eid, model: &RolloutModel) -> Option<Experience> {
         let prompt_length = self.prompt_length?;
         let end = self.mask.iter().rposition(|m| *m).map_or(prompt_length, |last| last + 1);
+        let routed = self.routing_until(end);
         self.tokens.truncate(end);
         self.logprobs.truncate(end);
         self.mask.truncate(end);
         let mut experience =
             Experience::single_turn(eid, self.tokens, prompt_length, self.logprobs[prompt_length..].to_vec());
         experience.action_mask = self.mask[prompt_length..].to_vec();
+        experience.routed_experts = routed;
         experience.model_version = self.model_version.unwrap_or(0);
         experience.prompt_text = model.decode(&experience.tokens[..prompt_length]).ok();
         experience.response_text = model.decode(&experience.tokens[prompt_length..]).ok();
@@ -189,6 +210,51 @@ mod tests {
         assert_eq!(&experience.tokens[before_second..], &second.tokens[..]);
         assert_eq!(&experience.logprobs[..a], &first.logprobs[..]);
         assert!(experience.logprobs[a..a + context].iter().all(|l| *l == 0.0));
+    }
+
+    /// The Qwen3-MoE fixture (48 ids, as the tiny Llama's tokenizer) with that tokenizer and template, on an
+    /// engine recording routing; and a second copy of its decoder.
+    fn tiny_moe_model() -> (RolloutModel, trinity_model::Decoder) {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny");
+        let mut text =
+            trinity_model::load_model(&fixtures.join("llama_tied"), tch::Kind::Float, tch::Device::Cpu).unwrap();
+        let moe = fixtures.join("qwen3_moe");
+        let decoder = || {
+            let config = trinity_model::ModelConfig::from_file(&moe.join("config.json")).unwrap();
+            let mut weights = trinity_model::SafetensorsWeights::open_dir(&moe).unwrap();
+            trinity_model::Decoder::load(config, &mut weights, tch::Kind::Float, tch::Device::Cpu).unwrap()
+        };
+        let engine =
+            EngineModel { decoder: decoder(), tokenizer: Some(text.tokenizer.clone()), eos_token_ids: vec![2] };
+        let config =
+            EngineConfig { max_model_len: 64, max_num_seqs: 2, return_routed_experts: true, ..Default::default() };
+        let engine = Arc::new(Engine::start(engine, config).unwrap());
+        (RolloutModel::new(engine, text.tokenizer, text.chat_template.take()), decoder())
+    }
+
+    #[tokio::test]
+    async fn a_conversation_keeps_the_routing_of_every_token_its_model_read() {
+        let (model, decoder) = tiny_moe_model();
+        let mut conversation = Conversation::default();
+        let mut messages = vec![ChatMessage::new("user", "ab")];
+        conversation.extend_to(&model, &messages).unwrap();
+        let first = conversation.answer(&model, params(1)).await.unwrap();
+        messages.push(ChatMessage::new("assistant", first.text.clone()));
+        messages.push(ChatMessage::new("user", "ba"));
+        conversation.extend_to(&model, &messages).unwrap();
+        conversation.answer(&model, params(2)).await.unwrap();
+        let turn = conversation.turn_experience(conversation.len() - 1, Eid::default(), &model).unwrap();
+        let experience = conversation.into_experience(Eid::default(), &model).unwrap();
+        experience.validate().unwrap();
+        turn.validate().unwrap();
+        let routed = experience.routed_experts.as_ref().expect("the engine records routing");
+        // The routing of the whole sequence but its last token, as the training forward routes it.
+        let read: Vec<i64> = experience.tokens[..experience.tokens.len() - 1].iter().map(|&t| i64::from(t)).collect();
+        let ids = tch::Tensor::from_slice(&read).view([1, -1]);
+        let want = tch::no_grad(|| decoder.forward_hidden_routed(&ids, None, None, false)).unwrap().experts;
+        let want: Vec<u16> = Vec::<i64>::try_from(want.reshape([-1])).unwrap().into_iter().map(|e| e as u16).collect();
+        assert_eq!(routed.ids, want);
+        assert_eq!(turn.routed_experts, experience.routed_experts, "one turn to the end: the same tokens");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use trinity_buffer::{Eid, Experience, Task, TruncateStatus};
+use trinity_buffer::{Eid, Experience, RoutedExperts, Task, TruncateStatus};
 use trinity_engine::{FinishReason, SamplingParams};
 use trinity_model::ChatMessage;
 use trinity_reward::RewardInput;
@@ -180,6 +180,9 @@ pub(crate) async fn sample_prompt(
         let mut tokens = prompt_tokens.clone();
         tokens.extend_from_slice(&completion.tokens);
         let mut experience = Experience::single_turn(eid, tokens, prompt_tokens.len(), completion.logprobs);
+        // The engine's routing, when it records it, for the trainer's routing replay.
+        experience.routed_experts =
+            completion.routed_experts.map(|r| RoutedExperts { layers: r.layers, top_k: r.top_k, ids: r.ids });
         experience.model_version = version;
         experience.prompt_text = Some(rendered_prompt.clone());
         experience.response_text = Some(completion.text);
@@ -271,9 +274,21 @@ pub(crate) fn prompt_truncated(task: &Task, ctx: &WorkflowContext, prompt: &[u32
             experience.response_text = Some(String::new());
             experience.info.insert("finish_reason".to_owned(), "prompt_truncated".into());
             experience.info.insert("taskset".to_owned(), task.taskset.clone().into());
+            experience.routed_experts = placeholder_routing(ctx, experience.tokens.len() - 1);
             experience
         })
         .collect()
+}
+
+/// Routing for a placeholder's `read` tokens when the engine records routing: nothing is trained on it, but the
+/// replayed forward still runs it, so every id must be valid; as Trinity-RFT's dummy routing, the experts in
+/// turn (`i mod experts` over the flat `[tokens, layers, k]` ids, distinct within a token's `k`).
+fn placeholder_routing(ctx: &WorkflowContext, read: usize) -> Option<RoutedExperts> {
+    let info = ctx.model.engine().info();
+    let layout = info.routing.filter(|_| info.returns_routed_experts)?;
+    let n = read * layout.layers * layout.top_k;
+    let ids = (0..n).map(|i| (i % layout.num_experts) as u16).collect();
+    Some(RoutedExperts { layers: layout.layers, top_k: layout.top_k, ids })
 }
 
 /// The task's rollout arguments as engine sampling parameters.

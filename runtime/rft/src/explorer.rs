@@ -151,6 +151,8 @@ impl Explorer {
             max_response_tokens: Some(lengths.max_response_tokens as usize),
             kv_cache_bytes: models::cpu_kv_budget(device),
             num_threads: Some(threads),
+            // Trinity-RFT sets rollout_model.enable_return_routed_experts from algorithm.enable_router_replay.
+            return_routed_experts: config.algorithm.enable_router_replay,
             ..EngineConfig::default()
         };
         let engine = Engine::start(EngineModel::from(generation), engine_config)?;

@@ -54,7 +54,34 @@ pub fn check_components(config: &Config) -> Result<(), RftError> {
     if config.model.external_model.enable {
         check_external_workflows(config)?;
     }
+    if config.algorithm.enable_router_replay {
+        check_router_replay(config)?;
+    }
     Ok(())
+}
+
+/// `algorithm.enable_router_replay` needs a mixture-of-experts policy: refused (at `--dry-run` too) when the
+/// model's config.json or GGUF header describes a dense one. A model that cannot be read is left to the load,
+/// which names what is wrong with it.
+fn check_router_replay(config: &Config) -> Result<(), RftError> {
+    let path = Path::new(&config.model.model_path);
+    let model = if path.is_dir() {
+        trinity_model::ModelConfig::from_file(&path.join("config.json"))
+    } else {
+        trinity_model::GgufFile::open(path).and_then(|gguf| trinity_model::ModelConfig::from_gguf(&gguf))
+    };
+    match model {
+        Ok(model) if model.moe.is_none() => Err(RftError::Setting {
+            key: "algorithm.enable_router_replay",
+            message: format!(
+                "the model at {} is {:?}, which has no mixture-of-experts layer, so there is no routing to record or \
+                 replay; set it to false, or train a mixture-of-experts model (Qwen3-MoE)",
+                path.display(),
+                model.family
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// With `model.external_model`, every eval taskset's workflow must be a built-in that only sends messages and
