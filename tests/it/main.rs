@@ -14,6 +14,7 @@ mod config_rules;
 mod cpt;
 mod data_parallel;
 mod digit_model;
+mod eval_limit;
 mod external_model;
 mod gigpo;
 mod judged_workflows;

@@ -51,6 +51,11 @@ pub struct BatchControl {
     /// Whether the tasks' times feed the dynamic timeout (train steps do; evaluations only read it, as in
     /// Trinity-RFT's scheduler).
     pub observe: bool,
+    /// Whether the batch stops waiting `max_timeout × (max_retry_times + 1)` after it started, cancelling the
+    /// tasks not done by then and keeping what the others made: Trinity-RFT 0.6.0's scheduler bounds the wait for
+    /// an evaluation so (`default_timeout`), and over-rollout implies it. Without it a batch waits for every task,
+    /// each bounded by its own timeout.
+    pub batch_limit: bool,
 }
 
 /// Trinity-RFT 0.6.0's over-rollout of a train step.
@@ -205,12 +210,15 @@ pub async fn run_batch(
         });
         spawned.insert(handle.id(), (position, copy));
     }
-    // Trinity-RFT bounds the wait for an over-rolled step by `max_timeout × (max_retry_times + 1)`, after which it
-    // keeps what is done even below `min_tasks`.
-    let limit = control.over_rollout.map(|over| {
-        let step_limit = options.timeout.saturating_mul(options.max_retries.saturating_add(1));
-        (OverRollout { min_tasks: over.min_tasks.min(total), ..over }, started + step_limit)
-    });
+    // Trinity-RFT bounds the wait for an over-rolled step or an evaluation by `max_timeout × (max_retry_times +
+    // 1)`, after which it keeps what is done even below `min_tasks`.
+    let step_limit = options.timeout.saturating_mul(options.max_retries.saturating_add(1));
+    let limit = match (control.over_rollout, control.batch_limit) {
+        (Some(over), _) => Some((OverRollout { min_tasks: over.min_tasks.min(total), ..over }, started + step_limit)),
+        // Every task is awaited until the limit.
+        (None, true) => Some((OverRollout { min_tasks: total, wait_after_min: Duration::ZERO }, started + step_limit)),
+        (None, false) => None,
+    };
     let (joined, stopped_early) = gather(&mut set, limit).await;
     let mut results: Vec<Outcome> = Vec::new();
     for joined in joined {
@@ -236,12 +244,22 @@ pub async fn run_batch(
         let mut cancelled: Vec<(usize, Task)> = spawned.into_values().collect();
         cancelled.sort_by_key(|(position, _)| *position);
         report.cancelled = cancelled.iter().map(|(_, task)| describe(task)).collect();
-        tracing::info!(
-            "over-rollout: {} of {total} tasks done after {:.1} s; cancelled {}",
-            results.len(),
-            started.elapsed().as_secs_f64(),
-            report.cancelled.join(", ")
-        );
+        if control.over_rollout.is_some() {
+            tracing::info!(
+                "over-rollout: {} of {total} tasks done after {:.1} s; cancelled {}",
+                results.len(),
+                started.elapsed().as_secs_f64(),
+                report.cancelled.join(", ")
+            );
+        } else {
+            tracing::warn!(
+                "{} of {total} tasks done within the batch's limit of {:.0} s (explorer.max_timeout × \
+                 (max_retry_times + 1)); cancelled {}: the metrics are those of the tasks done",
+                results.len(),
+                step_limit.as_secs_f64(),
+                report.cancelled.join(", ")
+            );
+        }
     }
     results.sort_by_key(|(position, ..)| *position);
     for (_, task, result, attempts) in results {

@@ -326,8 +326,10 @@ impl Explorer {
         let mut metrics = Metrics::new();
         for taskset in &self.eval_tasksets {
             let started = Instant::now();
-            // Evaluations wait for every task (no over-rollout) and read the dynamic timeout without feeding it.
-            let control = BatchControl { over_rollout: None, observe: false, ..self.train_control.clone() };
+            // Evaluations wait for every task (no over-rollout) up to Trinity-RFT's limit of a batch, and read the
+            // dynamic timeout without feeding it.
+            let control =
+                BatchControl { over_rollout: None, observe: false, batch_limit: true, ..self.train_control.clone() };
             let report = run_batch(Arc::clone(&self.rollout), taskset.all_tasks()?, &self.options, &control).await;
             if let Some(log) = &mut self.failed_log {
                 log.record(step, FailurePhase::Eval, self.rollout.model_version(), &report.failures)?;
@@ -341,6 +343,10 @@ impl Explorer {
             let experiences: Vec<&Experience> = report.experiences().collect();
             let accurate = experiences.iter().filter(|e| is_accurate(e)).count();
             taskset_metrics.insert(format!("{name}/accuracy"), accurate as f64 / experiences.len().max(1) as f64);
+            // Trinity-RFT 0.6.0 reports the tasks that came back (done or failed); the metrics above are the done
+            // tasks'. The tasks the batch's limit cut off are trinity's count.
+            taskset_metrics.insert(format!("{name}/finished_task_count"), report.finished_tasks() as f64);
+            taskset_metrics.insert(format!("{name}/cancelled_tasks"), report.cancelled.len() as f64);
             taskset_metrics.insert(format!("time/eval_{}_s", taskset.config.name), started.elapsed().as_secs_f64());
             metrics.extend(taskset_metrics);
         }
@@ -388,7 +394,7 @@ fn train_control(config: &Config) -> BatchControl {
     });
     let dynamic = &explorer.dynamic_timeout;
     let dynamic_timeout = dynamic.enable.then(|| DynamicTimeout::new(dynamic.ratio, dynamic.warmup_min_steps));
-    BatchControl { over_rollout, dynamic_timeout, observe: true }
+    BatchControl { over_rollout, dynamic_timeout, observe: true, batch_limit: false }
 }
 
 /// Whether a batch had tasks and none of them succeeded.
