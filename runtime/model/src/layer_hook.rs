@@ -30,6 +30,9 @@ pub enum LayerRun {
     Forward,
     /// The backward's recomputation of a recomputed layer; the layer's own backward follows it.
     Recompute,
+    /// A forward that autograd records and does not recompute: its graph keeps the layer's parameters for the
+    /// backward, so a hook must not free them after it (a fully sharded trainer refuses it).
+    Kept,
 }
 
 /// What runs around each layer of a training forward.
@@ -37,7 +40,8 @@ pub trait LayerHook: Send + Sync {
     /// Before layer `index` computes: its parameters must be whole when this returns.
     fn before(&self, index: usize, run: LayerRun) -> Result<()>;
     /// After layer `index`'s forward computed its output (not after a recomputation: the layer's backward, which
-    /// still reads the parameters, follows it).
+    /// still reads the parameters, follows it; after a [`LayerRun::Kept`] forward too, whose graph still reads
+    /// them).
     fn after_forward(&self, index: usize) -> Result<()>;
 }
 
@@ -73,10 +77,14 @@ pub(crate) fn hooked(
 ) -> impl Fn(&Tensor) -> Result<Tensor> + Send + 'static {
     move |x: &Tensor| {
         let Some(hook) = &hook else { return run(x) };
-        let phase = if recompute && !checkpoint::in_first_run() { LayerRun::Recompute } else { LayerRun::Forward };
+        let phase = match (recompute, checkpoint::in_first_run()) {
+            (true, false) => LayerRun::Recompute,
+            (false, _) if checkpoint::grad_mode_enabled() => LayerRun::Kept,
+            _ => LayerRun::Forward,
+        };
         hook.before(index, phase)?;
         let y = run(x)?;
-        if phase == LayerRun::Forward {
+        if phase != LayerRun::Recompute {
             hook.after_forward(index)?;
         }
         Ok(y)
@@ -235,5 +243,26 @@ mod tests {
         assert_eq!(*count.0.lock().unwrap(), expected);
         // The hook is gone once `with_layer_hook` returns.
         assert!(current().is_none());
+    }
+
+    /// A forward that autograd records and does not recompute is told apart from one that keeps nothing: its
+    /// graph holds the layers' parameters until the backward.
+    #[test]
+    fn a_recorded_forward_without_recomputation_is_kept() {
+        let m = Decoder::load(ModelConfig::tiny(Family::Llama), &mut RandomWeights, Kind::Float, Device::Cpu).unwrap();
+        struct Runs(Mutex<Vec<LayerRun>>);
+        impl LayerHook for Runs {
+            fn before(&self, _: usize, run: LayerRun) -> Result<()> {
+                self.0.lock().unwrap().push(run);
+                Ok(())
+            }
+            fn after_forward(&self, _: usize) -> Result<()> {
+                Ok(())
+            }
+        }
+        let runs = Arc::new(Runs(Mutex::new(Vec::new())));
+        let _ = with_layer_hook(runs.clone(), || loss(&m));
+        let layers = m.config().num_hidden_layers as usize;
+        assert_eq!(*runs.0.lock().unwrap(), vec![LayerRun::Kept; layers]);
     }
 }

@@ -253,12 +253,15 @@ impl FullShard {
     }
 
     /// Runs `f`, one forward of the decoder (and in a training pass, `train`, its backward: the decoder must
-    /// recompute its layers) with the layers gathered around their computations (see the module docs). Every rank
-    /// runs the same passes in the same order; one with nothing to compute runs [`FullShard::idle_pass`].
+    /// recompute its layers, and no graph may outlive the pass) with the layers gathered around their computations
+    /// (see the module docs); a forward-only pass runs `f` without autograd. Every rank runs the same passes in the
+    /// same order; one with nothing to compute runs [`FullShard::idle_pass`].
     pub fn pass<R>(&mut self, group: &ProcessGroup, train: bool, f: impl FnOnce() -> R) -> Result<R> {
         let hook = Arc::new(Hook(Mutex::new(self.engine(group, train))));
         let opened = hook.with(|e| e.gather(e.outer()));
         let out = match opened {
+            // A forward-only pass keeps no graph: one kept past the pass would read freed parameters.
+            Ok(()) if !train => Some(with_layer_hook(hook.clone(), || tch::no_grad(f))),
             Ok(()) => Some(with_layer_hook(hook.clone(), f)),
             Err(e) => {
                 self.close(&hook);
@@ -587,6 +590,12 @@ impl Engine {
                 if i + 1 < layers {
                     self.start_gather(i + 1)?;
                 }
+            }
+            LayerRun::Kept => {
+                return Err(fail(format!(
+                    "layer {i}'s forward is recorded by autograd without recomputation, so its graph would keep the \
+                     parameters this stage frees after it: stage 3 trains with activation recomputation on"
+                )));
             }
             LayerRun::Recompute => {
                 self.recomputes[i] += 1;

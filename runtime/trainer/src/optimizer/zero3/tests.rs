@@ -315,3 +315,41 @@ fn two_ranks_train_as_one_process_in_fp32() {
 fn two_ranks_train_as_one_process_in_bf16() {
     two_ranks("bf16");
 }
+
+/// A group of one process, in this process.
+fn alone() -> (Store, ProcessGroup) {
+    let store = Store::server("127.0.0.1", 0, TIMEOUT).unwrap();
+    let options = GroupOptions { timeout: TIMEOUT, ..GroupOptions::default() };
+    let group = ProcessGroup::new(&store.with_prefix("alone").unwrap(), 0, 1, &options).unwrap();
+    (store, group)
+}
+
+/// A forward-only pass gives the whole model's loss, bit for bit on one rank, and keeps no graph past the pass
+/// (its backward would read freed parameters); a training pass of a decoder that keeps its activations is refused
+/// before a layer computes, naming the cause.
+#[test]
+fn misuse_is_refused_and_a_forward_only_pass_is_exact() {
+    let (_store, g) = alone();
+    let rows = rows();
+    let whole = tiny(Kind::Float);
+    let want = tch::no_grad(|| loss(&whole, &rows, tokens(&rows)).double_value(&[]));
+    let mut m = tiny(Kind::Float);
+    let mut fs = FullShard::new(m.named_parameters().unwrap(), LAYERS, settings(), false, &g).unwrap();
+    let got = fs.pass(&g, false, || tch::no_grad(|| loss(&m, &rows, tokens(&rows)).double_value(&[]))).unwrap();
+    assert_eq!(got, want);
+
+    // A forward-only pass runs without autograd, so no graph outlives it.
+    let kept = fs.pass(&g, false, || loss(&m, &rows, tokens(&rows))).unwrap();
+    assert!(!kept.requires_grad());
+    assert!(m.named_parameters().unwrap().iter().all(|(_, t)| t.numel() == 0));
+
+    // Activations kept: the layers' parameters are gone when the backward needs them.
+    m.set_recompute_activations(false).unwrap();
+    let outcome = fs.pass(&g, true, || m.forward_hidden(&Tensor::from_slice(&[1i64, 2, 3]).view([1, 3]), None));
+    let refused = match outcome {
+        Err(e) => e.to_string(),
+        Ok(Err(e)) => e.to_string(),
+        Ok(Ok(_)) => panic!("a training pass without recomputation went through"),
+    };
+    assert!(refused.contains("activation recomputation on"), "{refused}");
+}
