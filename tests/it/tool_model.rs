@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
-use trinity_model::{ChatTemplate, Decoder, Family, ModelConfig, RopeScaling, Tokenizer, WeightSource};
+use trinity_model::{ChatTemplate, Decoder, Family, ModelConfig, Tokenizer, WeightSource};
 
 /// What the model says when it calls its tool.
 pub const TOOL_CALL_JSON: &str = r#"{"name":"get_weather","arguments":{"city":"Paris"}}"#;
@@ -141,26 +141,15 @@ pub fn write_model(dir: &Path, weights: &mut dyn WeightSource) {
 /// One Llama layer over [`tokenizer`]'s vocabulary, [`HIDDEN`] wide, ending a reply at `<|im_end|>`.
 fn model_config() -> ModelConfig {
     ModelConfig {
-        family: Family::Llama,
         vocab_size: VOCAB,
         hidden_size: HIDDEN,
         intermediate_size: 32,
         num_hidden_layers: 1,
         num_attention_heads: 2,
         num_key_value_heads: 1,
-        head_dim: 8,
-        rms_norm_eps: 1e-6,
-        rope_theta: 10000.0,
-        rope_scaling: RopeScaling::None,
         max_position_embeddings: 4096,
         tie_word_embeddings: false,
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        qk_norm: false,
-        bos_token_id: None,
         eos_token_ids: vec![IM_END],
-        torch_dtype: None,
-        moe: None,
+        ..ModelConfig::tiny(Family::Llama)
     }
 }

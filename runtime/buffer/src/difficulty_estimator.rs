@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{BufferError, Result};
-use crate::selector::{mix, splitmix64};
+use crate::selector::mix;
 
 /// Discount of the capability estimate's moving average (Trinity's `cap_coef_update_discount`).
 const CAP_COEF_DISCOUNT: f64 = 0.9;
@@ -197,19 +197,20 @@ impl DifficultyEstimator {
     }
 }
 
-/// A seeded stream of random numbers (SplitMix64), with the few distributions the selectors need.
+/// A seeded stream of random numbers, with the few distributions the selectors need: [`trinity_rng::mix`] of a
+/// counter stepped by 1 (not SplitMix64's own stream, which steps by its gamma; kept so seeded selections stay).
 #[derive(Debug, Clone)]
 pub struct Stream(pub u64);
 
 impl Stream {
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(1);
-        splitmix64(self.0)
+        trinity_rng::mix(self.0)
     }
 
     /// Uniform on the open interval (0, 1).
     pub fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        trinity_rng::unit_open(self.next_u64())
     }
 
     /// A standard normal sample (Box–Muller).

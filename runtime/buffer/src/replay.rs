@@ -59,10 +59,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 use trinity_config::buffer::ReplayBufferConfig;
+use trinity_rng::SplitMix64;
 
 use crate::error::{Result, json_kind};
 use crate::experience::Experience;
-use crate::selector::splitmix64;
 
 /// A `replay_buffer` setting that cannot be honoured. Each message starts with the full config key.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -136,14 +136,14 @@ impl PriorityFn {
 
     /// `model_version − decay · use_count`, plus Gaussian noise when the function has a positive `sigma`
     /// (a non-positive sigma means no noise, as in Trinity).
-    fn priority(&self, model_version: u64, use_count: u64, noise: &mut Noise) -> f64 {
+    fn priority(&self, model_version: u64, use_count: u64, noise: &mut SplitMix64) -> f64 {
         let (decay, sigma) = match *self {
             PriorityFn::LinearDecay { decay } => (decay, 0.0),
             PriorityFn::DecayLimitRandomization { decay, sigma, .. } => (decay, sigma),
         };
         let mut priority = model_version as f64 - decay * use_count as f64;
         if sigma > 0.0 {
-            priority += sigma * noise.standard_normal();
+            priority += sigma * noise.next_normal();
         }
         priority
     }
@@ -187,38 +187,6 @@ fn describe(value: &Value) -> String {
     match value {
         Value::Number(n) => n.to_string(),
         other => json_kind(other).to_owned(),
-    }
-}
-
-/// Seeded SplitMix64 stream turned into standard normal draws (Box–Muller, cosine branch only, so every
-/// draw consumes exactly two 64-bit outputs and the stream position is easy to reason about).
-#[derive(Debug, Clone)]
-struct Noise {
-    state: u64,
-}
-
-impl Noise {
-    fn new(seed: u64) -> Noise {
-        Noise { state: seed }
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        // `splitmix64` adds the golden-ratio increment before mixing, so stepping the state by the same
-        // increment afterwards yields the standard SplitMix64 sequence.
-        let bits = splitmix64(self.state);
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        bits
-    }
-
-    /// A uniform draw in `(0, 1]` (never 0, so its logarithm is finite).
-    fn unit_open_low(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-
-    fn standard_normal(&mut self) -> f64 {
-        let radius = (-2.0 * self.unit_open_low().ln()).sqrt();
-        let angle = std::f64::consts::TAU * self.unit_open_low();
-        radius * angle.cos()
     }
 }
 
@@ -312,7 +280,8 @@ pub struct ReplayBuffer {
     reads_so_far: u64,
     /// Leftovers of the last item read, served first by the next take.
     pool: VecDeque<Experience>,
-    noise: Noise,
+    /// The `decay_limit_randomization` noise: each draw takes two outputs (Box–Muller, cosine branch only).
+    noise: SplitMix64,
     closed: bool,
     stats: ReplayStats,
 }
@@ -345,7 +314,7 @@ impl ReplayBuffer {
             cooling: BTreeMap::new(),
             reads_so_far: 0,
             pool: VecDeque::new(),
-            noise: Noise::new(seed),
+            noise: SplitMix64::new(seed),
             closed: false,
             stats: ReplayStats::default(),
         })

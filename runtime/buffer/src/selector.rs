@@ -2,8 +2,8 @@
 //!
 //! A selector is a pure function of `(kind, taskset length, seed, draw number)`: the only state a run has to
 //! keep is how many draws it made (see [`crate::scheduler::SchedulerState`]), so a resumed run continues
-//! exactly where it stopped. The generator is SplitMix64 — small, fixed forever, and independent of any crate's
-//! version — so orders are reproducible across builds. They are not NumPy's orders: a Trinity-RFT run and a
+//! exactly where it stopped. The generator is SplitMix64 ([`trinity_rng`]) — small, fixed forever, and
+//! independent of any crate's version — so orders are reproducible across builds. They are not NumPy's orders: a Trinity-RFT run and a
 //! trinity run with the same seed shuffle differently.
 //!
 //! * `sequential`: row `d mod len`, epoch after epoch.
@@ -187,7 +187,7 @@ impl Selector {
             SelectorKind::Sequential | SelectorKind::DifficultyBased | SelectorKind::OfflineEasy2Hard => {
                 (draw % len) as usize
             }
-            SelectorKind::Random => uniform(splitmix64(self.seed ^ splitmix64(draw)), self.len),
+            SelectorKind::Random => uniform(trinity_rng::mix(self.seed ^ trinity_rng::mix(draw)), self.len),
             SelectorKind::Shuffle => {
                 let epoch = draw / len;
                 let position = (draw % len) as usize;
@@ -200,17 +200,9 @@ impl Selector {
     }
 }
 
-/// SplitMix64's output function: a bijective 64-bit mixer.
-pub(crate) fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Combines a seed and a counter into a new seed.
 pub(crate) fn mix(seed: u64, counter: u64) -> u64 {
-    splitmix64(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ splitmix64(counter))
+    trinity_rng::mix(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ trinity_rng::mix(counter))
 }
 
 /// Maps 64 random bits onto `0..n` (multiply-shift; bias below 2^-40 for tasksets this size).
@@ -223,8 +215,8 @@ pub(crate) fn permutation(n: usize, seed: u64) -> Vec<usize> {
     let mut perm: Vec<usize> = (0..n).collect();
     let mut state = seed;
     for i in (1..n).rev() {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let j = uniform(splitmix64(state), i + 1);
+        state = state.wrapping_add(trinity_rng::GAMMA);
+        let j = uniform(trinity_rng::mix(state), i + 1);
         perm.swap(i, j);
     }
     perm

@@ -313,19 +313,9 @@ pub(crate) fn sampling_params(task: &Task, ctx: &WorkflowContext) -> SamplingPar
     }
 }
 
-/// SplitMix64 over the parts: a cheap, well-mixed seed derivation. Shared with plugin workflows so every
-/// workflow derives per-rollout seeds the same way.
-pub fn mix(parts: &[u64]) -> u64 {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    for part in parts {
-        state = state.wrapping_add(*part).wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        state = z ^ (z >> 31);
-    }
-    state
-}
+/// The per-rollout seed derivation ([`trinity_rng::mix_all`] over the parts), shared with plugin and Python
+/// workflows so every workflow derives seeds the same way.
+pub use trinity_rng::mix_all as mix;
 
 /// A short name of a task for messages: `taskset#index`.
 pub(crate) fn describe(task: &Task) -> String {
@@ -368,5 +358,8 @@ mod tests {
         assert_eq!(mix(&[42, 1, 0, 3, 0]), mix(&[42, 1, 0, 3, 0]));
         assert_ne!(mix(&[42, 1, 0, 3, 0]), mix(&[42, 1, 0, 4, 0]));
         assert_ne!(mix(&[42, 1, 0, 3, 0]), mix(&[42, 1, 0, 3, 1]));
+        // Seeded rollouts depend on these values: the derivation must not move.
+        assert_eq!(mix(&[42, 1, 0, 3, 0]), 13_540_509_141_172_807_170);
+        assert_eq!(mix(&[7]), 309_689_372_594_955_804);
     }
 }

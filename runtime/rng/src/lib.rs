@@ -72,6 +72,13 @@ impl SplitMix64 {
     pub fn next_unit_nonzero(&mut self) -> f64 {
         unit_nonzero(self.next_u64())
     }
+
+    /// The next standard normal draw: Box-Muller's cosine branch over two [`SplitMix64::next_unit_nonzero`]
+    /// draws (the radius from the first, the angle from the second; the sine branch is not kept).
+    pub fn next_normal(&mut self) -> f64 {
+        let radius = (-2.0 * self.next_unit_nonzero().ln()).sqrt();
+        radius * (std::f64::consts::TAU * self.next_unit_nonzero()).cos()
+    }
 }
 
 #[cfg(test)]
@@ -110,6 +117,18 @@ mod tests {
         assert_eq!(mix_all(&[7]), mix(GAMMA.wrapping_add(7)));
         assert_eq!(mix_all(&[7, 9]), mix(mix(GAMMA.wrapping_add(7)).wrapping_add(9)));
         assert_ne!(mix_all(&[7, 9]), mix_all(&[9, 7]));
+    }
+
+    #[test]
+    fn normals_are_box_muller_of_two_draws() {
+        let (mut a, mut b) = (SplitMix64::new(5), SplitMix64::new(5));
+        let (u1, u2) = (b.next_unit_nonzero(), b.next_unit_nonzero());
+        assert_eq!(a.next_normal(), (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos());
+        let n = 20_000;
+        let draws: Vec<f64> = (0..n).map(|_| a.next_normal()).collect();
+        let mean = draws.iter().sum::<f64>() / n as f64;
+        let var = draws.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64;
+        assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "mean {mean}, variance {var}");
     }
 
     #[test]

@@ -4,19 +4,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use trinity_rng::mix;
+
 /// Hands out ids as `prefix` + 24 hex digits: a per-process random base mixed with a counter.
 #[derive(Debug)]
 pub(crate) struct IdGenerator {
     base: u64,
     counter: AtomicU64,
-}
-
-/// SplitMix64's output function: a bijective 64-bit mixer.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 impl IdGenerator {

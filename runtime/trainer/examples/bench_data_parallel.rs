@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 use trinity_collective::{DistEnv, LaunchOptions, WeightReceiver, WeightSender, WeightSyncOptions, launch};
 use trinity_config::algorithm::{AlgorithmConfig, LossAggMode, OptimizerConfig};
-use trinity_model::{Decoder, Family, ModelConfig, RandomWeights, RopeScaling, SafetensorsWeights};
+use trinity_model::{Decoder, Family, ModelConfig, RandomWeights, SafetensorsWeights};
 use trinity_trainer::{Components, MicroBatching, TrainRow, Trainer, TrainerOptions, share_rows};
 
 type Error = Box<dyn std::error::Error>;
@@ -70,7 +70,6 @@ fn main() -> Result<(), Error> {
 fn random_model() -> Result<Decoder, Error> {
     tch::manual_seed(7);
     let config = ModelConfig {
-        family: Family::Llama,
         vocab_size: 4096,
         hidden_size: 256,
         intermediate_size: 688,
@@ -78,19 +77,8 @@ fn random_model() -> Result<Decoder, Error> {
         num_attention_heads: 8,
         num_key_value_heads: 4,
         head_dim: 32,
-        rms_norm_eps: 1e-6,
-        rope_theta: 10000.0,
-        rope_scaling: RopeScaling::None,
         max_position_embeddings: 512,
-        tie_word_embeddings: true,
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        qk_norm: false,
-        bos_token_id: None,
-        eos_token_ids: vec![1],
-        torch_dtype: None,
-        moe: None,
+        ..ModelConfig::tiny(Family::Llama)
     };
     Ok(Decoder::load(config, &mut RandomWeights, Kind::Float, Device::Cpu)?)
 }

@@ -48,25 +48,11 @@ pub(crate) struct CriticUpdate {
     pub metrics: Metrics,
 }
 
-/// `n` standard normal draws from `seed`: splitmix64 for uniforms, Box-Muller for the normals. Enough for
-/// initialising a head reproducibly; not a general-purpose generator.
+/// `n` standard normal draws from `seed` ([`trinity_rng::SplitMix64::next_normal`]), for initialising a head
+/// reproducibly.
 fn seeded_normals(seed: u64, n: usize) -> Vec<f64> {
-    let mut state = seed;
-    let mut uniform = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        // 53 random bits in (0, 1]: never 0, so the logarithm below is finite.
-        ((z >> 11) as f64 + 1.0) / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u1, u2) = (uniform(), uniform());
-            (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-        })
-        .collect()
+    let mut rng = trinity_rng::SplitMix64::new(seed);
+    (0..n).map(|_| rng.next_normal()).collect()
 }
 
 impl Critic {

@@ -308,32 +308,18 @@ fn recomputed_backward(
 pub(crate) mod tests {
     use super::*;
     use tch::Device;
-    use trinity_model::{Family, ModelConfig, RandomWeights, RopeScaling};
+    use trinity_model::{Family, ModelConfig, RandomWeights};
 
     pub(crate) fn tiny() -> Decoder {
         tch::manual_seed(3);
         let config = ModelConfig {
-            family: Family::Llama,
             vocab_size: 40,
             hidden_size: 16,
             intermediate_size: 24,
-            num_hidden_layers: 2,
             num_attention_heads: 2,
             num_key_value_heads: 1,
-            head_dim: 8,
-            rms_norm_eps: 1e-6,
-            rope_theta: 10000.0,
-            rope_scaling: RopeScaling::None,
             max_position_embeddings: 64,
-            tie_word_embeddings: true,
-            qkv_bias: false,
-            o_bias: false,
-            mlp_bias: false,
-            qk_norm: false,
-            bos_token_id: None,
-            eos_token_ids: vec![1],
-            torch_dtype: None,
-            moe: None,
+            ..ModelConfig::tiny(Family::Llama)
         };
         Decoder::load(config, &mut RandomWeights, Kind::Float, Device::Cpu).unwrap()
     }

@@ -4,48 +4,28 @@ use std::path::PathBuf;
 
 use tch::{Device, Kind, Tensor};
 use trinity_engine::{Completion, Engine, EngineConfig, EngineModel, Generation, SamplingParams};
-use trinity_model::{Decoder, Family, ModelConfig, RopeScaling, Tokenizer, WeightSource};
+use trinity_model::{Decoder, Family, ModelConfig, Tokenizer, WeightSource};
+use trinity_rng::mix;
 
 /// End-of-sequence id of the tiny models.
 pub const EOS: u32 = 1;
 
-/// A two-layer Llama-style config (GQA, tied embeddings).
+/// A two-layer Llama-style config (GQA, tied embeddings), wider than [`ModelConfig::tiny`].
 pub fn tiny_config(vocab_size: i64) -> ModelConfig {
     ModelConfig {
-        family: Family::Llama,
         vocab_size,
         hidden_size: 64,
         intermediate_size: 96,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
         head_dim: 16,
-        rms_norm_eps: 1e-6,
-        rope_theta: 10000.0,
-        rope_scaling: RopeScaling::None,
         max_position_embeddings: 512,
-        tie_word_embeddings: true,
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        qk_norm: false,
-        bos_token_id: None,
         eos_token_ids: vec![i64::from(EOS)],
-        torch_dtype: None,
-        moe: None,
+        ..ModelConfig::tiny(Family::Llama)
     }
 }
 
 /// Weights from a hash of (seed, name, index): deterministic without torch's global generator (which tests
 /// running in parallel would share), and large enough (uniform in ±0.3) that logits have clear winners.
 pub struct SeededWeights(pub u64);
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 impl WeightSource for SeededWeights {
     fn load(&mut self, name: &str, shape: &[i64]) -> trinity_model::Result<Tensor> {

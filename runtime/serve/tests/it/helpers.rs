@@ -21,7 +21,7 @@ use tch::{Device, Kind, Tensor};
 use trinity_buffer::Experience;
 use trinity_engine::{Engine, EngineConfig, EngineModel};
 use trinity_explorer::RolloutModel;
-use trinity_model::{ChatTemplate, Decoder, Family, ModelConfig, RopeScaling, Tokenizer, WeightSource};
+use trinity_model::{ChatTemplate, Decoder, Family, ModelConfig, Tokenizer, WeightSource};
 use trinity_serve::{CommitReport, ExperienceSink, ServeOptions, ServerHandle, SinkFuture};
 
 pub fn tiny_model_dir() -> PathBuf {
@@ -162,27 +162,16 @@ fn chain_rollout(before_call: &[i64]) -> Arc<RolloutModel> {
     let dir = tempfile::tempdir().unwrap();
     let tokenizer = tool_tokenizer(dir.path());
     let config = ModelConfig {
-        family: Family::Llama,
         vocab_size: TOOL_VOCAB,
         hidden_size: HIDDEN,
         intermediate_size: 32,
         num_hidden_layers: 1,
         num_attention_heads: 2,
         num_key_value_heads: 1,
-        head_dim: 8,
-        rms_norm_eps: 1e-6,
-        rope_theta: 10000.0,
-        rope_scaling: RopeScaling::None,
         max_position_embeddings: 4096,
         tie_word_embeddings: false,
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        qk_norm: false,
-        bos_token_id: None,
         eos_token_ids: vec![IM_END],
-        torch_dtype: None,
-        moe: None,
+        ..ModelConfig::tiny(Family::Llama)
     };
     let decoder = Decoder::load(config, &mut ChainWeights(chain), Kind::Float, Device::Cpu).unwrap();
     let template = ChatTemplate::new(TOOL_TEMPLATE, Some("<|im_start|>"), Some("<|im_end|>")).unwrap();

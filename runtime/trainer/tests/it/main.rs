@@ -15,7 +15,7 @@ use serde_json::Map;
 use tch::{Device, Kind, Tensor};
 use trinity_algorithm::registry;
 use trinity_config::algorithm::{AlgorithmConfig, LossAggMode, OptimizerConfig};
-use trinity_model::{Decoder, Family, ModelConfig, RandomWeights, RopeScaling};
+use trinity_model::{Decoder, Family, ModelConfig, RandomWeights};
 use trinity_trainer::{Components, TrainRow, Trainer, TrainerOptions};
 
 pub(crate) const VOCAB: i64 = 16;
@@ -28,29 +28,7 @@ static GLOBAL_GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub(crate) fn tiny_model(seed: i64, kind: Kind) -> Decoder {
     let _generator = GLOBAL_GENERATOR.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     tch::manual_seed(seed);
-    let config = ModelConfig {
-        family: Family::Llama,
-        vocab_size: VOCAB,
-        hidden_size: 32,
-        intermediate_size: 48,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 8,
-        rms_norm_eps: 1e-6,
-        rope_theta: 10000.0,
-        rope_scaling: RopeScaling::None,
-        max_position_embeddings: 64,
-        tie_word_embeddings: true,
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        qk_norm: false,
-        bos_token_id: None,
-        eos_token_ids: vec![1],
-        torch_dtype: None,
-        moe: None,
-    };
+    let config = ModelConfig { vocab_size: VOCAB, max_position_embeddings: 64, ..ModelConfig::tiny(Family::Llama) };
     Decoder::load(config, &mut RandomWeights, kind, Device::Cpu).unwrap()
 }
 
