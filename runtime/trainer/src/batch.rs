@@ -139,7 +139,14 @@ pub struct PaddedInputs {
 enum Layout {
     /// Every row in full: `[B, P + R]` ids and (when any row is padded) mask, `P` the longest prompt; with
     /// routing replay, the `[B, P + R, layers, k]` experts to force ([`crate::router_replay`]).
-    Rows { input_ids: Tensor, attention_mask: Option<Tensor>, prompt_width: i64, replay: Option<Tensor> },
+    /// `router_logits`: the forward also gives the load-balancing loss ([`PaddedInputs::hidden_routed`]).
+    Rows {
+        input_ids: Tensor,
+        attention_mask: Option<Tensor>,
+        prompt_width: i64,
+        replay: Option<Tensor>,
+        router_logits: bool,
+    },
     /// Each distinct prompt once (`[G, P]` ids and mask, left-padded), the responses `[B, R]`, and the prompt
     /// of each row.
     SharedPrompts { prompts: Tensor, prompt_mask: Tensor, groups: Vec<i64>, responses: Tensor, response_lens: Vec<i64> },
@@ -169,6 +176,18 @@ impl PaddedInputs {
     /// [`crate::router_replay`]: the full-row layout, since the shared-prompt forward does not replay). Rows that
     /// carry no routing run with the model's own; some carrying it and some not is an error naming the row.
     pub fn with_replay(all: &[TrainRow], rows: &[usize], device: Device, replay: bool) -> Result<Self> {
+        Self::with_routing(all, rows, device, replay, false)
+    }
+
+    /// [`PaddedInputs::with_replay`], and with `router_logits` in the full-row layout, whose forward
+    /// ([`PaddedInputs::hidden_routed`]) also gives the mixture-of-experts load-balancing loss.
+    pub fn with_routing(
+        all: &[TrainRow],
+        rows: &[usize],
+        device: Device,
+        replay: bool,
+        router_logits: bool,
+    ) -> Result<Self> {
         let routing = if replay { crate::router_replay::layout_of(all, rows)? } else { None };
         let p = rows.iter().map(|&i| all[i].prompt_length).max().unwrap_or(0);
         let r = rows.iter().map(|&i| all[i].response_length()).max().unwrap_or(0);
@@ -193,7 +212,7 @@ impl PaddedInputs {
                 })
             })
             .collect();
-        let layout = if routing.is_none() && layout_tokens(distinct.len(), b, p, r).1 {
+        let layout = if routing.is_none() && !router_logits && layout_tokens(distinct.len(), b, p, r).1 {
             let g = distinct.len();
             let (mut ids, mut mask) = (vec![0i64; g * p], vec![0i64; g * p]);
             for (k, prompt) in distinct.iter().enumerate() {
@@ -232,6 +251,7 @@ impl PaddedInputs {
                 replay: routing
                     .map(|layout| crate::router_replay::replay_tensor(all, rows, p, t, layout, device))
                     .transpose()?,
+                router_logits,
             }
         };
         Ok(PaddedInputs { layout, targets, response_width: r as i64 })
@@ -240,16 +260,34 @@ impl PaddedInputs {
     /// The decoder's hidden states that predict the response tokens, `[B, R, hidden]`: the last prompt
     /// position, then the response's own positions but the last. Differentiable when gradients are enabled.
     pub fn hidden(&self, decoder: &Decoder) -> Result<Tensor> {
+        Ok(self.hidden_routed(decoder)?.0)
+    }
+
+    /// [`PaddedInputs::hidden`], and when the inputs were made with `router_logits`
+    /// ([`PaddedInputs::with_routing`]) the load-balancing loss of the forward's routing over the real tokens
+    /// ([`trinity_model::load_balancing_loss`], transformers' `load_balancing_loss_func`), differentiable.
+    pub fn hidden_routed(&self, decoder: &Decoder) -> Result<(Tensor, Option<Tensor>)> {
         let r = self.response_width;
         match &self.layout {
-            Layout::Rows { input_ids, attention_mask, prompt_width, replay } => {
-                let hidden = match replay {
-                    None => decoder.forward_hidden(input_ids, attention_mask.as_ref())?,
-                    Some(forced) => {
-                        decoder.forward_hidden_routed(input_ids, attention_mask.as_ref(), Some(forced), false)?.hidden
+            Layout::Rows { input_ids, attention_mask, prompt_width, replay, router_logits } => {
+                let (hidden, aux) = match (replay, router_logits) {
+                    (None, false) => (decoder.forward_hidden(input_ids, attention_mask.as_ref())?, None),
+                    (forced, _) => {
+                        let mask = attention_mask.as_ref();
+                        let routed = decoder.forward_hidden_routed(input_ids, mask, forced.as_ref(), *router_logits)?;
+                        let aux = match (*router_logits, decoder.config().moe.as_ref()) {
+                            (true, Some(moe)) => Some(trinity_model::load_balancing_loss(
+                                &routed.router_logits,
+                                moe.num_experts,
+                                moe.num_experts_per_tok,
+                                mask,
+                            )?),
+                            _ => None,
+                        };
+                        (routed.hidden, aux)
                     }
                 };
-                Ok(hidden.f_narrow(1, prompt_width - 1, r)?)
+                Ok((hidden.f_narrow(1, prompt_width - 1, r)?, aux))
             }
             Layout::SharedPrompts { prompts, prompt_mask, groups, responses, response_lens } => {
                 let (prompt_hidden, response_hidden) =
@@ -257,7 +295,7 @@ impl PaddedInputs {
                 let p = prompt_hidden.size()[1];
                 let group = Tensor::from_slice(groups).f_to_device(prompt_hidden.device())?;
                 let last_prompt = prompt_hidden.f_select(1, p - 1)?.f_index_select(0, &group)?.f_unsqueeze(1)?;
-                Ok(Tensor::f_cat(&[last_prompt, response_hidden.f_narrow(1, 0, r - 1)?], 1)?)
+                Ok((Tensor::f_cat(&[last_prompt, response_hidden.f_narrow(1, 0, r - 1)?], 1)?, None))
             }
         }
     }

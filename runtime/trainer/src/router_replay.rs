@@ -147,6 +147,33 @@ pub(crate) fn replay_tensor(
     Ok(Tensor::from_slice(&flat).f_view(shape)?.f_to_kind(Kind::Int64)?.f_to_device(device)?)
 }
 
+/// The weight of the load-balancing loss in the policy's update: the model's `router_aux_loss_coef` when its
+/// config.json asks for router logits (`output_router_logits`, which makes transformers add `coef × loss` to the
+/// training loss), else `None`. Qwen3-MoE checkpoints ship it off; veRL's FSDP actor, which Trinity-RFT 0.6.0
+/// trains with, never adds it, so a run trains it only when the model's config turns it on.
+pub fn aux_loss_coef(policy: &Decoder) -> Option<f64> {
+    let moe = policy.config().moe.as_ref()?;
+    (moe.output_router_logits && moe.router_aux_loss_coef != 0.0).then_some(moe.router_aux_loss_coef)
+}
+
+/// Adds the gradient of `loss` (a scalar on the policy's graph) into the policy's trainable parameters, keeping
+/// the graph for the pass's main backward through the same forward. One more backward over the layers up to the
+/// last sparse one: the price of training the load-balancing loss.
+pub(crate) fn backward_keeping_graph(policy: &Decoder, loss: &Tensor) -> Result<()> {
+    if !loss.requires_grad() {
+        return Ok(());
+    }
+    let params: Vec<Tensor> =
+        policy.named_parameters()?.into_iter().map(|(_, p)| p).filter(Tensor::requires_grad).collect();
+    let grads = Tensor::f_run_backward(&[loss], &params, true, false)?;
+    for (param, grad) in params.iter().zip(grads) {
+        if grad.defined() {
+            trinity_model::accumulate_grad(param, grad)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,8 +56,18 @@ impl Trainer {
         let want_entropy = self.options.entropy_metric || entropy_coef != 0.0;
         let pass_rows: Vec<usize> = micro_batches.concat();
         let recompute = self.recompute.recompute(rows_layout_tokens(rows, &pass_rows), "policy");
-        self.policy.set_recompute_activations(recompute)?;
+        let aux_coef = crate::router_replay::aux_loss_coef(&self.policy);
+        // Router logits need the layers' activations kept (a recomputed layer hands back its output only).
+        self.policy.set_recompute_activations(recompute && aux_coef.is_none())?;
         let pass = self.pass_forward(rows, batch, &pass_rows, want_entropy)?;
+        if let (Some(coef), Some(aux)) = (aux_coef, pass.router_aux_loss()) {
+            // This pass's share of the mini-batch's rows weighs its forward's loss, so the mini-batch trains the
+            // row-weighted mean over its passes (transformers adds coef × loss to each forward's loss).
+            let share = pass_rows.len() as f64 / whole.rows.max(1.0);
+            let value = aux.f_double_value(&[])?;
+            means.add_weighted("actor/", [("router_aux_loss".to_owned(), value)], Weight { loss: 1.0, share });
+            crate::router_replay::backward_keeping_graph(&self.policy, &(aux * (coef * share)))?;
+        }
         let r = pass.response_width;
         let (logprob, entropy) = (pass.logprob.shallow_clone(), pass.entropy.as_ref().map(Tensor::shallow_clone));
         let shape = [pass_rows.len() as i64, r];

@@ -28,6 +28,8 @@ struct GraphRows {
     inputs: PaddedInputs,
     hidden: Tensor,
     head: HeadPass,
+    /// The load-balancing loss of the rows' routing, when the policy trains it.
+    aux: Option<Tensor>,
 }
 
 /// A pass's logprobs (and entropy), `[rows, R]` on the CPU in the pass's row order, and what its backward needs.
@@ -41,12 +43,22 @@ pub(super) struct PassForward {
     forward_only: Vec<usize>,
 }
 
+impl PassForward {
+    /// The load-balancing loss of the pass's rows (all of them keep a graph when it is trained).
+    pub(super) fn router_aux_loss(&self) -> Option<&Tensor> {
+        self.graph.as_ref().and_then(|g| g.aux.as_ref())
+    }
+}
+
 impl Trainer {
     /// Which of `pass_rows` are predicted to have no gradient: every advantage exactly 0 (a NaN is not), under a
     /// loss with no entropy or KL term, while no earlier pass of the run disproved the prediction.
     fn predicted_without_gradient(&self, batch: &Batch, pass_rows: &[usize]) -> Result<Vec<bool>> {
         let c = &self.components;
-        let predict = self.predict_zero_gradient && c.entropy_coef() == 0.0 && c.kl_loss.is_none();
+        let predict = self.predict_zero_gradient
+            && c.entropy_coef() == 0.0
+            && c.kl_loss.is_none()
+            && crate::router_replay::aux_loss_coef(&self.policy).is_none();
         let Some(advantages) = batch.advantages.as_ref().filter(|_| predict && !pass_rows.is_empty()) else {
             return Ok(vec![false; pass_rows.len()]);
         };
@@ -127,8 +139,10 @@ impl Trainer {
         want_entropy: bool,
     ) -> Result<GraphRows> {
         let step_rows: Vec<usize> = positions.iter().map(|&k| pass_rows[k]).collect();
-        let inputs = PaddedInputs::with_replay(rows, &step_rows, self.policy.device(), self.options.router_replay)?;
-        let hidden = inputs.hidden(&self.policy)?;
+        let aux = crate::router_replay::aux_loss_coef(&self.policy).is_some();
+        let inputs =
+            PaddedInputs::with_routing(rows, &step_rows, self.policy.device(), self.options.router_replay, aux)?;
+        let (hidden, aux) = inputs.hidden_routed(&self.policy)?;
         let c = &self.components;
         let head = logprobs::forward(
             &self.policy,
@@ -140,7 +154,7 @@ impl Trainer {
             c.entropy_coef() != 0.0,
             self.options.head_mode,
         )?;
-        Ok(GraphRows { positions, inputs, hidden, head })
+        Ok(GraphRows { positions, inputs, hidden, head, aux })
     }
 
     /// Backpropagates the loss's gradient with respect to the pass's logprobs (and entropy), `[rows, R]`, through

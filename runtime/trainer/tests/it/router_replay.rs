@@ -10,9 +10,14 @@ use crate::{VOCAB, algorithm, trainer, uneven_rows};
 
 /// Layer 0 sparse (4 experts, top 2), layer 1 dense; seeded.
 fn moe_model(seed: i64) -> Decoder {
+    moe_model_with(seed, |_| {})
+}
+
+fn moe_model_with(seed: i64, edit: impl FnOnce(&mut trinity_model::MoeConfig)) -> Decoder {
     let _generator = crate::GLOBAL_GENERATOR.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     tch::manual_seed(seed);
-    let config = ModelConfig { vocab_size: VOCAB, max_position_embeddings: 64, ..ModelConfig::tiny_moe() };
+    let mut config = ModelConfig { vocab_size: VOCAB, max_position_embeddings: 64, ..ModelConfig::tiny_moe() };
+    edit(config.moe.as_mut().unwrap());
     Decoder::load(config, &mut RandomWeights, Kind::Float, Device::Cpu).unwrap()
 }
 
@@ -128,4 +133,59 @@ fn replay_changes_the_update_when_the_router_disagrees() {
     };
     let (with, without) = (run(true), run(false));
     assert!(crate::max_param_diff(&with, &without) > 1e-4);
+}
+
+/// The router's weights, flat.
+fn router(model: &Decoder) -> Tensor {
+    let params = model.named_parameters().unwrap();
+    params.into_iter().find(|(n, _)| n.ends_with("mlp.gate.weight")).unwrap().1.detach().copy()
+}
+
+#[test]
+fn the_load_balancing_loss_trains_the_router_when_the_model_config_asks_for_it() {
+    // Every advantage 0 and no KL or entropy term: the policy loss has no gradient, so whatever moves the router
+    // is the load-balancing loss.
+    let mut rows = uneven_rows(8, true);
+    for row in &mut rows {
+        row.advantages = Some(vec![0.0; row.response_length()]);
+    }
+    let grpo = algorithm("grpo", |a| {
+        a.kl_loss_fn = Some("none".into());
+        a.entropy_loss_fn = Some("none".into());
+    });
+    let run = |output_router_logits: bool| {
+        let policy = moe_model_with(8, |moe| {
+            moe.output_router_logits = output_router_logits;
+            moe.router_aux_loss_coef = 0.5;
+        });
+        let before = router(&policy);
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let inputs = PaddedInputs::with_routing(&rows, &all, Device::Cpu, false, true).unwrap();
+        let want = tch::no_grad(|| inputs.hidden_routed(&policy)).unwrap().1.unwrap().double_value(&[]);
+        // The gradient the step should take: 0.5 × ∇(load-balancing loss), alone.
+        let twin = moe_model_with(8, |moe| moe.output_router_logits = output_router_logits);
+        (inputs.hidden_routed(&twin).unwrap().1.unwrap() * 0.5).backward();
+        let norm: f64 = twin
+            .named_parameters()
+            .unwrap()
+            .iter()
+            .filter(|(_, p)| p.grad().defined())
+            .map(|(_, p)| p.grad().pow_tensor_scalar(2).sum(Kind::Double).double_value(&[]))
+            .sum::<f64>()
+            .sqrt();
+        let mut t = trainer(policy, &grpo, 1e-2, TrainerOptions::default());
+        let m = t.train_step(&rows).unwrap();
+        let moved = (router(t.policy()) - before).abs().max().double_value(&[]);
+        (m.get("actor/router_aux_loss").copied(), want, moved, (m.get("actor/grad_norm").copied(), norm))
+    };
+    let (logged, want, moved, (grad_norm, norm)) = run(true);
+    let logged = logged.expect("the loss is logged");
+    // One pass holds the whole mini-batch: the logged value is the batch's loss (2 experts of 4: at least 1).
+    assert!((logged - want).abs() < 1e-5 && want >= 1.0, "{logged} vs {want}");
+    let grad_norm = grad_norm.expect("grad_norm");
+    assert!(norm > 0.0 && (grad_norm - norm).abs() < 1e-5 * norm.max(1.0), "step's gradient {grad_norm} vs {norm}");
+    assert!(moved > 1e-4, "the router trains: {moved}");
+    let (logged, _, moved, _) = run(false);
+    assert!(logged.is_none());
+    assert_eq!(moved, 0.0, "without it nothing has gradient");
 }
