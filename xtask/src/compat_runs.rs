@@ -9,7 +9,8 @@
 //! `--batch` tasks a step instead of Trinity's 32–96 and `--max-response-tokens` instead of 1024–10240. A shipped
 //! step is 96 tasks × 8 rollouts × up to 1024 tokens, hours of CPU time a step on two cores; the groups
 //! (`repeat_times`), algorithms, losses, rewards, workflows and every other key stay as shipped. Configs whose
-//! `train_batch_size` is tied to the batch (`mix_math`, `rubric`) get the value that keeps the shipped ratio.
+//! `train_batch_size` is tied to the batch (`mix_math`, `rubric`, the trainable RULER) get the value that keeps the
+//! shipped ratio.
 //! `--max-response-tokens` caps the judges' replies too (RULER ships 12288, the rubric judge 1024): a 135M judge
 //! rarely writes the score list it is asked for and then generates to its cap, so an uncapped judge turns one step
 //! into hours on two cores. It is the same CPU concession as the policy's cap; the judge's prompt limits stay.
@@ -40,8 +41,7 @@ struct Example {
     path: &'static str,
     data: Data,
     /// Extra `--set` overrides; `MODEL` stands for the SmolLM2 file, `TASKS` for the taskset file, `TOKENS` for
-    /// `--max-response-tokens`, `MIX`
-    /// and `GROUPED` for train batch sizes derived from `--batch`.
+    /// `--max-response-tokens`, `MIX`, `GROUPED` and `JUDGED` for train batch sizes derived from `--batch`.
     extra: &'static [&'static str],
 }
 
@@ -69,6 +69,15 @@ const EXAMPLES: &[Example] = &[
             "explorer.auxiliary_models[0].model_path=MODEL",
             "explorer.auxiliary_models[0].max_response_tokens=TOKENS",
         ],
+    },
+    // The policy judges its own group (issue 47). Shipped: 96 tasks × 8 rollouts = 768 a step and 960 a train step,
+    // the judgements of a fifth of the groups on top, read in arrival order; the same 5:4 ratio to the batch here.
+    // It ships max_model_len 16000, and a CPU's KV-cache budget (a quarter of the free memory) holds fewer than the
+    // 8 sequences of a group at that length; 4096 holds the judge's prompt of 8 short answers.
+    Example {
+        path: "grpo_gsm8k_trainable_ruler/gsm8k_ruler.yaml",
+        data: Data::Gsm8k,
+        extra: &["buffer.train_batch_size=JUDGED", "model.max_model_len=4096", "model.max_prompt_tokens=3072"],
     },
     // RM-Gallery's rule-based math_verify_reward through math_rm_workflow (the answer is `gt_answer`).
     Example { path: "grpo_math/math.yaml", data: Data::Gsm8k, extra: &[] },
@@ -265,7 +274,9 @@ fn run_one(
                 .replace("TOKENS", &options.max_response_tokens.to_string())
                 // mix: the usual rows plus expert rows at the shipped ratio, 64 / 320 = 0.2 of the train batch.
                 .replace("MIX", &((batch * repeat) as f64 / 0.8).ceil().to_string())
-                .replace("GROUPED", &(batch * repeat).to_string()),
+                .replace("GROUPED", &(batch * repeat).to_string())
+                // trainable RULER: 960 / 768 of the rollouts, as shipped.
+                .replace("JUDGED", &(batch * repeat * 5).div_ceil(4).to_string()),
         );
     }
     let log = std::fs::File::create(dir.join("stderr.log"))?;

@@ -90,7 +90,8 @@ impl Both<'_> {
             self.schedule.explorer_interval,
             self.schedule.offset,
         );
-        self.monitor.plan(Some(self.total_steps), self.trained)?;
+        // Records go up to the last explore step (explore metrics) or the last train step, whichever is later.
+        self.monitor.plan(Some(self.total_steps.max(explore_steps)), self.trained)?;
         if self.resumed_from.is_none() && self.config.explorer.eval_on_startup && self.explorer.has_eval_tasksets() {
             let metrics = self.explorer.evaluate("eval", 0).await?;
             self.monitor.record(0, &metrics)?;
