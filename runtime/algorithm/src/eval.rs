@@ -17,7 +17,8 @@
 //!    loss keeps its own `loss_agg_mode` argument unless the top-level `loss_agg_mode` is given; with
 //!    `algorithm_type` the top-level one (default `token-mean`) overrides it, as Trinity-RFT's config
 //!    validator does. A KL loss or entropy term whose coefficient is 0 is skipped when its input
-//!    (`ref_logprob`, `entropy`) is absent; otherwise the input is required.
+//!    (`ref_logprob`, `entropy`) is absent; otherwise the input is required. The terms and their sum come from
+//!    [`crate::loss`], the trainer's own composition, with every micro-batch weight 1.
 //! 3. Metric names are the components' own (`pg_clipfrac`, `kl_loss`, `entropy_loss`,
 //!    `group_advantages/…`); the trainer-side advantage stage is prefixed `advantage/` as Trinity-RFT's trainer
 //!    logs it (`advantage/kl`, `advantage/kl_coef`, `advantage/kl/mean`, …).
@@ -32,6 +33,7 @@ use tch::{Kind as TKind, Tensor};
 use crate::aggregation::LossAggMode;
 use crate::batch::{Batch, BatchJson, tensor_to_rows};
 use crate::error::AlgorithmError;
+use crate::loss;
 use crate::masked::scalar;
 use crate::metrics::Metrics;
 use crate::registry::{self, Kind};
@@ -230,28 +232,27 @@ pub fn eval(input: &EvalInput) -> Result<EvalOutput, AlgorithmError> {
     let zero = || Tensor::from(0f32);
     let (mut pg_loss, mut kl_scaled, mut kl_raw, mut ent_scaled, mut ent_raw) =
         (zero(), zero(), zero(), zero(), zero());
+    // The trainer's composition (crate::loss), every weight 1.
     if !loss_batch.is_empty() {
         if let Some((_, f)) = &policy {
             let (loss, m) = f.loss(&loss_batch)?;
             pg_loss = loss;
             metrics.extend(m);
         }
-        if let Some((name, f)) = &entropy
-            && (loss_batch.entropy.is_some() || f.entropy_coef != 0.0)
-        {
-            let (scaled, raw, m) = f.loss(&loss_batch, agg, name)?;
-            (ent_scaled, ent_raw) = (scaled, raw);
-            metrics.extend(m);
+        let entropy = entropy.as_ref().map(|(name, f)| (name.as_str(), f));
+        let kl_loss = kl_loss.as_ref().map(|(name, f)| (name.as_str(), f));
+        let terms = loss::loss_terms(entropy, kl_loss, &loss_batch, agg)?;
+        if let Some(t) = terms.entropy {
+            (ent_scaled, ent_raw) = (t.scaled, t.raw);
+            metrics.extend(t.metrics);
         }
-        if let Some((name, f)) = &kl_loss
-            && (loss_batch.ref_logprob.is_some() || f.kl_coef != 0.0)
-        {
-            let (scaled, raw, m) = f.loss(&loss_batch, agg, name)?;
-            (kl_scaled, kl_raw) = (scaled, raw);
-            metrics.extend(m);
+        if let Some(t) = terms.kl {
+            (kl_scaled, kl_raw) = (t.scaled, t.raw);
+            metrics.extend(t.metrics);
         }
     }
-    let loss = &pg_loss - &ent_scaled + &kl_scaled;
+    let loss =
+        loss::combine(pg_loss.shallow_clone(), Some(ent_scaled.shallow_clone()), Some(kl_scaled.shallow_clone()));
 
     let grad_logprob = match &logprob_leaf {
         Some(leaf) if loss.requires_grad() => {

@@ -32,6 +32,7 @@ pub mod error;
 pub mod eval;
 pub mod external;
 pub mod kl;
+pub mod loss;
 pub mod masked;
 pub mod metrics;
 pub mod policy_loss;

@@ -2,6 +2,7 @@
 
 use tch::{Device, Kind, Tensor};
 use trinity_algorithm::entropy::EntropyKind;
+use trinity_algorithm::loss::{combine, loss_terms};
 use trinity_algorithm::{AggCounts, Batch, LossAggMode};
 
 use super::{MetricMeans, Trainer, indices as indices_of, pad_to};
@@ -104,32 +105,37 @@ impl Trainer {
             // policy loss is therefore backpropagated on its own and its gradient scaled. Its logged value stays
             // the unweighted one.
             let weighted = is_weights.map(|w| w.index_select(0, &indices_of(micro)));
-            let mut loss = match &weighted {
+            let pg_part = match &weighted {
                 Some(_) => pg_term.detach(),
                 None => pg_term.shallow_clone(),
             };
-            if let Some(e) = &c.entropy
-                && mb.entropy.is_some()
-            {
-                let (scaled, _, m) = e.f.loss(&mb, mode, &e.name)?;
-                let weight = match e.f.kind {
-                    EntropyKind::Mix => {
-                        let usual_part = counts.of(micro, true);
-                        // No usual row: no bonus (a seq-mean over no rows would be NaN).
-                        (usual_part.rows > 0.0).then(|| Weight::new(Some(mode), usual_part, usual))
-                    }
-                    _ => Some(all_rows),
-                };
-                if let Some(weight) = weight {
-                    means.add_weighted("actor/", m, weight);
-                    loss = &loss - scaled * weight.loss;
+            // The entropy and KL terms as `trinity algorithm eval` takes them (trinity_algorithm::loss), each
+            // weighted by this micro-batch's share.
+            let entropy_fn = c.entropy.as_ref().map(|e| (e.name.as_str(), &e.f));
+            let kl_fn = c.kl_loss.as_ref().map(|k| (k.name.as_str(), &k.f));
+            let terms = loss_terms(entropy_fn, kl_fn, &mb, mode)?;
+            let entropy_term = match (terms.entropy, &c.entropy) {
+                (Some(t), Some(e)) => {
+                    let weight = match e.f.kind {
+                        EntropyKind::Mix => {
+                            let usual_part = counts.of(micro, true);
+                            // No usual row: no bonus (a seq-mean over no rows would be NaN).
+                            (usual_part.rows > 0.0).then(|| Weight::new(Some(mode), usual_part, usual))
+                        }
+                        _ => Some(all_rows),
+                    };
+                    weight.map(|weight| {
+                        means.add_weighted("actor/", t.metrics, weight);
+                        t.scaled * weight.loss
+                    })
                 }
-            }
-            if let Some(k) = &c.kl_loss {
-                let (scaled, _, m) = k.f.loss(&mb, mode, &k.name)?;
-                means.add_weighted("actor/", m, all_rows);
-                loss = &loss + scaled * all_rows.loss;
-            }
+                _ => None,
+            };
+            let kl_term = terms.kl.map(|t| {
+                means.add_weighted("actor/", t.metrics, all_rows);
+                t.scaled * all_rows.loss
+            });
+            let loss = combine(pg_part, entropy_term, kl_term);
             if let Some(e) = &mb.entropy {
                 let h = trinity_algorithm::masked::masked_mean(e, &mb.action_mask, None);
                 let tokens = Weight::new(Some(LossAggMode::TokenMean), part, whole);
