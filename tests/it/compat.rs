@@ -52,7 +52,7 @@ const EXPECTED: &[(&str, Outcome)] = &[
     ("examples/RAFT_alfworld/RAFT_alfworld_7B.yaml", Fails(MissingComponent, "pip install alfworld textworld")),
     ("examples/RAFT_alfworld/RAFT_reflect_alfworld_7B.yaml", Fails(MissingComponent, "pip install alfworld textworld")),
     ("examples/agentscope_frozenlake/frozenlake_agent.yaml", Fails(MissingComponent, "finds no module `examples`")),
-    ("examples/agentscope_react/gsm8k.yaml", Fails(MissingComponent, "pip install agentscope")),
+    ("examples/agentscope_react/gsm8k.yaml", Fails(MissingComponent, "pip install 'agentscope>=1.0.19,<2'")),
     // The AgentScope workflows resolve through Trinity-RFT's registry and import agentscope, which the venv lacks
     // (their train_batch_size, not one explore step's output, reads fixed-size batches now).
     (
@@ -61,7 +61,7 @@ const EXPECTED: &[(&str, Outcome)] = &[
     ),
     (
         "examples/agentscope_tool_react/agentscopev0_tool_react_gsm8k.yaml",
-        Fails(MissingComponent, "pip install agentscope"),
+        Fails(MissingComponent, "pip install 'agentscope>=1.0.19,<2'"),
     ),
     (
         "examples/agentscope_tool_react/agentscopev1_tool_react_dapo.yaml",

@@ -311,3 +311,123 @@ fn walk_find(dir: &Path, name: &str) -> Option<PathBuf> {
     }
     None
 }
+
+/// The interpreter of the AgentScope venv `cargo xtask setup` makes, layered on the Trinity-RFT venv
+/// (`TRINITY_AGENTSCOPE_PYTHON`, else `<deps>/agentscope-venv`); one that cannot import AgentScope's ReAct agent
+/// and Trinity-RFT fails the test with the command that installs them.
+fn agentscope_python() -> PathBuf {
+    let python = std::env::var_os("TRINITY_AGENTSCOPE_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
+        deps.join("agentscope-venv/bin/python")
+    });
+    let imports = Command::new(&python)
+        .args(["-c", "import trinity, agentscope.agent; agentscope.agent.ReActAgent"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        imports,
+        "{} cannot import AgentScope 1.x and Trinity-RFT 0.6.0: run `cargo xtask setup`, which installs them",
+        python.display()
+    );
+    python
+}
+
+/// A Trinity-RFT workflow as an AgentScope user writes one: AgentScope's ReAct agent, its chat model being the
+/// workflow's OpenAI async client (`get_openai_async_client`), and the experiences the client's history
+/// recorded (`extract_experience_from_history`), as 0.6.0's own AgentScope workflows build theirs.
+const AGENTSCOPE_WORKFLOW: &str = r#"
+from trinity.common.workflows.workflow import Workflow
+
+
+class AgentScopeAgentWorkflow(Workflow):
+    is_async = True
+
+    def __init__(self, *, task, model, auxiliary_models=None):
+        super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
+        from agentscope.agent import ReActAgent
+        from agentscope.formatter import OpenAIChatFormatter
+        from agentscope.memory import InMemoryMemory
+        from agentscope.model import OpenAIChatModel
+        from agentscope.tool import Toolkit
+
+        client = model.get_openai_async_client()
+        chat_model = OpenAIChatModel(
+            api_key="EMPTY",
+            model_name=client.model_path,
+            stream=False,
+            generate_kwargs={"temperature": task.rollout_args.temperature, "max_tokens": task.rollout_args.max_tokens},
+        )
+        chat_model.client = client
+        self.agent = ReActAgent(
+            name="adder",
+            sys_prompt="Add the numbers.",
+            model=chat_model,
+            formatter=OpenAIChatFormatter(),
+            toolkit=Toolkit(),
+            memory=InMemoryMemory(),
+            max_iters=2,
+        )
+
+    async def run_async(self):
+        from agentscope.message import Msg
+
+        reply = await self.agent.reply(Msg("user", self.task.raw_task["question"], role="user"))
+        text = reply.get_text_content() or ""
+        memory = len(await self.agent.memory.get_memory())
+        experiences = self.model.extract_experience_from_history()
+        for exp in experiences:
+            exp.reward = float(self.task.raw_task["answer"] in text)
+            exp.metrics = {"agent_memory": float(memory)}
+        return experiences
+"#;
+
+#[test]
+fn an_agentscope_react_agent_calls_trinitys_model_through_the_workflows_openai_client_and_trains_a_step() {
+    let python = agentscope_python();
+    let rows =
+        [serde_json::json!({"question": "2+3", "answer": "5"}), serde_json::json!({"question": "4+4", "answer": "8"})];
+    let extra = "      rollout_args:\n        temperature: 1.0\nexplorer:\n  max_retry_times: 0\n  rollout_model:\n    \
+                 dtype: float32\n    enable_openai_api: true\n    enable_history: true\n";
+    let dir = run_dir(&rows, "as_agent.AgentScopeAgentWorkflow", 600, extra);
+    std::fs::write(dir.path().join("as_agent.py"), AGENTSCOPE_WORKFLOW).unwrap();
+    let output = trinity(dir.path(), &python, &["run", "--config", "config.yaml"], &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let steps = steps(dir.path());
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0]["rollout/failed_tasks"], 0.0, "{}", steps[0]);
+    assert_eq!(steps[0]["rollout/agent_memory/mean"], 2.0, "the agent kept the question and its reply: {}", steps[0]);
+    assert!(steps[0]["train/pg_loss"].is_number(), "{}", steps[0]);
+    // Each agent reply is an experience recorded by the OpenAI endpoint: the prompt AgentScope's formatter built
+    // (its system prompt, then the question) through the model's chat template.
+    let experiences = std::fs::read_to_string(dir.path().join("ckpt/p/n/experiences.jsonl")).unwrap();
+    let experiences: Vec<Value> = experiences.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert!(experiences.len() >= 4, "2 tasks × 2 runs, at least one reply each: {}", experiences.len());
+    for exp in &experiences {
+        let prompt = exp["prompt_text"].as_str().unwrap_or_default();
+        assert!(prompt.contains("the numbers.") && prompt.contains("<|im_start|>user"), "{prompt:?}");
+        assert!(exp["logprobs"].as_array().is_some_and(|l| !l.is_empty()), "{exp}");
+    }
+}
+
+#[test]
+fn trinity_rfts_agentscope_workflows_import_in_the_agentscope_venv_and_name_the_pinned_pip_line_without_it() {
+    let rows = [serde_json::json!({"question": "1+1", "answer": "#### 2"})];
+    let extra = "      format:\n        prompt_key: question\n        response_key: answer\nexplorer:\n  rollout_model:\n    \
+                 enable_openai_api: true\n    enable_history: true\n";
+    for workflow in ["agentscope_react_workflow"] {
+        let dir = run_dir(&rows, workflow, 600, extra);
+        let dry = ["run", "--config", "config.yaml", "--dry-run"];
+        let output = trinity(dir.path(), &agentscope_python(), &dry, &[]);
+        assert!(output.status.success(), "{workflow}: {}", stderr(&output));
+        let output = trinity(dir.path(), &trinity_rft_python(), &dry, &[]);
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{err}");
+        for piece in [
+            format!("workflow `{workflow}` cannot be imported"),
+            "`agentscope`".to_owned(),
+            "pip install 'agentscope>=1.0.19,<2' 'mcp<2' greenlet".to_owned(),
+        ] {
+            assert!(err.contains(&piece), "{workflow}: stderr lacks {piece:?}:\n{err}");
+        }
+    }
+}
