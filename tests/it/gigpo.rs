@@ -40,7 +40,11 @@ synchronizer:
     );
     std::fs::write(dir.path().join("gigpo.yaml"), config).unwrap();
     let output = trinity(dir.path(), &["run", "--config", "gigpo.yaml"]);
-    assert!(output.status.success(), "{}", stderr(&output));
+    let log = stderr(&output);
+    assert!(output.status.success(), "{log}");
+    for step in [1, 2] {
+        assert!(log.contains(&format!("step {step}: gigpo anchor groups of more than one turn: ")), "{log}");
+    }
     let metrics = std::fs::read_to_string(dir.path().join("ckpt/p/gigpo/monitor/metrics.jsonl")).unwrap();
     let lines: Vec<serde_json::Value> = metrics.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     for step in [1, 2] {

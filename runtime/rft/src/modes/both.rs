@@ -315,6 +315,13 @@ impl<'a> Both<'a> {
             metrics.get("time/explore_s").copied().unwrap_or(0.0),
             metrics.get("time/train_s").copied().unwrap_or(0.0),
         );
+        // GiGPO's step-level advantages exist only where several turns share an anchor state.
+        if let Some(shared) = metrics.get("pipeline/gigpo/anchor_groups_size_gt1") {
+            tracing::info!(
+                "step {step}: gigpo anchor groups of more than one turn: {shared} of {}",
+                metrics.get("pipeline/gigpo/anchor_groups_total").copied().unwrap_or(f64::NAN)
+            );
+        }
         Ok(())
     }
 
