@@ -32,6 +32,24 @@ def _experience(result, messages=None):
     )
 
 
+def _samples(generation):
+    """The experiences of one generation reply: trinity sends the prompt once and each sample's own tokens."""
+    prompt = generation["prompt"]
+    return [
+        _experience(
+            {
+                "tokens": prompt + sample["response"],
+                "prompt_length": len(prompt),
+                "logprobs": sample["logprobs"],
+                "prompt_text": generation["prompt_text"],
+                "response_text": sample["response_text"],
+                "truncate_status": sample["truncate_status"],
+            }
+        )
+        for sample in generation["samples"]
+    ]
+
+
 def _plain(kwargs):
     """The keyword arguments that cross the pipe: JSON values (sampling settings, stop lists, tool schemas)."""
     out = {}
@@ -120,21 +138,21 @@ class TrinityModel:
 
     # Generation.
     def chat(self, messages, **kwargs):
-        results = self._call("chat", messages=list(messages), kwargs=_plain(kwargs))
-        return self._record([_experience(r) for r in results])
+        generation = self._call("chat", messages=list(messages), kwargs=_plain(kwargs))
+        return self._record(_samples(generation))
 
     async def chat_async(self, messages, **kwargs):
-        results = await self._call_async("chat", messages=list(messages), kwargs=_plain(kwargs))
-        return self._record([_experience(r) for r in results])
+        generation = await self._call_async("chat", messages=list(messages), kwargs=_plain(kwargs))
+        return self._record(_samples(generation))
 
     def generate(self, prompts, **kwargs):
         futures = [self._rpc.start("generate", {"model": self._index, "prompt": p, "kwargs": _plain(kwargs)}) for p in prompts]
-        return self._record([_experience(r) for f in futures for r in f.result()])
+        return self._record([e for f in futures for e in _samples(f.result())])
 
     async def generate_async(self, prompts, **kwargs):
         calls = [self._call_async("generate", prompt=p, kwargs=_plain(kwargs)) for p in prompts]
-        results = await asyncio.gather(*calls)
-        return self._record([_experience(r) for rs in results for r in rs])
+        generations = await asyncio.gather(*calls)
+        return self._record([e for g in generations for e in _samples(g)])
 
     def _temperature(self, temperature):
         if temperature is not None:
