@@ -4,13 +4,14 @@
 //!
 //! ```text
 //! cargo run --release -p trinity-trainer --example bench_zero_memory -- [--shapes 0.5b,1.5b] [--stages 0,1,2]
-//!     [--world 2] [--layers N] [--dtype bf16|f32] [--offload] [--steps 3]
+//!     [--world 2] [--layers N] [--dtype bf16|f32] [--offload] [--steps 3] [--no-prefetch]
 //! ```
 //! Stage `3` runs [`FullShard`] (`trinity_trainer::optimizer::zero3`, not yet behind the trainer's config) in its
 //! own loop: a whole-vocabulary SFT loss with activation recomputation, parameters gathered per layer; `3-base` is
 //! the same loop unsharded (whole parameters, gradients summed over the ranks, AdamW), its step-time baseline,
 //! since the trainer's own step (stages 0-2) computes the head in vocabulary chunks and costs otherwise. The step
-//! time is the last of `--steps` steps.
+//! time is the last of `--steps` steps. `--no-prefetch` gathers each layer of stage 3 only when it is about to
+//! compute, instead of during the previous layer's computation.
 //! For each (shape, stage) `--world` ranks start (`trinity_collective::launch`, torchrun's environment, Gloo), each
 //! builds the model, joins the group with `zero_stage` set and trains one SFT step on 2 rows of 24 tokens each, so
 //! that every state exists as a step leaves it. Each rank then reports what it holds, measured from its own
@@ -142,6 +143,7 @@ fn rank_direct(env: &DistEnv, args: &[String], sharded: bool) -> Result<(), Erro
     let (start_peak, parameters, gradients, state, pass) = if sharded {
         let layers = config.num_hidden_layers as usize;
         let mut fs = FullShard::new(params, layers, settings, false, &group)?;
+        fs.set_prefetch(!args.iter().any(|a| a == "--no-prefetch"));
         let start_peak = status_bytes("VmHWM:");
         let mut gradients = 0;
         for _ in 0..steps(args)? {
@@ -155,6 +157,18 @@ fn rank_direct(env: &DistEnv, args: &[String], sharded: bool) -> Result<(), Erro
             times.push(start.elapsed().as_secs_f64());
         }
         let m = fs.memory();
+        let t = fs.pass_seconds();
+        let per_step = |x: f64| x / times.len() as f64;
+        println!(
+            "stage 3 rank {}: a step waits {:.2} s for gathers, packs gradients {:.2} s, waits {:.2} s for \
+             reduce-scatters (means over {} steps; prefetch {})",
+            env.rank,
+            per_step(t.gather_wait),
+            per_step(t.scatter_pack),
+            per_step(t.scatter_wait),
+            times.len(),
+            if args.iter().any(|a| a == "--no-prefetch") { "off" } else { "on" }
+        );
         (start_peak, m.parameter_shards, gradients, m.optimizer_state, m.pass_parameters)
     } else {
         let mut adamw = AdamW::new(params, settings)?;
@@ -294,8 +308,10 @@ fn measure(args: &[String], shape: &str, number: &str, world: usize, dir: &Path)
             forwarded.extend([name.into(), value.into()]);
         }
     }
-    if args.iter().any(|a| a == "--offload") {
-        forwarded.push("--offload".into());
+    for name in ["--offload", "--no-prefetch"] {
+        if args.iter().any(|a| a == name) {
+            forwarded.push(name.into());
+        }
     }
     let options = LaunchOptions { nproc_per_node: world, master_port: 0, ..LaunchOptions::default() };
     launch(&options, &exe, &forwarded)?;

@@ -111,17 +111,22 @@ impl Unit {
     }
 
     /// `parts` (one tensor per parameter, any shape with its element count) flattened, as `kind`, padded to
-    /// `world` chunks.
+    /// `world` chunks: one buffer, each part converted as it is copied in.
     fn flat(&self, parts: &[Tensor], kind: Kind, world: usize) -> Result<Tensor> {
-        let mut flat: Vec<Tensor> = Vec::with_capacity(parts.len() + 1);
-        for t in parts {
-            flat.push(t.f_reshape([-1])?.f_to_kind(kind)?);
-        }
-        let padding = self.chunk * world as i64 - self.numel;
-        if padding > 0 {
-            flat.push(Tensor::f_zeros([padding], (kind, parts.first().map_or(self.device, Tensor::device)))?);
-        }
-        Ok(Tensor::f_cat(&flat, 0)?.f_contiguous()?)
+        let device = parts.first().map_or(self.device, Tensor::device);
+        let total = self.chunk * world as i64;
+        let flat = Tensor::f_empty([total], (kind, device))?;
+        tch::no_grad(|| -> Result<()> {
+            for (t, &offset) in parts.iter().zip(&self.offsets) {
+                let n = t.numel() as i64;
+                flat.f_narrow(0, offset, n)?.f_copy_(&t.f_reshape([-1])?)?;
+            }
+            if total > self.numel {
+                let _ = flat.f_narrow(0, self.numel, total - self.numel)?.f_zero_()?;
+            }
+            Ok(())
+        })?;
+        Ok(flat)
     }
 }
 
@@ -139,6 +144,18 @@ pub struct FullShardMemory {
     pub pass_parameters: i64,
 }
 
+/// Where a rank's passes spent their time on collectives, summed since the sharding began: what the prefetch
+/// and the in-flight reduce-scatters fail to hide shows as waiting.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PassSeconds {
+    /// Waiting for layers' and the outer unit's gathers (after prefetch, the part not overlapped).
+    pub gather_wait: f64,
+    /// Packing gradients into fp32 flat buffers for the reduce-scatters.
+    pub scatter_pack: f64,
+    /// Waiting for reduce-scatters to land.
+    pub scatter_wait: f64,
+}
+
 /// A policy's parameters fully sharded over a process group (see the module docs).
 #[derive(Debug)]
 pub struct FullShard {
@@ -150,9 +167,18 @@ pub struct FullShard {
     optimizer: AdamW,
     /// Per unit: the rank's fp32 gradient shard accumulated over the passes since the last step.
     grads: Vec<Option<Tensor>>,
+    /// Whether a pass starts the next layer's gather while a layer computes ([`FullShard::set_prefetch`]).
+    prefetch: bool,
+    seconds: PassSeconds,
 }
 
 impl FullShard {
+    /// Turns the gather of the next layer during a layer's computation on (the default) or off (each layer
+    /// gathered when it is about to compute), to measure what the overlap saves. Every rank must agree.
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
+    }
+
     /// Shards `params` (the policy's trainable parameters, identical on every rank: broadcast them first) of a
     /// decoder with `layers` layers over `group`, and frees the whole parameters.
     pub fn new(
@@ -226,7 +252,7 @@ impl FullShard {
         })?;
         optimizer.deferred = false;
         let grads = (0..units.len()).map(|_| None).collect();
-        Ok(FullShard { rank, world, units, optimizer, grads })
+        Ok(FullShard { rank, world, units, optimizer, grads, prefetch: true, seconds: PassSeconds::default() })
     }
 
     /// Decoder layers in the layout.
@@ -237,6 +263,11 @@ impl FullShard {
     /// The AdamW over the rank's shards (one entry a unit).
     pub fn optimizer(&self) -> &AdamW {
         &self.optimizer
+    }
+
+    /// Time the passes spent on collectives so far (see [`PassSeconds`]).
+    pub fn pass_seconds(&self) -> PassSeconds {
+        self.seconds
     }
 
     /// What this rank holds (see [`FullShardMemory`]).
@@ -312,6 +343,8 @@ impl FullShard {
             forwards: vec![0; n],
             recomputes: vec![0; n],
             train,
+            prefetch: self.prefetch,
+            seconds: self.seconds,
         }
     }
 
@@ -330,6 +363,7 @@ impl FullShard {
         }
         self.grads = std::mem::take(&mut e.grads);
         self.grads.resize_with(self.units.len(), || None);
+        self.seconds = e.seconds;
         e.group = std::ptr::null();
     }
 
@@ -488,6 +522,8 @@ struct Engine {
     forwards: Vec<u32>,
     recomputes: Vec<u32>,
     train: bool,
+    prefetch: bool,
+    seconds: PassSeconds,
 }
 
 // SAFETY: the engine is used behind the hook's lock, one thread at a time; its group pointer is dereferenced only
@@ -528,7 +564,9 @@ impl Engine {
         }
         let at = self.gathering.iter().position(|(g, _, _)| *g == u).ok_or_else(|| fail("a gather went missing"))?;
         let (_, work, full) = self.gathering.remove(at).ok_or_else(|| fail("a gather went missing"))?;
+        let waited = std::time::Instant::now();
         work.wait()?;
+        self.seconds.gather_wait += waited.elapsed().as_secs_f64();
         self.units[u].attach(&full)?;
         self.whole[u] = true;
         Ok(())
@@ -544,6 +582,7 @@ impl Engine {
     /// Starts the reduce-scatter of unit `u`'s gradients and releases them; the one before it lands now, so two
     /// are in flight at most.
     fn scatter(&mut self, u: usize) -> Result<()> {
+        let packing = std::time::Instant::now();
         let unit = &self.units[u];
         let grads: Vec<Tensor> = unit
             .vars
@@ -560,6 +599,7 @@ impl Engine {
             trinity_model::release_grad(&mut var.shallow_clone());
         }
         let out = Tensor::f_empty([self.units[u].chunk], (Kind::Float, self.units[u].device))?;
+        self.seconds.scatter_pack += packing.elapsed().as_secs_f64();
         let work = self.group()?.reduce_scatter_flat_async(&input, &out, ReduceOp::Sum)?;
         if let Some(previous) = self.scattering.replace((u, work, out)) {
             self.land(previous)?;
@@ -568,7 +608,9 @@ impl Engine {
     }
 
     fn land(&mut self, (u, work, out): (usize, Work<'static>, Tensor)) -> Result<()> {
+        let waited = std::time::Instant::now();
         work.wait()?;
+        self.seconds.scatter_wait += waited.elapsed().as_secs_f64();
         match &mut self.grads[u] {
             Some(g) => {
                 let _ = g.f_add_(&out)?;
@@ -587,7 +629,7 @@ impl Engine {
             LayerRun::Forward => {
                 self.forwards[i] += 1;
                 self.gather(i)?;
-                if i + 1 < layers {
+                if self.prefetch && i + 1 < layers {
                     self.start_gather(i + 1)?;
                 }
             }
@@ -605,7 +647,7 @@ impl Engine {
                     self.free(i + 1)?;
                 }
                 self.gather(i)?;
-                if i > 0 {
+                if self.prefetch && i > 0 {
                     self.start_gather(i - 1)?;
                 }
             }
