@@ -80,3 +80,38 @@ fn a_grpo_run_with_router_replay_trains_three_steps_on_a_tiny_qwen3_moe() {
         assert_eq!(bytes, (tokens - 1) * 4, "{e}");
     }
 }
+
+#[test]
+fn a_truncated_prompt_gets_placeholder_routing_that_replays() {
+    // Task 1's prompt (96 tokens rendered) exceeds max_prompt_tokens: its rollouts are masked placeholders, which
+    // the replayed batch runs with the experts in turn.
+    let models = tempfile::tempdir().unwrap();
+    tiny_moe_model(models.path());
+    let dir = replay_run_dir(models.path(), 1, "");
+    let long = "ab".repeat(40);
+    std::fs::write(
+        dir.path().join("tasks.jsonl"),
+        format!("{{\"prompt\": \"ab0\", \"response\": \"0\"}}\n{{\"prompt\": \"{long}\", \"response\": \"1\"}}\n"),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(dir.path().join("config.yaml")).unwrap().replace(
+        "  max_response_tokens: 6\n",
+        "  max_response_tokens: 6\n  max_prompt_tokens: 30\n  enable_prompt_truncation: true\n",
+    );
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let experiences: Vec<Value> = std::fs::read_to_string(dir.path().join("ckpt/p/n/experiences.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let placeholders: Vec<&Value> = experiences.iter().filter(|e| e["truncate_status"] == "prompt_truncated").collect();
+    assert_eq!((experiences.len(), placeholders.len()), (4, 2));
+    for e in placeholders {
+        let tokens = e["tokens"].as_array().unwrap().len();
+        // (tokens - 1) rows of 2 layers × 2: ids 0, 1, 2, 3, 0, 1, ... (base64 of bytes 00 01 02 03 ...).
+        assert_eq!(e["routed_experts"]["data"].as_str().unwrap().get(..8), Some("AAECAwAB"), "{e}");
+        assert_eq!(tokens, 30, "the prompt's first 29 tokens and one masked token");
+    }
+}
