@@ -106,7 +106,13 @@ mod tests {
 
     fn completion(tokens: Vec<u32>) -> Completion {
         let n = tokens.len();
-        Completion { text: "a".into(), tokens, logprobs: vec![-0.5; n], finish_reason: FinishReason::Eos }
+        Completion {
+            text: "a".into(),
+            tokens,
+            logprobs: vec![-0.5; n],
+            finish_reason: FinishReason::Eos,
+            routed_experts: None,
+        }
     }
 
     #[test]
