@@ -11,6 +11,12 @@
 //! `convert_messages_to_experience`) is recorded the same way from its rendered texts: context with
 //! [`Conversation::extend_text`], each assistant turn with [`Conversation::extend_reply_text`]; its reply tokens
 //! carry no logprobs until the caller scores the sequence.
+//!
+//! This is the one multi-turn recorder: the built-in workflows, Python workflows and WASM workflow plugins
+//! (whose chats branch: each sample of a request is a clone that records its own answer, and a later chat
+//! continues the clone whose messages and text it extends) all record through it. When a chat template
+//! re-renders earlier turns, the recording is not extended ([`TurnError::NotAPrefix`]); what then happens is
+//! the caller's choice (a built-in episode ends, a plugin's chat starts a fresh recording).
 
 use trinity_buffer::{Eid, Experience, RoutedExperts};
 use trinity_engine::{Completion, SamplingParams};
@@ -49,9 +55,18 @@ pub struct Conversation {
     /// conversation before it) and its answer but the last token. Routing is causal, so its first rows are the
     /// routing of any shorter start of the conversation.
     routed: Option<RoutedExperts>,
+    /// Started from token ids rather than text ([`Conversation::from_tokens`]): no rendering continues it.
+    untexted: bool,
 }
 
 impl Conversation {
+    /// A recording that starts from the prompt `tokens` (context) without a text: a plugin's `generate` call.
+    /// Only [`Conversation::record`] extends it.
+    pub fn from_tokens(tokens: Vec<u32>) -> Conversation {
+        let n = tokens.len();
+        Conversation { tokens, logprobs: vec![0.0; n], mask: vec![false; n], untexted: true, ..Conversation::default() }
+    }
+
     /// Tokens the sequence would have with `messages` rendered and a generation prompt added: what a request
     /// would send. Context tokens are appended to the recording.
     pub(crate) fn extend_to(&mut self, model: &RolloutModel, messages: &[ChatMessage]) -> Result<usize, TurnError> {
@@ -74,14 +89,47 @@ impl Conversation {
         self.append(model, rendered, true)
     }
 
+    /// [`Conversation::extend_text`] for a prompt about to be sent on an untrusted caller's behalf: a text
+    /// provably longer than the engine's prompt limit is tokenized only as far as the limit shows
+    /// ([`RolloutModel::encode_prompt`]), so the caller pays for at most the longest prompt that fits (the engine
+    /// then refuses it).
+    pub fn extend_prompt_text(&mut self, model: &RolloutModel, rendered: String) -> Result<usize, TurnError> {
+        let delta = self.delta(&rendered)?;
+        let tokens = model.encode_prompt(delta, false)?;
+        self.push(tokens, rendered, false);
+        Ok(self.tokens.len())
+    }
+
+    /// Whether `rendered` extends the recorded text, so that [`Conversation::extend_text`] would continue it.
+    pub fn continues(&self, rendered: &str) -> bool {
+        !self.untexted && rendered.starts_with(self.text.as_str())
+    }
+
+    /// The recorded token sequence: what a request for the next answer sends.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The part of `rendered` after the recorded text.
+    fn delta<'a>(&self, rendered: &'a str) -> Result<&'a str, TurnError> {
+        if self.untexted {
+            return Err(TurnError::NotAPrefix);
+        }
+        rendered.strip_prefix(self.text.as_str()).ok_or(TurnError::NotAPrefix)
+    }
+
     fn append(&mut self, model: &RolloutModel, rendered: String, action: bool) -> Result<(), TurnError> {
-        let delta = rendered.strip_prefix(self.text.as_str()).ok_or(TurnError::NotAPrefix)?;
+        let delta = self.delta(&rendered)?;
         let tokens = model.tokenizer().encode(delta, false)?;
+        self.push(tokens, rendered, action);
+        Ok(())
+    }
+
+    fn push(&mut self, tokens: Vec<u32>, rendered: String, action: bool) {
         self.logprobs.extend(std::iter::repeat_n(0.0, tokens.len()));
         self.mask.extend(std::iter::repeat_n(action, tokens.len()));
         self.tokens.extend(tokens);
         self.text = rendered;
-        Ok(())
     }
 
     /// Asks the model for the next answer to the sequence (after [`Conversation::extend_to`]) and records it.
@@ -94,6 +142,13 @@ impl Conversation {
         let version = model.model_version();
         let generation = model.generate(self.tokens.clone(), params).await?;
         let completion = generation.completions.into_iter().next().ok_or(TurnError::NoCompletion)?;
+        self.record(model, &completion, version)?;
+        Ok(completion)
+    }
+
+    /// Records `completion`, sampled after [`Conversation::tokens`] with the weights of `version`, as the next
+    /// answer: its tokens are actions with their logprobs, its text (special tokens kept) extends the recorded one.
+    pub fn record(&mut self, model: &RolloutModel, completion: &Completion, version: u64) -> Result<(), TurnError> {
         self.prompt_length.get_or_insert(self.tokens.len());
         self.model_version.get_or_insert(version);
         self.text.push_str(&model.decode(&completion.tokens)?);
@@ -105,7 +160,7 @@ impl Conversation {
             top_k: r.top_k,
             ids: r.ids.clone(),
         });
-        Ok(completion)
+        Ok(())
     }
 
     /// The routing of `tokens[..end]` (its first `end - 1` tokens, what the model read), when the latest answer's
@@ -255,6 +310,45 @@ mod tests {
         let want: Vec<u16> = Vec::<i64>::try_from(want.reshape([-1])).unwrap().into_iter().map(|e| e as u16).collect();
         assert_eq!(routed.ids, want);
         assert_eq!(turn.routed_experts, experience.routed_experts, "one turn to the end: the same tokens");
+    }
+
+    /// The recorder's rule on a rendering that does not extend what it recorded: it refuses and records
+    /// nothing, so that the caller chooses what follows (an episode ends, a plugin's chat starts afresh).
+    #[test]
+    fn a_re_rendered_history_is_refused_and_records_nothing() {
+        let model = tiny_model();
+        let mut conversation = Conversation::default();
+        conversation.extend_text(&model, "<|im_start|>user\nab".to_owned()).unwrap();
+        let before = conversation.tokens().to_vec();
+        assert!(conversation.continues("<|im_start|>user\nab<|im_end|>"));
+        assert!(!conversation.continues("<|im_start|>user\nba"));
+        let refused = conversation.extend_text(&model, "<|im_start|>user\nba".to_owned());
+        assert!(matches!(refused, Err(TurnError::NotAPrefix)), "{refused:?}");
+        assert_eq!(conversation.tokens(), &before[..]);
+        let prompt = conversation.extend_prompt_text(&model, "<|im_start|>user\nab<|im_end|>".to_owned()).unwrap();
+        assert_eq!(prompt, model.tokenizer().encode("<|im_start|>user\nab<|im_end|>", false).unwrap().len());
+    }
+
+    /// A plugin's `generate` records from token ids: the answer is recorded, but no rendered text continues it.
+    #[tokio::test]
+    async fn a_recording_from_token_ids_takes_answers_but_no_rendering() {
+        let model = tiny_model();
+        let messages = [ChatMessage::new("user", "ab")];
+        let prompt = model.chat_prompt(&messages, None).unwrap();
+        let mut conversation = Conversation::from_tokens(prompt.clone());
+        let generation = model.generate(conversation.tokens().to_vec(), params(1)).await.unwrap();
+        let completion = &generation.completions[0];
+        conversation.record(&model, completion, 3).unwrap();
+        let rendered = model.render_chat(&messages, true).unwrap();
+        assert!(!conversation.continues(&rendered), "token ids stand for no text");
+        assert!(matches!(conversation.clone().extend_text(&model, rendered), Err(TurnError::NotAPrefix)));
+        let experience = conversation.into_experience(Eid::default(), &model).unwrap();
+        experience.validate().unwrap();
+        assert_eq!(experience.tokens, [prompt.clone(), completion.tokens.clone()].concat());
+        assert_eq!(experience.prompt_length, prompt.len());
+        assert_eq!(experience.action_mask, vec![true; completion.tokens.len()]);
+        assert_eq!(experience.logprobs, completion.logprobs);
+        assert_eq!(experience.model_version, 3, "the version the caller says the answer was sampled with");
     }
 
     #[test]

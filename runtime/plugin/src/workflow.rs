@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use trinity_buffer::{Eid, Experience, Task};
 use trinity_engine::{FinishReason, SamplingParams};
 use trinity_explorer::{
-    AuxiliaryModel, ExplorerError, RolloutModel, Workflow, WorkflowContext, WorkflowFuture, seed_mix,
+    AuxiliaryModel, Conversation, ExplorerError, RolloutModel, Workflow, WorkflowContext, WorkflowFuture, seed_mix,
 };
 use trinity_model::ChatMessage;
 use wasmtime::component::{Component, HasSelf, Linker};
@@ -29,7 +29,7 @@ use crate::bindings::workflow::exports::trinity::plugin::workflow as export;
 use crate::bindings::workflow::trinity::plugin::model;
 use crate::bindings::workflow::{WorkflowPlugin as WorkflowWorld, WorkflowPluginPre as WorkflowPre};
 use crate::component::PluginKind;
-use crate::conversation::{Prefix, Turn, continued};
+use crate::conversation::{Turn, continued};
 use crate::engine::{PluginLimits, StoreState, engine};
 use crate::error::PluginError;
 use crate::instance::{DeadlineExceeded, ModelBudgetExceeded, PluginInfo, call_error, limited_store, metrics_map};
@@ -153,24 +153,20 @@ impl Session {
         let rendered = model.render_chat(&messages, true).map_err(|e| e.to_string())?;
         // `encode_prompt` stops tokenizing a text provably longer than the prompt limit: a guest that sends
         // megabytes costs what the longest prompt that fits costs, and the engine refuses it.
-        let prefix = match continued(&self.turns, &messages, &rendered) {
-            Some(turn) => {
-                let delta = &rendered[turn.text.as_deref().map_or(0, str::len)..];
-                Prefix::continuing(turn, model.encode_prompt(delta, false).map_err(|e| e.to_string())?)
-            }
-            None => Prefix::fresh(model.encode_prompt(&rendered, false).map_err(|e| e.to_string())?),
-        };
+        let mut prefix = continued(&self.turns, &messages, &rendered)
+            .map_or_else(Conversation::default, |turn| turn.conversation.clone());
+        prefix.extend_prompt_text(&model, rendered).map_err(|e| e.to_string())?;
         let params = self.params(&params);
         let version = model.model_version();
-        let generation = model.generate(prefix.tokens.clone(), params).await.map_err(|e| e.to_string())?;
+        let generation = model.generate(prefix.tokens().to_vec(), params).await.map_err(|e| e.to_string())?;
         self.spend(&generation);
         let mut out = Vec::with_capacity(generation.completions.len());
         for completion in &generation.completions {
             let mut history = messages.clone();
             history.push(ChatMessage::new("assistant", completion.text.clone()));
-            let reply = model.decode(&completion.tokens).map_err(|e| e.to_string())?;
-            let turn = prefix.extend(completion, history, Some(format!("{rendered}{reply}")), version);
-            out.push(self.record(turn, completion));
+            let mut conversation = prefix.clone();
+            conversation.record(&model, completion, version).map_err(|e| e.to_string())?;
+            out.push(self.record(Turn { messages: history, conversation }, completion));
         }
         Ok(out)
     }
@@ -191,19 +187,18 @@ impl Session {
         params: model::SamplingParams,
     ) -> Result<Vec<model::Completion>, String> {
         let model = Arc::clone(self.model()?);
-        let prefix = Prefix::fresh(prompt);
+        let prefix = Conversation::from_tokens(prompt);
         let params = self.params(&params);
         let version = model.model_version();
-        let generation = model.generate(prefix.tokens.clone(), params).await.map_err(|e| e.to_string())?;
+        let generation = model.generate(prefix.tokens().to_vec(), params).await.map_err(|e| e.to_string())?;
         self.spend(&generation);
-        Ok(generation
-            .completions
-            .iter()
-            .map(|completion| {
-                let turn = prefix.extend(completion, Vec::new(), None, version);
-                self.record(turn, completion)
-            })
-            .collect())
+        let mut out = Vec::with_capacity(generation.completions.len());
+        for completion in &generation.completions {
+            let mut conversation = prefix.clone();
+            conversation.record(&model, completion, version).map_err(|e| e.to_string())?;
+            out.push(self.record(Turn { messages: Vec::new(), conversation }, completion));
+        }
+        Ok(out)
     }
 
     /// The auxiliary model called `name`, or an error naming the ones there are.
@@ -474,14 +469,14 @@ impl WorkflowPlugin {
         let metrics = metrics_map(name, &format!("experience {run}"), from.metrics)?;
         let mut info = parse_object(&from.info).map_err(|e| bad(format!("experience {run}: info: {e}")))?;
         let eid = Eid { batch: task.batch_id, task: task.index as u64, run: run as u64, step: 0 };
-        let start = turn.prompt_length;
-        let mut experience = Experience::single_turn(eid, turn.tokens.clone(), start, turn.logprobs[start..].to_vec());
-        experience.action_mask = turn.mask[start..].to_vec();
+        // Every turn recorded an answer, so the recording makes an experience.
+        let mut experience = turn
+            .conversation
+            .clone()
+            .into_experience(eid, model)
+            .ok_or_else(|| bad(format!("experience {run} names turn {}, which has no answer", from.turn)))?;
         experience.reward = from.reward;
         experience.metrics = metrics;
-        experience.model_version = turn.model_version;
-        experience.prompt_text = model.decode(&turn.tokens[..start]).ok();
-        experience.response_text = model.decode(&turn.tokens[start..]).ok();
         info.insert("taskset".to_owned(), task.taskset.clone().into());
         info.insert("workflow".to_owned(), name.clone().into());
         experience.info = info;
@@ -558,5 +553,109 @@ fn parse_object(text: &str) -> Result<Map<String, Value>, String> {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err("not a JSON object".to_owned()),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use trinity_engine::{Engine, EngineConfig, EngineModel};
+    use trinity_model::ChatTemplate;
+
+    use super::*;
+
+    /// ChatML whose generation prompt opens the answer with `ok.`, which the history does not show: as
+    /// DeepSeek-R1's template forces `<think>` and Qwen3's drops earlier reasoning, it renders the earlier turns
+    /// differently once new messages follow.
+    const REWRITING_TEMPLATE: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + \
+        '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\nok.' }}{% endif %}";
+
+    /// A task run's session on the model crate's tiny Llama behind a real engine, with `template` or, when
+    /// `None`, the fixture's own ChatML template.
+    fn session(template: Option<&str>) -> (Session, Arc<RolloutModel>) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied");
+        let mut loaded = trinity_model::load_model(&dir, tch::Kind::Float, tch::Device::Cpu).unwrap();
+        let tokenizer = loaded.tokenizer.clone();
+        let own = loaded.chat_template.take();
+        let template = template.map(|source| ChatTemplate::new(source, None, None).unwrap()).or(own);
+        let config = EngineConfig { max_model_len: 64, max_num_seqs: 4, ..EngineConfig::default() };
+        let engine = Arc::new(Engine::start(EngineModel::from(loaded), config).unwrap());
+        let model = Arc::new(RolloutModel::new(engine, tokenizer, template));
+        (Session::new(Some(Arc::clone(&model)), SamplingParams::default(), 7, &PluginLimits::default()), model)
+    }
+
+    fn params(seed: u64) -> model::SamplingParams {
+        model::SamplingParams {
+            n: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            max_tokens: Some(3),
+            min_tokens: 0,
+            stop: Vec::new(),
+            seed: Some(seed),
+        }
+    }
+
+    fn message(role: &str, content: &str) -> wit::Message {
+        wit::Message { role: role.to_owned(), content: content.to_owned() }
+    }
+
+    /// Chats `ab`, then the history with the answer and `ba`; returns both completions and the second chat's
+    /// messages.
+    async fn two_chats(session: &mut Session) -> (model::Completion, model::Completion, Vec<ChatMessage>) {
+        let first = session.chat_within_budget(vec![message("user", "ab")], params(1)).await.unwrap().remove(0);
+        let history = vec![message("user", "ab"), message("assistant", &first.text), message("user", "ba")];
+        let messages = history.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
+        let second = session.chat_within_budget(history, params(2)).await.unwrap().remove(0);
+        (first, second, messages)
+    }
+
+    fn experience_of(session: &Session, turn: u64, model: &RolloutModel) -> Experience {
+        let turn = &session.turns[turn as usize];
+        let experience = turn.conversation.clone().into_experience(Eid::default(), model).unwrap();
+        experience.validate().unwrap();
+        experience
+    }
+
+    #[tokio::test]
+    async fn a_chat_extending_a_turn_continues_its_recording() {
+        let (mut session, model) = session(None);
+        let (first, second, messages) = two_chats(&mut session).await;
+        let experience = experience_of(&session, second.turn, &model);
+        let first_prompt = model.chat_prompt(&messages[..1], None).unwrap();
+        assert_eq!(experience.prompt_length, first_prompt.len());
+        assert_eq!(&experience.tokens[..first_prompt.len()], &first_prompt[..]);
+        let (a, b) = (first.tokens.len(), second.tokens.len());
+        let context = experience.action_mask.len() - a - b;
+        assert!(context > 0, "the second user turn is context");
+        let mut mask = vec![true; a];
+        mask.extend(vec![false; context]);
+        mask.extend(vec![true; b]);
+        assert_eq!(experience.action_mask, mask, "both answers are actions, as the model sampled them");
+        assert_eq!(&experience.tokens[first_prompt.len()..][..a], &first.tokens[..]);
+        assert_eq!(&experience.logprobs[..a], &first.logprobs[..]);
+    }
+
+    /// The rule on a re-rendered history: a chat whose messages extend a turn but whose rendering does not
+    /// extend that turn's recorded text starts a fresh recording of the whole rendered conversation, in which
+    /// the earlier answer is context; the earlier turn's own recording is kept as it was.
+    #[tokio::test]
+    async fn a_chat_whose_template_rewrote_history_starts_a_fresh_recording() {
+        let (mut session, model) = session(Some(REWRITING_TEMPLATE));
+        let (first, second, messages) = two_chats(&mut session).await;
+        let rendered = model.render_chat(&messages, true).unwrap();
+        assert!(messages.starts_with(&session.turns[first.turn as usize].messages));
+        assert!(continued(&session.turns, &messages, &rendered).is_none(), "the template rewrote `ok.` away");
+        let experience = experience_of(&session, second.turn, &model);
+        let prompt = model.chat_prompt(&messages, None).unwrap();
+        assert_eq!(experience.prompt_length, prompt.len(), "the whole re-rendered conversation is the prompt");
+        assert_eq!(&experience.tokens[..prompt.len()], &prompt[..]);
+        assert_eq!(&experience.tokens[prompt.len()..], &second.tokens[..]);
+        assert_eq!(experience.action_mask, vec![true; second.tokens.len()], "only the new answer is trained");
+        assert_eq!(experience.logprobs, second.logprobs);
+        let earlier = experience_of(&session, first.turn, &model);
+        let first_prompt = model.chat_prompt(&messages[..1], None).unwrap();
+        assert_eq!(earlier.tokens, [first_prompt, first.tokens].concat());
     }
 }
