@@ -11,11 +11,11 @@ use tch::Tensor;
 
 use crate::support::{stderr, tiny_model_dir};
 
-const STEPS: u64 = 3;
+pub(crate) const STEPS: u64 = 3;
 
 /// A mode-train SFT config: 3 steps of 4 rows, one row per micro-batch (so two ranks' micro-batches are one
 /// process's), fp32, a learning rate that moves the weights well past the tolerance.
-fn sft_config(dir: &Path, steps: u64, extra: &str) -> String {
+pub(crate) fn sft_config(dir: &Path, steps: u64, extra: &str) -> String {
     let rows: String = (0..8)
         .map(|i| {
             format!(
@@ -102,7 +102,7 @@ monitor:
     )
 }
 
-fn trinity_command(dir: &Path) -> Command {
+pub(crate) fn trinity_command(dir: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_trinity"));
     command.current_dir(dir).env_remove("RUST_LOG");
     for var in ["WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"] {
@@ -111,13 +111,13 @@ fn trinity_command(dir: &Path) -> Command {
     command
 }
 
-fn succeed(output: Output, what: &str) {
+pub(crate) fn succeed(output: Output, what: &str) {
     assert!(output.status.success(), "{what} failed:\n{}", stderr(&output));
 }
 
 /// One process (one libtorch thread, as each launched rank gets on this 2-core machine) and two launched ranks
 /// run `config` in directories of their own; returns both.
-fn one_and_two(config: impl Fn(&Path) -> String) -> (tempfile::TempDir, tempfile::TempDir) {
+pub(crate) fn one_and_two(config: impl Fn(&Path) -> String) -> (tempfile::TempDir, tempfile::TempDir) {
     let one = tempfile::tempdir().unwrap();
     std::fs::write(one.path().join("c.yaml"), config(one.path())).unwrap();
     let output =
@@ -134,18 +134,18 @@ fn one_and_two(config: impl Fn(&Path) -> String) -> (tempfile::TempDir, tempfile
     (one, two)
 }
 
-fn weights(dir: &Path, step: u64) -> BTreeMap<String, Tensor> {
+pub(crate) fn weights(dir: &Path, step: u64) -> BTreeMap<String, Tensor> {
     let file = dir.join(format!("ckpt/p/dp/global_step_{step}/hf/model.safetensors"));
     Tensor::read_safetensors(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display())).into_iter().collect()
 }
 
-fn base_weights() -> BTreeMap<String, Tensor> {
+pub(crate) fn base_weights() -> BTreeMap<String, Tensor> {
     Tensor::read_safetensors(tiny_model_dir().join("model.safetensors")).unwrap().into_iter().collect()
 }
 
 /// Two ranks' final weights equal one process's within 1e-5 (relative to each tensor's largest value), and the
 /// run moved them well beyond that.
-fn assert_same_training(one: &Path, two: &Path, metrics: &str) {
+pub(crate) fn assert_same_training(one: &Path, two: &Path, metrics: &str) {
     let (a, b, base) = (weights(one, STEPS), weights(two, STEPS), base_weights());
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
     let (mut worst, mut moved) = (0f64, 0f64);
@@ -172,9 +172,9 @@ fn two_launched_ranks_train_a_dataset_as_one_process_does() {
     assert_same_training(one.path(), two.path(), "monitor/trainer/metrics.jsonl");
     let log = std::fs::read_to_string(two.path().join("ckpt/p/dp/log/trainer.log")).unwrap();
     assert!(log.contains("data parallel: 2 ranks from the launcher"), "{log}");
-    // `trainer_strategy: fsdp2` (the default, Trinity-RFT 0.6.0's; `fsdp` the same) shards the optimizer state and
-    // gradients.
-    assert!(log.contains("sharded data parallel: ZeRO stage 2 over 2 ranks"), "{log}");
+    // `trainer_strategy: fsdp2` (the default, Trinity-RFT 0.6.0's; `fsdp` the same) shards the parameters, the
+    // gradients and the optimizer state (ZeRO stage 3, `tests/it/zero3.rs`).
+    assert!(log.contains("sharded data parallel: ZeRO stage 3 over 2 ranks"), "{log}");
 }
 
 /// `trainer.optimizer_offload: true`: two sharded ranks keep AdamW's state in host memory (here the parameters' own
@@ -188,12 +188,12 @@ fn two_launched_ranks_with_optimizer_offload_train_as_one_process_does() {
     let (one, two) = one_and_two(offload);
     assert_same_training(one.path(), two.path(), "monitor/trainer/metrics.jsonl");
     let log = std::fs::read_to_string(two.path().join("ckpt/p/dp/log/trainer.log")).unwrap();
-    assert!(log.contains("sharded data parallel: ZeRO stage 2 over 2 ranks"), "{log}");
+    assert!(log.contains("sharded data parallel: ZeRO stage 3 over 2 ranks"), "{log}");
     assert!(log.contains("in host memory (optimizer_offload)"), "{log}");
 }
 
-/// A checkpoint of two sharded ranks (ZeRO-2: each rank holds half of AdamW's moments; rank 0 gathers them to
-/// save) is a whole one: one process resumes from it and trains on as the uninterrupted one process does.
+/// A checkpoint of two sharded ranks (ZeRO-3: each rank holds half of the parameters and of AdamW's moments; rank 0
+/// gathers them to save) is a whole one: one process resumes from it and trains on as the uninterrupted one process does.
 #[test]
 fn one_process_resumes_from_two_sharded_ranks_checkpoint_as_if_it_had_run_all_along() {
     let whole = tempfile::tempdir().unwrap();

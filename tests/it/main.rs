@@ -32,3 +32,4 @@ mod support;
 mod sync_styles;
 mod tool_model;
 mod wheel;
+mod zero3;

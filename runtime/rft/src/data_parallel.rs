@@ -13,7 +13,8 @@
 //!   loaded its checkpoint).
 //! - `cmd/<n>`: rank 0's n-th command: train a step (the step's rows follow by broadcast,
 //!   `trinity_trainer::share_rows`, so only rank 0 reads the buffer), save a checkpoint (a sharded optimizer
-//!   state is gathered to rank 0, which alone writes it), or stop (the run finished; each follower
+//!   state is gathered to rank 0, which alone writes it; under ZeRO stage 3 the HF export's parameters too),
+//!   gather the policy's weights for rank 0 (ZeRO stage 3's weight syncs and evaluations), or stop (the run finished; each follower
 //!   counts itself in `stopped` before it exits, and rank 0 keeps the store up until all did).
 //! - `fail`: the error that ended rank 0's run (or a follower's), so every rank names it.
 //!
@@ -54,6 +55,9 @@ enum Command {
     Save {
         step: u64,
     },
+    /// Rank 0 reads the policy's weights (a weight sync, an evaluation): under ZeRO stage 3 they are gathered
+    /// unit by unit, which every rank joins ([`trinity_trainer::Trainer::share_whole_policy`]).
+    Weights,
     Stop,
 }
 
@@ -121,6 +125,12 @@ impl Leader {
     pub(crate) fn save(&self, step: u64) -> Result<(), RftError> {
         let n = self.seq.fetch_add(1, Ordering::SeqCst);
         self.post(&format!("cmd/{n}"), &Command::Save { step })
+    }
+
+    /// Tells the followers that rank 0 gathers the sharded policy's weights now, so they join.
+    pub(crate) fn weights(&self) -> Result<(), RftError> {
+        let n = self.seq.fetch_add(1, Ordering::SeqCst);
+        self.post(&format!("cmd/{n}"), &Command::Weights)
     }
 
     /// Ends the followers: a clean stop, waiting (up to the store's timeout) until each has seen it, or rank 0's
@@ -216,6 +226,11 @@ fn follow_steps(
                 let rows = trinity_trainer::share_rows(group, 0, None).map_err(failed)?;
                 on_pool(threads, || engine.train_step(&rows)).map_err(failed)?;
                 trained = step;
+            }
+            Command::Weights => {
+                let engine = &mut engine;
+                on_pool(threads, move || engine.share_whole_policy())
+                    .map_err(|e| RftError::DataParallel(format!("gather the policy's weights with rank 0: {e}")))?;
             }
             Command::Save { step } => {
                 // A unique borrow moves into the pool's closure: the engine is `Send` but not `Sync`.

@@ -32,7 +32,7 @@ use crate::data_parallel::{Header, Leader};
 use crate::error::RftError;
 use crate::lora::{self, LORA_ADAPTER_DIR};
 use crate::mix_strategy::ExpertData;
-use crate::models::{self, model_error, on_pool};
+use crate::models::{self, on_pool};
 
 /// `meta.json` of a checkpoint.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -281,8 +281,19 @@ impl Trainer {
     /// The policy's parameters by HF name (shallow handles: valid until the next train step changes them). With
     /// LoRA these are the base weights with the adapters merged in (new tensors), which the rollout engine then
     /// generates with: one path for every `sync_method`, and an engine that needs no adapter support.
+    /// Under ZeRO stage 3 they are copies gathered from the ranks' shards (the other ranks join on rank 0's
+    /// command), the model whole once on this rank while its own parameters stay sharded.
     pub(crate) fn weights(&self) -> Result<Vec<(String, tch::Tensor)>, RftError> {
-        self.engine.policy().merged_parameters().map_err(|e| model_error(Path::new("policy"), e))
+        if let Some(leader) = &self.leader
+            && self.engine.fully_sharded()
+        {
+            leader.weights()?;
+        }
+        let engine = &self.engine;
+        engine.policy_weights().map_err(|e| match engine.world_size() {
+            1 => RftError::Trainer(e),
+            world => RftError::DataParallel(format!("gather the policy's weights across {world} ranks: {e}")),
+        })
     }
 
     /// Writes checkpoint `global_step_<step>` with `meta`, then prunes to `max_checkpoints_to_keep`.
@@ -296,7 +307,12 @@ impl Trainer {
         self.checkpoints.save(meta.train_step, meta, |dir| {
             // `hf/` holds the adapted model (adapters merged) so that evaluation, later stages and conversion
             // read a checkpoint the same way with or without LoRA; `lora_adapter/` is what training resumes from.
-            save_hf_parts(engine.policy(), tokenizer, template, eos, &dir.join("hf")).map_err(|e| e.to_string())?;
+            // Under ZeRO stage 3 the parameters are gathered into the policy for the export (the other ranks join
+            // through `share_state_for_save`) and freed after.
+            engine
+                .with_whole_policy(|policy| save_hf_parts(policy, tokenizer, template, eos, &dir.join("hf")))
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
             if let Some(spec) = lora {
                 engine.policy().save_lora(&dir.join(LORA_ADAPTER_DIR), spec, base_model).map_err(|e| e.to_string())?;
             }

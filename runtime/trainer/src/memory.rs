@@ -11,6 +11,13 @@
 //!   and 2 keep 1/N of them on each rank; with `optimizer_offload` they are in host memory, which on a CPU run
 //!   is the same memory.
 //!
+//! Stage 3 ([`crate::optimizer::zero3`]) keeps 1/N of everything: `e/N` bytes of parameter shard, a 4/N-byte fp32
+//! gradient shard that accumulates over a mini-batch's passes (so it lives beside the activations), and 1/N of
+//! AdamW's state, 9 bytes a bf16 parameter on 2 ranks (`(2 + 4 + 12) / 2`) against stage 2's 10 and stage 0's 16.
+//! A pass adds the whole units it holds at once (the outer unit of embedding, norm and head, a layer and the
+//! next one's prefetch) and their whole gradients until they are reduce-scattered, bounded by
+//! [`StateMemory::with_pass_bytes`]; the whole parameters loaded before the trainer was built are freed.
+//!
 //! The activation budget starts from the memory available when the trainer is built: the policy and the models
 //! handed to the trainer are loaded by then, what the trainer allocates afterwards is not. So that is subtracted
 //! before half of the rest goes to activations: the policy's gradients and optimizer state as this rank holds
@@ -73,6 +80,8 @@ pub struct StateMemory {
     pub optimizer_state: u64,
     /// Whether the optimizer state is in host memory (`optimizer_offload`).
     pub optimizer_offloaded: bool,
+    /// Bytes of the parameters as loaded, whole (what stage 3 frees, keeping its shards and a pass's units).
+    pub loaded: u64,
 }
 
 impl StateMemory {
@@ -87,10 +96,26 @@ impl StateMemory {
             world,
             parameters: trained.bytes,
             gradients: trained.bytes,
-            gradient_shard: if stage == ZeroStage::Gradients { 4 * trained.elements.div_ceil(n) } else { 0 },
+            gradient_shard: match stage {
+                ZeroStage::Gradients | ZeroStage::Parameters => 4 * trained.elements.div_ceil(n),
+                _ => 0,
+            },
             optimizer_state: if stage == ZeroStage::Replicated { state } else { state.div_ceil(n) },
             optimizer_offloaded: offload,
+            loaded: trained.bytes,
         }
+        .with_pass_bytes(0)
+    }
+
+    /// Stage 3: `gathered`, the bytes of the whole units a pass holds at once ([`crate::optimizer::zero3::
+    /// pass_bytes`]), added to the parameter shards and, as their gradients before the reduce-scatter, to the
+    /// gradients. Other stages are unchanged.
+    pub fn with_pass_bytes(mut self, gathered: u64) -> Self {
+        if self.stage == ZeroStage::Parameters {
+            self.parameters = self.loaded.div_ceil(self.world as u64) + gathered;
+            self.gradients = gathered;
+        }
+        self
     }
 
     /// What the training state adds to the memory a pass's activations share, after the parameters are loaded:
@@ -98,7 +123,14 @@ impl StateMemory {
     /// parameters' device is the host, so offloaded state counts too.
     pub fn allocated_beside_parameters(&self, on_cpu: bool) -> u64 {
         let state = if self.optimizer_offloaded && !on_cpu { 0 } else { self.optimizer_state };
-        self.gradients + state
+        match self.stage {
+            // The shards and a pass's units replace the loaded parameters, and the gradient shards accumulate
+            // during the passes.
+            ZeroStage::Parameters => {
+                (self.parameters + self.gradients + self.gradient_shard + state).saturating_sub(self.loaded)
+            }
+            _ => self.gradients + state,
+        }
     }
 
     /// The start's log line: the stage and what a rank holds.
@@ -114,22 +146,36 @@ impl StateMemory {
             ),
             (ZeroStage::Gradients, w) => format!(
                 "sharded data parallel: ZeRO stage 2 over {w} ranks (optimizer state and reduced gradients sharded; \
-                 parameters whole, stage 3 is not implemented)"
+                 parameters whole)"
+            ),
+            (ZeroStage::Parameters, w) => format!(
+                "sharded data parallel: ZeRO stage 3 over {w} ranks (parameters, gradients and optimizer state \
+                 sharded; each layer gathered around its computations, activations recomputed)"
             ),
         };
-        let shard = match self.gradient_shard {
-            0 => String::new(),
-            s => format!(", then a {:.2} GiB fp32 shard of them for the update", gib(s)),
+        let shard = match (self.gradient_shard, self.stage) {
+            (0, _) => String::new(),
+            (s, ZeroStage::Parameters) => format!(" and a {:.2} GiB fp32 shard accumulating them", gib(s)),
+            (s, _) => format!(", then a {:.2} GiB fp32 shard of them for the update", gib(s)),
+        };
+        let peak = match self.stage {
+            ZeroStage::Parameters => self.parameters + self.gradients + self.gradient_shard + self.optimizer_state,
+            _ => self.parameters + self.gradients + self.optimizer_state,
+        };
+        let (parameters_what, gradients_what) = match self.stage {
+            ZeroStage::Parameters => ("shards and a pass's whole units", "a pass's whole units' gradients"),
+            _ => ("", "gradients"),
         };
         let place = if self.optimizer_offloaded { "in host memory (optimizer_offload)" } else { "with the parameters" };
+        let parameters_what = if parameters_what.is_empty() { String::new() } else { format!(" ({parameters_what})") };
         format!(
-            "{what}: per rank {parameters} parameters {:.2} GiB, gradients {:.2} GiB during the backward{shard}, \
-             optimizer state (AdamW's moments and fp32 masters) {:.2} GiB {place}; {:.1} bytes a parameter at the \
-             backward's peak",
+            "{what}: per rank {parameters} parameters{parameters_what} {:.2} GiB, {gradients_what} {:.2} GiB during \
+             the backward{shard}, optimizer state (AdamW's moments and fp32 masters) {:.2} GiB {place}; {:.1} bytes a \
+             parameter at the backward's peak",
             gib(self.parameters),
             gib(self.gradients),
             gib(self.optimizer_state),
-            per(self.parameters + self.gradients + self.optimizer_state),
+            per(peak),
         )
     }
 }
@@ -189,6 +235,28 @@ mod tests {
         // fp32 parameters are their own masters: 8 bytes of moments; an odd count rounds each rank's share up.
         let fp32 = StateMemory::expected(TrainedParameters::uniform(7, Kind::Float), ZeroStage::Gradients, 2, false);
         assert_eq!((fp32.parameters, fp32.optimizer_state, fp32.gradient_shard), (28, 28, 16));
+    }
+
+    /// Stage 3 on 2 ranks: 9 bytes a bf16 parameter in shards and state, plus a pass's whole units (and their
+    /// gradients), and the loaded parameters it frees count against what it allocates.
+    #[test]
+    fn stage_3_shards_the_parameters_too() {
+        let p = TrainedParameters::uniform(QWEN_05B, Kind::BFloat16);
+        let three = StateMemory::expected(p, ZeroStage::Parameters, 2, false);
+        assert_eq!((three.parameters, three.gradients), (QWEN_05B, 0));
+        assert_eq!((three.gradient_shard, three.optimizer_state), (2 * QWEN_05B, 6 * QWEN_05B));
+        let per = (three.parameters + three.gradient_shard + three.optimizer_state) as f64 / QWEN_05B as f64;
+        assert_eq!(per, 9.0);
+        let pass = three.with_pass_bytes(1000);
+        assert_eq!((pass.parameters, pass.gradients), (QWEN_05B + 1000, 1000));
+        // Loaded whole (2 bytes), held as a 1-byte shard: the trainer allocates 8 bytes more a parameter less 1.
+        assert_eq!(pass.allocated_beside_parameters(true), 7 * QWEN_05B + 2000);
+        let line = pass.describe(p.elements);
+        assert!(line.starts_with("sharded data parallel: ZeRO stage 3 over 2 ranks"), "{line}");
+        assert!(line.contains("9.0 bytes a parameter"), "{line}");
+        // Other stages ignore a pass's units.
+        let two = StateMemory::expected(p, ZeroStage::Gradients, 2, false);
+        assert_eq!(two.with_pass_bytes(1000), two);
     }
 
     #[test]

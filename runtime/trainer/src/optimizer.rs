@@ -158,6 +158,11 @@ impl AdamW {
         })
     }
 
+    /// The hyper-parameters (for a stage-3 layout that takes the parameters over).
+    pub(crate) fn settings(&self) -> AdamWSettings {
+        self.settings
+    }
+
     /// Whether the state is still unallocated ([`AdamW::deferred`]).
     pub fn is_deferred(&self) -> bool {
         self.deferred

@@ -73,6 +73,7 @@ use crate::lr_schedule::LrSchedule;
 use crate::memory::{StateMemory, TrainedParameters};
 use crate::micro_batch::{MicroBatching, passes, split};
 use crate::optimizer::zero::{ShardedMemory, Zero, ZeroStage};
+use crate::optimizer::zero3::FullShard;
 use crate::optimizer::{AdamW, AdamWSettings};
 use crate::recompute::{ActivationRecompute, RecomputePlan};
 use crate::reference::{ReferenceModel, copy_decoder, response_logprobs};
@@ -80,6 +81,7 @@ use memory_fit::{MemoryBudget, allocated_for};
 
 mod actor;
 mod forward_only;
+mod full_shard;
 mod memory_fit;
 
 /// The default [`TrainerOptions::pass_tokens`]. `bench_train --dtype bf16 --seq 128` (SmolLM2-135M, 2 cores of a
@@ -251,10 +253,13 @@ impl TrainerOptions {
                 critic.model.enable_gradient_checkpointing,
             ),
             critic_warmup: u64::from(config.trainer.critic_warmup),
-            // Trinity-RFT's FSDP strategies keep a rank's share of the optimizer state and gradients; trinity's
-            // nearest is ZeRO-2, with the parameters whole on every rank (it takes effect with several ranks).
-            zero_stage: match config.trainer.trainer_strategy.as_str() {
-                "fsdp" | "fsdp2" => ZeroStage::Gradients,
+            // Trinity-RFT's FSDP strategies shard the parameters, gradients and optimizer state (FULL_SHARD,
+            // `reshard_after_forward: true`, veRL's default): ZeRO stage 3. With `reshard_after_forward: false`
+            // FSDP keeps the parameters gathered after the forward and shards the gradients and optimizer state
+            // (SHARD_GRAD_OP): ZeRO stage 2. Either takes effect with several ranks.
+            zero_stage: match (config.trainer.trainer_strategy.as_str(), fsdp_flag("reshard_after_forward", true)) {
+                ("fsdp" | "fsdp2", true) => ZeroStage::Parameters,
+                ("fsdp" | "fsdp2", false) => ZeroStage::Gradients,
                 _ => ZeroStage::Replicated,
             },
             seed: config.explorer.rollout_model.seed,
@@ -314,6 +319,9 @@ pub struct Trainer {
     state_memory: StateMemory,
     /// Whether the start's memory line was logged (before the first step, once the stage is known).
     memory_announced: bool,
+    /// ZeRO stage 3 over more than one rank: the policy's parameters, gradients and optimizer state, sharded
+    /// ([`full_shard`]); `self.optimizer` then holds no state.
+    full_shard: Option<FullShard>,
 }
 
 /// Sums of per-micro-batch metrics, reduced to means at the end (veRL's `reduce_metrics`).
@@ -453,8 +461,16 @@ impl Trainer {
         } else {
             None
         };
-        let memory_budget =
-            MemoryBudget { available, configured: (options.micro_batching, options.pass_tokens), others, trained };
+        let layers = policy.config().num_hidden_layers as usize;
+        let named = policy.trainable_parameters()?;
+        let pass_bytes = crate::optimizer::zero3::pass_bytes(named.iter().map(|(n, t)| (n.as_str(), t)), layers);
+        let memory_budget = MemoryBudget {
+            available,
+            configured: (options.micro_batching, options.pass_tokens),
+            others,
+            trained,
+            pass_bytes,
+        };
         let recompute = memory_fit::plan(options.activation_recompute, &policy, None);
         let state_memory = StateMemory::expected(trained, ZeroStage::Replicated, 1, options.optimizer_offload);
         let mut trainer = Trainer {
@@ -473,6 +489,7 @@ impl Trainer {
             memory_budget,
             state_memory,
             memory_announced: false,
+            full_shard: None,
         };
         trainer.fit_memory(ZeroStage::Replicated, 1, 1);
         Ok(trainer)
@@ -495,18 +512,32 @@ impl Trainer {
                 ),
             ));
         }
+        let full_shard = self.options.zero_stage == ZeroStage::Parameters && group.world_size() > 1;
+        if full_shard {
+            self.check_full_shard()?;
+        }
         self.dp = Some(DataParallel::new(group));
         self.broadcast_state()?;
-        if let Some(dp) = &mut self.dp
+        if full_shard {
+            // Every layer recomputes in the backward: its graph cannot keep the parameters stage 3 frees.
+            self.options.activation_recompute = ActivationRecompute::Always;
+            self.shard_parameters()?;
+        } else if let Some(dp) = &mut self.dp
             && self.options.zero_stage != ZeroStage::Replicated
             && dp.world_size() > 1
         {
             let (stage, bucket_bytes) = (self.options.zero_stage, self.options.shard_bucket_bytes);
             dp.zero = Some(Zero::new(stage, bucket_bytes, &mut self.optimizer, dp)?);
         }
-        // Nothing shards a deferred state (one rank, or a replicated stage): it is allocated whole now.
-        self.optimizer.materialize()?;
-        let stage = self.dp.as_ref().and_then(|dp| dp.zero.as_ref()).map_or(ZeroStage::Replicated, Zero::stage);
+        // Nothing shards a deferred state (one rank, or a replicated stage): it is allocated whole now. Under
+        // stage 3 the layout holds the state and this optimizer none.
+        if !full_shard {
+            self.optimizer.materialize()?;
+        }
+        let stage = match full_shard {
+            true => ZeroStage::Parameters,
+            false => self.dp.as_ref().and_then(|dp| dp.zero.as_ref()).map_or(ZeroStage::Replicated, Zero::stage),
+        };
         self.fit_memory(stage, self.world_size(), crate::memory::local_ranks());
         Ok(self)
     }
@@ -514,6 +545,9 @@ impl Trainer {
     /// With sharded data parallel, the bytes this rank holds for the policy's parameters, gradients and optimizer
     /// state (gradients as at the last update).
     pub fn sharded_memory(&self) -> Option<ShardedMemory> {
+        if let Some(shard) = &self.full_shard {
+            return Some(Self::full_shard_memory(shard));
+        }
         let zero = self.dp.as_ref()?.zero.as_ref()?;
         let mut memory = zero.memory(&self.optimizer, true);
         if zero.stage() == ZeroStage::Gradients {
@@ -531,6 +565,13 @@ impl Trainer {
     /// collective: every rank leaves together); if that fails the trainer stays in the group and `None` is
     /// returned.
     pub fn take_process_group(&mut self) -> Option<trinity_collective::ProcessGroup> {
+        if self.full_shard.is_some() {
+            tracing::error!(
+                "cannot leave the data-parallel group: under ZeRO stage 3 the policy's parameters exist only as \
+                 the ranks' shards"
+            );
+            return None;
+        }
         if let Some(dp) = &self.dp
             && let Some(zero) = &dp.zero
             && let Err(e) = zero.unshard(dp.group(), &mut self.optimizer)
@@ -559,9 +600,14 @@ impl Trainer {
         if let Some(zero) = &dp.zero {
             zero.expand(&mut self.optimizer)?;
         }
-        let mut tensors = self.policy.named_parameters()?;
-        tensors.extend(self.policy.lora_parameters().into_iter().map(|(n, t)| (format!("lora/{n}"), t)));
-        tensors.extend(self.optimizer.state_tensors().into_iter().map(|(n, t)| (format!("optimizer/{n}"), t)));
+        // Under stage 3 the policy's parameters and state are sharded: they were broadcast before the sharding,
+        // and a loaded state reaches the ranks through `FullShard::load_from_rank_zero`.
+        let mut tensors = Vec::new();
+        if self.full_shard.is_none() {
+            tensors = self.policy.named_parameters()?;
+            tensors.extend(self.policy.lora_parameters().into_iter().map(|(n, t)| (format!("lora/{n}"), t)));
+            tensors.extend(self.optimizer.state_tensors().into_iter().map(|(n, t)| (format!("optimizer/{n}"), t)));
+        }
         if let Some(reference) = &self.reference {
             let params = reference.decoder().named_parameters()?;
             tensors.extend(params.into_iter().map(|(n, t)| (format!("reference/{n}"), t)));
@@ -591,7 +637,9 @@ impl Trainer {
         Ok(())
     }
 
-    /// The policy, e.g. for weight sync: `generation_decoder.copy_weights_from(trainer.policy())`.
+    /// The policy, e.g. for weight sync: `generation_decoder.copy_weights_from(trainer.policy())`. Under ZeRO
+    /// stage 3 ([`Trainer::fully_sharded`]) its parameters are empty between passes: read them through
+    /// [`Trainer::policy_weights`] or [`Trainer::with_whole_policy`].
     pub fn policy(&self) -> &Decoder {
         &self.policy
     }
@@ -611,9 +659,10 @@ impl Trainer {
         self.critic.as_ref()
     }
 
-    /// The policy's optimizer (its fp32 master weights are [`AdamW::master_weights`]).
+    /// The policy's optimizer (its fp32 master weights are [`AdamW::master_weights`]); under ZeRO stage 3 the
+    /// one over this rank's flat shards, one entry a layer and one for the outer parameters.
     pub fn optimizer(&self) -> &AdamW {
-        &self.optimizer
+        self.full_shard.as_ref().map_or(&self.optimizer, FullShard::optimizer)
     }
 
     /// The algorithm's components.
@@ -637,7 +686,12 @@ impl Trainer {
     /// With a sharded optimizer state it is a collective: every rank calls it, the state is gathered to rank 0 and
     /// rank 0 writes the files, in the same format as one process (so any world size can load them).
     pub fn save_state(&self, dir: &Path) -> Result<()> {
-        if let Some(dp) = &self.dp
+        if let (Some(dp), Some(shard)) = (&self.dp, &self.full_shard) {
+            shard.save(dp.group(), &dir.join("optimizer.safetensors"))?;
+            if dp.rank() != 0 {
+                return Ok(());
+            }
+        } else if let Some(dp) = &self.dp
             && let Some(zero) = &dp.zero
         {
             zero.save(dp.group(), &self.optimizer, &dir.join("optimizer.safetensors"))?;
@@ -662,7 +716,15 @@ impl Trainer {
 
     /// A data-parallel follower's part of rank 0's [`Trainer::save_state`]: a sharded optimizer state is gathered
     /// to rank 0 through collectives every rank must join; with a replicated one (or on rank 0) nothing happens.
+    /// Under stage 3 it first joins the gathers of the HF export rank 0 writes before the state
+    /// ([`Trainer::with_whole_policy`]).
     pub fn share_state_for_save(&self) -> Result<()> {
+        if let (Some(dp), Some(shard)) = (&self.dp, &self.full_shard)
+            && dp.rank() != 0
+        {
+            shard.gather_whole(dp.group(), |_| Ok(()))?;
+            return shard.save(dp.group(), Path::new(""));
+        }
         if let Some(dp) = &self.dp
             && let Some(zero) = &dp.zero
             && dp.rank() != 0
@@ -680,14 +742,27 @@ impl Trainer {
         if let Some(zero) = self.dp.as_ref().and_then(|dp| dp.zero.as_ref()) {
             zero.expand(&mut self.optimizer)?;
         }
-        self.optimizer.load(&dir.join("optimizer.safetensors"))?;
+        let path = dir.join("optimizer.safetensors");
+        if self.full_shard.is_none() {
+            self.optimizer.load(&path)?;
+        }
         if let Some(critic) = &mut self.critic {
             critic.load_weights(&dir.join("critic.safetensors"))?;
             critic.optimizer_mut().load(&dir.join("critic_optimizer.safetensors"))?;
         }
         self.global_step = global_step;
         // Every rank loads the same files; rank 0's copy is made authoritative anyway.
-        self.broadcast_state()
+        self.broadcast_state()?;
+        self.load_shards_from_rank_zero(Some(&path))
+    }
+
+    /// Stage 3: the policy's state file as rank 0 reads it (`path`; the other ranks' is ignored), each rank keeping
+    /// its shards; nothing otherwise.
+    fn load_shards_from_rank_zero(&mut self, path: Option<&Path>) -> Result<()> {
+        match (&mut self.full_shard, &self.dp) {
+            (Some(shard), Some(dp)) => shard.load_from_rank_zero(dp.group(), path),
+            _ => Ok(()),
+        }
     }
 
     /// The other side of rank 0's [`Trainer::load_state`] on a rank that does not read the checkpoint itself (it
@@ -698,7 +773,8 @@ impl Trainer {
                 "rank 0 loads its state; receive_state is for the other ranks".into(),
             ));
         }
-        self.broadcast_state()
+        self.broadcast_state()?;
+        self.load_shards_from_rank_zero(None)
     }
 
     /// Runs one train step on `rows` and returns its metrics.
@@ -747,37 +823,28 @@ impl Trainer {
         // Reference logprobs and critic values for every row, micro-batch by micro-batch, without gradients; with
         // `bypass_mode: false` the policy's own logprobs replace the rollout's as `old_logprob`. Data parallel:
         // each rank scores its share and the sum over ranks gathers the rows.
-        let dp = self.dp.as_ref();
         // Forward only, so nothing is weighted by micro-batch: they run in passes ([`TrainerOptions::pass_tokens`]).
-        let forward_micro = split(rows, &share_of(dp, &all, 1), self.options.micro_batching)?;
+        let forward_micro = split(rows, &share_of(self.dp.as_ref(), &all, 1), self.options.micro_batching)?;
         let forward_batches: Vec<Vec<usize>> = passes(rows, &forward_micro, self.options.pass_tokens)
             .into_iter()
             .map(|pass| forward_micro[pass].concat())
             .collect();
-        let gather = |mut out: Tensor| -> Result<Tensor> {
-            if let Some(dp) = dp {
-                dp.sum(&mut out)?;
-            }
-            Ok(out)
-        };
         let replay = self.options.router_replay;
-        let score_all = |decoder: &Decoder, replay: bool| -> Result<Tensor> {
-            let mut out = Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu))?;
-            for micro in &forward_batches {
-                let lp = pad_to(&response_logprobs(decoder, rows, micro, temperature, chunk, replay)?, w)?;
-                out = out.f_index_copy(0, &indices(micro), &lp)?;
-            }
-            gather(out)
+        let zeros = || Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu));
+        // One micro-batch's response logprobs of `decoder` into `out`.
+        let score = |decoder: &Decoder, micro: &[usize], replay: bool, out: &mut Tensor| -> Result<()> {
+            let lp = pad_to(&response_logprobs(decoder, rows, micro, temperature, chunk, replay)?, w)?;
+            *out = out.f_index_copy(0, &indices(micro), &lp)?;
+            Ok(())
         };
         let wanted = self.policy_stats_wanted(&batch);
         if wanted.any() {
             // One pass gives the statistics the advantage function reads and, when asked, the recomputed old
             // logprobs; the rollout's stay beside them for functions that read those (Clip_B).
-            let zeros = || Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu));
             let (mut lp, mut ent, mut necs) = (zeros()?, zeros()?, zeros()?);
-            for micro in &forward_batches {
+            self.policy_forward_passes(&forward_batches, |t, micro| {
                 let s = crate::policy_stats::replayed_response_stats(
-                    &self.policy,
+                    &t.policy,
                     rows,
                     micro,
                     (temperature, chunk),
@@ -790,27 +857,41 @@ impl Trainer {
                 if let Some(x) = &s.necs {
                     necs = necs.f_index_copy(0, &idx, &pad_to(x, w)?)?;
                 }
-            }
+                Ok(())
+            })?;
             if self.options.recompute_old_logprobs {
-                batch.rollout_logprob = batch.old_logprob.replace(gather(lp)?);
+                batch.rollout_logprob = batch.old_logprob.replace(self.sum_over_ranks(lp)?);
             }
-            batch.entropy = Some(gather(ent)?);
-            batch.necs = if wanted.necs { Some(gather(necs)?) } else { None };
+            batch.entropy = Some(self.sum_over_ranks(ent)?);
+            batch.necs = if wanted.necs { Some(self.sum_over_ranks(necs)?) } else { None };
         } else if self.options.recompute_old_logprobs {
-            batch.old_logprob = Some(score_all(&self.policy, replay)?);
+            let mut out = zeros()?;
+            self.policy_forward_passes(&forward_batches, |t, micro| score(&t.policy, micro, replay, &mut out))?;
+            batch.old_logprob = Some(self.sum_over_ranks(out)?);
         }
         if let Some(reference) = &self.reference {
             // Trinity-RFT's reference keeps its own routing; a LoRA policy's base is scored by the actor, replaying.
-            batch.ref_logprob = Some(score_all(reference.decoder(), false)?);
+            let mut out = zeros()?;
+            for micro in &forward_batches {
+                score(reference.decoder(), micro, false, &mut out)?;
+            }
+            batch.ref_logprob = Some(self.sum_over_ranks(out)?);
         } else if self.reference_is_base {
-            batch.ref_logprob = Some(self.policy.without_lora(|| score_all(&self.policy, replay))?);
+            let mut out = zeros()?;
+            self.policy.without_lora(|| -> Result<()> {
+                for micro in &forward_batches {
+                    score(&self.policy, micro, replay, &mut out)?;
+                }
+                Ok(())
+            })?;
+            batch.ref_logprob = Some(self.sum_over_ranks(out)?);
         }
         if let Some(critic) = &self.critic {
             let mut out = Tensor::f_zeros([n as i64, w], (Kind::Float, Device::Cpu))?;
             for micro in &forward_batches {
                 out = out.f_index_copy(0, &indices(micro), &pad_to(&critic.values(rows, micro)?, w)?)?;
             }
-            batch.values = Some(gather(out)?);
+            batch.values = Some(self.sum_over_ranks(out)?);
         }
 
         let (active, returns) = self.advantages(&mut batch, &mut metrics)?;
@@ -868,9 +949,10 @@ impl Trainer {
                 let is_weights = is_weights.as_ref();
                 let mini = actor::MiniBatch { rows, batch: &batch, counts: &counts, whole, usual, is_weights };
                 forward_only += self.update_actor(&mini, &micro_batches, &mut means)?;
-                let grad_norm = match &self.dp {
-                    Some(dp) => dp.optimizer_step(&mut self.optimizer, self.options.grad_clip, lr)?,
-                    None => {
+                let grad_norm = match (&self.dp, &mut self.full_shard) {
+                    (Some(dp), Some(shard)) => shard.step(dp.group(), self.options.grad_clip, lr)?,
+                    (Some(dp), None) => dp.optimizer_step(&mut self.optimizer, self.options.grad_clip, lr)?,
+                    (None, _) => {
                         let norm = self.optimizer.clip_grad_norm(self.options.grad_clip)?;
                         if norm.is_finite() {
                             self.optimizer.step(lr)?;
@@ -904,6 +986,14 @@ impl Trainer {
         metrics.insert("actor/optimizer_steps".into(), grad_norms.len() as f64);
         metrics.insert("perf/rows".into(), active.len() as f64);
         Ok(metrics)
+    }
+
+    /// `out` summed over the data-parallel ranks (each filled its share's rows), or as it is without a group.
+    fn sum_over_ranks(&self, mut out: Tensor) -> Result<Tensor> {
+        if let Some(dp) = &self.dp {
+            dp.sum(&mut out)?;
+        }
+        Ok(out)
     }
 
     /// The step's rows cut into mini-batches of `options.mini_batch_rows` (in order; the last may be shorter), one

@@ -56,6 +56,9 @@ pub enum ZeroStage {
     OptimizerState,
     /// Stage 2: the optimizer state and the reduced gradients.
     Gradients,
+    /// Stage 3: the parameters too, gathered per layer around its computations ([`super::zero3::FullShard`],
+    /// FSDP's `FULL_SHARD`).
+    Parameters,
 }
 
 impl ZeroStage {
@@ -65,6 +68,7 @@ impl ZeroStage {
             ZeroStage::Replicated => 0,
             ZeroStage::OptimizerState => 1,
             ZeroStage::Gradients => 2,
+            ZeroStage::Parameters => 3,
         }
     }
 }

@@ -709,5 +709,8 @@ impl Engine {
     }
 }
 
+mod whole;
+pub use whole::pass_bytes;
+
 #[cfg(test)]
 mod tests;

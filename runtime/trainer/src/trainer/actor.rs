@@ -38,9 +38,13 @@ impl Trainer {
     ) -> Result<usize> {
         self.optimizer.zero_grad();
         let mut forward_only = 0;
-        for pass in passes(mini.rows, micro_batches, self.options.pass_tokens) {
-            forward_only += self.actor_pass(mini, &micro_batches[pass], means)?;
+        let passes = passes(mini.rows, micro_batches, self.options.pass_tokens);
+        // Under stage 3 every rank runs as many passes as the busiest one, idle ones gathering and reducing only.
+        let most = self.most_passes(passes.len())?;
+        for pass in &passes {
+            forward_only += self.sharded_pass(true, |t| t.actor_pass(mini, &micro_batches[pass.clone()], means))?;
         }
+        self.idle_passes(most - passes.len(), true)?;
         Ok(forward_only)
     }
 
@@ -167,7 +171,9 @@ impl Trainer {
             }
             offset += k;
         }
-        if !any_grad {
+        // A sharded pass must run its backward through every layer (zero gradients then), as the ranks' passes
+        // share their collectives.
+        if !any_grad && !self.fully_sharded() {
             return Ok(0);
         }
         // `pass_backward` moves the upstream gradients to the hidden states' device itself.

@@ -23,6 +23,9 @@ pub(crate) struct MemoryBudget {
     pub(crate) others: u64,
     /// The policy's trained parameters.
     pub(crate) trained: TrainedParameters,
+    /// Under stage 3, the whole units a pass holds at once ([`crate::optimizer::zero3::pass_bytes`]), measured
+    /// while the parameters were whole.
+    pub(crate) pass_bytes: u64,
 }
 
 /// The recomputation plan for `model` with `room` bytes for activations.
@@ -45,7 +48,8 @@ impl Trainer {
         let budget = &self.memory_budget;
         let device = self.policy.device();
         let on_cpu = device == Device::Cpu;
-        let state = StateMemory::expected(budget.trained, stage, world, self.options.optimizer_offload);
+        let state = StateMemory::expected(budget.trained, stage, world, self.options.optimizer_offload)
+            .with_pass_bytes(budget.pass_bytes);
         let allocated = state.allocated_beside_parameters(on_cpu) + budget.others;
         let room = activation_room(budget.available, local_ranks, allocated);
         self.recompute = plan(self.options.activation_recompute, &self.policy, room);

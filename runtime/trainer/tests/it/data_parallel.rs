@@ -15,7 +15,7 @@ use trinity_collective::testing::{assert_all_succeeded, run_ranks, var};
 use trinity_collective::{GroupOptions, ProcessGroup, Store, WeightReceiver, WeightSender, WeightSyncOptions};
 use trinity_config::algorithm::AlgorithmConfig;
 use trinity_model::LoraSpec;
-use trinity_trainer::{MicroBatching, TrainRow, Trainer, TrainerOptions, ZeroStage, share_rows};
+use trinity_trainer::{MicroBatching, StartingModels, TrainRow, Trainer, TrainerOptions, ZeroStage, share_rows};
 
 use crate::{algorithm, tiny_model, trainer, uneven_rows};
 
@@ -108,7 +108,11 @@ fn model(name: &str, seed: i64) -> trinity_model::Decoder {
 /// Saves the base parameters and, under `lora/`, the adapters.
 fn save(dir: &Path, tag: &str, trainer: &Trainer, metrics: &BTreeMap<String, f64>) {
     let policy = trainer.policy();
-    let mut params = policy.named_parameters().unwrap();
+    // Under stage 3 a collective: every rank saves after every step.
+    let mut params = match trainer.fully_sharded() {
+        true => trainer.policy_weights().unwrap(),
+        false => policy.named_parameters().unwrap(),
+    };
     params.extend(policy.lora_parameters().into_iter().map(|(n, t)| (format!("lora/{n}"), t)));
     Tensor::write_safetensors(&params, dir.join(format!("{tag}.safetensors"))).unwrap();
     let kept: BTreeMap<&String, &f64> = metrics.iter().filter(|(k, _)| !k.starts_with("perf/")).collect();
@@ -172,7 +176,16 @@ fn dp_child() {
     .unwrap();
     // Ranks other than 0 start from other weights: the broadcast at start must make them rank 0's.
     let model = model(&name, if rank == 0 { 3 } else { 100 + rank as i64 });
-    let t = trainer(model, &s.algorithm, LR, s.options);
+    let mut reference = None;
+    if let Some(from) = resume.as_ref().filter(|_| name.starts_with("zero3")) {
+        // Stage 3 shards the parameters when the trainer joins its group: a resumed run loads them before, as
+        // `trinity run` loads a checkpoint's weights, and its KL reference is the base model.
+        copy_weights(&model, &load(from, &format!("single_step{}", ZERO_SAVE_AFTER - 1)));
+        reference = Some(self::model(&name, 3));
+    }
+    let components = trinity_trainer::Components::from_config(&s.algorithm).unwrap();
+    let models = StartingModels { reference, critic: None };
+    let t = Trainer::with_models(model, models, components, &crate::optimizer(LR), s.options).unwrap();
     // A state that will be sharded is not allocated before the group splits it: no rank ever holds it whole.
     let state_before_group = t.optimizer().state_elements();
     let mut t = t.with_process_group(group).unwrap();
@@ -461,24 +474,39 @@ fn zero_scenario(name: &str) -> Option<Scenario> {
         "zero1" => (ZeroStage::OptimizerState, false),
         "zero2" => (ZeroStage::Gradients, false),
         "zero2off" => (ZeroStage::Gradients, true),
+        "zero3" => (ZeroStage::Parameters, false),
         _ => return None,
     };
     let mut s = scenario(&format!("{}_uneven", parts.next()?));
     s.options.zero_stage = stage;
     s.options.optimizer_offload = offload;
     s.options.shard_bucket_bytes = 16 << 10;
+    if stage == ZeroStage::Parameters {
+        // 7 rows in micro-batches of 3, one pass each: rank 0 trains {0,1,2} {3}, rank 1 {4,5,6} and an idle pass;
+        // GRPO recomputes its old logprobs, so forward-only sharded passes (and an idle one) run too.
+        let with_advantages = s.rows[0].advantages.is_some();
+        s.rows = uneven_rows(7, with_advantages);
+        s.options.micro_batching = MicroBatching::Rows(3);
+        s.options.pass_tokens = None;
+        s.options.recompute_old_logprobs = with_advantages;
+    }
     Some(s)
+}
+
+fn copy_weights(model: &trinity_model::Decoder, saved: &BTreeMap<String, Tensor>) {
+    tch::no_grad(|| {
+        for (name, mut p) in model.named_parameters().unwrap() {
+            p.copy_(&saved[&name]);
+        }
+    });
 }
 
 /// Loads the policy's weights saved as `<tag>_step<ZERO_SAVE_AFTER - 1>` and the trainer state in `state` of
 /// `from`.
 fn resume_from(t: &mut Trainer, from: &Path, tag: &str, state: &str) {
-    let saved = load(from, &format!("{tag}_step{}", ZERO_SAVE_AFTER - 1));
-    tch::no_grad(|| {
-        for (name, mut p) in t.policy().named_parameters().unwrap() {
-            p.copy_(&saved[&name]);
-        }
-    });
+    if !t.fully_sharded() {
+        copy_weights(t.policy(), &load(from, &format!("{tag}_step{}", ZERO_SAVE_AFTER - 1)));
+    }
     t.load_state(&from.join(state), ZERO_SAVE_AFTER as u64).unwrap();
 }
 
@@ -562,7 +590,14 @@ fn check_sharded(name: &str) {
     let ranks: Vec<serde_json::Value> = (0..2).map(|r| json(&format!("rank{r}"))).collect();
     let held: Vec<i64> = ranks.iter().map(|m| m["state_elements"].as_i64().unwrap()).collect();
     println!("{name}: optimizer state elements per rank {held:?} of {whole} unsharded");
-    assert_eq!(held.iter().sum::<i64>(), whole, "{name}: the shards do not add up to the whole state");
+    let stage3 = name.starts_with("zero3");
+    if stage3 {
+        // Each unit's flat vector is padded to a multiple of the world: a few elements per unit more at most.
+        let padded = held.iter().sum::<i64>() - whole;
+        assert!((0..=3 * 2 * 8).contains(&padded), "{name}: the shards hold {padded} elements beyond the whole");
+    } else {
+        assert_eq!(held.iter().sum::<i64>(), whole, "{name}: the shards do not add up to the whole state");
+    }
     for (h, m) in held.iter().zip(&ranks) {
         assert!((*h as f64) <= 0.5 * whole as f64 * 1.01, "{name}: a rank holds {h} of {whole} state elements");
         assert_eq!(m["state_elements_before_group"], 0, "{name}: the state was allocated before it was sharded");
@@ -570,12 +605,24 @@ fn check_sharded(name: &str) {
         // the padding of each bucket's chunks.
         let expected = m["expected_state_bytes"].as_i64().unwrap() as f64;
         assert!((expected - 4.0 * *h as f64).abs() <= 0.01 * expected, "{name}: expected {expected} state bytes");
-        assert_eq!(m["expected_parameter_bytes"], m["parameter_bytes"], "{name}");
+        if stage3 {
+            // The expected figure adds the whole units a pass holds to the shards.
+            let (expected, held) =
+                (m["expected_parameter_bytes"].as_i64().unwrap(), m["parameter_bytes"].as_i64().unwrap());
+            let whole_bytes = whole / if bf16 { 3 } else { 2 } * if bf16 { 2 } else { 4 };
+            println!("{name}: parameter bytes held {held} of {whole_bytes}, expected with a pass's units {expected}");
+            assert!(held as f64 <= 0.5 * whole_bytes as f64 * 1.01, "{name}: a rank holds {held} parameter bytes");
+            // The tiny model's three largest units are all of it (two layers and the outer unit).
+            assert!(expected > held && expected <= held + whole_bytes, "{name}: expected {expected} parameter bytes");
+        } else {
+            assert_eq!(m["expected_parameter_bytes"], m["parameter_bytes"], "{name}");
+        }
     }
-    if name.starts_with("zero2") {
+    if name.starts_with("zero2") || stage3 {
         for m in &ranks {
             let (grads, params) = (m["gradient_bytes"].as_i64().unwrap(), m["parameter_bytes"].as_i64().unwrap());
-            let elements = params / if bf16 { 2 } else { 4 };
+            // Stage 3's parameter bytes are a shard already.
+            let elements = params / if bf16 { 2 } else { 4 } * if stage3 { 2 } else { 1 };
             println!("{name}: gradient bytes held {grads} for {elements} parameters (fp32 shards)");
             assert!(grads as f64 <= 0.5 * 4.0 * elements as f64 * 1.01, "{name}: {grads} gradient bytes");
             let expected = m["expected_gradient_shard_bytes"].as_i64().unwrap() as f64;
@@ -631,6 +678,20 @@ fn zero_stage_2_matches_one_process_for_sft_on_rows_of_unequal_length() {
 fn zero_stage_2_matches_one_process_for_grpo_on_rows_of_unequal_length() {
     check_sharded("zero2_grpo_f32");
     check_sharded("zero2_grpo_bf16");
+}
+
+/// Stage 3 in the trainer: parameters sharded per layer, ranks with fewer micro-batches (and forward-only passes)
+/// running idle passes, weights gathered for the comparison, checkpoints across world sizes.
+#[test]
+fn zero_stage_3_matches_one_process_for_sft_on_rows_of_unequal_length() {
+    check_sharded("zero3_sft_f32");
+    check_sharded("zero3_sft_bf16");
+}
+
+#[test]
+fn zero_stage_3_matches_one_process_for_grpo_on_rows_of_unequal_length() {
+    check_sharded("zero3_grpo_f32");
+    check_sharded("zero3_grpo_bf16");
 }
 
 /// `optimizer_offload` on two ZeRO-2 ranks: the state's shards are in host memory (on this CPU, the parameters' own,
