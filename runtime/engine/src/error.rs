@@ -71,6 +71,15 @@ pub enum EngineError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A request's output constraint could not go on (its state failed, or allowed no token); only that
+    /// request fails.
+    #[error("request {request}: constrained sampling failed: {reason}")]
+    ConstraintFailed {
+        /// The request id.
+        request: u64,
+        /// What the constraint reported.
+        reason: String,
+    },
     /// The model failed while running a batch this request was part of (for example out of memory); the
     /// request is dropped and the engine goes on with the next batch.
     #[error("request {request}: the model failed during {phase}: {reason}")]

@@ -36,6 +36,11 @@
 //! does not know about them). In f32 the engine's values equal the training forward pass's within 1e-4 (the
 //! cached decode path sums attention in a different order; 5e-5 measured on SmolLM2-135M).
 //!
+//! # Constrained sampling
+//! A request's [`SamplingParams::constraint`] ([`TokenConstraint`]) gives each sample a state that says which
+//! tokens may come next; the step samples from the masked distribution while the reported logprob stays the
+//! unmasked one above, which is what the trainer recomputes. Steps without constrained rows do none of this.
+//!
 //! # Routed experts
 //! With [`EngineConfig::return_routed_experts`], a mixture-of-experts model's completions carry the experts its
 //! router chose for every token it read, prompt and response ([`Completion::routed_experts`]), which the
@@ -55,6 +60,7 @@
 //! slots fails with [`EngineError::TooManySamples`], and a KV-cache budget below one slot fails at start-up
 //! with [`EngineError::KvBudgetTooSmall`].
 
+mod constraint;
 mod detokenize;
 mod engine;
 mod engine_config;
@@ -68,6 +74,7 @@ mod scheduler;
 mod stats;
 mod stop;
 
+pub use constraint::{Constraint, ConstraintError, ConstraintState, TokenConstraint};
 pub use detokenize::IncrementalText;
 pub use engine::{Engine, EngineInfo, EngineModel};
 pub use engine_config::EngineConfig;

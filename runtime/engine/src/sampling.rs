@@ -40,6 +40,9 @@ pub(crate) struct RowSpec<'a> {
     pub(crate) banned: &'a [i64],
     /// How many of the most likely tokens to report with their logprobs; 0 reports none.
     pub(crate) top_logprobs: usize,
+    /// A constrained row's mask, `vocab` wide (`true`: may be chosen), with at least one id allowed; `None`
+    /// allows every id. Like `banned` it restricts selection only (see [`crate::constraint`]).
+    pub(crate) allowed: Option<&'a [bool]>,
 }
 
 impl RowSpec<'_> {
@@ -90,7 +93,7 @@ fn sample_tensors(logits: &Tensor, rows: &[RowSpec<'_>]) -> Result<Sampled> {
     };
     let logp = scaled.f_log_softmax(-1, Kind::Float)?;
 
-    // Selection scores: the tempered log-probabilities with banned ids at -inf.
+    // Selection scores: the tempered log-probabilities with banned and disallowed ids at -inf.
     let selection = if rows.iter().any(|r| !r.banned.is_empty()) {
         let mut row_idx = Vec::new();
         let mut col_idx = Vec::new();
@@ -106,6 +109,10 @@ fn sample_tensors(logits: &Tensor, rows: &[RowSpec<'_>]) -> Result<Sampled> {
         logp.f_index_put(&[Some(rows_t), Some(cols_t)], &ninf, false)?
     } else {
         logp.shallow_clone()
+    };
+    let selection = match disallowed(rows, vocab)? {
+        Some(mask) => selection.f_masked_fill(&mask.f_to_device(device)?, f64::NEG_INFINITY)?,
+        None => selection,
     };
     let mut ids = selection.f_argmax(-1, false)?;
 
@@ -124,6 +131,24 @@ fn sample_tensors(logits: &Tensor, rows: &[RowSpec<'_>]) -> Result<Sampled> {
     let (ids, logprobs) = host.split_at(b);
     let top = top_logprobs(&logp, rows, vocab)?;
     Ok(Sampled { ids: ids.iter().map(|&x| x as u32).collect(), logprobs: logprobs.to_vec(), top })
+}
+
+/// `[B, vocab]` booleans, `true` where a constrained row may not choose the id; `None` when no row is
+/// constrained.
+fn disallowed(rows: &[RowSpec<'_>], vocab: i64) -> Result<Option<Tensor>> {
+    if rows.iter().all(|r| r.allowed.is_none()) {
+        return Ok(None);
+    }
+    let vocab = vocab as usize;
+    let mut mask = vec![false; rows.len() * vocab];
+    for (row, spec) in mask.chunks_exact_mut(vocab).zip(rows) {
+        if let Some(allowed) = spec.allowed {
+            for (m, &a) in row.iter_mut().zip(allowed.iter().chain(std::iter::repeat(&false))) {
+                *m = !a;
+            }
+        }
+    }
+    Ok(Some(Tensor::from_slice(&mask).f_view([rows.len() as i64, vocab as i64])?))
 }
 
 /// The most likely tokens of every row that asks for them, from `logp` (`[B, vocab]`, the distribution the
@@ -201,7 +226,7 @@ mod tests {
     use super::*;
 
     fn spec(temperature: f32, uniform: f64) -> RowSpec<'static> {
-        RowSpec { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, uniform, banned: &[], top_logprobs: 0 }
+        RowSpec { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, uniform, banned: &[], top_logprobs: 0, allowed: None }
     }
 
     fn logits() -> Tensor {

@@ -6,6 +6,7 @@
 
 use serde::Deserialize;
 
+use crate::constraint::Constraint;
 use crate::error::{EngineError, Result};
 
 /// Sampling and stopping parameters of one request.
@@ -40,6 +41,11 @@ pub struct SamplingParams {
     /// (OpenAI's `top_logprobs`); only streamed requests receive them ([`crate::StreamedToken`]). 0 computes
     /// nothing extra.
     pub top_logprobs: usize,
+    /// Which tokens each sample may choose at each step (a JSON schema, a grammar); `None` samples freely.
+    /// Logprobs stay those of the unmasked distribution (the crate docs' *Constrained sampling*). Not part
+    /// of the serialized form: a constraint is built by the caller in code.
+    #[serde(skip)]
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -57,6 +63,7 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             ignore_eos: false,
             top_logprobs: 0,
+            constraint: None,
         }
     }
 }

@@ -31,6 +31,7 @@ use std::time::Instant;
 use tch::Tensor;
 use trinity_model::{Decoder, KvCache, Tokenizer};
 
+use crate::constraint::{ConstraintError, ConstraintState, row_mask};
 use crate::error::{EngineError, Result};
 use crate::prefix_cache::{MIN_REUSE, Match, PrefixCache, common_start};
 use crate::request::{
@@ -63,6 +64,9 @@ impl std::fmt::Debug for Command {
     }
 }
 
+/// A request whose constraint could not go on, and what it reported.
+type ConstraintFailure = (u64, ConstraintError);
+
 /// A request whose samples are running.
 struct RequestState {
     params: SamplingParams,
@@ -89,6 +93,8 @@ struct Sequence {
     stop: Option<StopStrings>,
     /// The experts of every token read so far, `[tokens, layers, k]` flat, when the engine records them.
     routed: Vec<u16>,
+    /// Where the sample is in its request's constraint, when it has one.
+    constraint: Option<Box<dyn ConstraintState>>,
 }
 
 /// Everything the scheduler thread owns.
@@ -183,6 +189,8 @@ fn routing_rows(experts: &Tensor, lens: &[usize], (layers, k): (usize, usize)) -
 enum Outcome {
     Running,
     Finished(FinishReason, Option<String>),
+    /// The sample's constraint could not take the token; its request fails.
+    Failed(ConstraintError),
 }
 
 impl Scheduler {
@@ -355,7 +363,8 @@ impl Scheduler {
                 ids[row * width + j] = i64::from(token);
             }
             lens.push(request.prompt.len() - start);
-            samples.push((request.id, request.params.n, request.params.stop.clone()));
+            let constraint = request.params.constraint.clone();
+            samples.push((request.id, request.params.n, request.params.stop.clone(), constraint));
             self.start_request(request);
         }
         let ids = Tensor::from_slice(&ids).f_view([m as i64, width as i64])?.f_to_device(device)?;
@@ -364,7 +373,7 @@ impl Scheduler {
         let prompt_routing = match self.routed {
             Some(layout) => routing_rows(&experts, &lens, layout)?,
             None => {
-                for (row, (id, _, _)) in samples.iter().enumerate() {
+                for (row, (id, ..)) in samples.iter().enumerate() {
                     if let Some(state) = self.requests.get(id) {
                         store(&mut self.prefixes, &mut self.cache, first_free, base + row, &state.prompt);
                     }
@@ -378,7 +387,7 @@ impl Scheduler {
         // prefill slots, in request order; `rows` maps each sequence (in slot order) to its prompt's logits row.
         let mut sequences = Vec::new();
         let mut extra_slot = base + m;
-        for (row, (request, n, stop)) in samples.into_iter().enumerate() {
+        for (row, (request, n, stop, constraint)) in samples.into_iter().enumerate() {
             for sample in 0..n {
                 let slot = if sample == 0 {
                     base + row
@@ -389,10 +398,10 @@ impl Scheduler {
                 };
                 let stop = (!stop.is_empty()).then(|| StopStrings::new(&stop));
                 let routed = prompt_routing[row].clone();
-                sequences.push((
-                    row as i64,
-                    Sequence { request, sample, slot, tokens: Vec::new(), logprobs: Vec::new(), stop, routed },
-                ));
+                let constraint = constraint.as_ref().map(|c| c.0.start());
+                let (tokens, logprobs) = (Vec::new(), Vec::new());
+                sequences
+                    .push((row as i64, Sequence { request, sample, slot, tokens, logprobs, stop, routed, constraint }));
             }
         }
         sequences.sort_by_key(|(_, s)| s.slot);
@@ -536,9 +545,10 @@ impl Scheduler {
     /// Samples a token for `running[first..]` from `logits` (one row each), appends it, finishes the sequences
     /// that are done and compacts the batch.
     fn sample_and_advance(&mut self, logits: &Tensor, first: usize) -> Result<()> {
+        let (masks, failed) = self.constraint_masks(logits, first);
         let sampled = {
             let mut specs = Vec::with_capacity(self.running.len() - first);
-            for s in &self.running[first..] {
+            for (i, s) in self.running[first..].iter().enumerate() {
                 let state = self.requests.get(&s.request).ok_or(EngineError::Stopped)?;
                 let p = &state.params;
                 let step = s.tokens.len();
@@ -550,26 +560,79 @@ impl Scheduler {
                     uniform: uniform(state.seed, s.sample as u64, step as u64),
                     banned: if step < p.min_tokens { &state.banned } else { &[] },
                     top_logprobs: p.top_logprobs,
+                    allowed: masks.get(i).and_then(Option::as_deref),
                 });
             }
             sample(logits, &specs)?
         };
         self.count_pass(sampled.ids.len() as u64);
+        for (request, reason) in failed {
+            self.fail_constrained(request, reason);
+        }
         let mut finished = Vec::new();
         let mut top = sampled.top.into_iter();
         for (i, (&token, &logprob)) in sampled.ids.iter().zip(&sampled.logprobs).enumerate() {
             let index = first + i;
-            match self.advance(index, token, logprob, top.next().unwrap_or_default())? {
+            let top = top.next().unwrap_or_default();
+            if !self.requests.contains_key(&self.running[index].request) {
+                continue;
+            }
+            match self.advance(index, token, logprob, top)? {
                 Outcome::Running => {}
                 Outcome::Finished(reason, text) => {
                     self.keep_conversation(index);
                     self.finish(index, reason, text)?;
                     finished.push(index);
                 }
+                Outcome::Failed(reason) => self.fail_constrained(self.running[index].request, reason),
             }
         }
-        self.remove_sequences(&finished);
+        // Finished samples, and every sample of a request whose constraint failed.
+        let gone: Vec<usize> = (0..self.running.len())
+            .filter(|&i| finished.contains(&i) || !self.requests.contains_key(&self.running[i].request))
+            .collect();
+        self.remove_sequences(&gone);
         Ok(())
+    }
+
+    /// Each row's constraint mask (`None` for an unconstrained row); empty when no row has a constraint, which
+    /// is every step of ordinary requests. The requests whose constraint failed or allows nothing come back
+    /// with the reason, to be failed once the step is sampled (their rows sample unmasked and are dropped).
+    fn constraint_masks(&mut self, logits: &Tensor, first: usize) -> (Vec<Option<Vec<bool>>>, Vec<ConstraintFailure>) {
+        if self.running[first..].iter().all(|s| s.constraint.is_none()) {
+            return (Vec::new(), Vec::new());
+        }
+        let vocab = logits.size().last().copied().unwrap_or(0) as usize;
+        let mut masks = Vec::with_capacity(self.running.len() - first);
+        let mut failed = Vec::new();
+        for s in &mut self.running[first..] {
+            let Some(constraint) = s.constraint.as_mut() else {
+                masks.push(None);
+                continue;
+            };
+            let eos_usable = self.requests.get(&s.request).is_some_and(|r| !r.params.ignore_eos);
+            match row_mask(constraint.as_mut(), vocab, &self.eos, eos_usable) {
+                Ok(Some(mask)) => masks.push(Some(mask)),
+                Ok(None) => {
+                    failed.push((s.request, "the constraint allows no token of the vocabulary".to_owned()));
+                    masks.push(None);
+                }
+                Err(reason) => {
+                    failed.push((s.request, reason));
+                    masks.push(None);
+                }
+            }
+        }
+        (masks, failed)
+    }
+
+    /// Fails `request` because its constraint could not go on; its rows of this step are sampled freely and
+    /// dropped.
+    fn fail_constrained(&mut self, request: u64, reason: ConstraintError) {
+        if let Some(state) = self.requests.remove(&request) {
+            tracing::warn!(request, %reason, "constrained sampling failed");
+            state.reply.fail(EngineError::ConstraintFailed { request, reason });
+        }
     }
 
     /// Appends a token to `running[index]` (and streams it when its request streams) and decides whether the
@@ -591,6 +654,15 @@ impl Scheduler {
         }
         if !p.ignore_eos && self.eos.contains(&token) {
             return Ok(Outcome::Finished(FinishReason::Eos, None));
+        }
+        if let Some(constraint) = seq.constraint.as_mut() {
+            if let Err(reason) = constraint.advance(token) {
+                return Ok(Outcome::Failed(reason));
+            }
+            // A sample that cannot end on an end-of-sequence token ends where its output is complete.
+            if constraint.must_end() && (p.ignore_eos || self.eos.is_empty()) {
+                return Ok(Outcome::Finished(FinishReason::Stop, None));
+            }
         }
         if let (Some(stop), Some(tokenizer)) = (seq.stop.as_mut(), self.tokenizer.as_ref())
             && let Some(text) = stop.push(tokenizer, &seq.tokens, generated >= p.min_tokens)?

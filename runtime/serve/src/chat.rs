@@ -1,6 +1,6 @@
 //! `POST /v1/chat/completions`: messages rendered with the model's chat template (tools through its `tools`
-//! variable), the reply sampled by the engine, tool calls parsed from the model's own output, every choice
-//! recorded.
+//! variable), the reply sampled by the engine, tool calls parsed from the model's own output (or, for a forced
+//! tool choice, sampled under the tools' schema: `forced_tools.rs`), every choice recorded.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,6 +14,7 @@ use trinity_explorer::RolloutModel;
 use trinity_model::ChatMessage;
 
 use crate::error::ApiError;
+use crate::forced_tools::{self, ForcedChoice, ToolChoice};
 use crate::generation::{Job, Run, finish_reason_name};
 use crate::logprobs::chat_logprobs;
 use crate::params::{self, CommonParams};
@@ -68,6 +69,8 @@ pub(crate) struct ChatOutput {
     pub(crate) top_logprobs: bool,
     pub(crate) return_token_ids: bool,
     pub(crate) parse_tools: bool,
+    /// A forced tool choice: the output was sampled under its schema and becomes `tool_calls`.
+    pub(crate) forced: Option<ForcedChoice>,
     pub(crate) reasoning: Option<ReasoningParser>,
     pub(crate) model: String,
 }
@@ -118,7 +121,12 @@ fn prepare(
         return Err(ApiError::invalid_param("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
     }
     let tools = check_tools(fields.tools.as_deref())?;
-    let parse_tools = tools.is_some() && tool_choice_parses(fields.tool_choice.as_ref())?;
+    let choice = forced_tools::tool_choice(fields.tool_choice.as_ref(), tools.as_ref())?;
+    let parse_tools = tools.is_some() && choice == ToolChoice::Auto;
+    let forced = match choice {
+        ToolChoice::Forced(forced) => Some(forced),
+        ToolChoice::Auto | ToolChoice::None => None,
+    };
     if parse_tools && !state.options.auto_tool_choice {
         return Err(ApiError::invalid_param(
             "tool_choice",
@@ -132,7 +140,11 @@ fn prepare(
     let messages = normalize_messages(&fields.messages)?;
     let prompt = render_prompt(&target.model, &messages, tools.as_ref(), &fields)?;
     let max_tokens = fields.max_completion_tokens.or(common.max_tokens);
-    let params = common.sampling(state.forced_temperature(&target), max_tokens, if logprobs { top } else { 0 })?;
+    let mut params = common.sampling(state.forced_temperature(&target), max_tokens, if logprobs { top } else { 0 })?;
+    if let (Some(forced), Some(tools)) = (&forced, &tools) {
+        let index = state.token_indexes.get(&target.model);
+        params.constraint = Some(forced_tools::constraint(index, forced, tools));
+    }
     let return_token_ids = common.return_token_ids.unwrap_or(false);
     let stream = common.stream.unwrap_or(false).then(|| StreamSpec {
         shape: Shape::Chat,
@@ -143,6 +155,7 @@ fn prepare(
         return_token_ids,
         include_usage: common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
         parse_tools,
+        forced: forced.clone(),
         reasoning: state.options.reasoning_parser,
         stop: params.stop.clone(),
     });
@@ -152,6 +165,7 @@ fn prepare(
         top_logprobs: top > 0,
         return_token_ids,
         parse_tools,
+        forced,
         reasoning: state.options.reasoning_parser,
         model: target.name.clone(),
     };
@@ -173,22 +187,6 @@ fn check_tools(tools: Option<&[Value]>) -> Result<Option<Value>, ApiError> {
         }
     }
     Ok(Some(Value::Array(tools.to_vec())))
-}
-
-/// Whether tool calls are parsed: `auto` (the default) yes, `none` no; forcing a call (`required`, a named
-/// function) needs constrained decoding, which the engine does not do.
-fn tool_choice_parses(choice: Option<&Value>) -> Result<bool, ApiError> {
-    match choice {
-        None => Ok(true),
-        Some(Value::String(s)) if s == "auto" => Ok(true),
-        Some(Value::String(s)) if s == "none" => Ok(false),
-        Some(other) => Err(ApiError::unsupported(
-            "tool_choice",
-            format!(
-                "tool_choice {other} is not supported: forcing a tool call needs constrained decoding; use \"auto\" (the model decides) or \"none\""
-            ),
-        )),
-    }
 }
 
 /// The message fields passed to the chat template.
@@ -347,16 +345,37 @@ pub(crate) fn split_reasoning(text: &str, parser: Option<ReasoningParser>) -> (O
 /// them (`with_reasoning`: a parser is on, so the message carries `reasoning_content` even when empty); tool
 /// calls are parsed out of the answer when asked (vLLM parses tools in the answer only, so a call the model only
 /// thought about is none). The caller splits, so a streamed reply that also needs the split does it once.
+/// A forced choice's answer is its calls, with `content` `""` and the engine's finish reason, as vLLM returns
+/// a whole response (a streamed one says `tool_calls`: the caller's to set).
 pub(crate) fn chat_message(
     thinking: Option<&str>,
     answer: Option<&str>,
     with_reasoning: bool,
     reason: &'static str,
-    parse_tools: bool,
+    tools: (bool, Option<&ForcedChoice>),
     id_of: &dyn Fn() -> String,
 ) -> (Value, &'static str) {
+    let (parse_tools, forced) = tools;
+    let forced_calls = forced.and_then(|f| forced_tools::calls(f, answer.unwrap_or_default(), id_of));
     let calls = if parse_tools { parse_hermes(answer.unwrap_or_default()) } else { None };
-    let (mut message, reason) = match calls {
+    let (mut message, reason) = match (forced_calls, calls) {
+        (Some(calls), _) => (json!({"role": "assistant", "content": "", "tool_calls": calls}), reason),
+        (None, calls) => chat_reply(answer, reason, calls, id_of),
+    };
+    if with_reasoning {
+        message["reasoning_content"] = json!(thinking);
+    }
+    (message, reason)
+}
+
+/// The message of an answer with the calls parsed from it, if any.
+fn chat_reply(
+    answer: Option<&str>,
+    reason: &'static str,
+    calls: Option<crate::tool_calls::ParsedReply>,
+    id_of: &dyn Fn() -> String,
+) -> (Value, &'static str) {
+    match calls {
         Some(reply) => {
             let calls: Vec<Value> = reply
                 .calls
@@ -366,11 +385,7 @@ pub(crate) fn chat_message(
             (json!({"role": "assistant", "content": reply.content, "tool_calls": calls}), "tool_calls")
         }
         None => (json!({"role": "assistant", "content": answer}), reason),
-    };
-    if with_reasoning {
-        message["reasoning_content"] = json!(thinking);
     }
-    (message, reason)
 }
 
 /// Runs the request to the end and answers with one `chat.completion` object.
@@ -395,7 +410,7 @@ async fn respond_whole(mut run: Run, output: &ChatOutput) -> Response {
             answer.as_deref(),
             output.reasoning.is_some(),
             finish_reason_name(reason),
-            output.parse_tools,
+            (output.parse_tools, output.forced.as_ref()),
             &id_of,
         );
         reasons.push(reason);

@@ -134,6 +134,7 @@ fn prepare(
         return_token_ids: common.return_token_ids.unwrap_or(false),
         include_usage: common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
         parse_tools: false,
+        forced: None,
         // vLLM's reasoning parsers shape chat replies only.
         reasoning: None,
         stop: params.stop.clone(),

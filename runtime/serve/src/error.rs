@@ -148,6 +148,8 @@ impl From<EngineError> for ApiError {
             EngineError::EmptyPrompt { .. } => ApiError::invalid_param("prompt", message),
             EngineError::TooManySamples { .. } => ApiError::invalid_param("n", message),
             EngineError::InvalidParams { param, .. } => ApiError::invalid_param(param, message),
+            // Only forced tool choices constrain sampling: the model's vocabulary cannot write what they ask.
+            EngineError::ConstraintFailed { .. } => ApiError::invalid_param("tool_choice", message),
             EngineError::Stopped => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 message,

@@ -19,7 +19,9 @@
 //!   `stream_options.include_usage`, `tools` / `tool_choice` (`auto`, `none`: tools are rendered through the
 //!   chat template's `tools` variable and hermes-style `<tool_call>{json}</tool_call>` blocks in the output
 //!   become `tool_calls` with `finish_reason: tool_calls`, when `ServeOptions::auto_tool_choice` allows it; else
-//!   `auto` is a 400 as in vLLM without `--enable-auto-tool-choice`), and vLLM's `return_token_ids` (`prompt_token_ids`,
+//!   `auto` is a 400 as in vLLM without `--enable-auto-tool-choice`; `required` and a named function are
+//!   sampled under the tools' JSON schema and always come back as `tool_calls`, as vLLM's structured outputs
+//!   do: `forced_tools.rs`, `constrained/`), and vLLM's `return_token_ids` (`prompt_token_ids`,
 //!   `choices[].token_ids`), `top_k`, `min_p`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
 //!   `add_generation_prompt`, `continue_final_message`. With `ServeOptions::reasoning_parser` (Trinity's
 //!   `reasoning_parser`: `deepseek_r1`, `qwen3`) the model's `<think>...</think>` text is returned as the
@@ -38,7 +40,7 @@
 //! `Authorization: Bearer <key>` (401).
 //!
 //! Errors are OpenAI-style bodies with the status the clients expect; an unknown field is a 400, as are
-//! parameters the engine cannot honour (penalties, logit bias, forced tool choice, structured output).
+//! parameters the engine cannot honour (penalties, logit bias, `response_format` other than text).
 //!
 //! # Invariants
 //! - A client that disconnects cancels its request: the engine drops its sequences at the next decode step.
@@ -54,7 +56,9 @@
 
 mod chat;
 mod completions;
+mod constrained;
 mod error;
+mod forced_tools;
 mod generation;
 mod ids;
 mod large_requests;

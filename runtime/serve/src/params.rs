@@ -182,6 +182,7 @@ impl CommonParams {
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             top_logprobs,
+            constraint: None,
         })
     }
 }

@@ -83,6 +83,8 @@ pub(crate) struct AppState {
     pub(crate) recording: Recording,
     pub(crate) metrics: Metrics,
     pub(crate) ids: IdGenerator,
+    /// The vocabularies forced tool choices are sampled over, per model.
+    pub(crate) token_indexes: crate::forced_tools::TokenIndexes,
     guard: RequestGuard,
     shutting_down: AtomicBool,
     created: u64,
@@ -185,6 +187,7 @@ fn start(
         options,
         metrics: Metrics::default(),
         ids: IdGenerator::new(),
+        token_indexes: Default::default(),
         guard,
         shutting_down: AtomicBool::new(false),
         created: crate::ids::unix_seconds(),

@@ -48,6 +48,8 @@ pub(crate) struct StreamSpec {
     pub(crate) return_token_ids: bool,
     pub(crate) include_usage: bool,
     pub(crate) parse_tools: bool,
+    /// A forced tool choice: no text goes out, the calls come in one delta when the choice ends.
+    pub(crate) forced: Option<crate::forced_tools::ForcedChoice>,
     /// Splits `<think>` text into `delta.reasoning_content` (chat streams only; `None` for completions).
     pub(crate) reasoning: Option<ReasoningParser>,
     /// The request's stop strings: text is never released past the start of one, and the last
@@ -233,8 +235,12 @@ impl StreamState {
             Shape::Chat => {
                 let id_of = || state.ids.next("call_");
                 let with_reasoning = reasoning.is_some();
-                let parse_tools = self.spec.parse_tools;
-                chat_message(thinking.as_deref(), answer.as_deref(), with_reasoning, reason, parse_tools, &id_of)
+                let tools = (self.spec.parse_tools, self.spec.forced.as_ref());
+                let (message, reason) =
+                    chat_message(thinking.as_deref(), answer.as_deref(), with_reasoning, reason, tools, &id_of);
+                // A streamed forced call ends with `tool_calls`, as vLLM streams it.
+                let forced_calls = self.spec.forced.is_some() && message.get("tool_calls").is_some();
+                (message, if forced_calls { "tool_calls" } else { reason })
             }
             Shape::Completion => (json!({"content": final_text}), reason),
         };
@@ -242,6 +248,7 @@ impl StreamState {
         let answer = answer.unwrap_or_default();
         // Visible text: the answer, or with tool calls the answer before the first call.
         let visible = match message.get("tool_calls") {
+            Some(_) if self.spec.forced.is_some() => "",
             Some(_) => answer.find(TOOL_CALL_START).map_or("", |at| answer[..at].trim_end()),
             None => answer.as_str(),
         };
@@ -337,7 +344,7 @@ fn stop_limit(text: &str, sent: usize, stop: &[String]) -> usize {
 /// The text of `choice` that can go out now (and marks it sent).
 fn release<'a>(choice: &'a mut ChoiceText, spec: &StreamSpec) -> &'a str {
     let text = choice.text.text();
-    if choice.in_tool_call {
+    if choice.in_tool_call || spec.forced.is_some() {
         return "";
     }
     let mut end = stop_limit(text, choice.sent, &spec.stop);

@@ -1,6 +1,7 @@
 //! The common case of [`super::sample`] done row by row on the CPU, over the logits' memory: fp32 logits, rows
 //! that filter nothing (no top-k, top-p or min-p) and want no top logprobs. That is every RL rollout with
-//! Trinity-RFT's defaults.
+//! Trinity-RFT's defaults. A constrained row's mask is applied here too, after the logprob's normalizer is
+//! taken over the whole vocabulary.
 //!
 //! Why: in libtorch ops a step's sampling is a dozen kernels over `[B, vocab]` (log-softmax, an argmax, a
 //! softmax, a cumulative sum, a comparison, a sum, gathers and copies), several of them single-threaded
@@ -54,21 +55,26 @@ fn one_row(row: &[f32], spec: &RowSpec<'_>, z: &mut [f32]) -> (u32, f32) {
     let vocab = z.len();
     let in_vocab = |id: i64| (0..vocab as i64).contains(&id);
     // Selection leaves banned ids out; the logprob does not (the trainer scores the unfiltered distribution).
-    let mut kept = Vec::with_capacity(spec.banned.len());
+    let mut restricted = spec.allowed.is_some();
     for &id in spec.banned.iter().filter(|&&id| in_vocab(id)) {
-        kept.push((id as usize, z[id as usize]));
         z[id as usize] = f32::NEG_INFINITY;
+        restricted = true;
+    }
+    if let Some(allowed) = spec.allowed {
+        // The normalizer above is the unmasked one: the mask, like the bans, restricts the draw only.
+        for (z, &a) in z.iter_mut().zip(allowed.iter().chain(std::iter::repeat(&false))) {
+            if !a {
+                *z = f32::NEG_INFINITY;
+            }
+        }
     }
     let id = if spec.temperature == 0.0 {
         kernels::first_max(z)
     } else {
-        let top = if kept.is_empty() { max } else { kernels::max_and_sum(z).0 };
+        let top = if !restricted { max } else { kernels::max_and_sum(z).0 };
         kernels::inverse_cdf(z, top, spec.uniform)
     };
-    for &(i, v) in &kept {
-        z[i] = v;
-    }
-    // `z` still holds the scaled logits at every id but the drawn row's exponentials: read the logit again.
+    // `z` holds exponentials or masked values now: read the logit again.
     let logit = row[id] / t;
     (id as u32, logit - lse)
 }

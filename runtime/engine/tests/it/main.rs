@@ -2,6 +2,7 @@
 //! `cargo xtask setup` installs (its tests fail, saying so, when the file is missing).
 
 mod batching;
+mod constraint;
 mod helpers;
 mod limits;
 mod logprobs;

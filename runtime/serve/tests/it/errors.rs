@@ -54,8 +54,14 @@ async fn bad_requests_name_what_is_wrong() {
     let (s, b) = post(addr, c, &chat(json!({"response_format": {"type": "json_object"}}))).await;
     assert_error(s, &b, 400, Some("response_format"), "only");
     let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
-    let (s, b) = post(addr, c, &chat(json!({"tools": tools, "tool_choice": "required"}))).await;
-    assert_error(s, &b, 400, Some("tool_choice"), "constrained decoding");
+    let named = json!({"type": "function", "function": {"name": "g"}});
+    let (s, b) = post(addr, c, &chat(json!({"tools": tools, "tool_choice": named}))).await;
+    assert_error(s, &b, 400, Some("tool_choice"), "tool 'g' has not been passed in `tools`");
+    let (s, b) = post(addr, c, &chat(json!({"tool_choice": "required"}))).await;
+    assert_error(s, &b, 400, Some("tool_choice"), "needs `tools`");
+    // The fixture's 48 tokens hold no `[`: after the whitespace cap no token can start the required array.
+    let (s, b) = post(addr, c, &chat(json!({"tools": tools, "tool_choice": "required", "max_tokens": 10}))).await;
+    assert_error(s, &b, 400, Some("tool_choice"), "allows no token");
     let (s, b) = post(addr, c, &chat(json!({"tools": [{"type": "function"}]}))).await;
     assert_error(s, &b, 400, Some("tools[0]"), "each tool");
     let (s, b) = post(addr, c, &chat(json!({"n": 3}))).await;

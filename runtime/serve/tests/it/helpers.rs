@@ -142,16 +142,21 @@ impl WeightSource for ChainWeights {
 
 /// The tool model as a rollout model: `\n → <tool_call> → JSON → </tool_call> → <|im_end|>`.
 pub fn tool_rollout() -> Arc<RolloutModel> {
-    chain_rollout(&[])
+    chain_rollout(&[], 1024)
+}
+
+/// The tool model with room for 8192 tokens (forced tool choices sample long random strings on it).
+pub fn long_tool_rollout() -> Arc<RolloutModel> {
+    chain_rollout(&[], 8192)
 }
 
 /// The tool model thinking first: `\n → <think> → THINK_TEXT → </think> → <tool_call> → ...`.
 pub fn thinking_tool_rollout() -> Arc<RolloutModel> {
-    chain_rollout(&[THINK_OPEN, THINK_TEXT_ID, THINK_CLOSE])
+    chain_rollout(&[THINK_OPEN, THINK_TEXT_ID, THINK_CLOSE], 1024)
 }
 
 /// The tool model with `before_call` said between the prompt's last newline and the call.
-fn chain_rollout(before_call: &[i64]) -> Arc<RolloutModel> {
+fn chain_rollout(before_call: &[i64], max_model_len: usize) -> Arc<RolloutModel> {
     let newline = i64::from(b'\n');
     let path: Vec<i64> = [newline]
         .into_iter()
@@ -168,7 +173,7 @@ fn chain_rollout(before_call: &[i64]) -> Arc<RolloutModel> {
         num_hidden_layers: 1,
         num_attention_heads: 2,
         num_key_value_heads: 1,
-        max_position_embeddings: 4096,
+        max_position_embeddings: max_model_len.max(4096) as i64,
         tie_word_embeddings: false,
         eos_token_ids: vec![IM_END],
         ..ModelConfig::tiny(Family::Llama)
@@ -177,7 +182,7 @@ fn chain_rollout(before_call: &[i64]) -> Arc<RolloutModel> {
     let template = ChatTemplate::new(TOOL_TEMPLATE, Some("<|im_start|>"), Some("<|im_end|>")).unwrap();
     let model = EngineModel { decoder, tokenizer: Some(tokenizer.clone()), eos_token_ids: vec![IM_END] };
     let engine =
-        Engine::start(model, EngineConfig { max_model_len: 1024, max_num_seqs: 4, ..EngineConfig::default() }).unwrap();
+        Engine::start(model, EngineConfig { max_model_len, max_num_seqs: 4, ..EngineConfig::default() }).unwrap();
     Arc::new(RolloutModel::new(Arc::new(engine), tokenizer, Some(template)))
 }
 

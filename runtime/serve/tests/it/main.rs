@@ -4,6 +4,7 @@
 mod cancellation;
 mod endpoints;
 mod errors;
+mod forced_tools;
 mod helpers;
 mod openai_client;
 mod recording;

@@ -14,7 +14,7 @@ use tch::{Device, Kind, Tensor};
 use crate::helpers::*;
 
 /// The interpreter with the `openai` package that `cargo xtask setup` installed.
-fn openai_python() -> PathBuf {
+pub fn openai_python() -> PathBuf {
     let python = std::env::var_os("TRINITY_OPENAI_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| root.join(".deps"), PathBuf::from);
