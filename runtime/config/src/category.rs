@@ -54,7 +54,7 @@ pub(crate) const SEQ_PARALLEL: &str =
     "sequences are not split across devices in trinity; sequence parallelism has no effect on the numbers";
 pub(crate) const TOKEN_BUDGET: &str = "mapped onto trinity's micro-batch token budget of each data-parallel rank (trainer.max_token_len_per_gpu), lowered on a CPU to what fits in memory";
 pub(crate) const MICRO_BATCH: &str = "micro-batches only split the gradient accumulation; trinity forms them by token budget (trainer.max_token_len_per_gpu), or by actor.ppo_micro_batch_size_per_gpu rows when use_dynamic_bsz is false";
-pub(crate) const STRATEGY: &str = "trinity trains with its own libtorch trainer, data-parallel over the launcher's ranks: with `fsdp`/`fsdp2` each rank keeps its share of the optimizer state and gradients (ZeRO-2) while the parameters stay whole on every rank (full parameter sharding and Megatron's parallelism are not implemented)";
+pub(crate) const STRATEGY: &str = "trinity trains with its own libtorch trainer, data-parallel over the launcher's ranks: with `fsdp`/`fsdp2` each rank keeps its share of the parameters, gradients and optimizer state (ZeRO-3, each layer gathered around its computations; the actor's `fsdp_config.reshard_after_forward: false` keeps the parameters whole on every rank, ZeRO-2), and Megatron's parallelism is not implemented";
 pub(crate) const OFFLOAD: &str = "a memory / offload / kernel setting of veRL's engines; trinity's trainer manages its memory itself, so it has no effect here";
 pub(crate) const CKPT_CONTENTS: &str =
     "trinity always checkpoints weights, optimizer state and run state together; no effect here";

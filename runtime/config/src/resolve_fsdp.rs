@@ -59,13 +59,15 @@ impl Resolver<'_> {
                 "reshard_after_forward" => {
                     let Some(on) = self.boolean(&key, value) else { continue };
                     self.notes.push(format!(
-                        "`{key}` ({on}): {}; trinity shards AdamW's state and the gradients (ZeRO-2) and keeps the \
-                         parameters whole on every rank either way",
+                        "`{key}` ({on}): {}",
                         if on {
-                            "FSDP's full sharding would also shard the parameters between forward passes, which \
-                             trinity does not implement"
+                            "FSDP's full sharding: with trainer_strategy fsdp/fsdp2 on several ranks trinity shards \
+                             the parameters, gradients and AdamW's state (ZeRO stage 3), each layer gathered around \
+                             its computations"
                         } else {
-                            "FSDP then keeps the parameters gathered, as trinity does"
+                            "FSDP's SHARD_GRAD_OP keeps the parameters gathered after the forward: trinity shards \
+                             AdamW's state and the gradients (ZeRO stage 2) and keeps the parameters whole on every \
+                             rank"
                         }
                     ));
                 }
