@@ -115,22 +115,37 @@ pub(crate) fn succeed(output: Output, what: &str) {
     assert!(output.status.success(), "{what} failed:\n{}", stderr(&output));
 }
 
+/// Runs `c.yaml` in `dir` as one process with one libtorch thread (as each launched rank gets on this 2-core
+/// machine); `what` names it when it fails.
+pub(crate) fn run_one(dir: &Path, what: &str) {
+    let output = trinity_command(dir).env("OMP_NUM_THREADS", "1").args(["run", "--config", "c.yaml"]).output().unwrap();
+    succeed(output, what);
+}
+
+/// Runs `c.yaml` in `dir` as two ranks through `trinity launch`; `what` names it when it fails.
+pub(crate) fn launch_two(dir: &Path, what: &str) {
+    let output = trinity_command(dir)
+        .env("OMP_NUM_THREADS", "1")
+        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--", "run", "--config", "c.yaml"])
+        .output()
+        .unwrap();
+    succeed(output, what);
+}
+
+/// The trainer's log of the run in `dir`.
+pub(crate) fn trainer_log(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("ckpt/p/dp/log/trainer.log")).unwrap()
+}
+
 /// One process (one libtorch thread, as each launched rank gets on this 2-core machine) and two launched ranks
 /// run `config` in directories of their own; returns both.
 pub(crate) fn one_and_two(config: impl Fn(&Path) -> String) -> (tempfile::TempDir, tempfile::TempDir) {
     let one = tempfile::tempdir().unwrap();
     std::fs::write(one.path().join("c.yaml"), config(one.path())).unwrap();
-    let output =
-        trinity_command(one.path()).env("OMP_NUM_THREADS", "1").args(["run", "--config", "c.yaml"]).output().unwrap();
-    succeed(output, "one process");
+    run_one(one.path(), "one process");
     let two = tempfile::tempdir().unwrap();
     std::fs::write(two.path().join("c.yaml"), config(two.path())).unwrap();
-    let output = trinity_command(two.path())
-        .env("OMP_NUM_THREADS", "1")
-        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--", "run", "--config", "c.yaml"])
-        .output()
-        .unwrap();
-    succeed(output, "trinity launch of two ranks");
+    launch_two(two.path(), "trinity launch of two ranks");
     (one, two)
 }
 
@@ -170,7 +185,7 @@ pub(crate) fn assert_same_training(one: &Path, two: &Path, metrics: &str) {
 fn two_launched_ranks_train_a_dataset_as_one_process_does() {
     let (one, two) = one_and_two(|dir| sft_config(dir, STEPS, ""));
     assert_same_training(one.path(), two.path(), "monitor/trainer/metrics.jsonl");
-    let log = std::fs::read_to_string(two.path().join("ckpt/p/dp/log/trainer.log")).unwrap();
+    let log = trainer_log(two.path());
     assert!(log.contains("data parallel: 2 ranks from the launcher"), "{log}");
     // `trainer_strategy: fsdp2` (the default, Trinity-RFT 0.6.0's; `fsdp` the same) shards the parameters, the
     // gradients and the optimizer state (ZeRO stage 3, `tests/it/zero3.rs`).
@@ -187,7 +202,7 @@ fn two_launched_ranks_with_optimizer_offload_train_as_one_process_does() {
     };
     let (one, two) = one_and_two(offload);
     assert_same_training(one.path(), two.path(), "monitor/trainer/metrics.jsonl");
-    let log = std::fs::read_to_string(two.path().join("ckpt/p/dp/log/trainer.log")).unwrap();
+    let log = trainer_log(two.path());
     assert!(log.contains("sharded data parallel: ZeRO stage 3 over 2 ranks"), "{log}");
     assert!(log.contains("in host memory (optimizer_offload)"), "{log}");
 }
@@ -198,23 +213,14 @@ fn two_launched_ranks_with_optimizer_offload_train_as_one_process_does() {
 fn one_process_resumes_from_two_sharded_ranks_checkpoint_as_if_it_had_run_all_along() {
     let whole = tempfile::tempdir().unwrap();
     std::fs::write(whole.path().join("c.yaml"), sft_config(whole.path(), STEPS, "")).unwrap();
-    let output =
-        trinity_command(whole.path()).env("OMP_NUM_THREADS", "1").args(["run", "--config", "c.yaml"]).output().unwrap();
-    succeed(output, "one process, uninterrupted");
+    run_one(whole.path(), "one process, uninterrupted");
 
     let split = tempfile::tempdir().unwrap();
     std::fs::write(split.path().join("c.yaml"), sft_config(split.path(), STEPS - 1, "")).unwrap();
-    let output = trinity_command(split.path())
-        .env("OMP_NUM_THREADS", "1")
-        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--", "run", "--config", "c.yaml"])
-        .output()
-        .unwrap();
-    succeed(output, "two sharded ranks");
+    launch_two(split.path(), "two sharded ranks");
     std::fs::write(split.path().join("c.yaml"), sft_config(split.path(), STEPS, "")).unwrap();
-    let output =
-        trinity_command(split.path()).env("OMP_NUM_THREADS", "1").args(["run", "--config", "c.yaml"]).output().unwrap();
-    succeed(output, "one process resuming");
-    let log = std::fs::read_to_string(split.path().join("ckpt/p/dp/log/trainer.log")).unwrap();
+    run_one(split.path(), "one process resuming");
+    let log = trainer_log(split.path());
     assert!(log.contains(&format!("global_step_{}", STEPS - 1)) && log.contains("resuming from"), "{log}");
     assert_same_training(whole.path(), split.path(), "monitor/trainer/metrics.jsonl");
 }

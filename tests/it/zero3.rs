@@ -9,12 +9,8 @@ use std::path::Path;
 use tch::{Kind, Tensor};
 
 use crate::data_parallel::{
-    STEPS, assert_same_training, base_weights, one_and_two, sft_config, succeed, trinity_command, weights,
+    STEPS, assert_same_training, base_weights, launch_two, one_and_two, run_one, sft_config, trainer_log, weights,
 };
-
-fn trainer_log(dir: &Path) -> String {
-    std::fs::read_to_string(dir.join("ckpt/p/dp/log/trainer.log")).unwrap()
-}
 
 /// The L2 norm over every tensor of `a - b`, in fp32.
 fn l2(a: &BTreeMap<String, Tensor>, b: &BTreeMap<String, Tensor>) -> f64 {
@@ -52,22 +48,13 @@ fn two_fully_sharded_ranks_train_bf16_as_one_process_does_within_two_percent() {
 fn two_fully_sharded_ranks_resume_from_one_process_checkpoint_as_if_it_had_run_all_along() {
     let whole = tempfile::tempdir().unwrap();
     std::fs::write(whole.path().join("c.yaml"), sft_config(whole.path(), STEPS, "")).unwrap();
-    let output =
-        trinity_command(whole.path()).env("OMP_NUM_THREADS", "1").args(["run", "--config", "c.yaml"]).output().unwrap();
-    succeed(output, "one process, uninterrupted");
+    run_one(whole.path(), "one process, uninterrupted");
 
     let split = tempfile::tempdir().unwrap();
     std::fs::write(split.path().join("c.yaml"), sft_config(split.path(), STEPS - 1, "")).unwrap();
-    let output =
-        trinity_command(split.path()).env("OMP_NUM_THREADS", "1").args(["run", "--config", "c.yaml"]).output().unwrap();
-    succeed(output, "one process");
+    run_one(split.path(), "one process");
     std::fs::write(split.path().join("c.yaml"), sft_config(split.path(), STEPS, "")).unwrap();
-    let output = trinity_command(split.path())
-        .env("OMP_NUM_THREADS", "1")
-        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--", "run", "--config", "c.yaml"])
-        .output()
-        .unwrap();
-    succeed(output, "two stage-3 ranks resuming");
+    launch_two(split.path(), "two stage-3 ranks resuming");
     let log = trainer_log(split.path());
     assert!(log.contains("resuming from") && log.contains("ZeRO stage 3 over 2 ranks"), "{log}");
     assert_same_training(whole.path(), split.path(), "monitor/trainer/metrics.jsonl");
