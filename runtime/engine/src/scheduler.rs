@@ -23,7 +23,7 @@
 //! libtorch calls block, so this runs on a dedicated OS thread, never on an async runtime's workers; callers
 //! talk to it through channels (see [`crate::Engine`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -566,6 +566,7 @@ impl Scheduler {
             sample(logits, &specs)?
         };
         self.count_pass(sampled.ids.len() as u64);
+        let mut constraint_failed = !failed.is_empty();
         for (request, reason) in failed {
             self.fail_constrained(request, reason);
         }
@@ -584,14 +585,23 @@ impl Scheduler {
                     self.finish(index, reason, text)?;
                     finished.push(index);
                 }
-                Outcome::Failed(reason) => self.fail_constrained(self.running[index].request, reason),
+                Outcome::Failed(reason) => {
+                    self.fail_constrained(self.running[index].request, reason);
+                    constraint_failed = true;
+                }
             }
         }
-        // Finished samples, and every sample of a request whose constraint failed.
-        let gone: Vec<usize> = (0..self.running.len())
-            .filter(|&i| finished.contains(&i) || !self.requests.contains_key(&self.running[i].request))
-            .collect();
-        self.remove_sequences(&gone);
+        // Finished samples (in ascending order, as the loop visits them) and, only on a step where a constraint
+        // failed, every sample of the failed requests: the ordinary step touches the finished rows alone.
+        if constraint_failed {
+            let finished: HashSet<usize> = finished.into_iter().collect();
+            let gone: Vec<usize> = (0..self.running.len())
+                .filter(|i| finished.contains(i) || !self.requests.contains_key(&self.running[*i].request))
+                .collect();
+            self.remove_sequences(&gone);
+        } else {
+            self.remove_sequences(&finished);
+        }
         Ok(())
     }
 
