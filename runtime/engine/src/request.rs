@@ -10,6 +10,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{EngineError, Result};
 use crate::sampling_params::SamplingParams;
 
+/// A completion's routing ([`Completion::routed_experts`]).
+pub use trinity_model::RoutedExperts;
+
 /// Why a sample ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -41,27 +44,6 @@ pub struct Completion {
     /// ([`crate::EngineConfig::return_routed_experts`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub routed_experts: Option<RoutedExperts>,
-}
-
-/// The experts a mixture-of-experts model routed a sequence's tokens to: Trinity-RFT's `routed_experts`,
-/// `[tokens, layers, top_k]` row-major, one row for every token the model read (the prompt, then every
-/// generated token but the last, which no forward pass has read: `prompt + generated - 1` rows), the `top_k`
-/// experts of each of the model's sparse layers best first.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RoutedExperts {
-    /// Sparse layers a token row covers ([`trinity_model::Decoder::sparse_layers`]).
-    pub layers: usize,
-    /// Experts a token is routed to in each layer.
-    pub top_k: usize,
-    /// The expert ids, `tokens × layers × top_k` of them.
-    pub ids: Vec<u16>,
-}
-
-impl RoutedExperts {
-    /// Token rows held.
-    pub fn tokens(&self) -> usize {
-        self.ids.len() / (self.layers * self.top_k).max(1)
-    }
 }
 
 /// How a mixture-of-experts model's routing is laid out ([`crate::EngineInfo::routing`]).

@@ -226,11 +226,9 @@ mod tests {
 
     fn tiny_model() -> RolloutModel {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied");
-        let mut loaded = trinity_model::load_model(&dir, tch::Kind::Float, tch::Device::Cpu).unwrap();
-        let tokenizer = loaded.tokenizer.clone();
-        let template = loaded.chat_template.take();
-        let config = EngineConfig { max_model_len: 64, max_num_seqs: 4, ..EngineConfig::default() };
-        RolloutModel::new(Arc::new(Engine::start(EngineModel::from(loaded), config).unwrap()), tokenizer, template)
+        let loaded = trinity_model::load_model(&dir, tch::Kind::Float, tch::Device::Cpu).unwrap();
+        RolloutModel::start(loaded, EngineConfig { max_model_len: 64, max_num_seqs: 4, ..EngineConfig::default() })
+            .unwrap()
     }
 
     fn params(seed: u64) -> SamplingParams {

@@ -43,6 +43,7 @@ mod math_workflow;
 mod openai_view;
 mod operator;
 mod pass_rate_calculator;
+mod python_json;
 mod reward_filters;
 mod reward_shaping_mapper;
 mod rollout_model;
@@ -66,6 +67,7 @@ pub use operator::{
     ExperienceOperator, OperatorEntry, OperatorOutput, PipelineOutput, apply_operators, apply_pipeline,
     apply_pipeline_blocking, builtin_operators, lookup_operator, operator_names, register_operator,
 };
+pub use python_json::Dumps;
 pub use rollout_model::RolloutModel;
 pub use runner::{
     BatchControl, DynamicTimeout, OverRollout, RunReport, RunnerOptions, TaskFailure, run_batch, run_tasks,

@@ -11,8 +11,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use trinity_engine::{Engine, Generation, SamplingParams};
-use trinity_model::{ChatMessage, ChatTemplate, ModelError, Tokenizer};
+use trinity_engine::{Engine, EngineConfig, EngineError, EngineModel, Generation, SamplingParams};
+use trinity_model::{ChatMessage, ChatTemplate, LoadedModel, ModelError, Tokenizer};
 
 use crate::auxiliary::AuxiliaryModel;
 use crate::external_model::ExternalModel;
@@ -49,6 +49,16 @@ pub struct RolloutModel {
 impl RolloutModel {
     pub fn new(engine: Arc<Engine>, tokenizer: Tokenizer, chat_template: Option<ChatTemplate>) -> Self {
         Self::with_backend(Backend::Local { engine, tokenizer, chat_template })
+    }
+
+    /// A model directory's weights behind an engine of their own, rendering with the directory's tokenizer and
+    /// chat template (a caller that renders otherwise sets `loaded.chat_template` first).
+    pub fn start(loaded: LoadedModel, config: EngineConfig) -> Result<Self, EngineError> {
+        let mut loaded = loaded;
+        let tokenizer = loaded.tokenizer.clone();
+        let template = loaded.chat_template.take();
+        let engine = Engine::start(EngineModel::from(loaded), config)?;
+        Ok(Self::new(Arc::new(engine), tokenizer, template))
     }
 
     /// The rollout model of mode `bench` with `model.external_model`: every request goes to `endpoint`.

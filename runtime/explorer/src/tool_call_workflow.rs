@@ -20,6 +20,7 @@ use trinity_model::ChatMessage;
 
 use crate::error::ExplorerError;
 use crate::math_workflow::{describe, sample_group, sampling_params};
+use crate::python_json::Dumps;
 use crate::workflow::{Workflow, WorkflowContext, WorkflowEntry, WorkflowFuture};
 
 /// Tool-N1's Qwen tool prompt; `{tools}` is replaced by one JSON line per tool.
@@ -36,70 +37,8 @@ In each action step, you MUST:
 A complete reply example is: <think>To address the query, I need to send the email to Bob and then buy the banana through walmart. </think> <tool_call> [{"name": "email", "arguments": {"receiver": "Bob", "content": "I will bug banana through walmart"}}, {"name": "walmart", "arguments": {"input": "banana"}}]</tool_call>. Please make sure the type of the arguments is correct.
 "#;
 
-/// Python's `json.dumps(value)` (separators `, ` and `: `, ASCII only), or with `sort_keys`.
-pub(crate) fn python_json(value: &Value, sort_keys: bool) -> String {
-    let mut out = String::new();
-    write_json(&mut out, value, sort_keys);
-    out
-}
-
-fn write_json(out: &mut String, value: &Value, sort_keys: bool) {
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => out.push_str(&n.to_string()),
-        Value::String(s) => write_string(out, s),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_json(out, item, sort_keys);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            if sort_keys {
-                entries.sort_by(|a, b| a.0.cmp(b.0));
-            }
-            out.push('{');
-            for (i, (key, item)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_string(out, key);
-                out.push_str(": ");
-                write_json(out, item, sort_keys);
-            }
-            out.push('}');
-        }
-    }
-}
-
-fn write_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if c.is_ascii() && !c.is_ascii_control() => out.push(c),
-            c => {
-                let mut units = [0u16; 2];
-                for unit in c.encode_utf16(&mut units) {
-                    out.push_str(&format!("\\u{unit:04x}"));
-                }
-            }
-        }
-    }
-    out.push('"');
-}
+/// `json.dumps(..., sort_keys=True)`: the form Tool-N1's reward compares calls in.
+const SORTED: Dumps = Dumps { sort_keys: true, ..Dumps::PYTHON };
 
 /// A JSON value that may arrive as a JSON string (ToolACE stores `tools` and `answer` as strings).
 fn decoded(value: &Value) -> Result<Value, String> {
@@ -115,7 +54,7 @@ pub(crate) fn tool_call_messages(row: &serde_json::Map<String, Value>) -> Result
     let tools = tools.as_array().ok_or("`tools` must be a list of function schemas")?;
     let lines: Vec<String> = tools
         .iter()
-        .map(|tool| python_json(&serde_json::json!({"type": "function", "function": tool}), false))
+        .map(|tool| Dumps::PYTHON.text(&serde_json::json!({"type": "function", "function": tool})))
         .collect();
     let system = row.get("raw_system").and_then(Value::as_str).unwrap_or("");
     let mut messages =
@@ -123,12 +62,12 @@ pub(crate) fn tool_call_messages(row: &serde_json::Map<String, Value>) -> Result
     let turns = row.get("conversations").and_then(Value::as_array).ok_or("the row has no `conversations` list")?;
     for turn in turns {
         let value = turn.get("value").unwrap_or(&Value::Null);
-        let text = || value.as_str().map_or_else(|| python_json(value, false), str::to_owned);
+        let text = || value.as_str().map_or_else(|| Dumps::PYTHON.text(value), str::to_owned);
         match turn.get("from").and_then(Value::as_str) {
             Some("human" | "user") => messages.push(ChatMessage::new("user", text())),
             Some("gpt" | "assistant") => messages.push(ChatMessage::new("assistant", text())),
             Some("observation" | "tool") => messages.push(ChatMessage::new("tool", text())),
-            Some("function_call") => messages.push(ChatMessage::new("assistant", python_json(value, false))),
+            Some("function_call") => messages.push(ChatMessage::new("assistant", Dumps::PYTHON.text(value))),
             _ => {}
         }
     }
@@ -155,7 +94,7 @@ fn extract_calls(response: &str) -> Option<Value> {
 fn call_multiset(calls: &[Value]) -> Option<Vec<(String, String)>> {
     let mut keys: Vec<(String, String)> = calls
         .iter()
-        .map(|call| Some((python_json(call.get("name")?, true), python_json(call.get("arguments")?, true))))
+        .map(|call| Some((SORTED.text(call.get("name")?), SORTED.text(call.get("arguments")?))))
         .collect::<Option<_>>()?;
     keys.sort();
     Some(keys)

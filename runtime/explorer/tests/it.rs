@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use trinity_buffer::{Task, Taskset};
 use trinity_config::buffer::{RolloutArgs, TasksetConfig};
-use trinity_engine::{Engine, EngineConfig, EngineModel};
+use trinity_engine::EngineConfig;
 use trinity_explorer::{
     ExplorerError, ExternalModel, RolloutModel, RunnerOptions, Workflow, WorkflowContext, WorkflowEntry,
     WorkflowFuture, run_tasks,
@@ -56,12 +56,9 @@ fn tiny_model_dir() -> PathBuf {
 }
 
 fn rollout_model() -> Arc<RolloutModel> {
-    let mut loaded = trinity_model::load_model(&tiny_model_dir(), tch::Kind::Float, tch::Device::Cpu).unwrap();
-    let tokenizer = loaded.tokenizer.clone();
-    let template = loaded.chat_template.take();
+    let loaded = trinity_model::load_model(&tiny_model_dir(), tch::Kind::Float, tch::Device::Cpu).unwrap();
     let config = EngineConfig { max_model_len: 64, max_num_seqs: 8, ..EngineConfig::default() };
-    let engine = Engine::start(EngineModel::from(loaded), config).unwrap();
-    Arc::new(RolloutModel::new(Arc::new(engine), tokenizer, template))
+    Arc::new(RolloutModel::start(loaded, config).unwrap())
 }
 
 fn tasks(rows: Vec<serde_json::Value>, workflow: &str) -> Vec<Task> {
@@ -167,12 +164,9 @@ async fn unknown_workflows_and_timeouts_are_named_failures() {
 /// The tiny model with room for the long prompts of Trinity's game and tool workflows (its tokenizer knows few
 /// characters, so their prompts shrink to what it knows; the workflows' mechanics are what is tested here).
 fn roomy_model() -> Arc<RolloutModel> {
-    let mut loaded = trinity_model::load_model(&tiny_model_dir(), tch::Kind::Float, tch::Device::Cpu).unwrap();
-    let tokenizer = loaded.tokenizer.clone();
-    let template = loaded.chat_template.take();
+    let loaded = trinity_model::load_model(&tiny_model_dir(), tch::Kind::Float, tch::Device::Cpu).unwrap();
     let config = EngineConfig { max_model_len: 4096, max_num_seqs: 8, ..EngineConfig::default() };
-    let engine = Engine::start(EngineModel::from(loaded), config).unwrap();
-    Arc::new(RolloutModel::new(Arc::new(engine), tokenizer, template))
+    Arc::new(RolloutModel::start(loaded, config).unwrap())
 }
 
 fn one_task(row: serde_json::Value, workflow: &str, workflow_args: serde_json::Value, repeat: u32) -> Vec<Task> {

@@ -72,7 +72,7 @@ pub use hf::{
 };
 pub use kv_cache::KvCache;
 pub use lora::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraSpec, ModuleSelector};
-pub use moe::load_balancing_loss;
+pub use moe::{RoutedExperts, load_balancing_loss};
 pub use packed::Isa as PackedIsa;
 pub use safetensors_io::{SafetensorsWeights, write_safetensors};
 pub use score::{ScoreRequest, ScoredSequence, score};

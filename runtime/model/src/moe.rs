@@ -19,6 +19,28 @@ use crate::decoder::Linear;
 use crate::error::{ModelError, Result};
 use crate::train_ops;
 
+/// The experts a mixture-of-experts model routed a sequence's tokens to, as the generation engine records them
+/// and the trainer replays them: Trinity-RFT's `routed_experts`, `[tokens, layers, top_k]` row-major, one row for
+/// every token a forward pass read (the prompt, then every generated token but the last: `prompt + generated −
+/// 1` rows), the `top_k` experts of each of the model's sparse layers ([`crate::Decoder::sparse_layers`]) best
+/// first. The buffer stores the same ids in its own compact form (`trinity_buffer::RoutedExperts`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RoutedExperts {
+    /// Sparse layers a token row covers.
+    pub layers: usize,
+    /// Experts a token is routed to in each layer.
+    pub top_k: usize,
+    /// The expert ids, `tokens × layers × top_k` of them.
+    pub ids: Vec<u16>,
+}
+
+impl RoutedExperts {
+    /// Token rows held.
+    pub fn tokens(&self) -> usize {
+        self.ids.len() / (self.layers * self.top_k).max(1)
+    }
+}
+
 /// One expert: a SwiGLU MLP of width `moe_intermediate_size`.
 #[derive(Debug)]
 pub(crate) struct Expert {

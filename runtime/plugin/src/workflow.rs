@@ -558,7 +558,7 @@ fn parse_object(text: &str) -> Result<Map<String, Value>, String> {
 
 #[cfg(test)]
 mod tests {
-    use trinity_engine::{Engine, EngineConfig, EngineModel};
+    use trinity_engine::EngineConfig;
     use trinity_model::ChatTemplate;
 
     use super::*;
@@ -574,12 +574,11 @@ mod tests {
     fn session(template: Option<&str>) -> (Session, Arc<RolloutModel>) {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied");
         let mut loaded = trinity_model::load_model(&dir, tch::Kind::Float, tch::Device::Cpu).unwrap();
-        let tokenizer = loaded.tokenizer.clone();
-        let own = loaded.chat_template.take();
-        let template = template.map(|source| ChatTemplate::new(source, None, None).unwrap()).or(own);
+        if let Some(source) = template {
+            loaded.chat_template = Some(ChatTemplate::new(source, None, None).unwrap());
+        }
         let config = EngineConfig { max_model_len: 64, max_num_seqs: 4, ..EngineConfig::default() };
-        let engine = Arc::new(Engine::start(EngineModel::from(loaded), config).unwrap());
-        let model = Arc::new(RolloutModel::new(engine, tokenizer, template));
+        let model = Arc::new(RolloutModel::start(loaded, config).unwrap());
         (Session::new(Some(Arc::clone(&model)), SamplingParams::default(), 7, &PluginLimits::default()), model)
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use trinity_config::Config;
 use trinity_config::explorer::AuxiliaryModelConfig;
-use trinity_engine::{Engine, EngineConfig, EngineModel};
+use trinity_engine::EngineConfig;
 use trinity_explorer::{AuxiliaryModel, RolloutModel};
 use trinity_model::ChatTemplate;
 
@@ -33,9 +33,8 @@ fn load(
             Some(ChatTemplate::new(source, bos, eos).map_err(|e| model_error(path, e))?)
         }
         None => loaded.chat_template.take(),
-    }
-    .map(|t| t.with_enable_thinking(aux.enable_thinking));
-    let tokenizer = loaded.tokenizer.clone();
+    };
+    loaded.chat_template = template.map(|t| t.with_enable_thinking(aux.enable_thinking));
     let engine_config = EngineConfig {
         max_model_len: aux.resolved.max_model_len as usize,
         // Each running workflow asks its judge or teacher one request at a time.
@@ -46,8 +45,7 @@ fn load(
         num_threads: Some(threads),
         ..EngineConfig::default()
     };
-    let engine = Engine::start(EngineModel::from(loaded), engine_config)?;
+    let model = Arc::new(RolloutModel::start(loaded, engine_config)?);
     tracing::info!("auxiliary model `{}` ({}) on an engine of its own", aux.name(), aux.model_path);
-    let model = Arc::new(RolloutModel::new(Arc::new(engine), tokenizer, template));
     Ok(AuxiliaryModel::new(aux.name(), model).with_seed(aux.seed))
 }

@@ -22,24 +22,8 @@ use trinity_model::Decoder;
 use crate::batch::TrainRow;
 use crate::error::{Result, TrainerError};
 
-/// The experts a rollout routed a row's tokens to: `[tokens − 1, layers, top_k]` row-major (every token but the
-/// last), the trainer's copy of the experience's `routed_experts`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoutedExperts {
-    /// The policy's sparse layers ([`Decoder::sparse_layers`]).
-    pub layers: usize,
-    /// Experts a token is routed to in each.
-    pub top_k: usize,
-    /// `(tokens − 1) × layers × top_k` expert ids.
-    pub ids: Vec<u16>,
-}
-
-impl RoutedExperts {
-    /// Token rows held.
-    pub fn tokens(&self) -> usize {
-        self.ids.len() / (self.layers * self.top_k).max(1)
-    }
-}
+/// The trainer's copy of an experience's `routed_experts`: the rollout's routing of every token but the last.
+pub use trinity_model::RoutedExperts;
 
 /// The one problem with a row's routing, if any: it must hold whole `[layers, top_k]` rows, one for each token
 /// but the last.

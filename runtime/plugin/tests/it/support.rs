@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use trinity_buffer::{Task, Taskset};
 use trinity_config::buffer::{RolloutArgs, TasksetConfig};
-use trinity_engine::{Engine, EngineConfig, EngineModel};
+use trinity_engine::EngineConfig;
 use trinity_explorer::RolloutModel;
 
 const PACKAGES: [&str; 5] =
@@ -28,12 +28,9 @@ pub fn wasm(package: &str) -> PathBuf {
 /// A two-layer Llama with its tokenizer and ChatML template (the model crate's fixture) behind a real engine.
 pub fn tiny_model() -> Arc<RolloutModel> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny/llama_tied");
-    let mut loaded = trinity_model::load_model(&dir, tch::Kind::Float, tch::Device::Cpu).unwrap();
-    let tokenizer = loaded.tokenizer.clone();
-    let template = loaded.chat_template.take();
+    let loaded = trinity_model::load_model(&dir, tch::Kind::Float, tch::Device::Cpu).unwrap();
     let config = EngineConfig { max_model_len: 64, max_num_seqs: 16, ..EngineConfig::default() };
-    let engine = Engine::start(EngineModel::from(loaded), config).unwrap();
-    Arc::new(RolloutModel::new(Arc::new(engine), tokenizer, template))
+    Arc::new(RolloutModel::start(loaded, config).unwrap())
 }
 
 /// One task per row of a taskset run by `workflow`, `repeat_times` rollouts of at most 4 tokens each.

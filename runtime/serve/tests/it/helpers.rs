@@ -31,12 +31,8 @@ pub fn tiny_model_dir() -> PathBuf {
 /// The Llama fixture as a rollout model with `slots` KV-cache slots of `max_model_len` tokens.
 pub fn tiny_rollout(slots: usize, max_model_len: usize) -> Arc<RolloutModel> {
     let loaded = trinity_model::load_model(&tiny_model_dir(), Kind::Float, Device::Cpu).unwrap();
-    let tokenizer = loaded.tokenizer.clone();
-    let template = loaded.chat_template;
-    let model =
-        EngineModel { decoder: loaded.decoder, tokenizer: Some(loaded.tokenizer), eos_token_ids: loaded.eos_token_ids };
     let config = EngineConfig { max_model_len, max_num_seqs: slots, ..EngineConfig::default() };
-    Arc::new(RolloutModel::new(Arc::new(Engine::start(model, config).unwrap()), tokenizer, template))
+    Arc::new(RolloutModel::start(loaded, config).unwrap())
 }
 
 /// What the tool model says.
