@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`: messages rendered with the model's chat template (tools through its `tools`
 //! variable), the reply sampled by the engine, tool calls parsed from the model's own output (or, for a forced
-//! tool choice, sampled under the tools' schema: `forced_tools.rs`), every choice recorded.
+//! tool choice, sampled under the tools' schema: `forced_tools.rs`; a JSON `response_format` is sampled under its
+//! schema: `response_format.rs`), every choice recorded.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,6 +20,7 @@ use crate::generation::{Job, Run, finish_reason_name};
 use crate::logprobs::chat_logprobs;
 use crate::params::{self, CommonParams};
 use crate::reasoning::ReasoningParser;
+use crate::response_format;
 use crate::server::{AppState, read_body};
 use crate::sse::{self, Shape, StreamSpec};
 use crate::target;
@@ -107,11 +109,7 @@ fn prepare(
     let common: CommonParams = params::typed(&map)?;
     let fields: ChatFields = params::typed(&map)?;
     let target = state.target(common.model.as_deref(), run_key)?;
-    if let Some(format) = &fields.response_format
-        && format.get("type").and_then(Value::as_str) != Some("text")
-    {
-        return Err(ApiError::unsupported("response_format", "only `{\"type\": \"text\"}` is supported"));
-    }
+    let format = response_format::json_format(fields.response_format.as_ref())?;
     let logprobs = fields.logprobs.unwrap_or(false);
     let top = fields.top_logprobs.unwrap_or(0);
     if top > 20 {
@@ -127,6 +125,12 @@ fn prepare(
         ToolChoice::Forced(forced) => Some(forced),
         ToolChoice::Auto | ToolChoice::None => None,
     };
+    if forced.is_some() && format.is_some() {
+        return Err(ApiError::invalid_param(
+            "response_format",
+            "a JSON response_format cannot be combined with a forced tool_choice: both constrain the same output",
+        ));
+    }
     if parse_tools && !state.options.auto_tool_choice {
         return Err(ApiError::invalid_param(
             "tool_choice",
@@ -142,9 +146,17 @@ fn prepare(
     let max_tokens = fields.max_completion_tokens.or(common.max_tokens);
     let mut params = common.sampling(state.forced_temperature(&target), max_tokens, if logprobs { top } else { 0 })?;
     if let (Some(forced), Some(tools)) = (&forced, &tools) {
-        let index = state.token_indexes.get(&target.model);
-        params.constraint = Some(forced_tools::constraint(index, forced, tools));
+        let key = forced_tools::constraint_key(forced, tools);
+        params.constraint = Some(state.constraints.get(&target.model, key, || forced_tools::schema(forced, tools)));
     }
+    if let Some(format) = &format {
+        params.constraint = Some(state.constraints.get(&target.model, format.key(), || format.compile()));
+    }
+    let constrained_by = match (&forced, &format) {
+        (Some(_), _) => Some("tool_choice"),
+        (None, Some(_)) => Some("response_format"),
+        (None, None) => None,
+    };
     let return_token_ids = common.return_token_ids.unwrap_or(false);
     let stream = common.stream.unwrap_or(false).then(|| StreamSpec {
         shape: Shape::Chat,
@@ -169,7 +181,7 @@ fn prepare(
         reasoning: state.options.reasoning_parser,
         model: target.name.clone(),
     };
-    let job = Job { endpoint: ENDPOINT, target, prompts: vec![Arc::new(prompt)], params, started };
+    let job = Job { endpoint: ENDPOINT, target, prompts: vec![Arc::new(prompt)], params, started, constrained_by };
     Ok((job, output))
 }
 
@@ -178,8 +190,7 @@ fn check_tools(tools: Option<&[Value]>) -> Result<Option<Value>, ApiError> {
     let Some(tools) = tools.filter(|t| !t.is_empty()) else { return Ok(None) };
     for (i, tool) in tools.iter().enumerate() {
         let is_function = tool.get("type").and_then(Value::as_str) == Some("function");
-        let named = tool.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).is_some();
-        if !is_function || !named {
+        if !is_function || forced_tools::tool_name(tool).is_none() {
             return Err(ApiError::invalid_param(
                 &format!("tools[{i}]"),
                 "each tool must be `{\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}`",

@@ -139,7 +139,8 @@ fn prepare(
         reasoning: None,
         stop: params.stop.clone(),
     };
-    let job = Job { endpoint: ENDPOINT, target, prompts: prompts.into_iter().map(Arc::new).collect(), params, started };
+    let prompts = prompts.into_iter().map(Arc::new).collect();
+    let job = Job { endpoint: ENDPOINT, target, prompts, params, started, constrained_by: None };
     Ok((job, Output { spec, include_stream: common.stream.unwrap_or(false) }))
 }
 

@@ -148,7 +148,8 @@ impl From<EngineError> for ApiError {
             EngineError::EmptyPrompt { .. } => ApiError::invalid_param("prompt", message),
             EngineError::TooManySamples { .. } => ApiError::invalid_param("n", message),
             EngineError::InvalidParams { param, .. } => ApiError::invalid_param(param, message),
-            // Only forced tool choices constrain sampling: the model's vocabulary cannot write what they ask.
+            // The model's vocabulary cannot write what the constraint asks; the run names the parameter that set
+            // it (`Job::constrained_by`).
             EngineError::ConstraintFailed { .. } => ApiError::invalid_param("tool_choice", message),
             EngineError::Stopped => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,

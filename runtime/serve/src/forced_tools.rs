@@ -12,13 +12,10 @@
 //! vLLM fails the request (a `required` output cut short by `max_tokens`, so not a whole array), trinity
 //! returns the text as `content` with its `finish_reason` (`length`): the reply is still recorded for training.
 
-use std::sync::Arc;
-
 use serde_json::{Value, json};
-use trinity_engine::Constraint;
-use trinity_explorer::RolloutModel;
+use trinity_explorer::Dumps;
 
-use crate::constrained::{JsonConstraint, Schema, SharedJson, TokenIndex};
+use crate::constrained::Schema;
 use crate::error::ApiError;
 
 /// A tool choice that forces a call.
@@ -73,7 +70,7 @@ pub(crate) fn tool_choice(choice: Option<&Value>, tools: Option<&Value>) -> Resu
     Ok(ToolChoice::Forced(forced))
 }
 
-fn tool_name(tool: &Value) -> Option<&str> {
+pub(crate) fn tool_name(tool: &Value) -> Option<&str> {
     tool.pointer("/function/name").and_then(Value::as_str)
 }
 
@@ -95,27 +92,9 @@ pub(crate) fn schema(choice: &ForcedChoice, tools: &Value) -> Schema {
     }
 }
 
-/// The engine constraint for `choice` over `model`'s vocabulary (its token index built once per model).
-pub(crate) fn constraint(index: Arc<TokenIndex>, choice: &ForcedChoice, tools: &Value) -> Constraint {
-    Constraint(Arc::new(SharedJson(Arc::new(JsonConstraint::new(schema(choice, tools), index)))))
-}
-
-/// The token indexes of the models a server answers with, built on first use.
-#[derive(Debug, Default)]
-pub(crate) struct TokenIndexes(std::sync::Mutex<Vec<(usize, Arc<TokenIndex>)>>);
-
-impl TokenIndexes {
-    /// `model`'s index; the first call for a model builds it (tens of milliseconds for a 49k vocabulary).
-    pub(crate) fn get(&self, model: &Arc<RolloutModel>) -> Arc<TokenIndex> {
-        let key = Arc::as_ptr(model) as usize;
-        let mut indexes = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, index)) = indexes.iter().find(|(k, _)| *k == key) {
-            return Arc::clone(index);
-        }
-        let index = Arc::new(TokenIndex::new(model.tokenizer()));
-        indexes.push((key, Arc::clone(&index)));
-        index
-    }
+/// What identifies the constraint `choice` puts on `tools`' output across requests ([`crate::constrained::Constraints::get`]).
+pub(crate) fn constraint_key(choice: &ForcedChoice, tools: &Value) -> String {
+    format!("tool_choice {choice:?} over {tools}")
 }
 
 /// The calls a forced choice's output makes (`id_of` gives each its id); `None` when the output is not a whole
@@ -134,45 +113,10 @@ pub(crate) fn calls(choice: &ForcedChoice, text: &str, id_of: &dyn Fn() -> Strin
                 .map(|item| {
                     let name = item.get("name")?.as_str()?;
                     let parameters = item.get("parameters").filter(|p| !p.is_null()).cloned().unwrap_or(json!({}));
-                    Some(call(name, python_json(&parameters)))
+                    Some(call(name, Dumps { ensure_ascii: false, ..Dumps::PYTHON }.text(&parameters)))
                 })
                 .collect()
         }
-    }
-}
-
-/// `value` as Python's `json.dumps(value, ensure_ascii=False)` writes it: `", "` and `": "` separators.
-pub(crate) fn python_json(value: &Value) -> String {
-    let mut out = String::new();
-    write_python_json(value, &mut out);
-    out
-}
-
-fn write_python_json(value: &Value, out: &mut String) {
-    match value {
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_python_json(item, out);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            out.push('{');
-            for (i, (key, item)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push_str(": ");
-                write_python_json(item, out);
-            }
-            out.push('}');
-        }
-        scalar => out.push_str(&scalar.to_string()),
     }
 }
 
@@ -221,6 +165,5 @@ mod tests {
         let named = super::calls(&ForcedChoice::Named("now".into()), r#"{"x": 1}"#, &id_of).unwrap();
         assert_eq!(named[0]["function"]["arguments"], r#"{"x": 1}"#);
         assert_eq!(super::calls(&ForcedChoice::Required, r#"[{"name":"now","#, &id_of), None);
-        assert_eq!(python_json(&json!({"é": "ü"})), "{\"é\": \"ü\"}");
     }
 }

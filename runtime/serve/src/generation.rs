@@ -33,6 +33,9 @@ pub(crate) struct Job {
     pub(crate) params: SamplingParams,
     /// When the request arrived (latency and time to first token).
     pub(crate) started: Instant,
+    /// The parameter that constrained `params` (`tool_choice`, `response_format`), named by the 400 when the
+    /// constraint cannot go on; `None` when nothing constrains the output.
+    pub(crate) constrained_by: Option<&'static str>,
 }
 
 /// One choice being generated.
@@ -74,6 +77,7 @@ pub(crate) struct Run {
     started: Instant,
     first_token: Option<Duration>,
     unfinished: usize,
+    constrained_by: Option<&'static str>,
     /// Set once the response went out whole (or failed with a status already counted).
     done: bool,
 }
@@ -132,6 +136,7 @@ impl Run {
             started: job.started,
             first_token: None,
             unfinished: total,
+            constrained_by: job.constrained_by,
             done: false,
         })
     }
@@ -174,7 +179,12 @@ impl Run {
             }
             Err(error) => {
                 self.unfinished = 0;
-                Some(Err(error.into()))
+                let failed_constraint = matches!(error, EngineError::ConstraintFailed { .. });
+                let mut error = ApiError::from(error);
+                if let (true, Some(param)) = (failed_constraint, self.constrained_by) {
+                    error.param = Some(param.to_owned());
+                }
+                Some(Err(error))
             }
         }
     }

@@ -23,7 +23,9 @@
 //!   sampled under the tools' JSON schema and always come back as `tool_calls`, as vLLM's structured outputs
 //!   do: `forced_tools.rs`, `constrained/`), and vLLM's `return_token_ids` (`prompt_token_ids`,
 //!   `choices[].token_ids`), `top_k`, `min_p`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
-//!   `add_generation_prompt`, `continue_final_message`. With `ServeOptions::reasoning_parser` (Trinity's
+//!   `add_generation_prompt`, `continue_final_message`; `response_format` `text`, `json_object` and
+//!   `json_schema` (the reply's `content` sampled under the schema, as vLLM's structured outputs do:
+//!   `response_format.rs`). With `ServeOptions::reasoning_parser` (Trinity's
 //!   `reasoning_parser`: `deepseek_r1`, `qwen3`) the model's `<think>...</think>` text is returned as the
 //!   message's `reasoning_content` (streamed as `delta.reasoning_content`) and `content` is the answer alone.
 //! - `POST /v1/completions`: `prompt` as text, token ids or a batch of either; `logprobs` as a count.
@@ -40,7 +42,7 @@
 //! `Authorization: Bearer <key>` (401).
 //!
 //! Errors are OpenAI-style bodies with the status the clients expect; an unknown field is a 400, as are
-//! parameters the engine cannot honour (penalties, logit bias, `response_format` other than text).
+//! parameters the engine cannot honour (penalties, logit bias, `response_format` `structural_tag`).
 //!
 //! # Invariants
 //! - A client that disconnects cancels its request: the engine drops its sequences at the next decode step.
@@ -69,6 +71,7 @@ mod prompt_length;
 mod reasoning;
 mod recorder;
 mod request_guard;
+mod response_format;
 mod server;
 mod sse;
 mod target;

@@ -83,8 +83,8 @@ pub(crate) struct AppState {
     pub(crate) recording: Recording,
     pub(crate) metrics: Metrics,
     pub(crate) ids: IdGenerator,
-    /// The vocabularies forced tool choices are sampled over, per model.
-    pub(crate) token_indexes: crate::forced_tools::TokenIndexes,
+    /// The vocabularies forced tool choices and response formats are sampled over, and their recent constraints.
+    pub(crate) constraints: crate::constrained::Constraints,
     guard: RequestGuard,
     shutting_down: AtomicBool,
     created: u64,
@@ -187,7 +187,7 @@ fn start(
         options,
         metrics: Metrics::default(),
         ids: IdGenerator::new(),
-        token_indexes: Default::default(),
+        constraints: Default::default(),
         guard,
         shutting_down: AtomicBool::new(false),
         created: crate::ids::unix_seconds(),

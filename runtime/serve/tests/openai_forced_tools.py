@@ -1,16 +1,20 @@
-"""Forced tool choices through the official `openai` client, as AgentScope's ReActAgent sends them.
+"""Constrained outputs through the official `openai` client: forced tool choices, as AgentScope's ReActAgent
+sends them, and structured output parsed into a pydantic model.
 
     python openai_forced_tools.py --base-url http://127.0.0.1:PORT/v1
 
 Sends `tool_choice="required"` and a named choice (whole and streamed) with two tools and checks that the client
-parses `tool_calls` whose arguments are JSON objects matching the tools' parameters. Prints one JSON object with
-the calls it received; any failed check raises (non-zero exit).
+parses `tool_calls` whose arguments are JSON objects matching the tools' parameters; then asks
+`chat.completions.parse` for a pydantic model (`response_format` `json_schema`, strict) and checks that the client
+builds the model from the reply. Prints one JSON object with what it received; any failed check raises (non-zero
+exit).
 """
 
 import argparse
 import json
 
 import openai
+import pydantic
 
 TOOLS = [
     {
@@ -49,6 +53,12 @@ def check(name: str, arguments: str) -> dict:
         assert name == "generate_response", name
         assert set(args) == {"answer"} and isinstance(args["answer"], bool), args
     return {"name": name, "arguments": args}
+
+
+class Forecast(pydantic.BaseModel):
+    city: str
+    days: int
+    sunny: bool
 
 
 def main() -> None:
@@ -95,6 +105,13 @@ def main() -> None:
     assert finish == "tool_calls", finish
     assert streamed, "no streamed calls"
     out["streamed"] = [check(c["name"], c["arguments"]) for _, c in sorted(streamed.items())]
+
+    # Older clients keep `parse` under `beta`.
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    parsed = parse(model=model, messages=messages, response_format=Forecast, seed=4, max_tokens=3000)
+    forecast = parsed.choices[0].message.parsed
+    assert isinstance(forecast, Forecast), parsed
+    out["parsed"] = forecast.model_dump()
     print(json.dumps(out))
 
 

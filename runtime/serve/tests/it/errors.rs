@@ -51,8 +51,8 @@ async fn bad_requests_name_what_is_wrong() {
     assert_error(s, &b, 400, Some("presence_penalty"), "not supported");
     let (s, b) = post(addr, c, &chat(json!({"frequency_penalty": 0.0, "logit_bias": {}}))).await;
     assert_eq!(s, 200, "neutral values are accepted: {b}");
-    let (s, b) = post(addr, c, &chat(json!({"response_format": {"type": "json_object"}}))).await;
-    assert_error(s, &b, 400, Some("response_format"), "only");
+    let (s, b) = post(addr, c, &chat(json!({"response_format": {"type": "structural_tag"}}))).await;
+    assert_error(s, &b, 400, Some("response_format"), "`structural_tag` is not supported");
     let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
     let named = json!({"type": "function", "function": {"name": "g"}});
     let (s, b) = post(addr, c, &chat(json!({"tools": tools, "tool_choice": named}))).await;
@@ -62,6 +62,9 @@ async fn bad_requests_name_what_is_wrong() {
     // The fixture's 48 tokens hold no `[`: after the whitespace cap no token can start the required array.
     let (s, b) = post(addr, c, &chat(json!({"tools": tools, "tool_choice": "required", "max_tokens": 10}))).await;
     assert_error(s, &b, 400, Some("tool_choice"), "allows no token");
+    // Nor a `{`: a JSON response format fails the same way, naming its own parameter.
+    let (s, b) = post(addr, c, &chat(json!({"response_format": {"type": "json_object"}, "max_tokens": 10}))).await;
+    assert_error(s, &b, 400, Some("response_format"), "allows no token");
     let (s, b) = post(addr, c, &chat(json!({"tools": [{"type": "function"}]}))).await;
     assert_error(s, &b, 400, Some("tools[0]"), "each tool");
     let (s, b) = post(addr, c, &chat(json!({"n": 3}))).await;

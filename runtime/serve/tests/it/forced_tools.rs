@@ -1,4 +1,5 @@
-//! Forced tool choices (`tool_choice: "required"`, a named function) sampled under the tools' JSON schema.
+//! Forced tool choices (`tool_choice: "required"`, a named function) sampled under the tools' JSON schema, and
+//! `response_format` `json_object` / `json_schema` sampled under theirs.
 //!
 //! The tool model's layers are zero: past its fixed chain (which the constraint forbids from the first token),
 //! every position's logits are flat, so under the mask it samples uniformly among the allowed tokens of its
@@ -136,4 +137,78 @@ async fn the_openai_client_parses_forced_tool_calls() {
     assert!(!seen["required"].as_array().unwrap().is_empty());
     assert_eq!(seen["named"]["name"], "generate_response");
     assert!(!seen["streamed"].as_array().unwrap().is_empty());
+    assert!(seen["parsed"]["city"].is_string() && seen["parsed"]["sunny"].is_boolean(), "{seen}");
+}
+
+/// The schema of `json_schema` replies: what `openai`'s `parse` sends for a pydantic model (strict).
+fn forecast() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "tags": {"type": "array", "items": {"enum": ["sun", "rain"]}, "maxItems": 3}},
+        "required": ["city", "days", "tags"],
+        "additionalProperties": false,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_response_formats_return_content_that_fits_whole_and_streamed() {
+    let (server, sink) = start(long_tool_rollout(), options("tools")).await;
+    let addr = server.local_addr();
+    let messages = json!([{"role": "user", "content": "Forecast?"}]);
+    let schema =
+        json!({"type": "json_schema", "json_schema": {"name": "Forecast", "schema": forecast(), "strict": true}});
+    // Twice with the same schema: the second request reuses the first's constraint and its masks.
+    for seed in 0..2 {
+        let body = json!({"messages": messages, "response_format": schema, "n": 3, "seed": seed, "max_tokens": 3000});
+        let (status, response) = post(addr, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{response}");
+        for choice in response["choices"].as_array().unwrap() {
+            assert_eq!(choice["finish_reason"], "stop", "{choice}");
+            assert!(choice["message"].get("tool_calls").is_none_or(Value::is_null), "{choice}");
+            let content: Value = serde_json::from_str(choice["message"]["content"].as_str().unwrap()).unwrap();
+            let keys: Vec<&str> = content.as_object().unwrap().keys().map(String::as_str).collect();
+            assert_eq!(keys, ["city", "days", "tags"], "strict order, nothing else: {content}");
+            assert!(content["city"].is_string() && content["days"].is_i64(), "{content}");
+            let tags = content["tags"].as_array().unwrap();
+            assert!(tags.len() <= 3 && tags.iter().all(|t| t == "sun" || t == "rain"), "{content}");
+        }
+    }
+
+    let body = json!({"messages": messages, "response_format": {"type": "json_object"}, "n": 3, "seed": 7, "max_tokens": 3000});
+    let (status, response) = post(addr, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{response}");
+    for choice in response["choices"].as_array().unwrap() {
+        let content: Value = serde_json::from_str(choice["message"]["content"].as_str().unwrap()).unwrap();
+        assert!(content.is_object(), "{content}");
+    }
+
+    let body = json!({"messages": messages, "response_format": schema, "seed": 5, "max_tokens": 3000, "stream": true});
+    let (status, data) = post_stream(addr, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200);
+    let text: String =
+        chunks(&data).iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_owned)).collect();
+    let content: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(content.as_object().unwrap().len(), 3, "{content}");
+
+    // Recorded like any reply.
+    post(addr, "/feedback", &json!({"msg_ids": [response["id"]], "reward": 1.0})).await;
+    post(addr, "/commit", &json!({})).await;
+    assert_eq!(sink.all()[0].len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_formats_the_engine_cannot_serve_are_refused_by_name() {
+    let (server, _sink) = start(long_tool_rollout(), options("tools")).await;
+    let addr = server.local_addr();
+    let messages = json!([{"role": "user", "content": "Weather?"}]);
+    let both = json!({
+        "messages": messages, "tools": tools(), "tool_choice": "required", "response_format": {"type": "json_object"},
+    });
+    let tag = json!({"messages": messages, "response_format": {"type": "structural_tag", "structures": []}});
+    let unknown = json!({"messages": messages, "response_format": {"type": "yaml"}});
+    for (body, param) in [(both, "response_format"), (tag, "response_format"), (unknown, "response_format.type")] {
+        let (status, response) = post(addr, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 400, "{response}");
+        assert_eq!(response["error"]["param"], param, "{response}");
+    }
 }
