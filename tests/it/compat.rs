@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::support::{trinity_rft_python, workspace_root};
+use crate::support::{agentscope_python, trinity_rft_python, workspace_root};
 
 /// Why a config does not pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,7 +157,7 @@ fn classify(err: &str) -> Option<Failure> {
     }
 }
 
-fn dry_run(config: &Path, data: &Path) -> std::process::Output {
+fn dry_run(config: &Path, data: &Path, python: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_trinity"))
         .current_dir(data)
         .args(["run", "--config", config.to_str().unwrap(), "--dry-run"])
@@ -170,9 +170,8 @@ fn dry_run(config: &Path, data: &Path) -> std::process::Output {
         // checks that they are set.
         .env("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
         .env("OPENAI_API_KEY", "sk-compat-dry-run")
-        // The Python workflow host resolves the configs' Python workflows in the venv `cargo xtask setup` makes
-        // (Trinity-RFT 0.6.0 with gymnasium and its math reward packages; no alfworld, agentscope or webshop).
-        .env("TRINITY_PYTHON", trinity_rft_python())
+        // The Python workflow host resolves the configs' Python workflows in `python`.
+        .env("TRINITY_PYTHON", python)
         .env_remove("TRINITY_PLUGIN_DIRS")
         .output()
         .expect("the trinity binary runs")
@@ -202,11 +201,14 @@ fn trinity_rft_shipped_configs_pass_or_fail_only_for_named_reasons() {
     assert_eq!(found, listed, "every shipped config has an expected outcome, and only those");
     assert_eq!(found.len(), 61);
 
+    // The Python workflows resolve in the venv `cargo xtask setup` makes (Trinity-RFT 0.6.0 with gymnasium and
+    // its math reward packages; no alfworld, agentscope or webshop), so that each missing package is named.
+    let python = trinity_rft_python();
     let mut passed = 0;
     let mut by_category: Vec<(Failure, usize)> = Vec::new();
     let mut wrong = Vec::new();
     for (relative, expected) in EXPECTED {
-        let output = dry_run(&root.join(relative), data.path());
+        let output = dry_run(&root.join(relative), data.path(), &python);
         let err = String::from_utf8_lossy(&output.stderr).into_owned();
         // A config may have several errors, one `error:` line each; the first is the one its expectation names.
         let error_line = err
@@ -255,4 +257,37 @@ fn trinity_rft_shipped_configs_pass_or_fail_only_for_named_reasons() {
         println!("  failing with {category:?}: {n}");
     }
     assert!(wrong.is_empty(), "configs with unexpected outcomes:\n{}", wrong.join("\n"));
+}
+
+/// The configs that fail above only because the venv lacks AgentScope pass where it is installed: the AgentScope
+/// venv `cargo xtask setup` layers on the Trinity-RFT one (AgentScope 1.x). The `agentscopev0_*` configs pass it
+/// too, as the dry run imports the workflow's module; their classes import AgentScope 0.x's API only when they
+/// are built, so running them needs AgentScope 0.x.
+#[test]
+fn trinity_rft_shipped_agentscope_configs_pass_where_agentscope_is_installed() {
+    let root = workspace_root().join("tests/fixtures/trinity-rft-0.5.2");
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("tasks.jsonl"), "{\"question\": \"1+1\", \"answer\": \"2\"}\n").unwrap();
+    let python = agentscope_python();
+    let needs_agentscope = EXPECTED
+        .iter()
+        .filter(|(_, outcome)| matches!(outcome, Fails(MissingComponent, text) if text.contains("agentscope")));
+    let mut passed = Vec::new();
+    let mut failed = Vec::new();
+    for (relative, _) in needs_agentscope {
+        let output = dry_run(&root.join(relative), data.path(), &python);
+        let err = String::from_utf8_lossy(&output.stderr).into_owned();
+        let error_line = err.lines().find(|l| l.starts_with("error: ")).unwrap_or_default().to_owned();
+        println!("{relative} with AgentScope: {}", if output.status.success() { "passes" } else { &error_line });
+        if output.status.success() { passed.push(*relative) } else { failed.push(format!("{relative}: {error_line}")) }
+    }
+    let elsewhere = EXPECTED.iter().filter(|(_, outcome)| *outcome == Pass).count();
+    println!(
+        "with AgentScope installed, {} of {} AgentScope configs pass `--dry-run`: {} of {} in all",
+        passed.len(),
+        passed.len() + failed.len(),
+        elsewhere + passed.len(),
+        EXPECTED.len()
+    );
+    assert!(!passed.is_empty() && failed.is_empty(), "failing with AgentScope installed:\n{}", failed.join("\n"));
 }

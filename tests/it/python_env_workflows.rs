@@ -12,7 +12,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use crate::support::{grpo_run_config, stderr, tiny_model_dir, trinity_rft_python, workspace_root};
+use crate::support::{agentscope_python, grpo_run_config, stderr, tiny_model_dir, trinity_rft_python, workspace_root};
+use crate::tool_model::write_tool_model;
 
 /// Replays the runs of `experiences.jsonl` through a Trinity-RFT workflow class: `replay.py CLASS MODEL_DIR
 /// TASKS EXPERIENCES WORKFLOW_ARGS_JSON` prints one JSON line per run with the rewards trinity recorded and those
@@ -312,26 +313,6 @@ fn walk_find(dir: &Path, name: &str) -> Option<PathBuf> {
     None
 }
 
-/// The interpreter of the AgentScope venv `cargo xtask setup` makes, layered on the Trinity-RFT venv
-/// (`TRINITY_AGENTSCOPE_PYTHON`, else `<deps>/agentscope-venv`); one that cannot import AgentScope's ReAct agent
-/// and Trinity-RFT fails the test with the command that installs them.
-fn agentscope_python() -> PathBuf {
-    let python = std::env::var_os("TRINITY_AGENTSCOPE_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
-        deps.join("agentscope-venv/bin/python")
-    });
-    let imports = Command::new(&python)
-        .args(["-c", "import trinity, agentscope.agent; agentscope.agent.ReActAgent"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        imports,
-        "{} cannot import AgentScope 1.x and Trinity-RFT 0.6.0: run `cargo xtask setup`, which installs them",
-        python.display()
-    );
-    python
-}
-
 /// A Trinity-RFT workflow as an AgentScope user writes one: AgentScope's ReAct agent, its chat model being the
 /// workflow's OpenAI async client (`get_openai_async_client`), and the experiences the client's history
 /// recorded (`extract_experience_from_history`), as 0.6.0's own AgentScope workflows build theirs.
@@ -429,5 +410,51 @@ fn trinity_rfts_agentscope_workflows_import_in_the_agentscope_venv_and_name_the_
         ] {
             assert!(err.contains(&piece), "{workflow}: stderr lacks {piece:?}:\n{err}");
         }
+    }
+}
+
+/// Trinity-RFT 0.6.0's own `agentscope_react_workflow`, as its `examples/agentscope_react/gsm8k.yaml` configures
+/// it (OpenAI API with history, hermes auto tool choice), unchanged: AgentScope's ReAct agent asks for its
+/// structured answer with `tool_choice: "required"` (then `"none"` for the text reply), which trinity samples
+/// under the tools' schema. On the tiny tool model the answers are noise, but every run must finish, its replies
+/// be recorded and a GRPO step be trained on them.
+#[test]
+fn trinity_rfts_agentscope_react_workflow_runs_unchanged_and_trains_a_step() {
+    let python = agentscope_python();
+    let rows = [
+        serde_json::json!({"question": "What is 1+1?", "answer": "1+1=2\n#### 2"}),
+        serde_json::json!({"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}),
+    ];
+    let extra = "      format:\n        prompt_key: question\n        response_key: answer\n      rollout_args:\n        \
+                 temperature: 1.0\n        max_tokens: 256\nexplorer:\n  max_retry_times: 0\n  rollout_model:\n    \
+                 dtype: float32\n    enable_openai_api: true\n    enable_history: true\n    \
+                 enable_auto_tool_choice: true\n    tool_call_parser: hermes\n";
+    let dir = run_dir(&rows, "agentscope_react_workflow", 16384, extra);
+    // The tool model's byte-level vocabulary can write any JSON the schema asks for (the tiny model's 48 tokens
+    // have no `{`), and replies get room for a whole structured answer (the shared config caps them at 6 tokens).
+    let model = dir.path().join("model");
+    write_tool_model(&model);
+    let config = std::fs::read_to_string(dir.path().join("config.yaml")).unwrap();
+    let config = config
+        .replace(&tiny_model_dir().display().to_string(), &model.display().to_string())
+        .replace("max_response_tokens: 6\n", "max_response_tokens: 256\n");
+    std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+    let output = trinity(dir.path(), &python, &["run", "--config", "config.yaml"], &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let steps = steps(dir.path());
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0]["rollout/failed_tasks"], 0.0, "{}", steps[0]);
+    // The workflow's own metric: the agent's memory holds at least the question and a reply.
+    let memory = steps[0]["rollout/react_memory_length/mean"].as_f64().unwrap_or_default();
+    assert!(memory >= 2.0, "{}", steps[0]);
+    assert!(steps[0]["train/pg_loss"].is_number(), "{}", steps[0]);
+    let experiences = std::fs::read_to_string(dir.path().join("ckpt/p/n/experiences.jsonl")).unwrap();
+    let experiences: Vec<Value> = experiences.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert!(experiences.len() >= 4, "2 tasks × 2 runs, at least one reply each: {}", experiences.len());
+    for exp in &experiences {
+        // AgentScope's ReAct prompt renders the GSM8K template's system prompt and its `generate_response` tool.
+        let prompt = exp["prompt_text"].as_str().unwrap_or_default();
+        assert!(prompt.contains("specialized in solving math problems"), "{prompt:?}");
+        assert!(prompt.contains("generate_response"), "{prompt:?}");
     }
 }

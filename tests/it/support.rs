@@ -129,3 +129,23 @@ pub(crate) fn trinity_rft_python() -> PathBuf {
     );
     python
 }
+
+/// The interpreter of the AgentScope venv `cargo xtask setup` makes, layered on the Trinity-RFT venv
+/// (`TRINITY_AGENTSCOPE_PYTHON`, else `<deps>/agentscope-venv`); one that cannot import AgentScope's ReAct agent
+/// and Trinity-RFT fails the test with the command that installs them.
+pub(crate) fn agentscope_python() -> PathBuf {
+    let python = std::env::var_os("TRINITY_AGENTSCOPE_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
+        deps.join("agentscope-venv/bin/python")
+    });
+    let imports = Command::new(&python)
+        .args(["-c", "import trinity, agentscope.agent; agentscope.agent.ReActAgent"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        imports,
+        "{} cannot import AgentScope 1.x and Trinity-RFT 0.6.0: run `cargo xtask setup`, which installs them",
+        python.display()
+    );
+    python
+}
