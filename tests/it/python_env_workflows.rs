@@ -126,6 +126,12 @@ fn steps(dir: &Path) -> Vec<Value> {
     metrics.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
 }
 
+/// The run's experiences from its `experiences.jsonl`.
+fn experiences(dir: &Path) -> Vec<Value> {
+    let experiences = std::fs::read_to_string(dir.join("ckpt/p/n/experiences.jsonl")).unwrap();
+    experiences.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+}
+
 /// Replays the run in `dir` through `class` and asserts the class's rewards are the recorded ones; the replayed
 /// runs, for more checks.
 fn assert_rewards_replay(dir: &Path, python: &Path, class: &str, workflow_args: &str) -> Vec<Value> {
@@ -380,8 +386,7 @@ fn an_agentscope_react_agent_calls_trinitys_model_through_the_workflows_openai_c
     assert!(steps[0]["train/pg_loss"].is_number(), "{}", steps[0]);
     // Each agent reply is an experience recorded by the OpenAI endpoint: the prompt AgentScope's formatter built
     // (its system prompt, then the question) through the model's chat template.
-    let experiences = std::fs::read_to_string(dir.path().join("ckpt/p/n/experiences.jsonl")).unwrap();
-    let experiences: Vec<Value> = experiences.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let experiences = experiences(dir.path());
     assert!(experiences.len() >= 4, "2 tasks × 2 runs, at least one reply each: {}", experiences.len());
     for exp in &experiences {
         let prompt = exp["prompt_text"].as_str().unwrap_or_default();
@@ -448,8 +453,7 @@ fn trinity_rfts_agentscope_react_workflow_runs_unchanged_and_trains_a_step() {
     let memory = steps[0]["rollout/react_memory_length/mean"].as_f64().unwrap_or_default();
     assert!(memory >= 2.0, "{}", steps[0]);
     assert!(steps[0]["train/pg_loss"].is_number(), "{}", steps[0]);
-    let experiences = std::fs::read_to_string(dir.path().join("ckpt/p/n/experiences.jsonl")).unwrap();
-    let experiences: Vec<Value> = experiences.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let experiences = experiences(dir.path());
     assert!(experiences.len() >= 4, "2 tasks × 2 runs, at least one reply each: {}", experiences.len());
     for exp in &experiences {
         // AgentScope's ReAct prompt renders the GSM8K template's system prompt and its `generate_response` tool.

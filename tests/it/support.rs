@@ -114,38 +114,33 @@ pub fn openai_python() -> PathBuf {
 /// modules import (`TRINITY_RFT_PYTHON`, else `<deps>/trinity-rft-venv`); a venv that cannot import them fails the
 /// test with the command that installs them.
 pub(crate) fn trinity_rft_python() -> PathBuf {
-    let python = std::env::var_os("TRINITY_RFT_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
-        deps.join("trinity-rft-venv/bin/python")
-    });
-    let imports = Command::new(&python)
-        .args(["-c", "import trinity, torch, transformers, omegaconf, gymnasium, math_verify"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        imports,
-        "{} cannot import Trinity-RFT 0.6.0 and its workflows' packages: run `cargo xtask setup`, which installs them",
-        python.display()
-    );
-    python
+    setup_python(
+        "TRINITY_RFT_PYTHON",
+        "trinity-rft-venv",
+        "import trinity, torch, transformers, omegaconf, gymnasium, math_verify",
+        "Trinity-RFT 0.6.0 and its workflows' packages",
+    )
 }
 
 /// The interpreter of the AgentScope venv `cargo xtask setup` makes, layered on the Trinity-RFT venv
 /// (`TRINITY_AGENTSCOPE_PYTHON`, else `<deps>/agentscope-venv`); one that cannot import AgentScope's ReAct agent
 /// and Trinity-RFT fails the test with the command that installs them.
 pub(crate) fn agentscope_python() -> PathBuf {
-    let python = std::env::var_os("TRINITY_AGENTSCOPE_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+    setup_python(
+        "TRINITY_AGENTSCOPE_PYTHON",
+        "agentscope-venv",
+        "import trinity, agentscope.agent; agentscope.agent.ReActAgent",
+        "AgentScope 1.x and Trinity-RFT 0.6.0",
+    )
+}
+
+/// The python of `venv` under the deps directory (or `$var`), checked to run `imports`.
+fn setup_python(var: &str, venv: &str, imports: &str, what: &str) -> PathBuf {
+    let python = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
         let deps = std::env::var_os("TRINITY_DEPS_DIR").map_or_else(|| workspace_root().join(".deps"), PathBuf::from);
-        deps.join("agentscope-venv/bin/python")
+        deps.join(venv).join("bin/python")
     });
-    let imports = Command::new(&python)
-        .args(["-c", "import trinity, agentscope.agent; agentscope.agent.ReActAgent"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        imports,
-        "{} cannot import AgentScope 1.x and Trinity-RFT 0.6.0: run `cargo xtask setup`, which installs them",
-        python.display()
-    );
+    let runs = Command::new(&python).args(["-c", imports]).output().is_ok_and(|o| o.status.success());
+    assert!(runs, "{} cannot import {what}: run `cargo xtask setup`, which installs them", python.display());
     python
 }
