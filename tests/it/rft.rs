@@ -180,3 +180,41 @@ fn every_sync_method_runs_and_checkpoint_sync_goes_through_disk() {
         assert_eq!(job.join("sync/weights_2.safetensors").exists(), method == "checkpoint", "{method}");
     }
 }
+
+/// Trinity-RFT truncates a prompt to `max_prompt_tokens` only with `enable_prompt_truncation`; without it vLLM
+/// takes the whole prompt while it leaves room in `max_model_len` (a multi-turn workflow's growing history, as
+/// Trinity's FrozenLake has). Task 1's prompt (32 tokens rendered) is over `max_prompt_tokens` (24) and within
+/// `max_model_len` (40): sampled without truncation, masked placeholders with it.
+#[test]
+fn a_prompt_over_max_prompt_tokens_is_sampled_without_truncation_and_a_placeholder_with_it() {
+    for (truncation, placeholders) in [(false, 0), (true, 2)] {
+        let dir = tiny_run_dir(1, "", "");
+        let long = "ab".repeat(8);
+        let rows =
+            format!("{{\"prompt\": \"ab0\", \"response\": \"0\"}}\n{{\"prompt\": \"{long}\", \"response\": \"1\"}}\n");
+        std::fs::write(dir.path().join("tasks.jsonl"), rows).unwrap();
+        let config = std::fs::read_to_string(dir.path().join("config.yaml")).unwrap().replace(
+            "  max_response_tokens: 6\n",
+            &format!("  max_response_tokens: 6\n  max_prompt_tokens: 24\n  enable_prompt_truncation: {truncation}\n"),
+        );
+        std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+        let output = trinity(dir.path(), &["run", "--config", "config.yaml"]);
+        assert!(output.status.success(), "truncation {truncation}: {}", stderr(&output));
+        let job = dir.path().join("ckpt/p/n");
+        let metrics = std::fs::read_to_string(job.join("monitor/metrics.jsonl")).unwrap();
+        let step: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+        assert_eq!(step["rollout/failed_tasks"], 0.0, "truncation {truncation}: {step}");
+        let experiences: Vec<serde_json::Value> = std::fs::read_to_string(job.join("experiences.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(experiences.len(), 4, "2 tasks × 2 runs");
+        let masked = experiences.iter().filter(|e| e["truncate_status"] == "prompt_truncated").count();
+        assert_eq!(masked, placeholders, "truncation {truncation}");
+        if !truncation {
+            let long_prompts = experiences.iter().filter(|e| e["prompt_length"] == 32).count();
+            assert_eq!(long_prompts, 2, "the whole 32-token prompt was sampled: {experiences:?}");
+        }
+    }
+}

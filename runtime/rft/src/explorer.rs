@@ -147,7 +147,10 @@ impl Explorer {
             max_model_len: lengths.max_model_len as usize,
             max_num_seqs: (config.explorer.runner_per_model as usize * config.algorithm.resolved.repeat_times as usize)
                 .clamp(1, 256),
-            max_prompt_tokens: Some(lengths.max_prompt_tokens as usize),
+            // Trinity-RFT truncates prompts to max_prompt_tokens only with enable_prompt_truncation; without it
+            // vLLM takes any prompt that leaves room in max_model_len (a multi-turn workflow's growing history),
+            // and so does the engine.
+            max_prompt_tokens: config.model.enable_prompt_truncation.then_some(lengths.max_prompt_tokens as usize),
             max_response_tokens: Some(lengths.max_response_tokens as usize),
             kv_cache_bytes: models::cpu_kv_budget(device),
             num_threads: Some(threads),
