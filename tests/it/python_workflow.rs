@@ -389,7 +389,8 @@ fn a_multi_turn_workflow_trains_on_its_converted_conversation_with_only_the_assi
 #[test]
 fn an_async_agent_trains_on_the_replies_its_openai_client_recorded() {
     let python = trinity_rft_python();
-    let extra = "explorer:\n  max_retry_times: 0\n  concurrent_mode: asynchronous\n  rollout_model:\n    dtype: float32\n    enable_openai_api: true\n    enable_history: true\n";
+    // One runner: its worker runs the second task with the OpenAI async client the first one made.
+    let extra = "explorer:\n  max_retry_times: 0\n  runner_per_model: 1\n  concurrent_mode: asynchronous\n  rollout_model:\n    dtype: float32\n    enable_openai_api: true\n    enable_history: true\n";
     let dir = workflow_dir("AgentWorkflow", &["ab", "ba"], 64, extra);
     let output = run(dir.path(), &python, &["run", "--config", "config.yaml"]);
     assert!(output.status.success(), "{}", stderr(&output));

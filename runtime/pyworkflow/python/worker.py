@@ -576,12 +576,17 @@ def main():
     rpc = _Rpc()
     rpc.start_reader()
     host = _Host(rpc)
+    # One event loop for the worker's life, as Trinity-RFT's runner has: an async client a workflow keeps between
+    # tasks (the model's OpenAI async client, an agent's) holds connections bound to the loop it first ran on, and
+    # a loop per task left the next task's request closing them on a closed loop.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
     while True:
         message = rpc.tasks.get()
         if message is None:
             return
         try:
-            rpc.send({"type": "done", **asyncio.run(host.run(message))})
+            rpc.send({"type": "done", **loop.run_until_complete(host.run(message))})
         except Exception:
             rpc.send({"type": "failed", "traceback": traceback.format_exc().rstrip()})
 
