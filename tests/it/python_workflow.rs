@@ -573,3 +573,23 @@ fn a_bench_evaluates_the_model_with_a_python_workflow() {
     let out = stderr(&output);
     assert!(out.contains("sampled 2 for ab3"), "the workflow ran in Python:\n{out}");
 }
+
+/// With `enable_prompt_truncation` (Trinity-RFT's default), a `chat` whose prompt is over `max_prompt_tokens` gets
+/// Trinity-RFT's masked placeholders, not an exception: the workflow goes on, and the experiences are marked
+/// `prompt_truncated`. Row 1 renders to 56 tokens, over the 34 that `max_model_len` 40 leaves.
+#[test]
+fn a_chat_prompt_over_the_limit_gets_trinitys_masked_placeholders() {
+    let python = trinity_rft_python();
+    let long = "ab".repeat(20);
+    let dir = run_dir(&["ab1", &long], "explorer:\n  max_retry_times: 0\n");
+    let output = run(dir.path(), &python, &["run", "--config", "config.yaml"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let (experiences, metrics) = outputs(&dir.path().join("ckpt/p/n"));
+    assert_eq!(metrics[0]["rollout/failed_tasks"], 0.0, "{}", metrics[0]);
+    assert_eq!(experiences.len(), 4, "2 tasks × 2 runs");
+    let masked: Vec<_> = experiences.iter().filter(|e| e["truncate_status"] == "prompt_truncated").collect();
+    assert_eq!(masked.len(), 2, "{experiences:?}");
+    for e in masked {
+        assert_eq!((e["prompt_length"].as_u64(), e["tokens"].as_array().map(Vec::len)), (Some(34), Some(35)), "{e}");
+    }
+}

@@ -259,7 +259,7 @@ impl Call<'_> {
         let n = kwargs["n"].as_u64().unwrap_or(1).max(1);
         self.budget.admit(n)?;
         if let Some(limit) = model.prompt_over_limit(prompt.len()) {
-            return Err(format!("the prompt of {} tokens is over the model's limit of {limit}", prompt.len()).into());
+            return placeholder_samples(model, &prompt, limit, n as usize);
         }
         let (task, args) = (self.task, &self.task.rollout_args);
         let float = |key: &str, default: Option<f64>| kwargs[key].as_f64().or(default);
@@ -342,6 +342,22 @@ fn samples_json(prompt: &[u32], prompt_text: &str, completions: Vec<trinity_engi
         })
         .collect();
     json!({"prompt": prompt, "prompt_text": prompt_text, "samples": samples})
+}
+
+/// What Trinity-RFT's model wrapper returns for a prompt over `max_prompt_tokens` with
+/// `enable_prompt_truncation`: `n` masked experiences of the prompt's first `limit + 1` tokens, the last one
+/// standing as the response, with its placeholder text and `prompt_truncated`, so the workflow goes on and the
+/// trainer learns nothing from them.
+fn placeholder_samples(model: &RolloutModel, prompt: &[u32], limit: usize, n: usize) -> Result<Value, Refusal> {
+    let head = &prompt[..limit];
+    let prompt_text = model.decode(head).map_err(|e| e.to_string())?;
+    let sample = json!({
+        "response": [prompt[limit]],
+        "logprobs": [0.0],
+        "response_text": "[This experience is masked out due to overlong prompt]",
+        "truncate_status": "prompt_truncated",
+    });
+    Ok(json!({"prompt": head, "prompt_text": prompt_text, "samples": vec![sample; n]}))
 }
 
 /// `params.messages` as role/content pairs (non-text content as its JSON text).
