@@ -249,7 +249,7 @@ fn replay_draws_earlier_steps_again_by_priority() {
 }
 
 #[test]
-fn prompts_over_the_limit_become_masked_placeholders_unless_truncation_is_off() {
+fn prompts_over_the_limit_become_masked_placeholders_or_without_truncation_are_sampled_whole() {
     let dir = tempfile::tempdir().unwrap();
     // Prompts of the toy taskset render to about 20 tokens; a limit of 6 puts every one over it.
     let set = |truncate: bool| {
@@ -271,10 +271,17 @@ fn prompts_over_the_limit_become_masked_placeholders_unless_truncation_is_off() 
         assert!(row["tokens"].as_array().unwrap().len() <= 6, "{row}");
     }
 
-    let strict = tempfile::tempdir().unwrap();
-    let config = self::config(strict.path(), &set(false));
-    let error = trinity_rft::run(&config, &trinity_rft::job_dir(&config)).unwrap_err().to_string();
-    assert!(error.contains("too long"), "{error}");
+    // Without truncation Trinity-RFT hands vLLM the whole prompt, which runs while it fits in max_model_len.
+    let whole = tempfile::tempdir().unwrap();
+    let config = self::config(whole.path(), &set(false));
+    let summary = trinity_rft::run(&config, &trinity_rft::job_dir(&config)).unwrap();
+    let experiences = std::fs::read_to_string(summary.job_dir.join("experiences.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = experiences.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 8, "two tasks × four samples");
+    for row in &rows {
+        assert!(row["truncate_status"] != "prompt_truncated", "{row}");
+        assert!(row["prompt_length"].as_u64().unwrap() > 6, "the whole prompt was sampled: {row}");
+    }
 }
 
 #[test]
