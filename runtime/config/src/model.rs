@@ -26,13 +26,15 @@ pub struct ModelConfig {
     pub logprobs: u32,
     /// Longest prompt + response, in tokens. Unset: `max_prompt_tokens + max_response_tokens`.
     pub max_model_len: Option<u32>,
-    /// Longest prompt, in tokens. Unset: derived from the other two limits.
+    /// Longest prompt, in tokens, with `enable_prompt_truncation` (without it a prompt may fill `max_model_len`
+    /// but one token, as vLLM allows). Unset: derived from the other two limits.
     pub max_prompt_tokens: Option<u32>,
     /// Longest response, in tokens. Unset: derived from the other two limits.
     pub max_response_tokens: Option<u32>,
     /// Shortest response before end-of-sequence may be sampled.
     pub min_response_tokens: u32,
-    /// Cut prompts longer than `max_prompt_tokens` from the left instead of failing the task.
+    /// A prompt longer than `max_prompt_tokens` gets Trinity-RFT's masked placeholders (nothing in them trained)
+    /// instead of a rollout; off, it is sampled whole while it fits in `max_model_len`.
     pub enable_prompt_truncation: bool,
     /// Penalty on repeated tokens; trinity's sampler has none, so only 1.0 (off) is accepted.
     pub repetition_penalty: f64,
