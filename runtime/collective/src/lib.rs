@@ -40,7 +40,7 @@ pub use group::{GlooDevice, GroupOptions, ProcessGroup, ReduceOp, Work};
 pub use launch::{LaunchOptions, launch};
 pub use store::Store;
 pub use transport::{Placement, Transport};
-pub use weight_sync::{SyncReport, WeightReceiver, WeightSender, WeightSyncOptions};
+pub use weight_sync::{PartSink, SyncReport, WeightReceiver, WeightSender, WeightSyncOptions};
 
 #[cfg(feature = "test-support")]
 pub mod testing;

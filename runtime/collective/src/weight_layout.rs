@@ -56,6 +56,11 @@ fn kind_name(kind: Kind) -> Result<&'static str> {
         .ok_or_else(|| CollectiveError::WeightSync(format!("dtype {kind:?} cannot be transferred")))
 }
 
+/// The dtypes [`Layout::of`]'s `cast` applies to.
+fn is_floating(kind: Kind) -> bool {
+    matches!(kind, Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16)
+}
+
 fn kind_of(name: &str) -> Result<Kind> {
     KINDS
         .iter()
@@ -68,19 +73,32 @@ impl Layout {
     /// The layout of `tensors`, cut into buckets of `bucket_bytes` (rounded up to [`ALIGN`]); with `cast`, every
     /// floating-point tensor is sent in that dtype ([`pack`] converts while copying).
     pub fn of(tensors: &[(String, Tensor)], bucket_bytes: usize, cast: Option<Kind>) -> Result<Layout> {
-        let mut entries = Vec::with_capacity(tensors.len());
+        let shapes = tensors.iter().map(|(name, t)| (name.as_str(), t.kind(), t.size()));
+        Layout::of_shapes(shapes, bucket_bytes, cast)
+    }
+
+    /// [`Layout::of`] from the tensors' names, dtypes and shapes alone: the layout of a transfer whose tensors
+    /// do not exist yet (a sharded model, gathered while it is sent).
+    pub fn of_shapes<'a>(
+        tensors: impl IntoIterator<Item = (&'a str, Kind, Vec<i64>)>,
+        bucket_bytes: usize,
+        cast: Option<Kind>,
+    ) -> Result<Layout> {
+        let mut entries = Vec::new();
         let mut offset = 0usize;
-        for (name, t) in tensors {
+        for (name, kind, shape) in tensors {
             if name.contains(['\t', '\n']) {
                 return Err(CollectiveError::WeightSync(format!("tensor name {name:?} holds a tab or newline")));
             }
             let kind = match cast {
-                Some(to) if t.is_floating_point() => to,
-                _ => t.kind(),
+                Some(to) if is_floating(kind) => to,
+                _ => kind,
             };
             kind_name(kind)?;
-            let bytes = t.numel() * kind.elt_size_in_bytes();
-            entries.push(Entry { name: name.clone(), kind, shape: t.size(), offset, bytes });
+            let numel = usize::try_from(shape.iter().product::<i64>())
+                .map_err(|_| CollectiveError::WeightSync(format!("tensor {name:?} has shape {shape:?}")))?;
+            let bytes = numel * kind.elt_size_in_bytes();
+            entries.push(Entry { name: name.to_owned(), kind, shape, offset, bytes });
             offset = (offset + bytes).next_multiple_of(ALIGN);
         }
         let total = entries.last().map_or(0, |e| e.offset + e.bytes);
@@ -152,10 +170,11 @@ pub fn byte_view(t: &Tensor) -> Result<Tensor> {
     Ok(if t.kind() == Kind::Uint8 { flat } else { flat.f_view_dtype(Kind::Uint8)? })
 }
 
-/// Copies the part of `tensors` (laid out by `layout`) that falls in bucket `k` into `bucket` (a `u8` tensor of
-/// at least the bucket's length), converting to the layout's dtype where it differs. Tensors on another device
-/// are copied over; padding bytes are left as they are.
-pub fn pack(layout: &Layout, k: usize, tensors: &[Tensor], bucket: &Tensor) -> Result<()> {
+/// Copies the part of `tensors` (laid out by `layout`, one per entry) that falls in bucket `k` into `bucket` (a
+/// `u8` tensor of at least the bucket's length), converting to the layout's dtype where it differs. Tensors on
+/// another device are copied over; padding bytes are left as they are. Every tensor the bucket overlaps must be
+/// there; the others may be `None` (a transfer that holds only the tensors of the buckets it is sending).
+pub fn pack(layout: &Layout, k: usize, tensors: &[Option<Tensor>], bucket: &Tensor) -> Result<()> {
     let range = layout.bucket_range(k);
     let _guard = tch::no_grad_guard();
     for i in layout.overlapping(&range) {
@@ -163,7 +182,9 @@ pub fn pack(layout: &Layout, k: usize, tensors: &[Tensor], bucket: &Tensor) -> R
         let start = e.offset.max(range.start);
         let end = (e.offset + e.bytes).min(range.end);
         let dst = bucket.f_narrow(0, (start - range.start) as i64, (end - start) as i64)?;
-        let t = &tensors[i];
+        let t = tensors.get(i).and_then(Option::as_ref).ok_or_else(|| {
+            CollectiveError::WeightSync(format!("bucket {k} overlaps tensor `{}`, which was not given", e.name))
+        })?;
         if t.kind() == e.kind {
             let src = byte_view(&t.f_contiguous()?)?.f_narrow(0, (start - e.offset) as i64, (end - start) as i64)?;
             dst.shallow_clone().f_copy_(&src)?;
@@ -247,7 +268,7 @@ mod tests {
     #[test]
     fn packing_then_unpacking_gives_the_tensors_back_for_any_bucket_size() {
         let ts = tensors();
-        let plain: Vec<Tensor> = ts.iter().map(|(_, t)| t.shallow_clone()).collect();
+        let plain: Vec<Option<Tensor>> = ts.iter().map(|(_, t)| Some(t.shallow_clone())).collect();
         for bucket_bytes in [64, 128, 192, 256, 1024] {
             let layout = Layout::of(&ts, bucket_bytes, None).unwrap();
             let mut got = Vec::new();
@@ -272,7 +293,7 @@ mod tests {
     #[test]
     fn floating_tensors_are_cast_while_packing() {
         let ts = tensors();
-        let plain: Vec<Tensor> = ts.iter().map(|(_, t)| t.shallow_clone()).collect();
+        let plain: Vec<Option<Tensor>> = ts.iter().map(|(_, t)| Some(t.shallow_clone())).collect();
         let layout = Layout::of(&ts, 128, Some(Kind::BFloat16)).unwrap();
         let kinds: Vec<Kind> = layout.entries.iter().map(|e| e.kind).collect();
         assert_eq!(kinds, [Kind::BFloat16, Kind::BFloat16, Kind::Int64, Kind::BFloat16]);

@@ -172,7 +172,26 @@ impl WeightSender {
     /// call. On failure the group is dropped and the next call builds a new
     /// one (waiting up to the timeout for the receivers to join it).
     pub fn publish(&mut self, version: u64, weights: &[(String, Tensor)]) -> Result<SyncReport> {
-        let layout = Layout::of(weights, self.options.bucket_bytes, self.options.dtype)?;
+        let shapes = weights.iter().map(|(name, t)| (name.as_str(), t.kind(), t.size()));
+        let (pushed, report) = self.publish_parts(version, shapes, |sink| {
+            sink.push(weights.iter().map(|(name, t)| (name.clone(), t.shallow_clone())).collect())
+        })?;
+        pushed.map(|()| report)
+    }
+
+    /// [`WeightSender::publish`] for a sender that never holds every tensor at once: `tensors` names them (with
+    /// dtypes and shapes, in order) before any exists, and `feed` hands them to the [`PartSink`] part by part,
+    /// in that order. Each bucket goes out as soon as the parts before its end arrived, and a part is dropped
+    /// once its last bucket is packed, so the transfer holds the sink's two buckets and the parts of the
+    /// buckets being filled. Returns what `feed` returned with the report; fails when `feed` stopped short.
+    /// A `feed` that stops short leaves the receivers waiting for the rest of the stream until the timeout.
+    pub fn publish_parts<'a, T>(
+        &mut self,
+        version: u64,
+        tensors: impl IntoIterator<Item = (&'a str, Kind, Vec<i64>)>,
+        feed: impl FnOnce(&mut PartSink<'_>) -> T,
+    ) -> Result<(T, SyncReport)> {
+        let layout = Layout::of_shapes(tensors, self.options.bucket_bytes, self.options.dtype)?;
         match &self.layout {
             Some(known) if known.entries != layout.entries => {
                 return Err(CollectiveError::WeightSync(
@@ -183,14 +202,14 @@ impl WeightSender {
             None => self.layout = Some(layout),
         }
         self.store.set("offered", version.to_string().as_bytes())?;
-        let result = self.try_publish(version, weights);
+        let result = self.try_publish(version, feed);
         if let Err(e) = &result {
             self.fail(e);
         }
         result
     }
 
-    fn try_publish(&mut self, version: u64, weights: &[(String, Tensor)]) -> Result<SyncReport> {
+    fn try_publish<T>(&mut self, version: u64, feed: impl FnOnce(&mut PartSink<'_>) -> T) -> Result<(T, SyncReport)> {
         let g = self.generation;
         if self.group.is_some() && self.store.check(&[&format!("gen{g}/failed")])? {
             return Err(CollectiveError::WeightSync(format!("a receiver reported generation {g} failed")));
@@ -213,7 +232,6 @@ impl WeightSender {
         let start = Instant::now();
         let s = self.seq;
         self.store.set(&format!("gen{g}/sync/{s}"), version.to_string().as_bytes())?;
-        let tensors: Vec<Tensor> = weights.iter().map(|(_, t)| t.shallow_clone()).collect();
         let on = self.transport.buffer_device(self.options.tensors);
         if self.buffers.as_ref().map(|(device, _)| *device) != Some(on) {
             self.buffers = None;
@@ -221,7 +239,9 @@ impl WeightSender {
         }
         let group = self.group.as_ref().ok_or_else(|| CollectiveError::WeightSync("no group".into()))?;
         let (_, buffers) = self.buffers.as_ref().ok_or_else(|| CollectiveError::WeightSync("no buffers".into()))?;
-        send_buckets(group, &layout, &tensors, buffers)?;
+        let mut sink = PartSink::new(group, &layout, buffers);
+        let fed = feed(&mut sink);
+        sink.finish()?;
         let deadline = start + self.options.timeout;
         let ack = format!("gen{g}/ack/{s}");
         while self.store.add(&ack, 0)? < self.receivers as i64 {
@@ -240,12 +260,13 @@ impl WeightSender {
         }
         self.store.set("latest", version.to_string().as_bytes())?;
         self.seq += 1;
-        Ok(SyncReport {
+        let report = SyncReport {
             version,
             bytes: layout.total,
             buckets: layout.buckets(),
             seconds: start.elapsed().as_secs_f64(),
-        })
+        };
+        Ok((fed, report))
     }
 
     /// Waits (up to the timeout) until every receiver of generation `g` said where its weights live, then decides
@@ -290,21 +311,131 @@ impl WeightSender {
     }
 }
 
-/// Broadcasts the byte stream of `tensors` from rank 0, packing bucket k+1 while bucket k is sent.
-fn send_buckets(group: &ProcessGroup, layout: &Layout, tensors: &[Tensor], buffers: &[Tensor; 2]) -> Result<()> {
-    let mut in_flight: Option<Work<'_>> = None;
-    for k in 0..layout.buckets() {
-        let len = layout.bucket_range(k).len() as i64;
-        let buffer = &buffers[k % 2];
-        pack(layout, k, tensors, buffer)?;
-        let work = group.broadcast_async(&buffer.f_narrow(0, 0, len)?, 0)?;
-        if let Some(previous) = in_flight.replace(work) {
-            previous.wait()?;
+/// The sender's end of one [`WeightSender::publish_parts`]: it takes the version's tensors part by part and
+/// broadcasts the byte stream from rank 0 bucket by bucket as the parts fill them, packing bucket k+1 while
+/// bucket k is on the wire.
+pub struct PartSink<'a> {
+    group: &'a ProcessGroup,
+    layout: &'a Layout,
+    buffers: &'a [Tensor; 2],
+    /// The given tensors still needed by a bucket not packed yet, by layout entry.
+    tensors: Vec<Option<Tensor>>,
+    /// Entries given so far.
+    given: usize,
+    /// Entries before this one were dropped (their last bucket is packed).
+    dropped: usize,
+    next_bucket: usize,
+    in_flight: Option<Work<'a>>,
+    /// The first failure; later parts are refused with it.
+    failed: Option<String>,
+}
+
+impl std::fmt::Debug for PartSink<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartSink").field("given", &self.given).field("next_bucket", &self.next_bucket).finish()
+    }
+}
+
+impl<'a> PartSink<'a> {
+    fn new(group: &'a ProcessGroup, layout: &'a Layout, buffers: &'a [Tensor; 2]) -> PartSink<'a> {
+        let tensors = (0..layout.entries.len()).map(|_| None).collect();
+        PartSink {
+            group,
+            layout,
+            buffers,
+            tensors,
+            given: 0,
+            dropped: 0,
+            next_bucket: 0,
+            in_flight: None,
+            failed: None,
         }
     }
-    match in_flight {
-        Some(last) => last.wait(),
-        None => Ok(()),
+
+    /// Takes the next tensors of the layout (names and shapes must match it, in order; any dtype or device) and
+    /// sends every bucket they complete. After an error every later part is refused.
+    pub fn push(&mut self, part: Vec<(String, Tensor)>) -> Result<()> {
+        if let Some(first) = &self.failed {
+            return Err(CollectiveError::WeightSync(format!("an earlier part of this sync failed: {first}")));
+        }
+        let result = self.take(part);
+        if let Err(e) = &result {
+            self.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    fn take(&mut self, part: Vec<(String, Tensor)>) -> Result<()> {
+        let entries = &self.layout.entries;
+        for (name, t) in part {
+            let Some(e) = entries.get(self.given) else {
+                return Err(CollectiveError::WeightSync(format!(
+                    "tensor `{name}` is past the {} the layout holds",
+                    entries.len()
+                )));
+            };
+            if e.name != name || e.shape != t.size() {
+                return Err(CollectiveError::WeightSync(format!(
+                    "tensor {} of the layout is `{}` {:?}, not `{name}` {:?}",
+                    self.given,
+                    e.name,
+                    e.shape,
+                    t.size()
+                )));
+            }
+            self.tensors[self.given] = Some(t);
+            self.given += 1;
+        }
+        // Every byte before the next tensor not given yet is known (padding included).
+        let known = entries.get(self.given).map_or(self.layout.total, |e| e.offset);
+        while self.next_bucket < self.layout.buckets() && self.layout.bucket_range(self.next_bucket).end <= known {
+            self.send(self.next_bucket)?;
+            self.next_bucket += 1;
+        }
+        let packed_through = self.next_bucket * self.layout.bucket_bytes;
+        while self.dropped < self.given && entries[self.dropped].offset + entries[self.dropped].bytes <= packed_through
+        {
+            self.tensors[self.dropped] = None;
+            self.dropped += 1;
+        }
+        Ok(())
+    }
+
+    /// How many of the given tensors the sink still holds (those a bucket not packed yet needs).
+    pub fn held(&self) -> usize {
+        self.tensors.iter().filter(|t| t.is_some()).count()
+    }
+
+    /// Packs bucket `k` into its buffer and starts its broadcast, after waiting for bucket k-1's (bucket k-2's,
+    /// which used this buffer, ended when k-1 started).
+    fn send(&mut self, k: usize) -> Result<()> {
+        let len = self.layout.bucket_range(k).len() as i64;
+        let buffer = &self.buffers[k % 2];
+        pack(self.layout, k, &self.tensors, buffer)?;
+        let work = self.group.broadcast_async(&buffer.f_narrow(0, 0, len)?, 0)?;
+        if let Some(previous) = self.in_flight.replace(work) {
+            previous.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Ends the stream: every tensor must have been given and every bucket sent; waits for the last bucket.
+    fn finish(mut self) -> Result<()> {
+        if let Some(first) = self.failed.take() {
+            return Err(CollectiveError::WeightSync(first));
+        }
+        if self.given != self.layout.entries.len() {
+            return Err(CollectiveError::WeightSync(format!(
+                "the sync was given {} of its {} tensors (the next is `{}`)",
+                self.given,
+                self.layout.entries.len(),
+                self.layout.entries[self.given].name
+            )));
+        }
+        match self.in_flight.take() {
+            Some(last) => last.wait(),
+            None => Ok(()),
+        }
     }
 }
 

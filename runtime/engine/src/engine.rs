@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 
 use tch::{Device, Kind, Tensor};
 use tokio::sync::oneshot;
-use trinity_model::{Decoder, LoadedModel, ModelError, Tokenizer};
+use trinity_model::{Decoder, LoadedModel, Tokenizer};
 
 use crate::engine_config::EngineConfig;
 use crate::error::{EngineError, Result};
@@ -21,6 +21,7 @@ use crate::rng::fresh_seed;
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{Command, Scheduler, SchedulerSetup};
 use crate::stats::EngineStats;
+use crate::weight_sync::{NamedCopy, WeightSink};
 
 /// What the engine serves: the network, optionally its tokenizer (for text, stop strings), and the token ids
 /// that end a sample.
@@ -239,7 +240,37 @@ impl Engine {
     /// this returns. Errors name a missing parameter or a shape mismatch; on error some tensors may already
     /// hold the new values.
     pub async fn sync_weights(&self, weights: Vec<(String, Tensor)>) -> Result<()> {
-        self.with_decoder(move |decoder| copy_named(decoder, weights)).await?
+        self.with_decoder(move |decoder| {
+            let mut copy = NamedCopy::new(decoder);
+            copy.part(weights)?;
+            copy.finish()
+        })
+        .await?
+    }
+
+    /// Starts an in-place weight sync whose tensors come part by part ([`WeightSink::send`]), for a source that
+    /// never holds the whole model at once: ZeRO stage 3 gathers its parameters layer by layer. The scheduler
+    /// holds the decoder from the first part to [`WeightSink::finish`], so no decode step ever reads a model
+    /// that is half one version and half the next.
+    pub fn weight_sink(&self) -> Result<WeightSink> {
+        // A rendezvous channel: `send` returns once the scheduler has taken the part, so at most the part being
+        // copied and the one the caller is producing exist at once.
+        let (parts, incoming) = mpsc::sync_channel::<Vec<(String, Tensor)>>(0);
+        let (reply, done) = oneshot::channel();
+        let command = Command::WithDecoder(Box::new(move |decoder: &mut Decoder| {
+            let mut copy = NamedCopy::new(decoder);
+            let mut result = Ok(());
+            // Every part is taken even after a failure, so the sender (inside a collective that other ranks
+            // join) never blocks; the first error is the answer.
+            for part in incoming {
+                if result.is_ok() {
+                    result = copy.part(part);
+                }
+            }
+            let _ = reply.send(result.and_then(|()| copy.finish()));
+        }));
+        self.commands.send(command).map_err(|_| EngineError::Stopped)?;
+        Ok(WeightSink { parts, done })
     }
 
     fn check(&self, id: u64, prompt: &[u32], params: &SamplingParams) -> Result<()> {
@@ -275,34 +306,4 @@ impl Drop for Engine {
             let _ = thread.join();
         }
     }
-}
-
-/// Copies `weights` into `decoder`'s variables by name, in place, without gradients; every variable must be
-/// covered.
-fn copy_named(decoder: &mut Decoder, weights: Vec<(String, Tensor)>) -> Result<()> {
-    let mut vars = decoder.var_store().variables();
-    let expected = vars.len();
-    let mut copied = std::collections::HashSet::new();
-    tch::no_grad(|| -> Result<()> {
-        for (name, source) in weights {
-            let target =
-                vars.get_mut(&name).ok_or_else(|| ModelError::MissingTensor { tensor: format!("{name} (engine)") })?;
-            if target.size() != source.size() {
-                return Err(
-                    ModelError::ShapeMismatch { tensor: name, expected: target.size(), found: source.size() }.into()
-                );
-            }
-            target.f_copy_(&source)?;
-            copied.insert(name);
-        }
-        Ok(())
-    })?;
-    if let Some(name) = vars.keys().find(|name| !copied.contains(*name)) {
-        return Err(ModelError::MissingTensor {
-            tensor: format!("{name} (weight sync covered {} of {expected} parameters)", copied.len()),
-        }
-        .into());
-    }
-    decoder.weights_changed()?;
-    Ok(())
 }

@@ -73,6 +73,7 @@ mod sampling_params;
 mod scheduler;
 mod stats;
 mod stop;
+mod weight_sync;
 
 pub use constraint::{Constraint, ConstraintError, ConstraintState, TokenConstraint};
 pub use detokenize::IncrementalText;
@@ -85,3 +86,4 @@ pub use request::{
 };
 pub use sampling_params::SamplingParams;
 pub use stats::EngineStats;
+pub use weight_sync::WeightSink;

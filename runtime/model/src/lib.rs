@@ -74,7 +74,7 @@ pub use kv_cache::KvCache;
 pub use lora::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraSpec, ModuleSelector};
 pub use moe::{RoutedExperts, load_balancing_loss};
 pub use packed::Isa as PackedIsa;
-pub use safetensors_io::{SafetensorsWeights, write_safetensors};
+pub use safetensors_io::{SafetensorsWeights, SafetensorsWriter, TensorSpec, write_safetensors};
 pub use score::{ScoreRequest, ScoredSequence, score};
 pub use tokenizer::Tokenizer;
 pub use weights::{ParamSpec, RandomWeights, WeightSource, param_specs};

@@ -6,7 +6,7 @@
 //! are written one by one, so saving never holds a second copy of the model in memory, and past the page cache
 //! ([`crate::direct_file`]) where the file system allows.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -137,35 +137,107 @@ fn dtype_name(kind: Kind) -> Result<&'static str> {
     })
 }
 
-/// Writes `tensors` (name, tensor on any device) to a safetensors file at `path`, in the given order.
+/// What a safetensors header says of one tensor: enough to lay a file out before any of its data exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub kind: Kind,
+    pub shape: Vec<i64>,
+}
+
+impl TensorSpec {
+    /// The spec of `t` under `name`.
+    pub fn of(name: &str, t: &Tensor) -> TensorSpec {
+        TensorSpec { name: name.to_owned(), kind: t.kind(), shape: t.size() }
+    }
+
+    fn bytes(&self) -> usize {
+        self.shape.iter().product::<i64>().max(0) as usize * self.kind.elt_size_in_bytes()
+    }
+}
+
+/// Writes `tensors` (any device, dtype and layout) as one safetensors file, in the given order.
 pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
-    let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), json!({"format": "pt"}));
-    let mut offset = 0usize;
-    let mut order = BTreeMap::new();
-    for (i, (name, t)) in tensors.iter().enumerate() {
-        let n = t.numel() * t.kind().elt_size_in_bytes();
-        header.insert(
-            name.clone(),
-            json!({"dtype": dtype_name(t.kind())?, "shape": t.size(), "data_offsets": [offset, offset + n]}),
-        );
-        order.insert(i, n);
-        offset += n;
-    }
-    let mut header = serde_json::to_vec(&Value::Object(header))
-        .map_err(|source| ModelError::Json { path: path.to_path_buf(), source })?;
-    while header.len() % 8 != 0 {
-        header.push(b' ');
-    }
-    let io = |e| ModelError::io(path, e);
-    let mut w = DirectFile::create(path).map_err(io)?;
-    w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
-    w.write_all(&header).map_err(io)?;
+    let specs: Vec<TensorSpec> = tensors.iter().map(|(name, t)| TensorSpec::of(name, t)).collect();
+    let mut writer = SafetensorsWriter::create(path, specs)?;
     for (name, t) in tensors {
+        writer.write(name, t)?;
+    }
+    writer.finish()
+}
+
+/// A safetensors file written tensor by tensor, from a header laid out up front: the writer of a model that is
+/// never whole in memory at once (ZeRO stage 3 gathers it layer by layer) holds one tensor at a time.
+pub struct SafetensorsWriter {
+    path: PathBuf,
+    file: DirectFile,
+    specs: Vec<TensorSpec>,
+    /// Tensors written so far (they come in `specs`' order).
+    written: usize,
+}
+
+impl std::fmt::Debug for SafetensorsWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafetensorsWriter").field("path", &self.path).field("written", &self.written).finish()
+    }
+}
+
+impl SafetensorsWriter {
+    /// Creates (or truncates) `path` and writes the header of `specs`, whose tensors then come in that order.
+    pub fn create(path: &Path, specs: Vec<TensorSpec>) -> Result<SafetensorsWriter> {
+        let mut header = serde_json::Map::new();
+        header.insert("__metadata__".into(), json!({"format": "pt"}));
+        let mut offset = 0usize;
+        for spec in &specs {
+            let n = spec.bytes();
+            header.insert(
+                spec.name.clone(),
+                json!({"dtype": dtype_name(spec.kind)?, "shape": spec.shape, "data_offsets": [offset, offset + n]}),
+            );
+            offset += n;
+        }
+        if header.len() != specs.len() + 1 {
+            return Err(ModelError::InvalidInput(format!("{}: two tensors have the same name", path.display())));
+        }
+        let mut header = serde_json::to_vec(&Value::Object(header))
+            .map_err(|source| ModelError::Json { path: path.to_path_buf(), source })?;
+        while header.len() % 8 != 0 {
+            header.push(b' ');
+        }
+        let io = |e| ModelError::io(path, e);
+        let mut file = DirectFile::create(path).map_err(io)?;
+        file.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+        file.write_all(&header).map_err(io)?;
+        Ok(SafetensorsWriter { path: path.to_path_buf(), file, specs, written: 0 })
+    }
+
+    /// Writes the next tensor: it must be the one the header names next, with that dtype and shape.
+    pub fn write(&mut self, name: &str, t: &Tensor) -> Result<()> {
+        let path = self.path.clone();
+        let Some(spec) = self.specs.get(self.written) else {
+            return Err(ModelError::InvalidInput(format!(
+                "{}: tensor `{name}` is past the {} the header holds",
+                path.display(),
+                self.specs.len()
+            )));
+        };
+        if spec.name != name || spec.kind != t.kind() || spec.shape != t.size() {
+            return Err(ModelError::InvalidInput(format!(
+                "{}: tensor {} of the header is `{}` ({:?} {:?}), not `{name}` ({:?} {:?})",
+                path.display(),
+                self.written,
+                spec.name,
+                spec.kind,
+                spec.shape,
+                t.kind(),
+                t.size()
+            )));
+        }
+        self.written += 1;
         let t = t.f_detach()?.f_to_device(Device::Cpu)?.f_contiguous()?;
         let n = t.numel() * t.kind().elt_size_in_bytes();
         if n == 0 {
-            continue;
+            return Ok(());
         }
         if t.data_ptr().is_null() {
             return Err(ModelError::InvalidInput(format!("tensor `{name}` has no storage")));
@@ -175,14 +247,57 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
         // SAFETY: `t` is a contiguous CPU tensor of `n` bytes with non-null storage, kept alive (and not written
         // by anyone else: it is this function's own handle) until the write returns.
         let bytes = unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u8, n) };
-        w.write_all(bytes).map_err(io)?;
+        self.file.write_all(bytes).map_err(|e| ModelError::io(&path, e))
     }
-    w.finish().map_err(io)
+
+    /// Ends the file: every tensor of the header must have been written.
+    pub fn finish(self) -> Result<()> {
+        if self.written != self.specs.len() {
+            return Err(ModelError::InvalidInput(format!(
+                "{}: {} of the header's {} tensors were written (the next is `{}`)",
+                self.path.display(),
+                self.written,
+                self.specs.len(),
+                self.specs[self.written].name
+            )));
+        }
+        self.file.finish().map_err(|e| ModelError::io(&self.path, e))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_written_tensor_by_tensor_is_the_file_written_whole_and_misuse_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Tensor::randn([3, 5], (Kind::Float, Device::Cpu));
+        let b = a.to_kind(Kind::BFloat16).narrow(1, 1, 3);
+        let tensors = vec![("a".to_owned(), a.shallow_clone()), ("b".to_owned(), b.shallow_clone())];
+        let whole = dir.path().join("whole.safetensors");
+        write_safetensors(&whole, &tensors).unwrap();
+        let streamed = dir.path().join("streamed.safetensors");
+        let specs: Vec<TensorSpec> = tensors.iter().map(|(n, t)| TensorSpec::of(n, t)).collect();
+        let mut w = SafetensorsWriter::create(&streamed, specs.clone()).unwrap();
+        w.write("a", &a).unwrap();
+        w.write("b", &b).unwrap();
+        w.finish().unwrap();
+        assert_eq!(std::fs::read(&whole).unwrap(), std::fs::read(&streamed).unwrap());
+
+        let path = dir.path().join("bad.safetensors");
+        let mut w = SafetensorsWriter::create(&path, specs.clone()).unwrap();
+        let err = w.write("b", &b).unwrap_err().to_string();
+        assert!(err.contains("tensor 0 of the header is `a`"), "{err}");
+        w.write("a", &a).unwrap();
+        let err = w.finish().unwrap_err().to_string();
+        assert!(err.contains("1 of the header's 2 tensors were written (the next is `b`)"), "{err}");
+        let mut w = SafetensorsWriter::create(&path, specs.clone()).unwrap();
+        let err = w.write("a", &b).unwrap_err().to_string();
+        assert!(err.contains("not `a` (BFloat16"), "{err}");
+        let twice = vec![specs[0].clone(), specs[0].clone()];
+        assert!(SafetensorsWriter::create(&path, twice).is_err());
+    }
 
     #[test]
     fn write_then_read_is_exact_for_every_dtype() {

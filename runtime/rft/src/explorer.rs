@@ -364,6 +364,23 @@ impl Explorer {
         Ok(())
     }
 
+    /// [`Explorer::load_weights`] from weights that come part by part: `feed` hands them to the engine's sink
+    /// ([`trinity_engine::Engine::weight_sink`]), which holds the decoder from the first part to the last, so no
+    /// decode step reads a mix of two versions. `feed`'s error comes first: it says why the parts stopped.
+    pub(crate) async fn load_weight_parts(
+        &self,
+        version: u64,
+        feed: impl FnOnce(&trinity_engine::WeightSink) -> Result<(), RftError>,
+    ) -> Result<(), RftError> {
+        let sink = self.rollout.engine().weight_sink()?;
+        let fed = feed(&sink);
+        let finished = sink.finish().await;
+        fed?;
+        finished?;
+        self.rollout.set_model_version(version);
+        Ok(())
+    }
+
     /// Loads the weights of a Hugging Face directory (a checkpoint's `hf/`) into the engine as `version`.
     pub(crate) async fn load_weights_from_dir(&self, dir: &Path, version: u64) -> Result<(), RftError> {
         let stored = trinity_model::SafetensorsWeights::open_dir(dir).map_err(|e| model_error(dir, e))?;

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use trinity_model::{SafetensorsWeights, write_safetensors};
+use trinity_model::{SafetensorsWeights, SafetensorsWriter};
 
 use crate::error::RftError;
 use crate::json_file;
@@ -57,6 +57,23 @@ pub(crate) struct SyncRequest {
     pub have: u64,
 }
 
+/// The file of one [`WeightStore::publish_parts`] being written.
+#[derive(Debug)]
+pub(crate) struct PartFile {
+    writer: SafetensorsWriter,
+    path: PathBuf,
+}
+
+impl PartFile {
+    /// Writes the next tensors of the file (in the order of its specs).
+    pub(crate) fn push(&mut self, part: Vec<(String, tch::Tensor)>) -> Result<(), RftError> {
+        for (name, t) in part {
+            self.writer.write(&name, &t).map_err(|e| model_error(&self.path, e))?;
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SyncAnswer {
     /// The request answered.
@@ -78,10 +95,33 @@ impl WeightStore {
 
     /// Publishes `weights` as `version`, replacing any newer version a trainer killed before its checkpoint left
     /// behind (a restarted trainer republishes its checkpoint's weights, so versions never run ahead of it).
+    #[cfg(test)]
     pub(crate) fn publish(&self, version: u64, weights: &[(String, tch::Tensor)]) -> Result<(), RftError> {
+        let specs = weights.iter().map(|(name, t)| trinity_model::TensorSpec::of(name, t)).collect();
+        self.publish_parts(version, specs, |file| {
+            file.push(weights.iter().map(|(name, t)| (name.clone(), t.shallow_clone())).collect())
+        })
+    }
+
+    /// [`WeightStore::publish`] from weights that come part by part (`specs`: their names, dtypes and shapes, in
+    /// order): `feed` gives each part to the [`PartFile`], which writes it and lets it go, so the file is written
+    /// without the whole model in memory. Nothing is published unless `feed` succeeded and every tensor came.
+    pub(crate) fn publish_parts(
+        &self,
+        version: u64,
+        specs: Vec<trinity_model::TensorSpec>,
+        feed: impl FnOnce(&mut PartFile) -> Result<(), RftError>,
+    ) -> Result<(), RftError> {
         let file = format!("weights_{version}.safetensors");
         let partial = self.dir.join(format!(".{file}.partial"));
-        write_safetensors(&partial, weights).map_err(|e| model_error(&partial, e))?;
+        let writer = SafetensorsWriter::create(&partial, specs).map_err(|e| model_error(&partial, e))?;
+        let mut part_file = PartFile { writer, path: partial.clone() };
+        let written =
+            feed(&mut part_file).and_then(|()| part_file.writer.finish().map_err(|e| model_error(&partial, e)));
+        if let Err(error) = written {
+            let _ = std::fs::remove_file(&partial);
+            return Err(error);
+        }
         self.rename(&partial, &self.dir.join(&file))?;
         self.write_json("latest.json", &Latest { version, file })?;
         self.prune(version)?;

@@ -278,19 +278,42 @@ impl Trainer {
         Ok(tokens)
     }
 
-    /// The policy's parameters by HF name (shallow handles: valid until the next train step changes them). With
-    /// LoRA these are the base weights with the adapters merged in (new tensors), which the rollout engine then
-    /// generates with: one path for every `sync_method`, and an engine that needs no adapter support.
+    /// The policy's parameters by HF name, all at once (shallow handles: valid until the next train step changes
+    /// them). With LoRA these are the base weights with the adapters merged in (new tensors), which the rollout
+    /// engine then generates with: one path for every `sync_method`, and an engine that needs no adapter support.
     /// Under ZeRO stage 3 they are copies gathered from the ranks' shards (the other ranks join on rank 0's
-    /// command), the model whole once on this rank while its own parameters stay sharded.
+    /// command), the model whole once on this rank: a weight sync takes them part by part instead
+    /// ([`Trainer::weight_parts`]).
     pub(crate) fn weights(&self) -> Result<Vec<(String, tch::Tensor)>, RftError> {
+        let mut out = Vec::new();
+        let collected = self.weight_parts(|part| -> Result<(), std::convert::Infallible> {
+            out.extend(part);
+            Ok(())
+        })?;
+        let Ok(()) = collected;
+        Ok(out)
+    }
+
+    /// The names, dtypes and shapes [`Trainer::weight_parts`] hands out, in its order.
+    pub(crate) fn weight_layout(&self) -> Result<Vec<trinity_model::TensorSpec>, RftError> {
+        Ok(self.engine.policy_layout()?)
+    }
+
+    /// Hands the policy's weights to `consume` part by part ([`trinity_trainer::Trainer::policy_parts`]): all of
+    /// them in one part, or under ZeRO stage 3 one decoder layer at a time as the ranks gather it (they join on
+    /// rank 0's command), so a weight sync never holds a second whole model here. `consume`'s first error is the
+    /// inner result; the gathers still end on every rank.
+    pub(crate) fn weight_parts<E>(
+        &self,
+        consume: impl FnMut(Vec<(String, tch::Tensor)>) -> Result<(), E>,
+    ) -> Result<Result<(), E>, RftError> {
         if let Some(leader) = &self.leader
             && self.engine.fully_sharded()
         {
             leader.weights()?;
         }
         let engine = &self.engine;
-        engine.policy_weights().map_err(|e| match engine.world_size() {
+        engine.policy_parts(consume).map_err(|e| match engine.world_size() {
             1 => RftError::Trainer(e),
             world => RftError::DataParallel(format!("gather the policy's weights across {world} ranks: {e}")),
         })

@@ -89,10 +89,19 @@ impl GroupSender {
         Ok(GroupSender { sender, address_file })
     }
 
-    /// Sends `weights` as `version` and waits until the explorer holds them. An error means the group failed:
-    /// the caller falls back to checkpoint files (see [`GroupSender::abandon`]).
-    pub(crate) fn publish(&mut self, version: u64, weights: &[(String, Tensor)]) -> Result<(), RftError> {
-        let report = self.sender.publish(version, weights)?;
+    /// Sends `version` and waits until the explorer holds it: `feed` hands the weights (`specs`: their names,
+    /// dtypes and shapes, in order) to the sink part by part, and each bucket goes as soon as it is full. An error
+    /// means the group failed or `feed` did: the caller falls back to checkpoint files (see
+    /// [`GroupSender::abandon`]).
+    pub(crate) fn publish_parts(
+        &mut self,
+        version: u64,
+        specs: &[trinity_model::TensorSpec],
+        feed: impl FnOnce(&mut trinity_collective::PartSink<'_>) -> Result<(), RftError>,
+    ) -> Result<(), RftError> {
+        let shapes = specs.iter().map(|spec| (spec.name.as_str(), spec.kind, spec.shape.clone()));
+        let (fed, report) = self.sender.publish_parts(version, shapes, feed)?;
+        fed?;
         tracing::info!(
             "weights of step {version} sent over the process group: {:.1} MB in {} buckets, {:.2} s",
             report.bytes as f64 / 1e6,

@@ -12,6 +12,9 @@
 //! since the trainer's own step (stages 0-2) computes the head in vocabulary chunks and costs otherwise. The step
 //! time is the last of `--steps` steps. `--no-prefetch` gathers each layer of stage 3 only when it is about to
 //! compute, instead of during the previous layer's computation.
+//! `3-sync` is the trainer's own stage 3 (`zero_stage` = parameters), and reports besides rank 0's peak memory of a
+//! weight sync into a second model of the same shape (the explorer's engine in mode `both`): with the policy
+//! gathered whole, and part by part as the weight syncs take it.
 //! For each (shape, stage) `--world` ranks start (`trinity_collective::launch`, torchrun's environment, Gloo), each
 //! builds the model, joins the group with `zero_stage` set and trains one SFT step on 2 rows of 24 tokens each, so
 //! that every state exists as a step leaves it. Each rank then reports what it holds, measured from its own
@@ -87,7 +90,7 @@ fn stage(number: &str) -> Result<ZeroStage, Error> {
         "0" => ZeroStage::Replicated,
         "1" => ZeroStage::OptimizerState,
         "2" => ZeroStage::Gradients,
-        other => return Err(format!("--stages {other}: 0, 1, 2, 3 or 3-base").into()),
+        other => return Err(format!("--stages {other}: 0, 1, 2, 3, 3-base or 3-sync").into()),
     })
 }
 
@@ -243,9 +246,11 @@ fn rank(env: &DistEnv, args: &[String]) -> Result<(), Error> {
     let config = qwen_config(&shape, layers)?;
     tch::manual_seed(0);
     let policy = Decoder::load(config.clone(), &mut RandomWeights, kind, Device::Cpu)?;
+    let number = flag(args, "--stage").ok_or("--stage")?;
+    let sync = number == "3-sync";
     let options = TrainerOptions {
         micro_batching: MicroBatching::Rows(1),
-        zero_stage: stage(&flag(args, "--stage").ok_or("--stage")?)?,
+        zero_stage: if sync { ZeroStage::Parameters } else { stage(&number)? },
         optimizer_offload: args.iter().any(|a| a == "--offload"),
         total_steps: Some(1),
         ..TrainerOptions::default()
@@ -264,16 +269,25 @@ fn rank(env: &DistEnv, args: &[String]) -> Result<(), Error> {
         step_s = start.elapsed().as_secs_f64();
     }
     let params = trainer.policy().trainable_parameters()?;
-    let trained = TrainedParameters::of(params.iter().map(|(_, t)| t));
+    let mut trained = TrainedParameters::of(params.iter().map(|(_, t)| t));
+    if sync {
+        // Stage 3's parameters are empty between passes: count the whole ones from the layout, and the bytes the
+        // rank holds from its shards.
+        let layout = trainer.policy_layout()?;
+        trained.elements = layout.iter().map(|spec| spec.shape.iter().product::<i64>() as u64).sum();
+        trained.bytes = trainer.sharded_memory().map_or(0, |m| m.parameters as u64);
+    }
     // Stage 2 releases the whole gradients as it reduces them and keeps fp32 shards, whose elements the trainer
     // counts at the update; in the other stages the update reads every trained parameter's whole gradient in the
     // parameter's dtype (released after the step, so counted from the parameters).
     let gradients = match (trainer.expected_memory().stage, trainer.sharded_memory()) {
-        (ZeroStage::Gradients, Some(m)) => m.gradients as u64,
+        (ZeroStage::Gradients | ZeroStage::Parameters, Some(m)) => m.gradients as u64,
         _ => params.iter().map(|(_, t)| bytes(t)).sum(),
     };
     let expected = trainer.expected_memory();
+    let sync = if sync { Some(sync_peaks(&trainer, &config, kind, env.rank)?) } else { None };
     let report = json!({
+        "sync": sync,
         "rank": env.rank,
         "elements": trained.elements,
         "parameters": trained.bytes,
@@ -288,6 +302,45 @@ fn rank(env: &DistEnv, args: &[String]) -> Result<(), Error> {
     let out = PathBuf::from(flag(args, "--out").ok_or("--out")?).join(format!("rank{}.json", env.rank));
     std::fs::write(out, report.to_string())?;
     Ok(())
+}
+
+/// Rank 0's peak memory over what it held, while the stage-3 policy's weights are copied into a second model of
+/// the same shape (the explorer's engine in mode `both`): gathered whole first ([`Trainer::policy_weights`]: every
+/// gathered copy alive until the copy ends), then part by part ([`Trainer::policy_parts`], as a weight sync takes
+/// them now: one gathered unit at a time). The other ranks join the same gathers. Peaks are reset through
+/// `/proc/self/clear_refs` before each.
+fn sync_peaks(trainer: &Trainer, config: &ModelConfig, kind: Kind, rank: usize) -> Result<(u64, u64), Error> {
+    let target = match rank {
+        0 => Some(Decoder::load(config.clone(), &mut RandomWeights, kind, Device::Cpu)?.var_store().variables()),
+        _ => None,
+    };
+    let copy = |part: &[(String, tch::Tensor)]| {
+        let Some(vars) = &target else { return };
+        tch::no_grad(|| {
+            for (name, source) in part {
+                vars[name].shallow_clone().copy_(source);
+            }
+        });
+    };
+    let peak_over = |run: &mut dyn FnMut() -> Result<(), Error>| -> Result<u64, Error> {
+        std::fs::write("/proc/self/clear_refs", "5")?;
+        let before = status_bytes("VmRSS:");
+        run()?;
+        Ok(status_bytes("VmHWM:").saturating_sub(before))
+    };
+    let whole = peak_over(&mut || {
+        copy(&trainer.policy_weights()?);
+        Ok(())
+    })?;
+    let parts = peak_over(&mut || {
+        let copied: Result<(), std::convert::Infallible> = trainer.policy_parts(|part| {
+            copy(&part);
+            Ok(())
+        })?;
+        let Ok(()) = copied;
+        Ok(())
+    })?;
+    Ok((whole, parts))
 }
 
 fn bytes(t: &tch::Tensor) -> u64 {
@@ -390,6 +443,16 @@ fn main() -> Result<(), Error> {
                         _ => String::new(),
                     },
                 );
+                if let (Some(whole), Some(parts)) = (r["sync"][0].as_u64(), r["sync"][1].as_u64())
+                    && r["rank"] == 0
+                {
+                    println!(
+                        "      weight sync into a second model, rank 0's peak over what it held: gathered whole {:.3} GiB, \
+                         part by part {:.3} GiB",
+                        gib(whole as f64),
+                        gib(parts as f64)
+                    );
+                }
             }
             // What falls as 1/N at the backward's peak, a parameter: the optimizer state (stage 2's gradient shard
             // comes only after the whole gradients are released, so the peak still holds those).

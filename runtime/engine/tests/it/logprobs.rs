@@ -1,7 +1,7 @@
 //! The engine's logprobs equal the training forward pass's (`forward_hidden` + `token_logprobs` over the
 //! whole sequence at the rollout temperature), and a weight sync changes the engine's model in place.
 
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 use trinity_engine::{Engine, EngineConfig, EngineError, EngineModel, SamplingParams};
 
 use crate::helpers::*;
@@ -85,4 +85,45 @@ fn weight_sync_copies_in_place_and_changes_what_the_engine_generates() {
     partial.pop();
     let err = rt.block_on(engine.sync_weights(partial)).unwrap_err();
     assert!(matches!(err, EngineError::Model(trinity_model::ModelError::MissingTensor { .. })), "{err}");
+}
+
+#[test]
+fn a_weight_sink_fed_part_by_part_equals_a_whole_sync() {
+    let config = EngineConfig { max_model_len: 64, ..Default::default() };
+    let engine = tiny_engine(config.clone());
+    let reference =
+        Engine::start(EngineModel { decoder: tiny_decoder(8, 97), tokenizer: None, eos_token_ids: vec![1] }, config)
+            .unwrap();
+    let p = prompt(5, 7, 97);
+    let want = run(&reference, p.clone(), forced_greedy(12));
+    let trainer =
+        trinity_model::Decoder::load(tiny_config(97), &mut SeededWeights(8), Kind::Double, Device::Cpu).unwrap();
+    let params = trainer.named_parameters().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+
+    // A request is queued when the sync starts: it still finishes, and what runs after the sync samples with the
+    // new weights.
+    let running = engine.submit(p.clone(), forced_greedy(12)).unwrap();
+    let sink = engine.weight_sink().unwrap();
+    for part in params.chunks(3) {
+        let part = part.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+        sink.send(part).unwrap();
+    }
+    rt.block_on(sink.finish()).unwrap();
+    running.wait().unwrap();
+    let after = run(&engine, p.clone(), forced_greedy(12));
+    assert_eq!(after.completions[0].tokens, want.completions[0].tokens);
+
+    // A part naming a tensor the engine lacks fails the sync at its end; the parts after it are still taken,
+    // so a sender inside a collective never blocks.
+    let sink = engine.weight_sink().unwrap();
+    sink.send(vec![("model.nope".into(), Tensor::zeros([2], (Kind::Float, Device::Cpu)))]).unwrap();
+    sink.send(params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()).unwrap();
+    let err = rt.block_on(sink.finish()).unwrap_err();
+    assert!(err.to_string().contains("model.nope"), "{err}");
+    // A sink that misses a parameter says how many it covered.
+    let sink = engine.weight_sink().unwrap();
+    sink.send(params[1..].iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()).unwrap();
+    let err = rt.block_on(sink.finish()).unwrap_err();
+    assert!(err.to_string().contains(&format!("covered {} of {}", params.len() - 1, params.len())), "{err}");
 }

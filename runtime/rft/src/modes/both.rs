@@ -326,19 +326,24 @@ impl<'a> Both<'a> {
     }
 
     /// Carries the trainer's weights of `step` to the engine: in place, or through the weight store on disk (the
-    /// transport an explorer in another process uses, kept here so mode `both` can run with it too).
+    /// transport an explorer in another process uses, kept here so mode `both` can run with it too). Either way
+    /// they go part by part (under ZeRO stage 3 a decoder layer at a time, as the ranks gather it), so rank 0
+    /// never holds a second whole model beside the engine's.
     async fn sync(&mut self, step: u64) -> Result<(), RftError> {
-        let mut weights = self.trainer.weights()?;
+        let trainer = &self.trainer;
         if let Some(store) = &self.weight_store {
-            store.publish(step, &weights)?;
+            let specs = trainer.weight_layout()?;
+            let names = specs.iter().map(|spec| spec.name.clone()).collect();
+            store.publish_parts(step, specs, |file| trainer.weight_parts(|part| file.push(part))?)?;
             let (version, stored) = store.latest_weights()?.ok_or_else(|| {
                 RftError::Unsupported(format!("{}: published weights vanished", store.dir().display()))
             })?;
             debug_assert_eq!(version, step);
-            let names = weights.into_iter().map(|(name, _)| name).collect();
-            weights = take_named(&stored, names, store.dir())?;
+            self.explorer.load_weights(take_named(&stored, names, store.dir())?, step).await?;
+        } else {
+            let feed = |sink: &trinity_engine::WeightSink| Ok(trainer.weight_parts(|part| sink.send(part))??);
+            self.explorer.load_weight_parts(step, feed).await?;
         }
-        self.explorer.load_weights(weights, step).await?;
         tracing::info!("the explorer samples with the trainer's weights of step {step} from now on");
         self.syncs += 1;
         Ok(())

@@ -415,11 +415,16 @@ impl<'a> TrainRun<'a> {
         Ok(())
     }
 
+    /// Publishes the trained weights: over the explorer's process group, or as a file in the weight store when
+    /// there is none or it failed. Either way part by part (under ZeRO stage 3 a decoder layer at a time, as the
+    /// ranks gather it), so this rank never holds the whole model twice.
     async fn publish(&mut self) -> Result<(), RftError> {
         let started = Instant::now();
-        let weights = self.trainer.weights()?;
+        let trainer = &self.trainer;
+        let specs = trainer.weight_layout()?;
         if let Some(group) = &mut self.group {
-            match group.publish(self.trained, &weights) {
+            let feed = |sink: &mut trinity_collective::PartSink<'_>| Ok(trainer.weight_parts(|part| sink.push(part))??);
+            match group.publish_parts(self.trained, &specs, feed) {
                 Ok(()) => {
                     self.published = Some(self.trained);
                     return Ok(());
@@ -431,7 +436,7 @@ impl<'a> TrainRun<'a> {
                 }
             }
         }
-        self.store.publish(self.trained, &weights)?;
+        self.store.publish_parts(self.trained, specs, |file| trainer.weight_parts(|part| file.push(part))?)?;
         self.published = Some(self.trained);
         tracing::info!("weights of step {} published ({:.1}s)", self.trained, started.elapsed().as_secs_f64());
         Ok(())

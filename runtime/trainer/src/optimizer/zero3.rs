@@ -406,6 +406,20 @@ impl FullShard {
         Ok(())
     }
 
+    /// The whole parameters' names, dtypes and shapes, in the order [`FullShard::gather_whole`] makes them whole.
+    pub fn layout(&self) -> Vec<trinity_model::TensorSpec> {
+        let units = self.units.iter();
+        units
+            .flat_map(|u| {
+                u.names.iter().zip(&u.shapes).map(|(name, shape)| trinity_model::TensorSpec {
+                    name: name.clone(),
+                    kind: u.kind,
+                    shape: shape.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// Writes AdamW's state in [`AdamW::save`]'s one-process format from rank 0, gathering it unit by unit (a
     /// collective: every rank calls it). Any world size loads it.
     pub fn save(&self, group: &ProcessGroup, path: &Path) -> Result<()> {

@@ -7,7 +7,7 @@
 //! most passes any of them runs, and one with fewer runs [`FullShard::idle_pass`]es for the rest: the same
 //! collectives in the same order on every rank. What reads the whole policy between passes (the weights handed to
 //! the explorer, the HF export of a checkpoint) gathers it unit by unit, a collective every rank joins: rank 0
-//! through [`Trainer::policy_weights`] / [`Trainer::with_whole_policy`], the others through
+//! through [`Trainer::policy_parts`] / [`Trainer::with_whole_policy`], the others through
 //! [`Trainer::share_whole_policy`].
 //!
 //! Stage 3 trains with activation recomputation always on (a layer's freed parameters cannot be kept by a graph),
@@ -117,20 +117,54 @@ impl Trainer {
         self.idle_passes(most - batches.len(), false)
     }
 
-    /// The policy's weights by HF name, for the explorer's engine: the parameters themselves (shallow handles,
-    /// valid until the next train step; with LoRA the base with the adapters merged, new tensors), or under
-    /// stage 3 copies gathered unit by unit (a collective: the other ranks call [`Trainer::share_whole_policy`]),
-    /// so that the model is whole once on this rank, in the copies, while its own parameters stay sharded.
+    /// The policy's weights by HF name, all at once: [`Trainer::policy_parts`] collected, so under stage 3 the
+    /// model is whole on this rank in the copies (its own parameters stay sharded). What can take the weights
+    /// part by part (the explorer's engine, the weight files and the process group of a sync) should.
     pub fn policy_weights(&self) -> Result<Vec<(String, Tensor)>> {
-        let (Some(shard), Some(dp)) = (&self.full_shard, &self.dp) else { return Ok(self.policy.merged_parameters()?) };
         let mut out = Vec::new();
+        let collected: std::result::Result<(), std::convert::Infallible> = self.policy_parts(|part| {
+            out.extend(part);
+            Ok(())
+        })?;
+        let Ok(()) = collected;
+        Ok(out)
+    }
+
+    /// The names, dtypes and shapes of what [`Trainer::policy_parts`] hands out, in that order, without
+    /// gathering anything: enough to lay out a file or a transfer before the first part exists.
+    pub fn policy_layout(&self) -> Result<Vec<trinity_model::TensorSpec>> {
+        if let (Some(shard), Some(_)) = (&self.full_shard, &self.dp) {
+            return Ok(shard.layout());
+        }
+        let params = self.policy.named_parameters()?;
+        Ok(params.iter().map(|(name, t)| trinity_model::TensorSpec::of(name, t)).collect())
+    }
+
+    /// Hands the policy's weights by HF name to `consume`, part by part, in [`Trainer::policy_layout`]'s order:
+    /// one part holding everything when the policy is whole (the parameters themselves, valid until the next
+    /// train step; with LoRA the adapters merged), or under stage 3 one part per unit as it is gathered (a
+    /// collective: the other ranks call [`Trainer::share_whole_policy`]), so that at most one unit is whole
+    /// here beyond what `consume` keeps. The parts are handles of their own: the trainer freeing a unit does not
+    /// touch them.
+    ///
+    /// `consume`'s first error stops the consuming but not the gathers, which every rank must finish; it is the
+    /// inner result. The outer one is the trainer's (a failed collective).
+    pub fn policy_parts<E>(
+        &self,
+        mut consume: impl FnMut(Vec<(String, Tensor)>) -> std::result::Result<(), E>,
+    ) -> Result<std::result::Result<(), E>> {
+        let (Some(shard), Some(dp)) = (&self.full_shard, &self.dp) else {
+            return Ok(consume(self.policy.merged_parameters()?));
+        };
+        let mut consumed = Ok(());
         shard.gather_whole(dp.group(), |unit| {
-            for (name, t) in unit {
-                out.push((name.clone(), t.f_detach()?.copy()));
+            if consumed.is_ok() {
+                let part = unit.iter().map(|(name, t)| Ok((name.clone(), t.f_detach()?))).collect::<Result<_>>()?;
+                consumed = consume(part);
             }
             Ok(())
         })?;
-        Ok(out)
+        Ok(consumed)
     }
 
     /// Runs `f` with the whole policy: under stage 3 its parameters are gathered into the model for as long as `f`

@@ -110,7 +110,24 @@ fn save(dir: &Path, tag: &str, trainer: &Trainer, metrics: &BTreeMap<String, f64
     let policy = trainer.policy();
     // Under stage 3 a collective: every rank saves after every step.
     let mut params = match trainer.fully_sharded() {
-        true => trainer.policy_weights().unwrap(),
+        true => {
+            // Part by part, as a weight sync takes them: one unit (a decoder layer, then the outer parameters) at
+            // a time, in the order the layout announces without gathering.
+            let layout = trainer.policy_layout().unwrap();
+            let mut parts = Vec::new();
+            let consumed: Result<(), ()> = trainer
+                .policy_parts(|part| {
+                    parts.push(part);
+                    Ok(())
+                })
+                .unwrap();
+            consumed.unwrap();
+            assert_eq!(parts.len() as i64, policy.config().num_hidden_layers + 1);
+            let params: Vec<(String, Tensor)> = parts.into_iter().flatten().collect();
+            let specs: Vec<_> = params.iter().map(|(n, t)| trinity_model::TensorSpec::of(n, t)).collect();
+            assert_eq!(specs, layout);
+            params
+        }
         false => policy.named_parameters().unwrap(),
     };
     params.extend(policy.lora_parameters().into_iter().map(|(n, t)| (format!("lora/{n}"), t)));
