@@ -95,8 +95,9 @@ for key, exps in sorted(runs.items()):
     task = Task(workflow=cls, repeat_times=1, workflow_args=json.loads(workflow_args), raw_task=row, rollout_args=GenerationConfig())
     workflow = cls(task=task, model=model)
     out = asyncio.run(workflow.run_async()) if cls.is_async else workflow.run()
+    truncated = any(e.get("truncate_status") == "response_truncated" for e in exps)
     print(json.dumps({"run": list(key), "recorded": [e["reward"] for e in exps], "replayed": [float(e.reward) for e in out],
-                      "replies": len(texts), "calls": model.calls}))
+                      "replies": len(texts), "calls": model.calls, "truncated": truncated}))
 "#;
 
 fn trinity(dir: &Path, python: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
@@ -132,8 +133,9 @@ fn experiences(dir: &Path) -> Vec<Value> {
     experiences.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
 }
 
-/// Replays the run in `dir` through `class` and asserts the class's rewards are the recorded ones; the replayed
-/// runs, for more checks.
+/// Replays the run in `dir` through `class` and asserts the class's rewards are the recorded ones and that it
+/// asked the model once per recorded reply (a conversation cut at `max_model_len`, `response_truncated`, may have
+/// lost its last replies: then at most as often); the replayed runs, for more checks.
 fn assert_rewards_replay(dir: &Path, python: &Path, class: &str, workflow_args: &str) -> Vec<Value> {
     let output = Command::new(python)
         .current_dir(dir)
@@ -148,7 +150,11 @@ fn assert_rewards_replay(dir: &Path, python: &Path, class: &str, workflow_args: 
     assert!(!runs.is_empty(), "no run was replayed");
     for run in &runs {
         assert_eq!(run["recorded"], run["replayed"], "the class computes other rewards from the same replies: {run}");
-        assert_eq!(run["replies"], run["calls"], "the class asked the model as often as in the run: {run}");
+        let (replies, calls) = (run["replies"].as_u64().unwrap(), run["calls"].as_u64().unwrap());
+        match run["truncated"].as_bool().unwrap() {
+            false => assert_eq!(replies, calls, "the class asked the model as often as in the run: {run}"),
+            true => assert!(replies <= calls, "more replies than calls: {run}"),
+        }
     }
     runs
 }
@@ -204,6 +210,14 @@ fn trinity_rfts_frozen_lake_class_by_dotted_path_trains_grpo_steps_with_the_rewa
     assert_eq!(runs.len(), 8, "4 tasks × 2 runs: {runs:?}");
     // Each run is one experience over the whole game: a reply per turn, at most agent_max_steps.
     assert!(runs.iter().all(|run| (1..=3).contains(&run["replies"].as_u64().unwrap())), "{runs:?}");
+    // The class asks each turn for what is left of its 10240-token budget, which trinity's engine honours up to
+    // `max_model_len` as vLLM does; `max_response_tokens` (6) is only the default of a call that names none.
+    let longest = experiences(dir.path())
+        .iter()
+        .map(|e| e["tokens"].as_array().unwrap().len() - e["prompt_length"].as_u64().unwrap() as usize)
+        .max()
+        .unwrap();
+    assert!(longest > 3 * 6, "the replies were cut at max_response_tokens: {longest} response tokens");
 }
 
 /// A Trinity-RFT plugin module, as a user puts it in a `TRINITY_PLUGIN_DIRS` directory: it registers a workflow

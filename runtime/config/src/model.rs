@@ -29,7 +29,10 @@ pub struct ModelConfig {
     /// Longest prompt, in tokens, with `enable_prompt_truncation` (without it a prompt may fill `max_model_len`
     /// but one token, as vLLM allows). Unset: derived from the other two limits.
     pub max_prompt_tokens: Option<u32>,
-    /// Longest response, in tokens. Unset: derived from the other two limits.
+    /// Longest response, in tokens, of a model call that names no `max_tokens` (a taskset's
+    /// `rollout_args.max_tokens` may not exceed it); a Python workflow's or an OpenAI client's own `max_tokens` is
+    /// bounded by `max_model_len` alone, as Trinity-RFT's vLLM engine has it. Unset: derived from the other two
+    /// limits.
     pub max_response_tokens: Option<u32>,
     /// Shortest response before end-of-sequence may be sampled.
     pub min_response_tokens: u32,

@@ -23,7 +23,8 @@ pub struct EngineConfig {
     pub kv_cache_bytes: Option<u64>,
     /// Longest prompt accepted (Trinity's `model.max_prompt_tokens`); `None` allows `max_model_len - 1`.
     pub max_prompt_tokens: Option<usize>,
-    /// Cap on every request's `max_tokens` (Trinity's `model.max_response_tokens`).
+    /// `max_tokens` of a request that sets none (Trinity's `model.max_response_tokens`, the default its vLLM engine
+    /// samples with); a request's own `max_tokens` is bounded by `max_model_len` only.
     pub max_response_tokens: Option<usize>,
     /// Most (padded) prompt tokens prefilled in one forward pass; a longer single prompt still runs alone.
     pub max_prefill_tokens: usize,

@@ -55,8 +55,8 @@
 //!
 //! # Limits and truncation
 //! A prompt longer than `max_model_len - 1` (or `max_prompt_tokens`) cannot start and fails with
-//! [`EngineError::PromptTooLong`]; a sample that reaches `max_tokens`, `max_response_tokens` or
-//! `max_model_len` ends with [`FinishReason::Length`]. A request asking for more samples than the cache has
+//! [`EngineError::PromptTooLong`]; a sample that reaches `max_tokens` (a request without one: the engine's
+//! `max_response_tokens`) or `max_model_len` ends with [`FinishReason::Length`]. A request asking for more samples than the cache has
 //! slots fails with [`EngineError::TooManySamples`], and a KV-cache budget below one slot fails at start-up
 //! with [`EngineError::KvBudgetTooSmall`].
 

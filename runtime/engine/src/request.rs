@@ -21,7 +21,7 @@ pub enum FinishReason {
     Eos,
     /// A stop string appeared in the text or a `stop_token_ids` id was produced.
     Stop,
-    /// `max_tokens`, the engine's `max_response_tokens`, or `max_model_len` (prompt + response) was reached:
+    /// `max_tokens` (else the engine's `max_response_tokens`) or `max_model_len` (prompt + response) was reached:
     /// the response is truncated.
     Length,
 }

@@ -1,8 +1,8 @@
 //! What a caller asks of one generation request: how many samples, how to sample, when to stop.
 //!
 //! Field names and defaults follow Trinity-RFT / vLLM so that configs and workflow code read the same:
-//! `temperature` 1.0, `top_p` 1.0, `top_k` off, `min_p` off, `n` 1, no seed, no length limit beyond the engine's
-//! `max_model_len` / `max_response_tokens`.
+//! `temperature` 1.0, `top_p` 1.0, `top_k` off, `min_p` off, `n` 1, no seed, `max_tokens` the engine's
+//! `max_response_tokens`, and no length limit beyond `max_model_len`.
 
 use serde::Deserialize;
 
@@ -26,7 +26,8 @@ pub struct SamplingParams {
     /// Seed of this request's random stream: the same seed, prompt and parameters give the same tokens,
     /// whichever other requests share the batch. `None` draws a fresh seed.
     pub seed: Option<u64>,
-    /// Most new tokens per sample (also capped by the engine's `max_response_tokens` and `max_model_len`).
+    /// Most new tokens per sample (bounded by the room `max_model_len` leaves); `None` takes the engine's
+    /// `max_response_tokens`.
     pub max_tokens: Option<usize>,
     /// End-of-sequence and stop token ids are masked until this many tokens are generated.
     pub min_tokens: usize,

@@ -469,7 +469,10 @@ impl Scheduler {
         let p = &request.params;
         // Validation at submission guarantees a prompt shorter than max_model_len.
         let room = self.max_model_len - request.prompt.len();
-        let max_new = [p.max_tokens, self.max_response_tokens].into_iter().flatten().fold(room, usize::min);
+        // `max_response_tokens` is the default of a request that names no `max_tokens`, as Trinity-RFT's vLLM
+        // engine has it (its default sampling parameters); a request's own `max_tokens` is bounded only by the
+        // room `max_model_len` leaves (Trinity's FrozenLake asks for up to 10240 tokens a turn).
+        let max_new = p.max_tokens.or(self.max_response_tokens).map_or(room, |max| max.min(room));
         let mut banned: Vec<i64> = p.stop_token_ids.iter().map(|&t| i64::from(t)).collect();
         if !p.ignore_eos {
             banned.extend(self.eos.iter().map(|&t| i64::from(t)));

@@ -14,8 +14,9 @@
 //! reply, whose last ```…``` block names the action (Up/Down/Left/Right, or 1–4). An unreadable action leaves
 //! the player in place. `is_slippery` moves perpendicular to the intended direction with probability 2/3, as
 //! Gymnasium's FrozenLake does. The episode ends at the goal, in a hole, after `agent_max_steps` (10) replies,
-//! or when the replies and observations after the first prompt would exceed `max_tokens` of the rollout args
-//! (10240 by default): then the last observation is dropped and the experience is marked response-truncated.
+//! or when the replies and observations after the first prompt would exceed [`RESPONSE_BUDGET`] tokens: then
+//! the last observation is dropped and the experience is marked response-truncated. Each reply may take what is
+//! left of that budget (bounded by `max_model_len`), not `max_response_tokens`.
 //!
 //! Each of the `repeat_times` runs plays the same map from the start and is one experience over the whole
 //! conversation, the model's tokens being its actions; reward 1 when the goal was reached, else 0. Metrics
@@ -288,7 +289,6 @@ struct Settings {
     agent_max_steps: usize,
     slippery: bool,
     seed: u64,
-    max_response_tokens: usize,
 }
 
 impl Settings {
@@ -330,15 +330,15 @@ impl Settings {
             Some(Value::Bool(b)) => *b,
             Some(other) => return Err(format!("workflow_args.is_slippery must be true or false, found {other}")),
         };
-        Ok(Settings {
-            lake,
-            agent_max_steps: count("agent_max_steps", 10)?,
-            slippery,
-            seed,
-            max_response_tokens: task.rollout_args.max_tokens.map_or(10240, |t| t as usize),
-        })
+        Ok(Settings { lake, agent_max_steps: count("agent_max_steps", 10)?, slippery, seed })
     }
 }
+
+/// Tokens the replies and observations after the first prompt may take in one conversation. Trinity-RFT 0.6.0's
+/// `FrozenLakeWorkflow` reads it from `rollout_args["max_response_tokens"]` with 10240 as the default, and its
+/// rollout args (`GenerationConfig`: temperature, top_p, top_k, logprobs, max_tokens, n) never hold that key, so
+/// the budget is always 10240, whatever `max_tokens` or `model.max_response_tokens` say.
+pub(crate) const RESPONSE_BUDGET: usize = 10240;
 
 /// The user message of turn `step`.
 pub(crate) fn observation_prompt(step: usize, observation: &str, unchanged: bool, max_steps: usize) -> String {
@@ -398,7 +398,7 @@ async fn episode(
         if turn == 0 {
             initial_length = length;
         }
-        let budget = settings.max_response_tokens as i64 - (length - initial_length) as i64;
+        let budget = RESPONSE_BUDGET as i64 - (length - initial_length) as i64;
         if budget <= 0 {
             truncated = true;
             break;

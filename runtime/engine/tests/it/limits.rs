@@ -32,11 +32,17 @@ fn responses_are_truncated_by_max_model_len_max_tokens_and_max_response_tokens()
     let engine = tiny_engine(EngineConfig { max_model_len: 20, max_response_tokens: Some(7), ..Default::default() });
     let by_len = run(&engine, prompt(2, 15, 97), forced_greedy(100));
     assert_eq!((by_len.completions[0].tokens.len(), by_len.completions[0].finish_reason), (5, FinishReason::Length));
-    let by_response_cap = run(&engine, prompt(2, 5, 97), forced_greedy(100));
-    assert_eq!(by_response_cap.completions[0].tokens.len(), 7);
+    // `max_response_tokens` is the default of a request without `max_tokens`, as Trinity-RFT's vLLM engine has
+    // it; a request's own `max_tokens` may ask for more, up to what `max_model_len` leaves.
+    let unset = SamplingParams { max_tokens: None, ..forced_greedy(1) };
+    let by_response_default = run(&engine, prompt(2, 5, 97), unset);
+    assert_eq!(by_response_default.completions[0].tokens.len(), 7);
+    let past_the_default = run(&engine, prompt(2, 5, 97), forced_greedy(12));
+    assert_eq!(past_the_default.completions[0].tokens.len(), 12);
     let by_max_tokens = run(&engine, prompt(2, 5, 97), forced_greedy(3));
     assert_eq!(by_max_tokens.completions[0].tokens.len(), 3);
-    assert_eq!(by_max_tokens.completions[0].tokens[..], by_response_cap.completions[0].tokens[..3]);
+    assert_eq!(by_max_tokens.completions[0].tokens[..], by_response_default.completions[0].tokens[..3]);
+    assert_eq!(past_the_default.completions[0].tokens[..7], by_response_default.completions[0].tokens[..]);
 }
 
 #[test]

@@ -55,16 +55,22 @@ fn smollm2_logprobs_equal_the_training_forward_pass() {
     assert!(worst <= 1e-4, "{worst}");
 }
 
-#[test]
-fn weight_sync_copies_in_place_and_changes_what_the_engine_generates() {
+/// The tiny engine, a prompt, and what the same engine generates for it with seed 8's weights (the trainer's).
+fn engine_and_wanted() -> (Engine, Vec<u32>, trinity_engine::Generation) {
     let config = EngineConfig { max_model_len: 64, ..Default::default() };
     let engine = tiny_engine(config.clone());
     let reference =
         Engine::start(EngineModel { decoder: tiny_decoder(8, 97), tokenizer: None, eos_token_ids: vec![1] }, config)
             .unwrap();
     let p = prompt(5, 7, 97);
-    let before = run(&engine, p.clone(), forced_greedy(12));
     let want = run(&reference, p.clone(), forced_greedy(12));
+    (engine, p, want)
+}
+
+#[test]
+fn weight_sync_copies_in_place_and_changes_what_the_engine_generates() {
+    let (engine, p, want) = engine_and_wanted();
+    let before = run(&engine, p.clone(), forced_greedy(12));
     assert_ne!(before.completions[0].tokens, want.completions[0].tokens);
 
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
@@ -89,13 +95,7 @@ fn weight_sync_copies_in_place_and_changes_what_the_engine_generates() {
 
 #[test]
 fn a_weight_sink_fed_part_by_part_equals_a_whole_sync() {
-    let config = EngineConfig { max_model_len: 64, ..Default::default() };
-    let engine = tiny_engine(config.clone());
-    let reference =
-        Engine::start(EngineModel { decoder: tiny_decoder(8, 97), tokenizer: None, eos_token_ids: vec![1] }, config)
-            .unwrap();
-    let p = prompt(5, 7, 97);
-    let want = run(&reference, p.clone(), forced_greedy(12));
+    let (engine, p, want) = engine_and_wanted();
     let trainer =
         trinity_model::Decoder::load(tiny_config(97), &mut SeededWeights(8), Kind::Double, Device::Cpu).unwrap();
     let params = trainer.named_parameters().unwrap();
