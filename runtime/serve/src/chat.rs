@@ -14,6 +14,7 @@ use serde_json::{Map, Value, json};
 use trinity_explorer::RolloutModel;
 use trinity_model::ChatMessage;
 
+use crate::constrained;
 use crate::error::ApiError;
 use crate::forced_tools::{self, ForcedChoice, ToolChoice};
 use crate::generation::{Job, Run, finish_reason_name};
@@ -151,6 +152,11 @@ fn prepare(
     }
     if let Some(format) = &format {
         params.constraint = Some(state.constraints.get(&target.model, format.key(), || format.compile()));
+    }
+    // Under a reasoning parser the schema holds the answer, after the model's `</think>`, as in vLLM.
+    if state.options.reasoning_parser.is_some() {
+        let tokenizer = target.model.tokenizer();
+        params.constraint = params.constraint.take().map(|c| constrained::after_reasoning(c, tokenizer, &prompt));
     }
     let constrained_by = match (&forced, &format) {
         (Some(_), _) => Some("tool_choice"),

@@ -6,6 +6,7 @@
 //! an agent sends the same tools (or the same response schema) on every turn, and a constraint's masks (33 ms
 //! fresh inside a string on a 49k vocabulary, 2 µs cached) then carry over from one request to the next.
 
+mod after_reasoning;
 mod automaton;
 mod schema;
 mod vocab;
@@ -16,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use trinity_engine::Constraint;
 use trinity_explorer::RolloutModel;
 
+pub(crate) use after_reasoning::after_reasoning;
 pub(crate) use schema::Schema;
 pub(crate) use vocab::{JsonConstraint, SharedJson, TokenIndex};
 

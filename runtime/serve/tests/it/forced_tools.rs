@@ -7,6 +7,7 @@
 //! calls of the given tools with arguments that match their schemas.
 
 use serde_json::{Value, json};
+use trinity_serve::ServeOptions;
 
 use crate::helpers::*;
 
@@ -194,6 +195,51 @@ async fn json_response_formats_return_content_that_fits_whole_and_streamed() {
     post(addr, "/feedback", &json!({"msg_ids": [response["id"]], "reward": 1.0})).await;
     post(addr, "/commit", &json!({})).await;
     assert_eq!(sink.all()[0].len(), 3);
+}
+
+/// Under a reasoning parser the schema holds the answer only, after the model's `</think>`, as vLLM's structured
+/// outputs do: the thinking model still thinks, and its answer fits the format (a forced tool choice alike).
+/// Where the prompt already closed the reasoning, the output is held from its first token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_reasoning_parser_the_format_holds_the_answer_after_the_thinking() {
+    let parser = trinity_serve::ReasoningParser::from_name("qwen3");
+    let (server, _sink) =
+        start(long_thinking_tool_rollout(), ServeOptions { reasoning_parser: parser, ..options("tools") }).await;
+    let addr = server.local_addr();
+    let schema =
+        json!({"type": "json_schema", "json_schema": {"name": "Forecast", "schema": forecast(), "strict": true}});
+    let user = json!({"role": "user", "content": "Forecast?"});
+    let body = json!({"messages": [user], "response_format": schema, "n": 2, "seed": 3, "max_tokens": 3000});
+    let (status, response) = post(addr, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{response}");
+    for choice in response["choices"].as_array().unwrap() {
+        assert_eq!(choice["message"]["reasoning_content"], THINK_TEXT, "{choice}");
+        let content: Value = serde_json::from_str(choice["message"]["content"].as_str().unwrap()).unwrap();
+        assert_eq!(content.as_object().unwrap().len(), 3, "{content}");
+    }
+    let body = json!({
+        "messages": [user], "tools": tools(), "tool_choice": "required", "seed": 3, "max_tokens": 3000,
+    });
+    let (status, response) = post(addr, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{response}");
+    let message = &response["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], THINK_TEXT, "{message}");
+    for call in message["tool_calls"].as_array().unwrap() {
+        let name = call["function"]["name"].as_str().unwrap();
+        assert!(fits(name, call["function"]["arguments"].as_str().unwrap()), "{call}");
+    }
+
+    // The reasoning closed in the prompt (an assistant turn that thought, then the user again): the answer is
+    // held to the format from its first token, so there is no reasoning.
+    let thought = json!({"role": "assistant", "content": "<think>x</think>{}"});
+    let body = json!({"messages": [user, thought, user], "response_format": schema, "seed": 3, "max_tokens": 3000});
+    let (status, response) = post(addr, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{response}");
+    let message = &response["choices"][0]["message"];
+    assert!(message["reasoning_content"].is_null(), "{message}");
+    let content: Value = serde_json::from_str(message["content"].as_str().unwrap()).unwrap();
+    assert_eq!(content.as_object().unwrap().len(), 3, "{content}");
+    server.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

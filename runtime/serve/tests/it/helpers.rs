@@ -94,7 +94,13 @@ fn tool_tokenizer(dir: &Path) -> Tokenizer {
     let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
     let tokenizer = json!({
         "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [special(IM_START, "<|im_start|>"), special(IM_END, "<|im_end|>")],
+        // `<think>` and `</think>` are added tokens that are not special, as in Qwen3's tokenizer: a prompt that
+        // holds them reads them as one token each.
+        "added_tokens": [
+            special(IM_START, "<|im_start|>"), special(IM_END, "<|im_end|>"),
+            json!({"id": THINK_OPEN, "content": "<think>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": false}),
+            json!({"id": THINK_CLOSE, "content": "</think>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": false}),
+        ],
         "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null, "decoder": byte_level,
         "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                   "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
@@ -149,6 +155,11 @@ pub fn long_tool_rollout() -> Arc<RolloutModel> {
 /// The tool model thinking first: `\n → <think> → THINK_TEXT → </think> → <tool_call> → ...`.
 pub fn thinking_tool_rollout() -> Arc<RolloutModel> {
     chain_rollout(&[THINK_OPEN, THINK_TEXT_ID, THINK_CLOSE], 1024)
+}
+
+/// The thinking tool model with room for 8192 tokens (a constrained answer after the thinking is random text).
+pub fn long_thinking_tool_rollout() -> Arc<RolloutModel> {
+    chain_rollout(&[THINK_OPEN, THINK_TEXT_ID, THINK_CLOSE], 8192)
 }
 
 /// The tool model with `before_call` said between the prompt's last newline and the call.
