@@ -3,7 +3,7 @@
 use crate::category::Category::{self, Derived as D, Honoured as H, Placement as P, Refused as R};
 use crate::category::{
     CKPT_CONTENTS, LOAD_WEIGHT, LOGGING, LORA, MEGATRON_OPT, MICRO_BATCH, NO_GPU_SPLIT, OFFLOAD, OVERRIDE_MODEL,
-    PROFILER, PYTHON_LIB, REWARD_MODEL, SEQ_PARALLEL, STRATEGY, TOKEN_BUDGET, VERL_SET,
+    PROFILER, PYTHON_LIB, REF_FSDP, REWARD_MODEL, SEQ_PARALLEL, STRATEGY, TOKEN_BUDGET, VERL_SET,
 };
 
 /// The category of every property of the veRL tree, by (schema definition, key), with the note users see.
@@ -158,7 +158,7 @@ pub const VERL_RULES: &[(&str, &str, Category, &str)] = &[
     ("VerlActor", "kl_loss_coef", H, ""),
     ("VerlActor", "kl_loss_type", H, ""),
     ("VerlRef", "strategy", P, STRATEGY),
-    ("VerlRef", "fsdp_config", P, OFFLOAD),
+    ("VerlRef", "fsdp_config", P, REF_FSDP),
     ("VerlRef", "log_prob_micro_batch_size", P, MICRO_BATCH),
     ("VerlRef", "log_prob_micro_batch_size_per_gpu", P, MICRO_BATCH),
     ("VerlRef", "log_prob_use_dynamic_bsz", P, MICRO_BATCH),

@@ -126,6 +126,8 @@ pub struct Trainer {
     /// ZeRO stage 3 over more than one rank: the policy's parameters, gradients and optimizer state, sharded
     /// ([`full_shard`]); `self.optimizer` then holds no state.
     full_shard: Option<FullShard>,
+    /// Under stage 3, the KL reference's parameters sharded the same way (a frozen layout, forward-only passes).
+    reference_shard: Option<FullShard>,
 }
 
 /// Sums of per-micro-batch metrics, reduced to means at the end (veRL's `reduce_metrics`).
@@ -237,10 +239,11 @@ impl Trainer {
             }
         };
         // What the trainer allocates after `available` was measured, besides the policy's own state.
-        let mut others = match reference.as_ref().filter(|_| copied_reference) {
+        let copied_reference_bytes = match reference.as_ref().filter(|_| copied_reference) {
             Some(r) => TrainedParameters::of(r.decoder().named_parameters()?.iter().map(|(_, t)| t)).bytes,
             None => 0,
         };
+        let mut others = copied_reference_bytes;
         let critic = if components.use_critic {
             let copied = models.critic.is_none();
             let backbone = match models.critic {
@@ -272,6 +275,7 @@ impl Trainer {
             available,
             configured: (options.micro_batching, options.pass_tokens),
             others,
+            copied_reference_bytes,
             trained,
             pass_bytes,
         };
@@ -294,6 +298,7 @@ impl Trainer {
             state_memory,
             memory_announced: false,
             full_shard: None,
+            reference_shard: None,
         };
         trainer.fit_memory(ZeroStage::Replicated, 1, 1);
         Ok(trainer)
@@ -412,7 +417,8 @@ impl Trainer {
             tensors.extend(self.policy.lora_parameters().into_iter().map(|(n, t)| (format!("lora/{n}"), t)));
             tensors.extend(self.optimizer.state_tensors().into_iter().map(|(n, t)| (format!("optimizer/{n}"), t)));
         }
-        if let Some(reference) = &self.reference {
+        // A sharded reference was broadcast before its sharding (it is never loaded from a checkpoint).
+        if let Some(reference) = self.reference.as_ref().filter(|_| self.reference_shard.is_none()) {
             let params = reference.decoder().named_parameters()?;
             tensors.extend(params.into_iter().map(|(n, t)| (format!("reference/{n}"), t)));
         }
@@ -453,7 +459,8 @@ impl Trainer {
         self.policy
     }
 
-    /// The reference model, when the algorithm has one.
+    /// The reference model, when the algorithm has one. Under stage 3 its parameters are empty between passes:
+    /// the ranks hold its shards ([`Trainer::sharded_reference_memory`]).
     pub fn reference(&self) -> Option<&ReferenceModel> {
         self.reference.as_ref()
     }
@@ -673,12 +680,10 @@ impl Trainer {
             self.policy_forward_passes(&forward_batches, |t, micro| score(&t.policy, micro, replay, &mut out))?;
             batch.old_logprob = Some(self.sum_over_ranks(out)?);
         }
-        if let Some(reference) = &self.reference {
+        if self.reference.is_some() {
             // Trinity-RFT's reference keeps its own routing; a LoRA policy's base is scored by the actor, replaying.
             let mut out = zeros()?;
-            for micro in &forward_batches {
-                score(reference.decoder(), micro, false, &mut out)?;
-            }
+            self.reference_passes(&forward_batches, |reference, micro| score(reference, micro, false, &mut out))?;
             batch.ref_logprob = Some(self.sum_over_ranks(out)?);
         } else if self.reference_is_base {
             let mut out = zeros()?;

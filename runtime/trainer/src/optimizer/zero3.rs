@@ -34,6 +34,10 @@
 //! A unit takes the update even when none of its parameters had a gradient anywhere (its gradient is then zeros),
 //! which a decoder whose every parameter takes part in the loss never sees.
 //!
+//! **A frozen model** ([`FullShard::frozen`], the KL reference) is laid out and gathered the same way, with no
+//! gradient shards and no optimizer state: it runs only forward-only passes (and their idle ones), so between them
+//! a rank holds `1/world` of it.
+//!
 //! **Outside a pass**: [`FullShard::gather_whole`] makes each unit whole in turn, one unit at a time (for the HF
 //! export, a weight sync bucket by bucket, a test); [`FullShard::save`] writes AdamW's one-process state file
 //! from rank 0 (world-size independent) and [`FullShard::load`] reads one on any number of ranks.
@@ -163,10 +167,12 @@ pub struct FullShard {
     world: usize,
     /// Decoder layers first (unit i is layer i), the outer unit last.
     units: Vec<Unit>,
-    /// One parameter per unit: its flat shard in the compute dtype, `shard` set to all of it.
+    /// One parameter per unit: its flat shard in the compute dtype, `shard` set to all of it (frozen: no state).
     optimizer: AdamW,
     /// Per unit: the rank's fp32 gradient shard accumulated over the passes since the last step.
     grads: Vec<Option<Tensor>>,
+    /// A frozen model's layout ([`FullShard::frozen`]): forward-only passes, no step.
+    frozen: bool,
     /// Whether a pass starts the next layer's gather while a layer computes ([`FullShard::set_prefetch`]).
     prefetch: bool,
     seconds: PassSeconds,
@@ -188,53 +194,7 @@ impl FullShard {
         offload: bool,
         group: &ProcessGroup,
     ) -> Result<FullShard> {
-        let (rank, world) = (group.rank(), group.world_size());
-        let mut members: Vec<Vec<(String, Tensor)>> = (0..=layers).map(|_| Vec::new()).collect();
-        for (name, t) in params {
-            let unit = layer_of(&name).filter(|&i| i < layers).unwrap_or(layers);
-            members[unit].push((name, t));
-        }
-        let mut units = Vec::with_capacity(layers + 1);
-        for (i, params) in members.into_iter().enumerate() {
-            let label = if i < layers { format!("model.layers.{i}") } else { "outer".to_owned() };
-            let Some((_, first)) = params.first() else {
-                return Err(fail(format!("unit {label} has no trainable parameter (is this a LoRA policy?)")));
-            };
-            let (kind, device) = (first.kind(), first.device());
-            if let Some((name, t)) = params.iter().find(|(_, t)| t.kind() != kind || t.device() != device) {
-                return Err(fail(format!(
-                    "{name} is {:?} on {:?}, the rest of {label} {kind:?} on {device:?}: a unit has one dtype and device",
-                    t.kind(),
-                    t.device()
-                )));
-            }
-            let mut offsets = Vec::with_capacity(params.len());
-            let mut numel = 0i64;
-            for (_, t) in &params {
-                offsets.push(numel);
-                numel += t.numel() as i64;
-            }
-            units.push(Unit {
-                label,
-                shapes: params.iter().map(|(_, t)| t.size()).collect(),
-                names: params.iter().map(|(n, _)| n.clone()).collect(),
-                vars: params.into_iter().map(|(_, t)| t).collect(),
-                offsets,
-                numel,
-                chunk: (numel + world as i64 - 1) / world as i64,
-                kind,
-                device,
-            });
-        }
-        let mut shards = Vec::with_capacity(units.len());
-        tch::no_grad(|| -> Result<()> {
-            for unit in &units {
-                let flat = unit.flat(&unit.vars, unit.kind, world)?;
-                shards.push((unit.label.clone(), flat.f_narrow(0, rank as i64 * unit.chunk, unit.chunk)?.copy()));
-                unit.release()?;
-            }
-            Ok(())
-        })?;
+        let (units, shards) = shard_units(params, layers, group)?;
         let mut optimizer = AdamW::deferred(shards, settings, offload)?;
         tch::no_grad(|| -> Result<()> {
             for p in &mut optimizer.params {
@@ -251,8 +211,36 @@ impl FullShard {
             Ok(())
         })?;
         optimizer.deferred = false;
+        Ok(Self::of(group, units, optimizer, false))
+    }
+
+    /// Shards a frozen model's `params` (the KL reference's, identical on every rank) the same way, without
+    /// gradients or optimizer state: its passes are forward-only, gathered per layer as the policy's are, so a
+    /// rank holds `1/world` of it between passes instead of a whole copy.
+    pub fn frozen(params: Vec<(String, Tensor)>, layers: usize, group: &ProcessGroup) -> Result<FullShard> {
+        let (units, shards) = shard_units(params, layers, group)?;
+        let settings = AdamWSettings { betas: [0.9, 0.999], eps: 1e-8, weight_decay: 0.0 };
+        // Only a holder of the shards: a frozen layout never materialises, steps, saves or loads a state.
+        let optimizer = AdamW::deferred(shards, settings, false)?;
+        Ok(Self::of(group, units, optimizer, true))
+    }
+
+    fn of(group: &ProcessGroup, units: Vec<Unit>, optimizer: AdamW, frozen: bool) -> FullShard {
         let grads = (0..units.len()).map(|_| None).collect();
-        Ok(FullShard { rank, world, units, optimizer, grads, prefetch: true, seconds: PassSeconds::default() })
+        let (rank, world) = (group.rank(), group.world_size());
+        FullShard { rank, world, units, optimizer, grads, frozen, prefetch: true, seconds: PassSeconds::default() }
+    }
+
+    /// Whether this layout shards a frozen model ([`FullShard::frozen`]).
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    fn trained(&self, what: &str) -> Result<()> {
+        match self.frozen {
+            true => Err(fail(format!("{what}: the sharded model is frozen (it has no gradients or optimizer state)"))),
+            false => Ok(()),
+        }
     }
 
     /// Decoder layers in the layout.
@@ -288,6 +276,9 @@ impl FullShard {
     /// (see the module docs); a forward-only pass runs `f` without autograd. Every rank runs the same passes in the
     /// same order; one with nothing to compute runs [`FullShard::idle_pass`].
     pub fn pass<R>(&mut self, group: &ProcessGroup, train: bool, f: impl FnOnce() -> R) -> Result<R> {
+        if train {
+            self.trained("a training pass")?;
+        }
         let hook = Arc::new(Hook(Mutex::new(self.engine(group, train))));
         let opened = hook.with(|e| e.gather(e.outer()));
         let out = match opened {
@@ -309,6 +300,9 @@ impl FullShard {
     /// are gathered and freed as a forward (and in a training pass, `train`, its backward) would, and zero
     /// gradients are reduced.
     pub fn idle_pass(&mut self, group: &ProcessGroup, train: bool) -> Result<()> {
+        if train {
+            self.trained("a training pass")?;
+        }
         let hook = Hook(Mutex::new(self.engine(group, train)));
         let layers = self.layers();
         let run = || -> Result<()> {
@@ -370,6 +364,7 @@ impl FullShard {
     /// One optimizer step from the gradient shards of the passes since the last: clipped to `max_norm` by the
     /// global norm and applied with learning rate `lr` unless the norm is not finite. Returns the norm.
     pub fn step(&mut self, group: &ProcessGroup, max_norm: f64, lr: f64) -> Result<f64> {
+        self.trained("an optimizer step")?;
         for (p, g) in self.optimizer.params.iter_mut().zip(&mut self.grads) {
             p.shard_grad = g.take();
         }
@@ -423,6 +418,7 @@ impl FullShard {
     /// Writes AdamW's state in [`AdamW::save`]'s one-process format from rank 0, gathering it unit by unit (a
     /// collective: every rank calls it). Any world size loads it.
     pub fn save(&self, group: &ProcessGroup, path: &Path) -> Result<()> {
+        self.trained("saving the optimizer state")?;
         let mut tensors: Vec<(String, Tensor)> = Vec::new();
         for (unit, p) in self.units.iter().zip(&self.optimizer.params) {
             let mut parts = vec![("exp_avg", &p.exp_avg), ("exp_avg_sq", &p.exp_avg_sq)];
@@ -453,6 +449,7 @@ impl FullShard {
     /// parameters: every rank reads the file and keeps its chunks; a mixed-precision parameter's shard is set from
     /// its saved master (an fp32 parameter's values are the model's, loaded with its weights).
     pub fn load(&mut self, path: &Path) -> Result<()> {
+        self.trained("loading an optimizer state")?;
         let bad = |problem: String| TrainerError::OptimizerState { path: path.to_path_buf(), problem };
         let mut saved: HashMap<String, Tensor> = Tensor::read_safetensors(path)?.into_iter().collect();
         let step = saved.remove("step").ok_or_else(|| bad("no `step` entry".into()))?.f_int64_value(&[0])?;
@@ -489,6 +486,62 @@ impl FullShard {
         self.optimizer.step = step;
         Ok(())
     }
+}
+
+/// Each unit's label and the rank's flat shard of it.
+type NamedShards = Vec<(String, Tensor)>;
+
+/// The layout of `params` over `group` (decoder layers first, the outer unit last) and the rank's shard of each
+/// unit; the whole parameters are freed.
+fn shard_units(params: Vec<(String, Tensor)>, layers: usize, group: &ProcessGroup) -> Result<(Vec<Unit>, NamedShards)> {
+    let (rank, world) = (group.rank(), group.world_size());
+    let mut members: Vec<Vec<(String, Tensor)>> = (0..=layers).map(|_| Vec::new()).collect();
+    for (name, t) in params {
+        let unit = layer_of(&name).filter(|&i| i < layers).unwrap_or(layers);
+        members[unit].push((name, t));
+    }
+    let mut units = Vec::with_capacity(layers + 1);
+    for (i, params) in members.into_iter().enumerate() {
+        let label = if i < layers { format!("model.layers.{i}") } else { "outer".to_owned() };
+        let Some((_, first)) = params.first() else {
+            return Err(fail(format!("unit {label} has no parameter to shard (is this a LoRA policy's adapters?)")));
+        };
+        let (kind, device) = (first.kind(), first.device());
+        if let Some((name, t)) = params.iter().find(|(_, t)| t.kind() != kind || t.device() != device) {
+            return Err(fail(format!(
+                "{name} is {:?} on {:?}, the rest of {label} {kind:?} on {device:?}: a unit has one dtype and device",
+                t.kind(),
+                t.device()
+            )));
+        }
+        let mut offsets = Vec::with_capacity(params.len());
+        let mut numel = 0i64;
+        for (_, t) in &params {
+            offsets.push(numel);
+            numel += t.numel() as i64;
+        }
+        units.push(Unit {
+            label,
+            shapes: params.iter().map(|(_, t)| t.size()).collect(),
+            names: params.iter().map(|(n, _)| n.clone()).collect(),
+            vars: params.into_iter().map(|(_, t)| t).collect(),
+            offsets,
+            numel,
+            chunk: (numel + world as i64 - 1) / world as i64,
+            kind,
+            device,
+        });
+    }
+    let mut shards = Vec::with_capacity(units.len());
+    tch::no_grad(|| -> Result<()> {
+        for unit in &units {
+            let flat = unit.flat(&unit.vars, unit.kind, world)?;
+            shards.push((unit.label.clone(), flat.f_narrow(0, rank as i64 * unit.chunk, unit.chunk)?.copy()));
+            unit.release()?;
+        }
+        Ok(())
+    })?;
+    Ok((units, shards))
 }
 
 /// The layer hook of one pass: the engine behind a lock, so the thread the autograd engine recomputes on takes

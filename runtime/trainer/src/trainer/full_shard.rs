@@ -10,6 +10,10 @@
 //! through [`Trainer::policy_parts`] / [`Trainer::with_whole_policy`], the others through
 //! [`Trainer::share_whole_policy`].
 //!
+//! The KL reference model is sharded too, as a frozen layout ([`FullShard::frozen`]): its forward-only passes
+//! gather each layer the same way, with idle passes for the ranks with fewer, so a rank holds its share of the
+//! reference instead of a whole copy (FSDP shards veRL's reference the same way). The critic stays whole.
+//!
 //! Stage 3 trains with activation recomputation always on (a layer's freed parameters cannot be kept by a graph),
 //! runs every row of a training pass with autograd (a pass is one forward and one backward of every layer), and
 //! refuses what cannot work that way: LoRA (its frozen base is not sharded: use stage 2) and the mixture-of-experts
@@ -68,7 +72,58 @@ impl Trainer {
         self.full_shard = Some(shard);
         // One forward and one backward per layer in a training pass: every row keeps its graph.
         self.predict_zero_gradient = false;
+        if let Some(reference) = &self.reference {
+            let layers = reference.decoder().config().num_hidden_layers as usize;
+            let params = reference.decoder().named_parameters()?;
+            let whole: i64 = params.iter().map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as i64).sum();
+            let shard = FullShard::frozen(params, layers, dp.group())?;
+            let memory = shard.memory();
+            let gib = |b: i64| b as f64 / f64::from(1u32 << 30);
+            tracing::info!(
+                "ZeRO stage 3 shards the KL reference model too: {:.2} GiB a rank instead of {:.2} GiB whole, each \
+                 layer gathered around its forward",
+                gib(memory.parameter_shards),
+                gib(whole),
+            );
+            // The copy counted whole in what the trainer allocates is now a share, and a pass's units beside it.
+            let budget = &mut self.memory_budget;
+            let copied = budget.copied_reference_bytes;
+            let kept = (memory.parameter_shards + memory.pass_parameters) as u64;
+            budget.others = budget.others.saturating_sub(copied) + kept.min(copied);
+            budget.copied_reference_bytes = kept.min(copied);
+            self.reference_shard = Some(shard);
+        }
         Ok(())
+    }
+
+    /// The KL reference's forward-only passes over `batches` (this rank's), `f` once per batch with the whole
+    /// reference: under stage 3 inside passes of its sharded layout, with idle ones after them to the most any
+    /// rank runs, so every rank joins the same gathers; directly otherwise.
+    pub(super) fn reference_passes(
+        &mut self,
+        batches: &[Vec<usize>],
+        mut f: impl FnMut(&trinity_model::Decoder, &[usize]) -> Result<()>,
+    ) -> Result<()> {
+        let most = match self.reference_shard {
+            Some(_) => self.most_passes(batches.len())?,
+            None => batches.len(),
+        };
+        let Some(reference) = &self.reference else { return Ok(()) };
+        let (Some(shard), Some(dp)) = (&mut self.reference_shard, &self.dp) else {
+            return batches.iter().try_for_each(|batch| f(reference.decoder(), batch));
+        };
+        for batch in batches {
+            shard.pass(dp.group(), false, || f(reference.decoder(), batch))??;
+        }
+        for _ in batches.len()..most {
+            shard.idle_pass(dp.group(), false)?;
+        }
+        Ok(())
+    }
+
+    /// Under stage 3, what this rank holds of the KL reference model: its shards between passes.
+    pub fn sharded_reference_memory(&self) -> Option<crate::optimizer::zero3::FullShardMemory> {
+        self.reference_shard.as_ref().map(FullShard::memory)
     }
 
     /// Runs `f` on the trainer inside one pass of the sharded policy (`train`: with its backward), or directly

@@ -21,6 +21,9 @@ pub(crate) struct MemoryBudget {
     /// Bytes the trainer allocates besides the policy's gradients and optimizer state: the reference and critic
     /// copies it makes, and the critic's gradients and optimizer state.
     pub(crate) others: u64,
+    /// The part of `others` that is the copy of the policy the trainer made as the KL reference (stage 3 shards
+    /// it: a rank then holds its share).
+    pub(crate) copied_reference_bytes: u64,
     /// The policy's trained parameters.
     pub(crate) trained: TrainedParameters,
     /// Under stage 3, the whole units a pass holds at once ([`crate::optimizer::zero3::pass_bytes`]), measured

@@ -254,6 +254,10 @@ fn dp_child() {
                         "expected_parameter_bytes": expected.parameters,
                         "offloaded": t.optimizer().is_offloaded() && expected.optimizer_offloaded,
                         "state_on_host": t.optimizer().state_devices().iter().all(|d| *d == tch::Device::Cpu),
+                        "reference_shard_bytes": t.sharded_reference_memory().map(|r| r.parameter_shards),
+                        "reference_whole": t.reference().map(|r| {
+                            r.decoder().named_parameters().unwrap().iter().any(|(_, p)| p.numel() > 0)
+                        }),
                     });
                     std::fs::write(dir.join(format!("rank{rank}_memory.json")), memory.to_string()).unwrap();
                     save_final_state(&t, &dir, "rank");
@@ -631,6 +635,18 @@ fn check_sharded(name: &str) {
             assert!(held as f64 <= 0.5 * whole_bytes as f64 * 1.01, "{name}: a rank holds {held} parameter bytes");
             // The tiny model's three largest units are all of it (two layers and the outer unit).
             assert!(expected > held && expected <= held + whole_bytes, "{name}: expected {expected} parameter bytes");
+            // GRPO's KL reference (a copy of the policy in its dtype) is sharded the same way, and no rank keeps
+            // it whole between passes; SFT has none.
+            match name.contains("grpo") {
+                true => {
+                    let reference = m["reference_shard_bytes"].as_i64().unwrap();
+                    println!("{name}: reference bytes held {reference} of {whole_bytes}");
+                    let half = 0.5 * whole_bytes as f64;
+                    assert!((reference as f64 - half).abs() <= 0.01 * half, "{name}: reference {reference} bytes");
+                    assert_eq!(m["reference_whole"], false, "{name}: a rank keeps the whole reference");
+                }
+                false => assert!(m["reference_shard_bytes"].is_null(), "{name}: {m}"),
+            }
         } else {
             assert_eq!(m["expected_parameter_bytes"], m["parameter_bytes"], "{name}");
         }

@@ -53,6 +53,14 @@ fn tiny(kind: Kind) -> Decoder {
     m
 }
 
+/// A copy of `m`'s weights: in one test process, tests that call [`tiny`] at the same time share torch's global
+/// generator, so two calls may not draw the same weights.
+fn twin(m: &Decoder) -> Decoder {
+    let mut copy = crate::reference::copy_decoder(m, m.kind()).unwrap();
+    copy.set_recompute_activations(true).unwrap();
+    copy
+}
+
 /// Five rows of 3 to 8 tokens: shares of 3 and 2 rows, so rank 0 runs two micro-batches and rank 1 one.
 fn rows() -> Vec<Vec<i64>> {
     (0..5).map(|i| (0..3 + (i * 3) % 6).map(|j| 1 + ((i * 7 + j * 3) % 37) as i64).collect()).collect()
@@ -333,7 +341,7 @@ fn misuse_is_refused_and_a_forward_only_pass_is_exact() {
     let rows = rows();
     let whole = tiny(Kind::Float);
     let want = tch::no_grad(|| loss(&whole, &rows, tokens(&rows)).double_value(&[]));
-    let mut m = tiny(Kind::Float);
+    let mut m = twin(&whole);
     let mut fs = FullShard::new(m.named_parameters().unwrap(), LAYERS, settings(), false, &g).unwrap();
     let got = fs.pass(&g, false, || tch::no_grad(|| loss(&m, &rows, tokens(&rows)).double_value(&[]))).unwrap();
     assert_eq!(got, want);
@@ -363,6 +371,7 @@ fn one_rank_trains_bit_for_bit_as_the_whole_model() {
     let rows = rows();
     let total = tokens(&rows);
     let whole = tiny(Kind::Float);
+    let start = twin(&whole);
     let mut adamw = AdamW::new(whole.named_parameters().unwrap(), settings()).unwrap();
     for _ in 0..2 {
         for micro in rows.chunks(MICRO_ROWS) {
@@ -374,7 +383,7 @@ fn one_rank_trains_bit_for_bit_as_the_whole_model() {
     }
     let want = weights(&whole);
     for prefetch in [true, false] {
-        let m = tiny(Kind::Float);
+        let m = twin(&start);
         let mut fs = FullShard::new(m.named_parameters().unwrap(), LAYERS, settings(), false, &g).unwrap();
         fs.set_prefetch(prefetch);
         for _ in 0..2 {
@@ -387,5 +396,40 @@ fn one_rank_trains_bit_for_bit_as_the_whole_model() {
         for (name, w) in &want {
             assert!(got[name].equal(w), "prefetch {prefetch}: {name} differs from the whole model's");
         }
+    }
+}
+
+/// A frozen model's layout (the KL reference under stage 3): a forward-only pass gives the whole fp32 model's
+/// loss bit for bit, nothing stays whole between passes, it holds no optimizer state, and what would train it (a
+/// training pass, idle or not, a step, a state file) is refused by name.
+#[test]
+fn a_frozen_layout_scores_as_the_whole_model_and_refuses_to_train() {
+    let (_store, g) = alone();
+    let rows = rows();
+    let whole = tiny(Kind::Float);
+    let want = tch::no_grad(|| loss(&whole, &rows, tokens(&rows)).double_value(&[]));
+    let mut m = twin(&whole);
+    m.var_store_mut().freeze();
+    let mut fs = FullShard::frozen(m.named_parameters().unwrap(), LAYERS, &g).unwrap();
+    assert!(fs.is_frozen());
+    assert!(m.named_parameters().unwrap().iter().all(|(_, t)| t.numel() == 0), "the whole parameters are freed");
+    for _ in 0..2 {
+        let got = fs.pass(&g, false, || loss(&m, &rows, tokens(&rows)).double_value(&[])).unwrap();
+        assert_eq!(got, want);
+        fs.idle_pass(&g, false).unwrap();
+    }
+    let memory = fs.memory();
+    assert_eq!((memory.optimizer_state, memory.gradient_shards), (0, 0));
+    let elements: i64 = whole.named_parameters().unwrap().iter().map(|(_, t)| t.numel() as i64).sum();
+    assert_eq!(memory.parameter_shards, 4 * elements, "one rank's shards are the whole fp32 model");
+    let dir = tempfile::tempdir().unwrap();
+    let refusals = [
+        fs.pass(&g, true, || ()).map(|_| ()).unwrap_err(),
+        fs.idle_pass(&g, true).unwrap_err(),
+        fs.step(&g, 1.0, LR).map(|_| ()).unwrap_err(),
+        fs.save(&g, &dir.path().join("state.safetensors")).unwrap_err(),
+    ];
+    for e in refusals {
+        assert!(e.to_string().contains("the sharded model is frozen"), "{e}");
     }
 }
