@@ -30,6 +30,14 @@
 //! let metrics = trainer.train_step(&rows)?;                                     // same rows, same metrics
 //! ```
 
+/// Tests that draw from torch's global generator after seeding it hold this for as long as they draw: tests of one
+/// process run at the same time, and a draw in another between the seed and its own would change its numbers.
+#[cfg(test)]
+pub(crate) fn torch_rng() -> std::sync::MutexGuard<'static, ()> {
+    static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub mod batch;
 pub mod components;
 pub mod critic;

@@ -311,6 +311,7 @@ pub(crate) mod tests {
     use trinity_model::{Family, ModelConfig, RandomWeights};
 
     pub(crate) fn tiny() -> Decoder {
+        let _rng = crate::torch_rng();
         tch::manual_seed(3);
         let config = ModelConfig {
             vocab_size: 40,

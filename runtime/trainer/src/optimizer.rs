@@ -480,6 +480,7 @@ mod tests {
     /// steps of fp32 and bf16 parameters larger than one work chunk.
     #[test]
     fn fused_update_matches_the_libtorch_path() {
+        let _rng = crate::torch_rng();
         for kind in [Kind::Float, Kind::BFloat16] {
             tch::manual_seed(3);
             let init = Tensor::randn([300, 700], (Kind::Float, tch::Device::Cpu));
@@ -514,6 +515,7 @@ mod tests {
     /// the same.
     #[test]
     fn offloaded_state_trains_as_resident_state() {
+        let _rng = crate::torch_rng();
         for kind in [Kind::Float, Kind::BFloat16] {
             tch::manual_seed(5);
             let init = Tensor::randn([40, 30], (Kind::Float, tch::Device::Cpu)).to_kind(kind);

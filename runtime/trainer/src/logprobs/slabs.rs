@@ -103,6 +103,7 @@ mod tests {
     /// Slabs (several, the last one short) give what the whole-vocabulary formulas and autograd give.
     #[test]
     fn slabs_match_the_whole_vocabulary_forward_and_backward() {
+        let _rng = crate::torch_rng();
         tch::manual_seed(7);
         let (rows, hidden, vocab) = (5, 8, 9000);
         let w = Tensor::randn([vocab, hidden], (Kind::Float, Device::Cpu)).set_requires_grad(true);

@@ -24,6 +24,7 @@ fn settings() -> AdamWSettings {
 
 /// A three-layer Qwen2-style model (biases on q, k, v) with tied embeddings, the same weights in every process.
 fn tiny(kind: Kind) -> Decoder {
+    let _rng = crate::torch_rng();
     tch::manual_seed(3);
     let config = ModelConfig {
         family: Family::Qwen2,
